@@ -1,0 +1,22 @@
+"""``diloco-node``: thin click commands; each parses, builds a config and calls one entry point.
+
+Our errors map to ``click.ClickException`` (exit 1) for runtime failures and
+``click.UsageError`` (exit 2) for bad configuration.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from diloco import __version__
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.version_option(__version__, prog_name="diloco-node")
+@click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
+def main(verbose: int) -> None:
+    """Pretrain one language model together over the internet with Streaming DiLoCo."""
+    level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -1,0 +1,36 @@
+"""The root of our exceptions (a leaf module: it imports nothing).
+
+Hierarchy::
+
+    DilocoError
+    ├── ConfigError        a run or node configuration that cannot work (says the fix)
+    ├── RoundFailed        a fragment round that produced no result (SPEC 2.4 step 6)
+    └── ProtocolError      a peer broke the protocol; the peer is excluded, never us
+
+``diloco.codecs.CodecError`` (a ``ValueError``) stands apart because ``codecs`` imports
+nothing of ours; the CLI maps both families to clear messages.
+"""
+
+from __future__ import annotations
+
+
+class DilocoError(Exception):
+    """Root of every error this package raises on purpose."""
+
+
+class ConfigError(DilocoError, ValueError):
+    """A configuration value, or a combination of them, that cannot work."""
+
+
+class RoundFailed(DilocoError):
+    """A fragment round ended without a usable result; the outer state stays unchanged."""
+
+    def __init__(self, fragment: int, round: int, reason: str) -> None:
+        super().__init__(f"fragment {fragment} round {round} failed: {reason}")
+        self.fragment = fragment
+        self.round = round
+        self.reason = reason
+
+
+class ProtocolError(DilocoError):
+    """A message from a peer that violates the protocol."""

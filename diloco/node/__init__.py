@@ -1,0 +1,1 @@
+"""The node: model, data, fragments and schedule, outer optimizer, trainers, checkpoints."""

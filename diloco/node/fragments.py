@@ -1,0 +1,78 @@
+"""Fragments of transformer blocks and their staggered sync schedule (SPEC 2.2, 2.3).
+
+Everything here is a pure function of the run configuration and the global step, like
+nanoGPT's ``get_lr``: nodes agree on the schedule without talking, and ``diloco.sim``
+reuses it. Names follow torchtitan/torchft: ``sync_every`` is H, ``fragment_sync_delay``
+is the paper's tau.
+
+Steps are counted from 1: step ``t`` is the ``t``-th inner optimizer step, and "at step t"
+means at the end of it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Literal
+
+Pattern = Literal["strided", "sequential"]
+
+
+def num_block_fragments(num_layers: int, fragment_size: int) -> int:
+    """How many fragments the ``num_layers`` blocks form (the last may be smaller)."""
+    if num_layers < 1 or fragment_size < 1:
+        raise ValueError(f"need num_layers >= 1 and fragment_size >= 1, got {num_layers}, "
+                         f"{fragment_size}")
+    return math.ceil(num_layers / fragment_size)
+
+
+def fragment_blocks(num_layers: int, fragment_size: int, pattern: Pattern) -> list[list[int]]:
+    """Block indices of each fragment (SPEC 2.2).
+
+    ``strided``: fragment ``p`` holds blocks ``p, p+P, p+2P, ...``; ``sequential``: blocks
+    ``p*fs .. p*fs+fs-1``. Every block is in exactly one fragment.
+    """
+    num = num_block_fragments(num_layers, fragment_size)
+    if pattern == "strided":
+        return [list(range(p, num_layers, num)) for p in range(num)]
+    if pattern == "sequential":
+        return [
+            list(range(p * fragment_size, min((p + 1) * fragment_size, num_layers)))
+            for p in range(num)
+        ]
+    raise ValueError(f"unknown fragment pattern {pattern!r}; use 'strided' or 'sequential'")
+
+
+def fragment_offset(fragment: int, sync_every: int, num_fragments: int) -> int:
+    """``t_p = floor(p * H / F)``: the step phase of fragment ``p`` (SPEC 2.3)."""
+    return (fragment * sync_every) // num_fragments
+
+
+def send_round(step: int, fragment: int, sync_every: int, num_fragments: int) -> int | None:
+    """Round ``k >= 1`` that fragment ``p`` sends at the end of ``step``, or ``None``.
+
+    Fragment ``p`` sends at ``t_p + k*H`` for ``k >= 1``, so its first sync covers at least
+    ``H`` steps.
+    """
+    since = step - fragment_offset(fragment, sync_every, num_fragments)
+    if since >= sync_every and since % sync_every == 0:
+        return since // sync_every
+    return None
+
+
+def send_step(fragment: int, round: int, sync_every: int, num_fragments: int) -> int:
+    """The step at whose end round ``k`` of fragment ``p`` is sent."""
+    return fragment_offset(fragment, sync_every, num_fragments) + round * sync_every
+
+
+def sends_at(step: int, sync_every: int, num_fragments: int) -> Iterator[tuple[int, int]]:
+    """``(fragment, round)`` pairs sent at the end of ``step``, in fragment order."""
+    for fragment in range(num_fragments):
+        round = send_round(step, fragment, sync_every, num_fragments)
+        if round is not None:
+            yield fragment, round
+
+
+def max_in_flight(sync_every: int, num_fragments: int, tau: int) -> int:
+    """Upper bound on rounds in flight at once: ``ceil(F / H * (tau + 1))`` (SPEC 2.3)."""
+    return math.ceil(num_fragments / sync_every * (tau + 1))
