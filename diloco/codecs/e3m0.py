@@ -1,0 +1,166 @@
+"""E3M0: 4-bit floats in blocks of 32 sharing an E8M0 power-of-two scale (SPEC 3).
+
+Layout (after the 5-byte header; ``nb = ceil(n / 32)`` blocks, the last zero-padded)::
+
+    scale bytes: nb x uint8 (E8M0)  | codes: nb x 16 bytes, two 4-bit codes per byte,
+                                    |        first value of a pair in the LOW nibble
+                                                                 5 + 17*nb bytes
+
+Scale byte ``b`` means ``scale = 2**(b - 127)``; ``b = 255`` is invalid. Code bits: bit 3 the
+sign, bits 0-2 the exponent field ``e``; ``e = 0`` is zero (the encoder always writes code
+0 for it), ``e = 1..7`` is ``scale * 2**(e - 7)``. A block thus represents 0 and
+``scale * {2**-6, ..., 2**-1, 1}``: 15 values with the signs.
+
+``b`` is the smallest power of two not below the block's absmax (``b = 0`` for an all-zero
+block and for blocks whose absmax is below ``2**-127``); ``|x| > 2**127`` cannot be encoded.
+
+Nearest rounding (ties away from zero) error bound, with ``r = |x| / scale`` in ``[0, 1]``:
+
+- ``r < 2**-6``: the neighbours are 0 and ``2**-6``, so ``|err| <= scale * 2**-7``;
+- ``2**-j <= r <= 2**(1-j)`` (j = 1..6): the gap is ``2**-j``, so ``|err| <= scale * 2**-(j+1)``,
+  at most ``r / 3`` (the worst case is the midpoint ``r = 1.5 * 2**-j``).
+
+Hence ``|err| <= max(scale * 2**-7, |x| / 3)``. Stochastic rounding goes to a neighbour
+``lo <= r <= hi`` with ``P(hi) = (r - lo) / (hi - lo)``, so ``E[decode(encode(x))] = x`` and
+``|err| < hi - lo``.
+
+A part cut at multiples of 32 values (in particular 256) encodes, with nearest rounding, to
+exactly the scale bytes and code bytes of the same blocks in the whole vector.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from diloco.codecs.base import Codec, CodecError, CodecId
+
+__all__ = ["ROUNDINGS", "E3M0Codec"]
+
+BLOCK_SIZE = 32
+ROUNDINGS = ("nearest", "stochastic")
+SCALE_BIAS = 127
+INVALID_SCALE_BYTE = 255
+MAX_EXPONENT_FIELD = 7
+# Named offsets inside the body, as functions of the block count nb.
+_SCALES_OFFSET = 0
+_CODE_BYTES_PER_BLOCK = BLOCK_SIZE // 2
+_SIGN_BIT = 8
+
+# FP32 bit-level constants: r = |x| / scale lies in [0, 1], so its biased exponent says its
+# power-of-two bracket, and its top mantissa bit says whether it lies above the midpoint.
+_MANTISSA_BITS = 23
+_HALF_ULP_OF_EXPONENT = 1 << (_MANTISSA_BITS - 1)  # adds 1 to the exponent iff m >= 1.5
+_EXPONENT_OFFSET = 127 - MAX_EXPONENT_FIELD  # e = biased exponent of r - 120
+_ZERO_THRESHOLD_BITS = _EXPONENT_OFFSET << _MANTISSA_BITS  # bits of 2**-7, half of 2**-6
+_LOWEST_LEVEL_BITS = (_EXPONENT_OFFSET + 1) << _MANTISSA_BITS  # bits of 2**-6
+_MANTISSA_MASK = (1 << _MANTISSA_BITS) - 1
+
+# Value of every (scale byte, code) pair, computed once with exact arithmetic: (255, 16).
+_e = (torch.arange(16) & 7).expand(INVALID_SCALE_BYTE, 16)
+_sign = torch.where(torch.arange(16) >= _SIGN_BIT, -1.0, 1.0).expand(INVALID_SCALE_BYTE, 16)
+_b = torch.arange(INVALID_SCALE_BYTE)[:, None]
+_DECODE_TABLE = torch.where(
+    _e > 0, torch.ldexp(_sign, _b - SCALE_BIAS + _e - MAX_EXPONENT_FIELD), 0.0
+).to(torch.float32)
+del _e, _sign, _b
+
+
+def _num_blocks(numel: int) -> int:
+    return -(-numel // BLOCK_SIZE)
+
+
+class E3M0Codec(Codec):
+    """4.25 bits per value: one E8M0 scale byte and 32 4-bit codes per block."""
+
+    name = "e3m0"
+    codec_id = CodecId.E3M0
+    block_size = BLOCK_SIZE
+
+    def __init__(self, rounding: str = "nearest") -> None:
+        if rounding not in ROUNDINGS:
+            raise CodecError(f"unknown e3m0 rounding {rounding!r}; valid: {', '.join(ROUNDINGS)}")
+        self.rounding = rounding
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(rounding={self.rounding!r})"
+
+    def _body_size(self, numel: int) -> int:
+        return (1 + _CODE_BYTES_PER_BLOCK) * _num_blocks(numel)
+
+    def _encode_body(self, x: torch.Tensor, generator: torch.Generator | None) -> bytes:
+        n, nb = x.numel(), _num_blocks(x.numel())
+        padded = x if n == nb * BLOCK_SIZE else torch.nn.functional.pad(x, (0, nb * BLOCK_SIZE - n))
+        blocks = padded.view(nb, BLOCK_SIZE)  # (nb, 32)
+        r = blocks.abs()
+        absmax = r.amax(dim=1)  # (nb,)
+        scale_bytes = self._scale_bytes(absmax)
+        # r = |x| / scale, exact: a product by a power of two (tiny results go to 0 anyway).
+        inverse_scale = torch.ldexp(torch.ones(nb), SCALE_BIAS - scale_bytes.to(torch.int32))
+        r.mul_(inverse_scale[:, None])
+        bits = r.view(torch.int32)
+        if self.rounding == "nearest":
+            e = self._nearest_fields(bits)
+        else:
+            e = self._stochastic_fields(r, bits, generator)
+        codes = e.to(torch.uint8)
+        codes.add_(((blocks < 0) & (codes > 0)).to(torch.uint8) << 3)  # zero keeps code 0
+        pairs = codes.view(nb, _CODE_BYTES_PER_BLOCK, 2)  # (nb, 16, 2)
+        packed = pairs[..., 0] | (pairs[..., 1] << 4)  # (nb, 16)
+        return scale_bytes.numpy().tobytes() + packed.numpy().tobytes()
+
+    @staticmethod
+    def _scale_bytes(absmax: torch.Tensor) -> torch.Tensor:
+        """E8M0 byte of the smallest power of two not below each absmax: (nb,) uint8."""
+        if not bool(torch.isfinite(absmax).all()):
+            raise CodecError("input holds NaN or Inf; non-finite values are never sent")
+        mantissa, exponent = torch.frexp(absmax)  # absmax = mantissa * 2**exponent
+        # An exact power of two (mantissa 0.5) is its own scale; anything else rounds up.
+        log2_scale = exponent - (mantissa == 0.5).to(torch.int32)
+        if bool((log2_scale > INVALID_SCALE_BYTE - 1 - SCALE_BIAS).any()):
+            raise CodecError("e3m0 cannot encode |x| > 2**127; scale the vector or use fp32")
+        return (log2_scale + SCALE_BIAS).clamp_(min=0).to(torch.uint8)
+
+    @staticmethod
+    def _nearest_fields(bits: torch.Tensor) -> torch.Tensor:
+        """Exponent fields of the representable value nearest to r (ties up): int32."""
+        # Rounding the exponent up when the mantissa is >= 1.5 picks the nearer of the two
+        # bracketing powers of two (the linear midpoint of 2**k and 2**(k+1) is 1.5 * 2**k).
+        e = (bits + _HALF_ULP_OF_EXPONENT).bitwise_right_shift_(_MANTISSA_BITS)
+        e.sub_(_EXPONENT_OFFSET).clamp_(min=0)
+        # r in [2**-7, 1.5 * 2**-7) lands on e = 0 above but is nearer 2**-6 than 0.
+        return torch.maximum(e, (bits >= _ZERO_THRESHOLD_BITS).to(torch.int32), out=e)
+
+    @staticmethod
+    def _stochastic_fields(
+        r: torch.Tensor, bits: torch.Tensor, generator: torch.Generator | None
+    ) -> torch.Tensor:
+        """Exponent fields rounded down or up at random, unbiased: int32."""
+        at_least_lowest = bits >= _LOWEST_LEVEL_BITS
+        # Within [2**k, 2**(k+1)] the fraction (r - lo) / (hi - lo) is the mantissa field;
+        # below 2**-6 the neighbours are 0 and 2**-6.
+        p_up = torch.where(
+            at_least_lowest,
+            (bits & _MANTISSA_MASK).to(torch.float32).mul_(2.0**-_MANTISSA_BITS),
+            r * 2.0**6,
+        )
+        up = torch.rand(r.shape, generator=generator) < p_up
+        e = (bits >> _MANTISSA_BITS).sub_(_EXPONENT_OFFSET).clamp_(min=0)
+        return e.add_(up.to(torch.int32))
+
+    def _decode_body(self, body: memoryview, numel: int) -> torch.Tensor:
+        nb = _num_blocks(numel)
+        scale_bytes = torch.from_numpy(
+            np.frombuffer(body, dtype=np.uint8, count=nb, offset=_SCALES_OFFSET).astype(np.int64)
+        )
+        if bool((scale_bytes == INVALID_SCALE_BYTE).any()):
+            raise CodecError(f"e3m0 payload holds the invalid scale byte {INVALID_SCALE_BYTE}")
+        packed = torch.from_numpy(
+            np.frombuffer(body, dtype=np.uint8, count=nb * _CODE_BYTES_PER_BLOCK, offset=nb)
+            .astype(np.int64)
+            .reshape(nb, _CODE_BYTES_PER_BLOCK)
+        )
+        codes = torch.stack((packed & 15, packed >> 4), dim=-1).view(nb, BLOCK_SIZE)
+        index = codes.add_(scale_bytes[:, None] * 16).view(-1)
+        out = _DECODE_TABLE.view(-1)[index]
+        return out if numel == out.numel() else out[:numel].clone()
