@@ -56,14 +56,16 @@ _ZERO_THRESHOLD_BITS = _EXPONENT_OFFSET << _MANTISSA_BITS  # bits of 2**-7, half
 _LOWEST_LEVEL_BITS = (_EXPONENT_OFFSET + 1) << _MANTISSA_BITS  # bits of 2**-6
 _MANTISSA_MASK = (1 << _MANTISSA_BITS) - 1
 
-# Value of every (scale byte, code) pair, computed once with exact arithmetic: (255, 16).
-_e = (torch.arange(16) & 7).expand(INVALID_SCALE_BYTE, 16)
-_sign = torch.where(torch.arange(16) >= _SIGN_BIT, -1.0, 1.0).expand(INVALID_SCALE_BYTE, 16)
-_b = torch.arange(INVALID_SCALE_BYTE)[:, None]
-_DECODE_TABLE = torch.where(
-    _e > 0, torch.ldexp(_sign, _b - SCALE_BIAS + _e - MAX_EXPONENT_FIELD), 0.0
+# The two values (low nibble first) of every code byte at scale 1, exact powers of two or
+# zero: (256, 2). Decoding multiplies them by the block's power-of-two scale, which is exact.
+_codes = torch.arange(256)
+_nibbles = torch.stack((_codes & 15, _codes >> 4), dim=-1)  # (256, 2)
+_PAIR_VALUES = torch.where(
+    (_nibbles & 7) > 0,
+    torch.ldexp(1.0 - 2.0 * (_nibbles >= _SIGN_BIT), (_nibbles & 7) - MAX_EXPONENT_FIELD),
+    0.0,
 ).to(torch.float32)
-del _e, _sign, _b
+del _codes, _nibbles
 
 
 def _num_blocks(numel: int) -> int:
@@ -92,21 +94,22 @@ class E3M0Codec(Codec):
         n, nb = x.numel(), _num_blocks(x.numel())
         padded = x if n == nb * BLOCK_SIZE else torch.nn.functional.pad(x, (0, nb * BLOCK_SIZE - n))
         blocks = padded.view(nb, BLOCK_SIZE)  # (nb, 32)
-        r = blocks.abs()
-        absmax = r.amax(dim=1)  # (nb,)
-        scale_bytes = self._scale_bytes(absmax)
-        # r = |x| / scale, exact: a product by a power of two (tiny results go to 0 anyway).
+        r = blocks.abs()  # becomes |x| / scale, then its bits become the exponent fields
+        scale_bytes = self._scale_bytes(r.amax(dim=1))  # (nb,)
+        # A product by a power of two is exact (results below 2**-126 round to code 0 anyway).
         inverse_scale = torch.ldexp(torch.ones(nb), SCALE_BIAS - scale_bytes.to(torch.int32))
         r.mul_(inverse_scale[:, None])
-        bits = r.view(torch.int32)
+        bits = r.view(torch.int32)  # (nb, 32)
         if self.rounding == "nearest":
-            e = self._nearest_fields(bits)
+            nonzero = self._nearest_fields_(bits)
         else:
-            e = self._stochastic_fields(r, bits, generator)
-        codes = e.to(torch.uint8)
-        codes.add_(((blocks < 0) & (codes > 0)).to(torch.uint8) << 3)  # zero keeps code 0
+            nonzero = self._stochastic_fields_(bits, generator)
+        codes = bits.to(torch.uint8)
+        negative = blocks < 0
+        codes.bitwise_or_(negative.logical_and_(nonzero).to(torch.uint8) << 3)  # zero: code 0
         pairs = codes.view(nb, _CODE_BYTES_PER_BLOCK, 2)  # (nb, 16, 2)
-        packed = pairs[..., 0] | (pairs[..., 1] << 4)  # (nb, 16)
+        packed = pairs[..., 1] << 4
+        packed.bitwise_or_(pairs[..., 0])  # (nb, 16)
         return scale_bytes.numpy().tobytes() + packed.numpy().tobytes()
 
     @staticmethod
@@ -119,48 +122,53 @@ class E3M0Codec(Codec):
         log2_scale = exponent - (mantissa == 0.5).to(torch.int32)
         if bool((log2_scale > INVALID_SCALE_BYTE - 1 - SCALE_BIAS).any()):
             raise CodecError("e3m0 cannot encode |x| > 2**127; scale the vector or use fp32")
+        log2_scale.masked_fill_(absmax == 0, -SCALE_BIAS)  # frexp(0) has exponent 0
         return (log2_scale + SCALE_BIAS).clamp_(min=0).to(torch.uint8)
 
     @staticmethod
-    def _nearest_fields(bits: torch.Tensor) -> torch.Tensor:
-        """Exponent fields of the representable value nearest to r (ties up): int32."""
+    def _nearest_fields_(bits: torch.Tensor) -> torch.Tensor:
+        """Turn the bits of r into the nearest value's exponent field (ties up), in place.
+
+        Returns where the field is non-zero (bool).
+        """
+        nonzero = bits >= _ZERO_THRESHOLD_BITS  # r >= 2**-7, halfway from 0 to 2**-6
         # Rounding the exponent up when the mantissa is >= 1.5 picks the nearer of the two
-        # bracketing powers of two (the linear midpoint of 2**k and 2**(k+1) is 1.5 * 2**k).
-        e = (bits + _HALF_ULP_OF_EXPONENT).bitwise_right_shift_(_MANTISSA_BITS)
-        e.sub_(_EXPONENT_OFFSET).clamp_(min=0)
-        # r in [2**-7, 1.5 * 2**-7) lands on e = 0 above but is nearer 2**-6 than 0.
-        return torch.maximum(e, (bits >= _ZERO_THRESHOLD_BITS).to(torch.int32), out=e)
+        # bracketing powers of two (the linear midpoint of 2**k and 2**(k+1) is 1.5 * 2**k);
+        # r in [2**-7, 2**-6) goes to the lowest level, e = 1.
+        bits.add_(_HALF_ULP_OF_EXPONENT).bitwise_right_shift_(_MANTISSA_BITS)
+        bits.sub_(_EXPONENT_OFFSET).clamp_(min=1).mul_(nonzero)
+        return nonzero
 
     @staticmethod
-    def _stochastic_fields(
-        r: torch.Tensor, bits: torch.Tensor, generator: torch.Generator | None
-    ) -> torch.Tensor:
-        """Exponent fields rounded down or up at random, unbiased: int32."""
+    def _stochastic_fields_(bits: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        """Turn the bits of r into a randomly rounded exponent field (unbiased), in place.
+
+        Returns where the field is non-zero (bool).
+        """
+        r = bits.view(torch.float32)
         at_least_lowest = bits >= _LOWEST_LEVEL_BITS
-        # Within [2**k, 2**(k+1)] the fraction (r - lo) / (hi - lo) is the mantissa field;
-        # below 2**-6 the neighbours are 0 and 2**-6.
+        # Within [2**k, 2**(k+1)] the fraction (r - lo) / (hi - lo) is the mantissa field,
+        # exact in FP32; below 2**-6 the neighbours are 0 and 2**-6.
         p_up = torch.where(
             at_least_lowest,
             (bits & _MANTISSA_MASK).to(torch.float32).mul_(2.0**-_MANTISSA_BITS),
             r * 2.0**6,
         )
         up = torch.rand(r.shape, generator=generator) < p_up
-        e = (bits >> _MANTISSA_BITS).sub_(_EXPONENT_OFFSET).clamp_(min=0)
-        return e.add_(up.to(torch.int32))
+        bits.bitwise_right_shift_(_MANTISSA_BITS).sub_(_EXPONENT_OFFSET).clamp_(min=0)
+        bits.add_(up)
+        return bits > 0
 
     def _decode_body(self, body: memoryview, numel: int) -> torch.Tensor:
         nb = _num_blocks(numel)
         scale_bytes = torch.from_numpy(
-            np.frombuffer(body, dtype=np.uint8, count=nb, offset=_SCALES_OFFSET).astype(np.int64)
+            np.frombuffer(body, dtype=np.uint8, count=nb, offset=_SCALES_OFFSET).astype(np.int32)
         )
         if bool((scale_bytes == INVALID_SCALE_BYTE).any()):
             raise CodecError(f"e3m0 payload holds the invalid scale byte {INVALID_SCALE_BYTE}")
-        packed = torch.from_numpy(
-            np.frombuffer(body, dtype=np.uint8, count=nb * _CODE_BYTES_PER_BLOCK, offset=nb)
-            .astype(np.int64)
-            .reshape(nb, _CODE_BYTES_PER_BLOCK)
-        )
-        codes = torch.stack((packed & 15, packed >> 4), dim=-1).view(nb, BLOCK_SIZE)
-        index = codes.add_(scale_bytes[:, None] * 16).view(-1)
-        out = _DECODE_TABLE.view(-1)[index]
+        packed = np.frombuffer(body, dtype=np.uint8, count=nb * _CODE_BYTES_PER_BLOCK, offset=nb)
+        pairs = np.take(_PAIR_VALUES.numpy(), packed, axis=0)  # (nb * 16, 2)
+        out = torch.from_numpy(pairs).view(nb, BLOCK_SIZE)
+        out.mul_(torch.ldexp(torch.ones(nb), scale_bytes - SCALE_BIAS)[:, None])
+        out = out.view(-1)
         return out if numel == out.numel() else out[:numel].clone()
