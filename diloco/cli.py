@@ -7,6 +7,7 @@ Our errors map to ``click.ClickException`` (exit 1) for runtime failures and
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import click
 
@@ -20,3 +21,168 @@ def main(verbose: int) -> None:
     """Pretrain one language model together over the internet with Streaming DiLoCo."""
     level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _parse_taus(value: str) -> list[int]:
+    try:
+        return [int(v) for v in value.split(",")]
+    except ValueError as error:
+        raise click.BadParameter(
+            f"expected an integer or a list like 1,1,3,5, got {value!r}"
+        ) from error
+
+
+@main.command()
+@click.option(
+    "--method",
+    type=click.Choice(["dp", "diloco", "streaming"]),
+    default="streaming",
+    help="dp: average gradients every step; diloco: one fragment, tau 0; streaming.",
+)
+@click.option("--replicas", default=2, help="M: number of replicas trained in this process.")
+@click.option("--preset", default="tiny", help="Model preset: tiny, small, 35M, ... (SPEC 7).")
+@click.option("--steps", default=600, help="T: inner steps per replica.")
+@click.option("--batch-size", default=16, help="Sequences per replica per step.")
+@click.option("--seq-len", default=128, help="Tokens per sequence.")
+@click.option("--H", "sync_every", default=30, help="Inner steps between two syncs of a fragment.")
+@click.option("--fragment-size", default=1, help="Transformer blocks per fragment.")
+@click.option(
+    "--pattern",
+    type=click.Choice(["strided", "sequential"]),
+    default="strided",
+    help="Which blocks form a fragment.",
+)
+@click.option(
+    "--embedding-fragment",
+    type=click.Choice(["own", "first"]),
+    default="own",
+    help="Embedding, final norm and head: a fragment of their own, or in fragment 0.",
+)
+@click.option(
+    "--tau", default="1", help="Overlap tau in steps: one value, or one per replica (e.g. 1,1,3,5)."
+)
+@click.option(
+    "--alpha",
+    type=float,
+    default=None,
+    help="Merge factor: share of local weights kept [default: 0.5 if tau > 0 else 0].",
+)
+@click.option(
+    "--codec",
+    default=None,
+    help="Outer-gradient codec: none, bf16, fp16, int8, e3m0 "
+    "[default: e3m0 for streaming, none for diloco].",
+)
+@click.option(
+    "--rounding",
+    type=click.Choice(["nearest", "stochastic"]),
+    default="nearest",
+    help="E3M0 rounding.",
+)
+@click.option("--outer-lr", default=0.4, help="Outer Nesterov learning rate.")
+@click.option("--outer-momentum", default=0.9, help="Outer Nesterov momentum mu.")
+@click.option(
+    "--inner-opt", type=click.Choice(["adamw", "sgd"]), default="adamw", help="Inner optimizer."
+)
+@click.option("--inner-lr", default=4e-4, help="Peak inner learning rate.")
+@click.option("--warmup", default=100, help="Inner learning-rate warm-up, in steps.")
+@click.option("--grad-clip", default=1.0, help="Gradient-norm clip (0: off).")
+@click.option("--eval-every", default=0, help="Evaluate every N steps (0: only at the end).")
+@click.option("--eval-batches", default=8, help="Held-out batches per evaluation.")
+@click.option("--log-every", default=25, help="A progress line every N steps.")
+@click.option("--seed", default=0, help="Seed of the initial weights and data streams.")
+@click.option(
+    "--data",
+    type=click.Path(exists=True),
+    default=None,
+    help="Corpus: text file, folder, or nanoGPT .bin tokens [default: Python's "
+    "standard library sources].",
+)
+@click.option(
+    "--metrics-out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write JSON lines: progress records, then a summary.",
+)
+def local(**options: object) -> None:
+    """Train M replicas in one process (experiments), e.g. `diloco-node local --replicas 4`."""
+    from diloco.errors import DilocoError
+    from diloco.node.inner import InnerConfig
+    from diloco.node.local import LocalConfig, LocalTrainer
+    from diloco.node.outer import OuterConfig
+
+    o = options
+    try:
+        config = LocalConfig(
+            method=o["method"],
+            replicas=o["replicas"],
+            preset=o["preset"],
+            steps=o["steps"],
+            batch_size=o["batch_size"],
+            seq_len=o["seq_len"],
+            fragment_size=o["fragment_size"],
+            pattern=o["pattern"],
+            embedding_fragment=o["embedding_fragment"],
+            taus=_parse_taus(str(o["tau"])),
+            codec=o["codec"],
+            rounding=o["rounding"],
+            outer=OuterConfig(
+                sync_every=o["sync_every"],
+                outer_lr=o["outer_lr"],
+                outer_momentum=o["outer_momentum"],
+                fragment_update_alpha=o["alpha"],
+                fragment_sync_delay=_parse_taus(str(o["tau"]))[0],
+            ),
+            inner=InnerConfig(
+                optimizer=o["inner_opt"],
+                lr=o["inner_lr"],
+                warmup_steps=o["warmup"],
+                grad_clip=o["grad_clip"],
+            ),
+            eval_every=o["eval_every"],
+            eval_batches=o["eval_batches"],
+            log_every=o["log_every"],
+            seed=o["seed"],
+            data=o["data"],
+        )  # type: ignore[arg-type]
+        trainer = LocalTrainer(config)
+    except (DilocoError, ValueError) as error:
+        raise click.UsageError(str(error)) from error
+    click.echo(
+        f"{config.method}: {config.replicas} replicas of {config.preset} "
+        f"({sum(p.numel() for p in trainer.replicas[0].model.parameters()):,} params), "
+        f"{trainer.num_fragments} fragment(s), codec {config.codec_name}, "
+        f"data: {trainer.corpus.description}"
+    )
+    metrics = Path(str(o["metrics_out"])) if o["metrics_out"] else None
+    summary = trainer.train(metrics_out=metrics, on_progress=_echo_progress)
+    click.echo(
+        f"eval loss {summary['eval_loss']:.4f} (outer), {summary['eval_loss_replicas']:.4f} "
+        f"(replicas' own); sent {summary['bytes_sent_per_replica'] / 1e6:.2f} MB per replica, "
+        f"peak {summary['peak_bytes_per_step'] / 1e6:.3f} MB per step; "
+        f"{summary['tokens']:,} tokens in {summary['wall_s']:.0f} s"
+    )
+
+
+def _echo_progress(record: dict[str, object]) -> None:
+    if record.get("event") != "step":
+        return
+    line = (
+        f"step {record['step']:>6}  loss {record['loss']:.4f}  "
+        f"{record['tokens_per_s']:,.0f} tok/s  sent {record['mb_sent_per_replica']:.2f} MB"
+    )
+    if "eval_loss" in record:
+        line += f"  eval {record['eval_loss']:.4f}"
+    click.echo(line)
+
+
+@main.command()
+@click.option("--steps", default=600, help="Inner steps per replica.")
+@click.pass_context
+def demo(ctx: click.Context, steps: int) -> None:
+    """A few-minute CPU demo: Streaming DiLoCo, E3M0, 2 replicas, embedded corpus.
+
+    The replicas run in this process; the swarm demo (separate processes on loopback) comes
+    with the node.
+    """
+    ctx.invoke(local, steps=steps)

@@ -15,14 +15,18 @@ import math
 from collections.abc import Iterator
 from typing import Literal
 
+from torch import nn
+
 Pattern = Literal["strided", "sequential"]
+EmbeddingPlacement = Literal["own", "first"]
 
 
 def num_block_fragments(num_layers: int, fragment_size: int) -> int:
     """How many fragments the ``num_layers`` blocks form (the last may be smaller)."""
     if num_layers < 1 or fragment_size < 1:
-        raise ValueError(f"need num_layers >= 1 and fragment_size >= 1, got {num_layers}, "
-                         f"{fragment_size}")
+        raise ValueError(
+            f"need num_layers >= 1 and fragment_size >= 1, got {num_layers}, {fragment_size}"
+        )
     return math.ceil(num_layers / fragment_size)
 
 
@@ -41,6 +45,43 @@ def fragment_blocks(num_layers: int, fragment_size: int, pattern: Pattern) -> li
             for p in range(num)
         ]
     raise ValueError(f"unknown fragment pattern {pattern!r}; use 'strided' or 'sequential'")
+
+
+def model_fragments(
+    model: nn.Module,
+    blocks: nn.ModuleList,
+    fragment_size: int,
+    pattern: Pattern,
+    embedding_fragment: EmbeddingPlacement = "own",
+) -> list[list[tuple[str, nn.Parameter]]]:
+    """Named parameters of each fragment, in a fixed order every node derives alike.
+
+    Fragments ``0..P-1`` hold the blocks of ``fragment_blocks``; the parameters outside
+    ``blocks`` (embedding, final norm, head) form fragment ``P`` (``"own"``) or join
+    fragment 0 (``"first"``). Every parameter is in exactly one fragment; within a fragment
+    parameters keep the model's ``named_parameters`` order.
+    """
+    block_of: dict[int, int] = {}
+    for index, block in enumerate(blocks):
+        for param in block.parameters():
+            block_of[id(param)] = index
+    groups = fragment_blocks(len(blocks), fragment_size, pattern)
+    fragment_of_block = {b: p for p, group in enumerate(groups) for b in group}
+    fragments: list[list[tuple[str, nn.Parameter]]] = [[] for _ in groups]
+    outside: list[tuple[str, nn.Parameter]] = []
+    for name, param in model.named_parameters():
+        if id(param) in block_of:
+            fragments[fragment_of_block[block_of[id(param)]]].append((name, param))
+        else:
+            outside.append((name, param))
+    if embedding_fragment == "own":
+        if outside:
+            fragments.append(outside)
+    elif embedding_fragment == "first":
+        fragments[0] = outside + fragments[0]
+    else:
+        raise ValueError(f"unknown embedding_fragment {embedding_fragment!r}; use 'own' or 'first'")
+    return fragments
 
 
 def fragment_offset(fragment: int, sync_every: int, num_fragments: int) -> int:

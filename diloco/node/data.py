@@ -1,0 +1,154 @@
+"""Training data: byte-level text corpora and nanoGPT-style token files.
+
+Sources (``load_corpus``):
+- no path: the **embedded corpus**, the Python standard library's own source files (present
+  wherever Python is, so a demo needs no download);
+- a text file or a folder of text files: their bytes (vocabulary 256);
+- a folder holding ``train.bin`` and ``val.bin``, or one ``.bin`` file: uint16 tokens
+  (nanoGPT's layout, written offline by a prepare step), memory-mapped, never loaded whole.
+
+Train and held-out data are split deterministically (by file for text, by the two files or
+the last 5% of tokens for ``.bin``). Each replica samples with its own seeded generator, and
+the generator state is the data position of a resumable run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sysconfig
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+HELD_OUT_EVERY = 20
+"""One text file in this many (by a hash of its relative path) is held out for evaluation."""
+
+EMBEDDED_CORPUS_BYTES = 24 * 2**20
+"""The embedded corpus reads files in path order until it holds this many training bytes."""
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """Token arrays for training and held-out evaluation (1-D, integer)."""
+
+    train: np.ndarray
+    held_out: np.ndarray
+    vocab_size: int
+    description: str
+
+
+def _is_held_out(relative_path: str) -> bool:
+    return zlib.crc32(relative_path.encode()) % HELD_OUT_EVERY == 0
+
+
+def _text_files(root: Path, pattern: str) -> list[Path]:
+    return sorted(p for p in root.rglob(pattern) if p.is_file())
+
+
+def _byte_corpus(root: Path, files: list[Path], limit: int | None, description: str) -> Corpus:
+    train, held_out = bytearray(), bytearray()
+    for path in files:
+        relative = path.relative_to(root).as_posix() if path != root else path.name
+        data = path.read_bytes()
+        (held_out if _is_held_out(relative) else train).extend(data)
+        if limit is not None and len(train) >= limit:
+            break
+    if not held_out:  # a single file: hold out its last 5%
+        cut = len(train) * 19 // 20
+        train, held_out = train[:cut], train[cut:]
+    return Corpus(
+        train=np.frombuffer(bytes(train), dtype=np.uint8),
+        held_out=np.frombuffer(bytes(held_out), dtype=np.uint8),
+        vocab_size=256,
+        description=description,
+    )
+
+
+_SKIPPED_STDLIB_FOLDERS = {"site-packages", "dist-packages", "test", "tests", "idlelib"}
+
+
+def embedded_corpus() -> Corpus:
+    """The Python standard library's ``.py`` sources (tests and site-packages excluded)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = []
+    for folder, subfolders, names in os.walk(root):
+        subfolders[:] = [d for d in subfolders if d not in _SKIPPED_STDLIB_FOLDERS]
+        files.extend(Path(folder, n) for n in names if n.endswith(".py"))
+    files.sort()
+    return _byte_corpus(root, files, EMBEDDED_CORPUS_BYTES, f"python stdlib sources ({root})")
+
+
+def load_corpus(path: str | Path | None = None) -> Corpus:
+    """The corpus at ``path`` (see the module docstring), or the embedded one."""
+    if path is None:
+        return embedded_corpus()
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"data path {path} does not exist")
+    if path.is_dir() and (path / "train.bin").exists() and (path / "val.bin").exists():
+        return Corpus(
+            train=np.memmap(path / "train.bin", dtype=np.uint16, mode="r"),
+            held_out=np.memmap(path / "val.bin", dtype=np.uint16, mode="r"),
+            vocab_size=65536,
+            description=f"token files in {path}",
+        )
+    if path.is_file() and path.suffix == ".bin":
+        tokens = np.memmap(path, dtype=np.uint16, mode="r")
+        cut = len(tokens) * 19 // 20
+        return Corpus(tokens[:cut], tokens[cut:], 65536, f"token file {path}")
+    if path.is_dir():
+        files = _text_files(path, "*")
+        return _byte_corpus(path, files, None, f"text files in {path}")
+    return _byte_corpus(path, [path], None, f"text file {path}")
+
+
+class BatchSampler:
+    """Random windows of ``seq_len + 1`` tokens from one array, with its own generator.
+
+    The generator state is the whole data position: ``state_dict`` / ``load_state_dict``
+    make a resumed run read exactly the batches an uninterrupted one would.
+    """
+
+    def __init__(self, tokens: np.ndarray, batch_size: int, seq_len: int, seed: int) -> None:
+        if len(tokens) <= seq_len + 1:
+            raise ValueError(f"corpus of {len(tokens)} tokens is too short for seq_len {seq_len}")
+        self.tokens = tokens
+        self.batch_size = batch_size
+        self.seq_len = seq_len
+        self.generator = torch.Generator().manual_seed(seed)
+        self.batches_drawn = 0
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and targets, each (B, T) int64."""
+        starts = torch.randint(
+            0, len(self.tokens) - self.seq_len - 1, (self.batch_size,), generator=self.generator
+        )
+        rows = [
+            torch.from_numpy(self.tokens[s : s + self.seq_len + 1].astype(np.int64))
+            for s in starts.tolist()
+        ]
+        window = torch.stack(rows)  # (B, T+1)
+        self.batches_drawn += 1
+        return window[:, :-1], window[:, 1:]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"generator": self.generator.get_state(), "batches_drawn": self.batches_drawn}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.generator.set_state(state["generator"])
+        self.batches_drawn = int(state["batches_drawn"])
+
+
+def eval_batches(
+    tokens: np.ndarray, num_batches: int, batch_size: int, seq_len: int, seed: int = 1234
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A fixed list of held-out batches, so every evaluation sees the same tokens."""
+    sampler = BatchSampler(tokens, batch_size, seq_len, seed)
+    return [sampler.next_batch() for _ in range(num_batches)]

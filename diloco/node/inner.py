@@ -1,0 +1,73 @@
+"""The inner optimizer: AdamW (or plain SGD for the data-parallel oracle), with its schedule.
+
+SPEC 2.1: lr peak 4e-4 with linear warm-up and cosine decay to 10% over the run; betas
+(0.9, 0.95); weight decay 0.1; gradient-norm clipping at 1.0. The inner state is never
+averaged and never reset by a sync.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+from diloco.errors import ConfigError
+
+
+@dataclass(kw_only=True, slots=True)
+class InnerConfig:
+    """Local optimisation of every replica (SPEC 2.1)."""
+
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    """``adamw`` (the paper's), or ``sgd`` (plain, no momentum: the data-parallel oracle)."""
+    lr: float = 4e-4
+    """Peak learning rate."""
+    warmup_steps: int = 100
+    """Linear warm-up length, in inner steps."""
+    min_lr_ratio: float = 0.1
+    """The cosine decays to this share of the peak at the last step."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    """Maximum global gradient norm; 0 disables clipping."""
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in ("adamw", "sgd"):
+            raise ConfigError(f"unknown inner optimizer {self.optimizer!r}; use adamw or sgd")
+        if self.lr <= 0 or self.warmup_steps < 0 or self.grad_clip < 0:
+            raise ConfigError("need lr > 0, warmup_steps >= 0 and grad_clip >= 0")
+
+
+def lr_at(step: int, total_steps: int, config: InnerConfig) -> float:
+    """Learning rate of inner step ``step`` (1-based): warm-up, then cosine to the floor."""
+    if config.warmup_steps and step <= config.warmup_steps:
+        return config.lr * step / config.warmup_steps
+    span = max(1, total_steps - config.warmup_steps)
+    progress = min(1.0, (step - config.warmup_steps) / span)
+    floor = config.lr * config.min_lr_ratio
+    return floor + 0.5 * (config.lr - floor) * (1 + math.cos(math.pi * progress))
+
+
+def build_inner_optimizer(
+    params: Iterable[nn.Parameter], config: InnerConfig
+) -> torch.optim.Optimizer:
+    """AdamW with decay on matrices only (nanoGPT's grouping), or plain SGD."""
+    params = list(params)
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=config.lr)
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [
+        {"params": decay, "weight_decay": config.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas)
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr

@@ -1,0 +1,360 @@
+"""The in-process multi-replica trainer behind ``diloco-node local`` (experiments).
+
+``M`` replicas of one model live in this process, each with its own data stream and inner
+optimizer. ``dp`` averages gradients every step (FP32, one model, the same global batch);
+``diloco`` and ``streaming`` run each replica's unchanged inner loop wrapped in
+``FragmentSync`` and reduce rounds with ``InProcessReducer``, which follows the swarm's wire
+path, so experiments see exactly the quantisation and byte counts the swarm will.
+``diloco`` is streaming with one fragment holding everything, tau 0 and (unless asked
+otherwise) no compression: DiLoCo (Douillard et al. 2024).
+
+Same seed and options give the same numbers, exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from diloco.codecs import get_codec
+from diloco.errors import ConfigError
+from diloco.node.data import BatchSampler, Corpus, eval_batches, load_corpus
+from diloco.node.fragments import EmbeddingPlacement, Pattern, model_fragments
+from diloco.node.inner import InnerConfig, build_inner_optimizer, lr_at, set_lr
+from diloco.node.model import Transformer, preset
+from diloco.node.outer import AppliedRound, FragmentSync, OuterConfig, check_tau
+from diloco.protocol.reducer import Contribution, InProcessReducer, RoundKey
+
+logger = logging.getLogger(__name__)
+
+Method = Literal["dp", "diloco", "streaming"]
+
+
+@dataclass(kw_only=True, slots=True)
+class LocalConfig:
+    """One in-process experiment."""
+
+    method: Method = "streaming"
+    replicas: int = 2
+    """M: number of replicas (workers)."""
+    preset: str = "tiny"
+    steps: int = 600
+    """T: inner steps per replica."""
+    batch_size: int = 16
+    """Sequences per replica per inner step."""
+    seq_len: int = 128
+    """Tokens per sequence."""
+    fragment_size: int = 1
+    """Transformer blocks per fragment (SPEC 2.2)."""
+    pattern: Pattern = "strided"
+    embedding_fragment: EmbeddingPlacement = "own"
+    taus: list[int] = field(default_factory=lambda: [1])
+    """tau per replica; one value applies to all."""
+    codec: str | None = None
+    """Outer-gradient codec; None picks e3m0 for streaming and none for diloco."""
+    rounding: Literal["nearest", "stochastic"] = "nearest"
+    outer: OuterConfig = field(default_factory=OuterConfig)
+    inner: InnerConfig = field(default_factory=InnerConfig)
+    eval_every: int = 0
+    """Evaluate every this many steps (0: only at the end)."""
+    eval_batches: int = 8
+    log_every: int = 25
+    seed: int = 0
+    data: str | None = None
+    """Corpus path (see ``diloco.node.data``); None is the embedded corpus."""
+
+    def __post_init__(self) -> None:
+        if self.method not in ("dp", "diloco", "streaming"):
+            raise ConfigError(f"unknown method {self.method!r}; use dp, diloco or streaming")
+        if self.replicas < 1 or self.steps < 1 or self.batch_size < 1 or self.seq_len < 2:
+            raise ConfigError("need replicas >= 1, steps >= 1, batch_size >= 1, seq_len >= 2")
+        if len(self.taus) not in (1, self.replicas):
+            raise ConfigError(
+                f"give one tau or one per replica ({self.replicas}), got {len(self.taus)}"
+            )
+        if self.method == "diloco":
+            self.fragment_size = 10**6
+            self.embedding_fragment = "first"
+            self.taus = [0]
+        for tau in self.taus:
+            check_tau(tau, self.outer.sync_every)
+
+    def tau_of(self, replica: int) -> int:
+        return self.taus[replica] if len(self.taus) > 1 else self.taus[0]
+
+    @property
+    def codec_name(self) -> str:
+        if self.codec is not None:
+            return self.codec
+        return "none" if self.method == "diloco" else "e3m0"
+
+
+@dataclass
+class Replica:
+    model: Transformer
+    optimizer: torch.optim.Optimizer
+    sampler: BatchSampler
+    sync: FragmentSync | None
+
+
+ProgressCallback = Callable[[dict[str, Any]], None]
+
+
+class LocalTrainer:
+    """Runs one ``LocalConfig``; ``train()`` returns the summary record."""
+
+    def __init__(self, config: LocalConfig, corpus: Corpus | None = None) -> None:
+        self.config = config
+        self.corpus = corpus or load_corpus(config.data)
+        model_config = preset(config.preset)
+        model_config.max_seq_len = max(model_config.max_seq_len, config.seq_len)
+        if self.corpus.vocab_size > model_config.vocab_size:
+            model_config.vocab_size = self.corpus.vocab_size
+        self.model_config = model_config
+        torch.manual_seed(config.seed)
+        initial = Transformer(model_config)
+        self.eval_model = Transformer(model_config)
+        self.eval_model.load_state_dict(initial.state_dict())
+        self.eval_set = eval_batches(
+            self.corpus.held_out, config.eval_batches, config.batch_size, config.seq_len
+        )
+        num_models = 1 if config.method == "dp" else config.replicas
+        self.replicas = [self._make_replica(initial, m) for m in range(num_models)]
+        self.dp_samplers = [self._sampler(m) for m in range(config.replicas)]
+        codec = get_codec(config.codec_name, **self._codec_options())
+        self.reducer = InProcessReducer(codec)
+        self.dp_reducer = InProcessReducer(get_codec("none"))
+        self.bytes_sent = [0] * config.replicas
+        self.bytes_received = [0] * config.replicas
+        self.peak_bytes_per_step = 0
+        self.rounds_applied = 0
+        self.round_log: list[tuple[int, AppliedRound]] = []
+        """(replica, round) for every round each replica applied or failed."""
+        self.history: list[dict[str, Any]] = []
+
+    def _codec_options(self) -> dict[str, Any]:
+        return {"rounding": self.config.rounding} if self.config.codec_name == "e3m0" else {}
+
+    def _sampler(self, m: int) -> BatchSampler:
+        c = self.config
+        return BatchSampler(self.corpus.train, c.batch_size, c.seq_len, seed=c.seed * 1000 + m)
+
+    def _make_replica(self, initial: Transformer, m: int) -> Replica:
+        c = self.config
+        model = Transformer(self.model_config)
+        model.load_state_dict(initial.state_dict())
+        optimizer = build_inner_optimizer(model.parameters(), c.inner)
+        sync = None
+        if c.method != "dp":
+            fragments = model_fragments(
+                model, model.blocks, c.fragment_size, c.pattern, c.embedding_fragment
+            )
+            sync = FragmentSync(fragments, c.outer, member=f"replica{m}", tau=c.tau_of(m))
+        return Replica(model, optimizer, self._sampler(m), sync)
+
+    @property
+    def num_fragments(self) -> int:
+        sync = self.replicas[0].sync
+        return sync.num_fragments if sync else 1
+
+    def train(
+        self, metrics_out: Path | None = None, on_progress: ProgressCallback | None = None
+    ) -> dict[str, Any]:
+        c = self.config
+        sink = metrics_out.open("w") if metrics_out else None
+        start = time.perf_counter()
+        tokens_per_step = c.batch_size * c.seq_len * c.replicas
+        try:
+            for step in range(1, c.steps + 1):
+                lr = lr_at(step, c.steps, c.inner)
+                if c.method == "dp":
+                    loss = self._dp_step(lr)
+                else:
+                    loss = self._streaming_step(step, lr)
+                record: dict[str, Any] = {"event": "step", "step": step, "loss": loss, "lr": lr}
+                if c.eval_every and step % c.eval_every == 0 and step != c.steps:
+                    record.update(self.evaluate())
+                if step % c.log_every == 0 or step == c.steps or "eval_loss" in record:
+                    elapsed = time.perf_counter() - start
+                    record["tokens_per_s"] = step * tokens_per_step / elapsed
+                    record["mb_sent_per_replica"] = self._mean(self.bytes_sent) / 1e6
+                    self._emit(record, sink, on_progress)
+            summary = self._summary(time.perf_counter() - start, step * tokens_per_step)
+            self._emit(summary, sink, on_progress)
+            return summary
+        finally:
+            if sink:
+                sink.close()
+
+    def _emit(
+        self, record: dict[str, Any], sink: Any, on_progress: ProgressCallback | None
+    ) -> None:
+        self.history.append(record)
+        if sink:
+            sink.write(json.dumps(record) + "\n")
+            sink.flush()
+        if on_progress:
+            on_progress(record)
+
+    def _inner_step(self, replica: Replica, lr: float) -> float:
+        inputs, targets = replica.sampler.next_batch()
+        _, loss = replica.model(inputs, targets)
+        assert loss is not None
+        replica.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.config.inner.grad_clip:
+            torch.nn.utils.clip_grad_norm_(replica.model.parameters(), self.config.inner.grad_clip)
+        set_lr(replica.optimizer, lr)
+        replica.optimizer.step()
+        return loss.item()
+
+    def _streaming_step(self, step: int, lr: float) -> float:
+        c = self.config
+        losses = []
+        for replica in self.replicas:
+            losses.append(self._inner_step(replica, lr))
+            assert replica.sync is not None
+            replica.sync.record_tokens(c.batch_size * c.seq_len)
+        rounds: dict[RoundKey, list[Contribution]] = defaultdict(list)
+        for replica in self.replicas:
+            assert replica.sync is not None
+            for key, contribution in replica.sync.contributions_due(step):
+                rounds[key].append(contribution)
+        step_bytes = [0] * c.replicas
+        for key, contributions in rounds.items():
+            future = self.reducer.reduce(key, contributions)
+            for replica, contribution in zip(self.replicas, contributions, strict=True):
+                assert replica.sync is not None
+                replica.sync.submit(key, future, step, contribution.weight)
+            result = future.result()
+            for m in range(c.replicas):
+                step_bytes[m] += result.bytes_sent
+                self.bytes_sent[m] += result.bytes_sent
+                self.bytes_received[m] += result.bytes_received
+        self.peak_bytes_per_step = max(self.peak_bytes_per_step, *step_bytes)
+        for m, replica in enumerate(self.replicas):
+            assert replica.sync is not None
+            for applied in replica.sync.apply_due(step):
+                self.rounds_applied += applied.ok
+                self.round_log.append((m, applied))
+        return sum(losses) / len(losses)
+
+    def _dp_step(self, lr: float) -> float:
+        """One data-parallel step: M micro-batches, FP32 gradient mean, one update."""
+        c = self.config
+        replica = self.replicas[0]
+        params = [p for p in replica.model.parameters()]
+        contributions, losses = [], []
+        for m, sampler in enumerate(self.dp_samplers):
+            inputs, targets = sampler.next_batch()
+            replica.model.zero_grad(set_to_none=True)
+            _, loss = replica.model(inputs, targets)
+            assert loss is not None
+            loss.backward()
+            losses.append(loss.item())
+            grads = torch.cat([p.grad.reshape(-1) for p in params])  # type: ignore[union-attr]
+            contributions.append(Contribution(f"replica{m}", grads, float(c.batch_size)))
+        result = self.dp_reducer.reduce(RoundKey(0, 0), contributions).result()
+        offset = 0
+        for p in params:
+            p.grad = result.delta[offset : offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+        if c.inner.grad_clip:
+            torch.nn.utils.clip_grad_norm_(params, c.inner.grad_clip)
+        set_lr(replica.optimizer, lr)
+        replica.optimizer.step()
+        for m in range(c.replicas):
+            self.bytes_sent[m] += result.bytes_sent
+            self.bytes_received[m] += result.bytes_received
+        self.peak_bytes_per_step = max(self.peak_bytes_per_step, result.bytes_sent)
+        return sum(losses) / len(losses)
+
+    @torch.no_grad()
+    def _eval_loss(self, model: Transformer) -> float:
+        model.eval()
+        total = 0.0
+        for inputs, targets in self.eval_set:
+            logits, _ = model(inputs)
+            total += torch.nn.functional.cross_entropy(
+                logits.view(-1, logits.size(-1)), targets.reshape(-1)
+            ).item()
+        model.train()
+        return total / len(self.eval_set)
+
+    def outer_model(self) -> Transformer:
+        """A model holding the outer parameters (each fragment as of its last sync)."""
+        first = self.replicas[0]
+        if first.sync is None:
+            return first.model
+        c = self.config
+        fragments = model_fragments(
+            self.eval_model,
+            self.eval_model.blocks,
+            c.fragment_size,
+            c.pattern,
+            c.embedding_fragment,
+        )
+        first.sync.load_outer_into(fragments)
+        return self.eval_model
+
+    def evaluate(self) -> dict[str, float]:
+        """Eval loss of the outer parameters, of each replica, and of their average."""
+        replica_losses = [self._eval_loss(r.model) for r in self.replicas]
+        return {
+            "eval_loss": self._eval_loss(self.outer_model()),
+            "eval_loss_replicas": sum(replica_losses) / len(replica_losses),
+            "eval_loss_first_replica": replica_losses[0],
+        }
+
+    @staticmethod
+    def _mean(values: list[int]) -> float:
+        return sum(values) / len(values)
+
+    def outer_states_identical(self) -> bool:
+        """True when replicas that applied the same rounds hold bit-identical outer states.
+
+        With heterogeneous tau a replica may be a round behind at a given step, so states
+        are compared fragment by fragment between replicas at the same version.
+        """
+        syncs = [r.sync for r in self.replicas if r.sync is not None]
+        for p in range(self.num_fragments):
+            by_version: dict[int, str] = {}
+            for sync in syncs:
+                state = sync.states[p]
+                if by_version.setdefault(state.version, state.sha256()) != state.sha256():
+                    return False
+        return True
+
+    def _summary(self, wall_s: float, tokens: int) -> dict[str, Any]:
+        c = self.config
+        num_params = sum(p.numel() for p in self.replicas[0].model.parameters())
+        summary: dict[str, Any] = {
+            "event": "summary",
+            "method": c.method,
+            "replicas": c.replicas,
+            "steps": c.steps,
+            "codec": c.codec_name if c.method != "dp" else "none",
+            "num_params": num_params,
+            "num_fragments": self.num_fragments,
+            **self.evaluate(),
+            "bytes_sent_per_replica": self._mean(self.bytes_sent),
+            "bytes_received_per_replica": self._mean(self.bytes_received),
+            "peak_bytes_per_step": self.peak_bytes_per_step,
+            "rounds_applied": self.rounds_applied,
+            "outer_states_identical": self.outer_states_identical(),
+            "tokens": tokens,
+            "wall_s": wall_s,
+            "config": json.loads(json.dumps(asdict(c), default=str)),
+        }
+        if not math.isfinite(summary["eval_loss"]):
+            logger.warning("eval loss is not finite: the run diverged")
+        return summary

@@ -1,0 +1,246 @@
+"""The outer loop of Streaming DiLoCo: one piece of code for every transport (SPEC 2.4).
+
+``FragmentSync`` wraps an unchanged inner loop (torchtitan's ``maybe_semi_sync_training``
+shape): at the end of every step the trainer asks it which fragments send
+(``contributions_due``), hands those to a ``Reducer`` (in-process or swarm) and gives the
+returned futures back (``submit``); ``apply_due`` then blocks, at a round's receive step
+``s + tau`` only, and applies the outer Nesterov step and the ``alpha`` merge. The outer
+state (FP32 parameters and momentum per fragment) stays on the CPU and is updated with the
+same float operations in the same order everywhere, so all members of a round end with
+bit-identical outer state (SPEC 2.5).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from diloco.errors import ConfigError, RoundFailed
+from diloco.node.fragments import sends_at
+from diloco.protocol.reducer import Contribution, RoundKey, RoundResult
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True, slots=True)
+class OuterConfig:
+    """Outer optimisation and its schedule (SPEC 2.3, 2.4); shared by every node of a run."""
+
+    sync_every: int = 30
+    """H: inner steps between two syncs of one fragment."""
+    outer_lr: float = 0.4
+    """Learning rate of the outer SGD with Nesterov momentum."""
+    outer_momentum: float = 0.9
+    """mu: Nesterov momentum of the outer optimizer (0 disables it)."""
+    fragment_sync_delay: int = 1
+    """tau: steps between sending a fragment's outer gradient and applying the result."""
+    fragment_update_alpha: float | None = None
+    """alpha: share of the local weights kept when merging; None means 0.5 if tau > 0 else 0."""
+
+    def __post_init__(self) -> None:
+        if self.sync_every < 1:
+            raise ConfigError(f"sync_every (H) must be >= 1, got {self.sync_every}")
+        check_tau(self.fragment_sync_delay, self.sync_every)
+        if self.fragment_update_alpha is not None and not 0 <= self.fragment_update_alpha <= 1:
+            raise ConfigError(f"alpha must be in [0, 1], got {self.fragment_update_alpha}")
+        if self.outer_lr <= 0 or not 0 <= self.outer_momentum < 1:
+            raise ConfigError(
+                f"need outer_lr > 0 and 0 <= outer_momentum < 1, got {self.outer_lr}, "
+                f"{self.outer_momentum}"
+            )
+
+    def alpha_for(self, tau: int) -> float:
+        if self.fragment_update_alpha is not None:
+            return self.fragment_update_alpha
+        return 0.5 if tau > 0 else 0.0
+
+
+def check_tau(tau: int, sync_every: int) -> None:
+    if not 0 <= tau < sync_every:
+        raise ConfigError(f"tau must satisfy 0 <= tau < H={sync_every}, got {tau}; lower --tau")
+
+
+def nesterov_step(
+    outer: torch.Tensor, momentum: torch.Tensor, delta: torch.Tensor, lr: float, mu: float
+) -> None:
+    """SGD with Nesterov momentum on the outer gradient, in place (SPEC 2.4 step 4).
+
+    ``mom = mu * mom + delta``; ``outer = outer - lr * (delta + mu * mom)``.
+    """
+    momentum.mul_(mu).add_(delta)
+    outer.sub_(delta.add(momentum, alpha=mu), alpha=lr)
+
+
+def merge(live: torch.Tensor, new_outer: torch.Tensor, alpha: float) -> torch.Tensor:
+    """``alpha * live + (1 - alpha) * new_outer`` (SPEC 2.4 step 5), exact at alpha 0 and 1."""
+    if alpha == 0:
+        return new_outer.clone()
+    if alpha == 1:
+        return live
+    return live * alpha + new_outer * (1 - alpha)
+
+
+def flatten(params: list[tuple[str, nn.Parameter]]) -> torch.Tensor:
+    """The fragment's live weights as one FP32 CPU vector."""
+    return torch.cat([p.detach().reshape(-1).to("cpu", torch.float32) for _, p in params])
+
+
+def assign(params: list[tuple[str, nn.Parameter]], vector: torch.Tensor) -> None:
+    """Write a flat FP32 vector back into the fragment's parameters."""
+    offset = 0
+    with torch.no_grad():
+        for _, p in params:
+            n = p.numel()
+            p.copy_(vector[offset : offset + n].view_as(p))
+            offset += n
+
+
+@dataclass(slots=True)
+class FragmentState:
+    """Outer state of one fragment: the last agreed parameters and the outer momentum."""
+
+    outer: torch.Tensor
+    momentum: torch.Tensor
+    version: int = 0
+    """Round ``k`` of the last applied round (0 before the first)."""
+
+    def sha256(self) -> str:
+        """Hash of the outer parameters and momentum bytes: equal states, equal hashes."""
+        digest = hashlib.sha256(self.outer.numpy().tobytes())
+        digest.update(self.momentum.numpy().tobytes())
+        return digest.hexdigest()
+
+
+@dataclass(slots=True)
+class PendingRound:
+    key: RoundKey
+    future: Future[RoundResult]
+    receive_step: int
+    weight: float
+
+
+@dataclass(frozen=True, slots=True)
+class AppliedRound:
+    """What happened to one round at its receive step (for metrics and tests)."""
+
+    key: RoundKey
+    ok: bool
+    members: tuple[str, ...] = ()
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    seconds: float = 0.0
+    blocked_seconds: float = 0.0
+    outer_sha256: str = ""
+    error: str = ""
+
+
+@dataclass
+class FragmentSync:
+    """One replica's outer loop over all fragments (the algorithm of SPEC 2.4).
+
+    ``fragments`` are the named parameters of each fragment (``model_fragments``); ``tau`` is
+    this replica's own delay (heterogeneous slack is allowed: all members send at ``s``, each
+    receives at ``s + tau``).
+    """
+
+    fragments: list[list[tuple[str, nn.Parameter]]]
+    config: OuterConfig
+    member: str
+    tau: int
+    states: list[FragmentState] = field(init=False)
+    pending: list[PendingRound] = field(init=False, default_factory=list)
+    tokens_since_send: list[float] = field(init=False)
+    carried_weight: list[float] = field(init=False)
+    failed_rounds: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        check_tau(self.tau, self.config.sync_every)
+        self.states = []
+        for params in self.fragments:
+            outer = flatten(params)
+            self.states.append(FragmentState(outer=outer, momentum=torch.zeros_like(outer)))
+        self.tokens_since_send = [0.0] * len(self.fragments)
+        self.carried_weight = [0.0] * len(self.fragments)
+
+    @property
+    def num_fragments(self) -> int:
+        return len(self.fragments)
+
+    @property
+    def alpha(self) -> float:
+        return self.config.alpha_for(self.tau)
+
+    def record_tokens(self, tokens: int) -> None:
+        """Count the tokens of one inner step toward every fragment's next round weight."""
+        for p in range(self.num_fragments):
+            self.tokens_since_send[p] += tokens
+
+    def contributions_due(self, step: int) -> list[tuple[RoundKey, Contribution]]:
+        """Outer gradients ``outer_p - theta[p]`` of the fragments that send at ``step``."""
+        due = []
+        for p, k in sends_at(step, self.config.sync_every, self.num_fragments):
+            delta = self.states[p].outer - flatten(self.fragments[p])
+            weight = self.tokens_since_send[p] + self.carried_weight[p]
+            self.tokens_since_send[p] = 0.0
+            due.append((RoundKey(p, k), Contribution(self.member, delta, weight or 1.0)))
+        return due
+
+    def submit(self, key: RoundKey, future: Future[RoundResult], step: int, weight: float) -> None:
+        """Remember a round in flight; it is applied at ``step + tau``."""
+        self.pending.append(PendingRound(key, future, step + self.tau, weight))
+
+    def apply_due(self, step: int) -> list[AppliedRound]:
+        """Block on the rounds whose receive step is ``step`` and apply them."""
+        applied = []
+        for pending in [r for r in self.pending if r.receive_step <= step]:
+            self.pending.remove(pending)
+            applied.append(self._apply(pending))
+        return applied
+
+    def _apply(self, pending: PendingRound) -> AppliedRound:
+        p = pending.key.fragment
+        start = time.perf_counter()
+        try:
+            result = pending.future.result()
+        except RoundFailed as error:
+            blocked = time.perf_counter() - start
+            self.failed_rounds += 1
+            self.carried_weight[p] += pending.weight
+            logger.warning("%s: %s; keeping the outer state of fragment %d", self.member, error, p)
+            return AppliedRound(pending.key, ok=False, blocked_seconds=blocked, error=str(error))
+        blocked = time.perf_counter() - start
+        state = self.states[p]
+        nesterov_step(
+            state.outer,
+            state.momentum,
+            result.delta,
+            self.config.outer_lr,
+            self.config.outer_momentum,
+        )
+        state.version = pending.key.round
+        self.carried_weight[p] = 0.0
+        assign(self.fragments[p], merge(flatten(self.fragments[p]), state.outer, self.alpha))
+        return AppliedRound(
+            pending.key,
+            ok=True,
+            members=result.members,
+            bytes_sent=result.bytes_sent,
+            bytes_received=result.bytes_received,
+            seconds=result.seconds,
+            blocked_seconds=blocked,
+            outer_sha256=state.sha256(),
+        )
+
+    def outer_vector(self, p: int) -> torch.Tensor:
+        return self.states[p].outer
+
+    def load_outer_into(self, model_fragments: list[list[tuple[str, nn.Parameter]]]) -> None:
+        """Copy every fragment's outer parameters into another model's fragments (eval)."""
+        for state, params in zip(self.states, model_fragments, strict=True):
+            assign(params, state.outer)

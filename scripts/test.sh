@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Set up if needed, then run the whole test suite (multi-process swarm tests included).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+# shellcheck disable=SC1091
+. .venv/bin/activate
+exec python -m pytest -q "$@"
