@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Literal, cast
 
 import click
 
@@ -186,3 +187,197 @@ def demo(ctx: click.Context, steps: int) -> None:
     with the node.
     """
     ctx.invoke(local, steps=steps)
+
+
+def _parse_targets(value: str | None) -> tuple[float, ...] | None:
+    if value is None:
+        return None
+    try:
+        return tuple(float(v) for v in value.split(","))
+    except ValueError as error:
+        raise click.BadParameter(f"expected CU values like 0.5,0.9,0.99, got {value!r}") from error
+
+
+@main.command()
+@click.option(
+    "--model",
+    type=click.Choice(["1B", "10B", "100B", "custom"]),
+    default="1B",
+    help="The paper's presets (24/48/108 layers, 0.1/0.8/4.9 s per step), or custom.",
+)
+@click.option("--layers", type=int, default=None, help="L: layers (custom, or a preset override).")
+@click.option("--params", type=float, default=None, help="N: parameters, e.g. 7e9.")
+@click.option("--step-time", type=float, default=None, help="Compute seconds per inner step.")
+@click.option(
+    "--method",
+    type=click.Choice(
+        ["dp", "diloco", "streaming", "streaming-overlap", "streaming-overlap-fp4", "all"]
+    ),
+    default="all",
+    help="Synchronisation method to simulate.",
+)
+@click.option("--H", "sync_every", default=100, help="Inner steps between two syncs of a fragment.")
+@click.option("--fragment-size", default=3, help="Layers per streaming fragment.")
+@click.option(
+    "--pattern",
+    type=click.Choice(["strided", "sequential"]),
+    default="strided",
+    help="Which layers form a fragment.",
+)
+@click.option("--tau", default=1, help="Overlap in steps for the *-overlap methods.")
+@click.option("--replicas", default=2, help="M: replicas in each all-reduce.")
+@click.option("--bandwidth", type=float, default=None, help="CU at this Gbit/s, e.g. 10.")
+@click.option(
+    "--targets",
+    default=None,
+    help="CU targets, e.g. 0.5,0.8,0.9,0.95,0.99: lowest Gbit/s reaching each "
+    "[default: that list when --bandwidth is not given].",
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write the required-bandwidth table as JSON.",
+)
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="PNG of CU against bandwidth (log x), one curve per method.",
+)
+@click.option(
+    "--timeline",
+    "timeline_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="PNG Gantt chart of a few steps at --bandwidth.",
+)
+@click.option(
+    "--from-metrics",
+    "metrics_path",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="A node's JSON-lines metrics: predict its CU at other bandwidths.",
+)
+def simulate(
+    model: str,
+    layers: int | None,
+    params: float | None,
+    step_time: float | None,
+    method: str,
+    sync_every: int,
+    fragment_size: int,
+    pattern: Literal["strided", "sequential"],
+    tau: int,
+    replicas: int,
+    bandwidth: float | None,
+    targets: str | None,
+    json_path: str | None,
+    plot_path: str | None,
+    timeline_path: str | None,
+    metrics_path: str | None,
+) -> None:
+    """Compute utilisation against bandwidth for DP and the DiLoCo variants (SPEC 6).
+
+    e.g. `diloco-node simulate --model 100B --targets 0.9,0.99`
+    """
+    import json
+
+    from diloco.sim.commands import SimulateRequest, simulate_report
+    from diloco.sim.methods import METHODS, Method, SyncSettings
+
+    if json_path is not None and targets is None:
+        raise click.UsageError("--json writes the --targets table: give --targets")
+    try:
+        request = SimulateRequest(
+            model=model,
+            num_layers=layers,
+            num_params=params,
+            step_seconds=step_time,
+            methods=METHODS if method == "all" else (cast(Method, method),),
+            settings=SyncSettings(
+                sync_every=sync_every,
+                fragment_size=fragment_size,
+                pattern=pattern,
+                tau=tau,
+                num_replicas=replicas,
+            ),
+            bandwidth_gbps=bandwidth,
+            targets=_parse_targets(targets),
+            plot_path=plot_path,
+            timeline_path=timeline_path,
+            metrics_lines=Path(metrics_path).read_text().splitlines() if metrics_path else None,
+        )
+        report = simulate_report(request)
+    except ValueError as error:
+        raise click.UsageError(str(error)) from error
+    click.echo(report.text)
+    if json_path is not None and report.required is not None:
+        Path(json_path).write_text(json.dumps(report.required, indent=2) + "\n")
+
+
+@main.command()
+@click.option(
+    "--model",
+    type=click.Choice(["1B", "10B", "100B", "custom"]),
+    default="1B",
+    help="The paper's presets, or custom with --layers, --params, --step-time.",
+)
+@click.option("--layers", type=int, default=None, help="L: layers.")
+@click.option("--params", type=float, default=None, help="N: parameters, e.g. 7e9.")
+@click.option("--step-time", type=float, default=None, help="Compute seconds per inner step.")
+@click.option(
+    "--tokens",
+    type=float,
+    default=None,
+    help="D: training tokens, all replicas [default: 20 x params].",
+)
+@click.option("--batch-size", default=256, help="Sequences per replica per step.")
+@click.option("--seq-len", default=1024, help="Tokens per sequence.")
+@click.option("--replicas", default=2, help="M: replicas in each all-reduce.")
+@click.option("--H", "sync_every", default=100, help="Inner steps between two syncs of a fragment.")
+@click.option("--fragment-size", default=3, help="Layers per streaming fragment.")
+@click.option("--tau", default=1, help="Overlap in steps for the *-overlap methods.")
+@click.option(
+    "--codec", default="e3m0", help="Codec of the quantised variant: none, bf16, fp16, int8, e3m0."
+)
+def accounting(
+    model: str,
+    layers: int | None,
+    params: float | None,
+    step_time: float | None,
+    tokens: float | None,
+    batch_size: int,
+    seq_len: int,
+    replicas: int,
+    sync_every: int,
+    fragment_size: int,
+    tau: int,
+    codec: str,
+) -> None:
+    """Bytes a whole run exchanges and the peak rate it needs, DP against DiLoCo variants.
+
+    e.g. `diloco-node accounting --model 10B --replicas 4 --tokens 2e11`
+    """
+    from diloco.sim.commands import accounting_report
+
+    try:
+        text = accounting_report(
+            model=model,
+            num_layers=layers,
+            num_params=params,
+            step_seconds=step_time,
+            num_tokens=tokens,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            num_replicas=replicas,
+            sync_every=sync_every,
+            fragment_size=fragment_size,
+            tau=tau,
+            codec=codec,
+        )
+    except ValueError as error:
+        raise click.UsageError(str(error)) from error
+    click.echo(text)

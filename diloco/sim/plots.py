@@ -1,0 +1,92 @@
+"""Figures of the simulator: CU against bandwidth, and a Gantt chart of a few steps.
+
+The one module of ``diloco.sim`` that writes files: PNG through matplotlib's ``Agg`` canvas
+on a bare ``Figure``, so it needs no display and leaves pyplot's global state alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from numpy.typing import NDArray
+
+from diloco.sim.dag import Interval, NodeKind
+
+KIND_STYLE: dict[NodeKind, tuple[str, str]] = {
+    "forward": ("tab:blue", "forward"),
+    "backward_activation": ("tab:orange", "backward (activations)"),
+    "backward_weight": ("tab:green", "backward (weights)"),
+    "reduction": ("tab:red", "reduction (link)"),
+}
+
+
+def plot_cu_curves(
+    path: str | Path,
+    bandwidths_gbps: NDArray[np.float64],
+    curves: Mapping[str, NDArray[np.float64]],
+    *,
+    title: str,
+    targets: Sequence[float] = (),
+) -> None:
+    """CU against bandwidth (log x), one curve per method; dotted lines at the CU targets."""
+    fig = Figure(figsize=(8, 5), dpi=120)
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    for name, cu in curves.items():
+        ax.plot(bandwidths_gbps, cu, label=name, linewidth=2)
+    for target in targets:
+        ax.axhline(target, color="grey", linestyle=":", linewidth=1)
+    ax.set_xscale("log")
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("bandwidth between replicas (Gbit/s)")
+    ax.set_ylabel("compute utilisation")
+    ax.set_title(title)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def plot_timeline(
+    path: str | Path, timelines: Mapping[str, Sequence[Interval]], *, title: str
+) -> None:
+    """Gantt chart, one panel per method: a row per layer (layer 0 at the top); compute on
+    the upper part of a row, the layer's reduction on the lower part."""
+    if not timelines:
+        raise ValueError("nothing to draw: no timeline given")
+    fig = Figure(figsize=(11, 2.2 + 2.4 * len(timelines)), dpi=120)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(timelines), 1, squeeze=False)
+    for ax, (name, intervals) in zip(axes[:, 0], timelines.items(), strict=True):
+        num_layers = 1 + max(interval.layer for interval in intervals)
+        for kind, (color, label) in KIND_STYLE.items():
+            spans = [i for i in intervals if i.kind == kind]
+            for interval in spans:
+                row = interval.layer
+                y, height = (row + 0.5, 0.4) if kind == "reduction" else (row + 0.05, 0.45)
+                ax.broken_barh(
+                    [(interval.start, interval.end - interval.start)],
+                    (y, height),
+                    facecolors=color,
+                    edgecolors="black",
+                    linewidth=0.2,
+                )
+            if spans:
+                ax.bar(0, 0, color=color, label=label)  # one legend entry per kind
+        steps = sorted({i.step for i in intervals if i.kind == "forward"})
+        for step in steps:
+            start = min(i.start for i in intervals if i.step == step and i.kind == "forward")
+            ax.axvline(start, color="black", linewidth=0.6, linestyle="--")
+            ax.text(start, -0.1, f" step {step}", fontsize=8, va="bottom")
+        ax.set_ylim(num_layers + 0.1, -0.6)
+        ax.set_ylabel("layer")
+        ax.set_title(name, fontsize=10)
+        ax.legend(loc="upper right", fontsize=7, ncols=4)
+    axes[-1, 0].set_xlabel("time (s)")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path)
