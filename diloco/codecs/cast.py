@@ -9,7 +9,7 @@ Layouts (after the 5-byte header, see ``base``)::
 Round-trip error bounds (round to nearest even, ``e = |decode(encode(x)) - x|``):
 
 - ``none``: exact, bit for bit.
-- ``bf16`` (8 significant bits): ``e <= 2**-9 * |x|`` for ``|x| >= 2**-126``;
+- ``bf16`` (8 significant bits): ``e <= 2**-8 * |x|`` for ``|x| >= 2**-126``;
   ``e <= 2**-134`` below (half of bfloat16's subnormal spacing).
 - ``fp16`` (11 significant bits): ``e <= 2**-11 * |x|`` for ``|x| >= 2**-14``;
   ``e <= 2**-25`` below (half of binary16's subnormal spacing).
