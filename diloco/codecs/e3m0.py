@@ -11,8 +11,9 @@ sign, bits 0-2 the exponent field ``e``; ``e = 0`` is zero (the encoder always w
 0 for it), ``e = 1..7`` is ``scale * 2**(e - 7)``. A block thus represents 0 and
 ``scale * {2**-6, ..., 2**-1, 1}``: 15 values with the signs.
 
-``b`` is the smallest power of two not below the block's absmax (``b = 0`` for an all-zero
-block and for blocks whose absmax is below ``2**-127``); ``|x| > 2**127`` cannot be encoded.
+``2**(b - 127)`` is the smallest power of two not below the block's absmax (``b = 0`` for an
+all-zero block and for blocks whose absmax is below ``2**-127``); ``|x| > 2**127`` cannot be
+encoded.
 
 Nearest rounding (ties away from zero) error bound, with ``r = |x| / scale`` in ``[0, 1]``:
 
@@ -26,6 +27,11 @@ Hence ``|err| <= max(scale * 2**-7, |x| / 3)``. Stochastic rounding goes to a ne
 
 A part cut at multiples of 32 values (in particular 256) encodes, with nearest rounding, to
 exactly the scale bytes and code bytes of the same blocks in the whole vector.
+
+Re-encoding with nearest rounding: ``decode(encode(.))`` and ``encode(decode(.))`` are both
+idempotent, bit for bit. ``encode(decode(encode(x)))`` equals ``encode(x)`` except in blocks
+whose absmax rounded down to ``scale / 2``: by the scale rule those re-encode one binade lower
+(``b - 1``, every field ``+ 1``), to the same values.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ ROUNDINGS = ("nearest", "stochastic")
 SCALE_BIAS = 127
 INVALID_SCALE_BYTE = 255
 MAX_EXPONENT_FIELD = 7
-# Named offsets inside the body, as functions of the block count nb.
+# Body: scale bytes (nb x uint8) | codes (nb x 16 bytes); offsets are functions of nb.
 _SCALES_OFFSET = 0
 _CODE_BYTES_PER_BLOCK = BLOCK_SIZE // 2
 _SIGN_BIT = 8
@@ -70,6 +76,10 @@ del _codes, _nibbles
 
 def _num_blocks(numel: int) -> int:
     return -(-numel // BLOCK_SIZE)
+
+
+def _codes_offset(num_blocks: int) -> int:
+    return _SCALES_OFFSET + num_blocks
 
 
 class E3M0Codec(Codec):
@@ -166,7 +176,9 @@ class E3M0Codec(Codec):
         )
         if bool((scale_bytes == INVALID_SCALE_BYTE).any()):
             raise CodecError(f"e3m0 payload holds the invalid scale byte {INVALID_SCALE_BYTE}")
-        packed = np.frombuffer(body, dtype=np.uint8, count=nb * _CODE_BYTES_PER_BLOCK, offset=nb)
+        packed = np.frombuffer(
+            body, dtype=np.uint8, count=nb * _CODE_BYTES_PER_BLOCK, offset=_codes_offset(nb)
+        )
         pairs = np.take(_PAIR_VALUES.numpy(), packed, axis=0)  # (nb * 16, 2)
         out = torch.from_numpy(pairs).view(nb, BLOCK_SIZE)
         out.mul_(torch.ldexp(torch.ones(nb), scale_bytes - SCALE_BIAS)[:, None])

@@ -26,7 +26,7 @@ __all__ = ["Int8Codec"]
 BLOCK_SIZE = 64
 QMAX = 127
 _F32_LE = np.dtype("<f4")
-# Named offsets inside the body, as functions of the block count nb.
+# Body: scales (nb x float32 LE) | values (n x int8); offsets are functions of nb.
 _SCALES_OFFSET = 0
 
 
