@@ -1,0 +1,48 @@
+"""Compute-utilisation simulator and bandwidth accountant (SPEC 6).
+
+Pure, sans-I/O: ``dag`` (the schedule), ``methods`` (presets and methods), ``sweep``
+(required bandwidths), ``accounting`` (bytes and peak rates), ``metrics`` (a node's JSON lines
+as a schedule). ``plots`` writes PNG files and ``commands`` backs the CLI; neither is
+imported here, so importing ``diloco.sim`` does not load matplotlib.
+"""
+
+from diloco.sim.accounting import CODEC_BITS, RunSpec, Traffic, account
+from diloco.sim.dag import Interval, Schedule, StepCompute, SyncPlan, compute_utilisation, simulate
+from diloco.sim.methods import (
+    METHODS,
+    PRESETS,
+    Method,
+    ModelSpec,
+    SyncSettings,
+    step_compute,
+    sync_plan,
+)
+from diloco.sim.metrics import MeasuredRun, measured_schedule, parse_metrics
+from diloco.sim.sweep import DEFAULT_TARGETS, bandwidth_grid, cu_curves, required_bandwidth
+
+__all__ = [
+    "CODEC_BITS",
+    "DEFAULT_TARGETS",
+    "METHODS",
+    "PRESETS",
+    "Interval",
+    "MeasuredRun",
+    "Method",
+    "ModelSpec",
+    "RunSpec",
+    "Schedule",
+    "StepCompute",
+    "SyncPlan",
+    "SyncSettings",
+    "Traffic",
+    "account",
+    "bandwidth_grid",
+    "compute_utilisation",
+    "cu_curves",
+    "measured_schedule",
+    "parse_metrics",
+    "required_bandwidth",
+    "simulate",
+    "step_compute",
+    "sync_plan",
+]

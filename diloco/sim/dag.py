@@ -162,14 +162,13 @@ def simulate(
     ready_after = [0.0] * num_layers
     offset = 0.0
     for layer in reversed(range(num_layers)):
-        for kind, seconds in (
-            ("backward_activation", compute.backward_activation_seconds[layer]),
-            ("backward_weight", compute.backward_weight_seconds[layer]),
-        ):
-            if kind == "backward_activation" and layer == 0:
-                continue
-            backward.append((kind, layer, offset, offset + seconds))
+        if layer > 0:
+            seconds = compute.backward_activation_seconds[layer]
+            backward.append(("backward_activation", layer, offset, offset + seconds))
             offset += seconds
+        seconds = compute.backward_weight_seconds[layer]
+        backward.append(("backward_weight", layer, offset, offset + seconds))
+        offset += seconds
         ready_after[layer] = offset
     backward_seconds = offset
     # Link order inside one send step: by readiness (last layer first), then by layer index.
@@ -246,5 +245,5 @@ def compute_utilisation(
     first = warmup_periods * plan.sync_every + 1
     last = (warmup_periods + periods) * plan.sync_every
     starts = simulate(compute, plan, bandwidth_gbps, last + 1).step_starts
-    wall = starts[last] - starts[first - 1]  # start(last + 1) - start(first), (B,)
+    wall: NDArray[np.float64] = starts[last] - starts[first - 1]  # start(last+1) - start(first)
     return (last - first + 1) * compute.step_seconds / wall

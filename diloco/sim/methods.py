@@ -114,7 +114,7 @@ def sync_plan(model: ModelSpec, method: Method, settings: SyncSettings) -> SyncP
     their offsets, blocking. ``streaming-overlap``: the same, received ``tau`` steps later.
     ``streaming-overlap-fp4``: the same with 4-bit outer gradients.
     """
-    all_layers = (tuple(range(model.num_layers)),)
+    all_layers: tuple[tuple[int, ...], ...] = (tuple(range(model.num_layers)),)
     if method == "dp":
         fragments, sync_every, tau, bits = all_layers, 1, 0, settings.dp_bits
     elif method == "diloco":

@@ -55,9 +55,12 @@ class MeasuredRun:
 def _field(record: dict[str, Any], name: str, lineno: int, *, number: bool = False) -> Any:
     """``record[name]`` as an int (or a finite real when ``number``), else a clear error."""
     value = record.get(name)
-    kinds: tuple[type, ...] = (int, float) if number else (int,)
     # bool is an int subclass; a flag is never a count here.
-    if isinstance(value, bool) or not isinstance(value, kinds):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or (isinstance(value, float) and not number)
+    ):
         raise ValueError(
             f"line {lineno}: {record.get('event')!r} record needs {name!r} as "
             f"{'a number' if number else 'an integer'}, got {value!r}"

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 from numpy.typing import NDArray
 
 from diloco.sim.dag import Interval, NodeKind
@@ -55,38 +56,36 @@ def plot_timeline(
     path: str | Path, timelines: Mapping[str, Sequence[Interval]], *, title: str
 ) -> None:
     """Gantt chart, one panel per method: a row per layer (layer 0 at the top); compute on
-    the upper part of a row, the layer's reduction on the lower part."""
-    if not timelines:
-        raise ValueError("nothing to draw: no timeline given")
-    fig = Figure(figsize=(11, 2.2 + 2.4 * len(timelines)), dpi=120)
+    the upper part of a row, the layer's reduction on the lower part; dashed lines where a
+    step's first forward starts."""
+    if not timelines or not all(timelines.values()):
+        raise ValueError("nothing to draw: every timeline needs intervals")
+    fig = Figure(figsize=(11, 1.2 + 2.4 * len(timelines)), dpi=120)
     FigureCanvasAgg(fig)
     axes = fig.subplots(len(timelines), 1, squeeze=False)
     for ax, (name, intervals) in zip(axes[:, 0], timelines.items(), strict=True):
         num_layers = 1 + max(interval.layer for interval in intervals)
-        for kind, (color, label) in KIND_STYLE.items():
-            spans = [i for i in intervals if i.kind == kind]
-            for interval in spans:
-                row = interval.layer
-                y, height = (row + 0.5, 0.4) if kind == "reduction" else (row + 0.05, 0.45)
-                ax.broken_barh(
-                    [(interval.start, interval.end - interval.start)],
-                    (y, height),
-                    facecolors=color,
-                    edgecolors="black",
-                    linewidth=0.2,
-                )
-            if spans:
-                ax.bar(0, 0, color=color, label=label)  # one legend entry per kind
-        steps = sorted({i.step for i in intervals if i.kind == "forward"})
-        for step in steps:
+        for kind, (color, _label) in KIND_STYLE.items():
+            offset, height = (0.5, 0.4) if kind == "reduction" else (0.05, 0.45)
+            for layer in range(num_layers):
+                spans = [
+                    (i.start, i.end - i.start)
+                    for i in intervals
+                    if i.kind == kind and i.layer == layer
+                ]
+                if spans:
+                    ax.broken_barh(spans, (layer + offset, height), facecolors=color)
+        for step in sorted({i.step for i in intervals}):
             start = min(i.start for i in intervals if i.step == step and i.kind == "forward")
             ax.axvline(start, color="black", linewidth=0.6, linestyle="--")
-            ax.text(start, -0.1, f" step {step}", fontsize=8, va="bottom")
-        ax.set_ylim(num_layers + 0.1, -0.6)
+            ax.text(start, -0.05, f" step {step}", fontsize=8, va="bottom")
+        ax.set_yticks([layer + 0.45 for layer in range(num_layers)], list(range(num_layers)))
+        ax.set_ylim(num_layers + 0.05, -0.5)
         ax.set_ylabel("layer")
-        ax.set_title(name, fontsize=10)
-        ax.legend(loc="upper right", fontsize=7, ncols=4)
+        ax.set_title(name, fontsize=10, loc="left")
     axes[-1, 0].set_xlabel("time (s)")
-    fig.suptitle(title)
-    fig.tight_layout()
+    handles = [Patch(color=color, label=label) for color, label in KIND_STYLE.values()]
+    fig.legend(handles=handles, loc="upper right", ncols=4, fontsize=8)
+    fig.suptitle(title, x=0.02, ha="left")
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
     fig.savefig(path)

@@ -1,0 +1,76 @@
+"""The bandwidth accountant against a run computed by hand."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from diloco.sim.accounting import CODEC_BITS, RunSpec, account
+
+# 4 layers of 0.6e6 parameters; 2 replicas x 4 sequences x 10 tokens = 80 tokens per step,
+# so 80,000 tokens are 1,000 steps of 0.5 s. Fragments of one layer: offsets 0, 25, 50, 75.
+RUN = RunSpec(
+    num_params=2.4e6,
+    num_layers=4,
+    num_tokens=80_000,
+    batch_size=4,
+    seq_len=10,
+    num_replicas=2,
+    sync_every=100,
+    fragment_size=1,
+    tau=1,
+    codec="e3m0",
+    step_seconds=0.5,
+)
+
+
+def test_account_matches_hand_computation() -> None:
+    assert RUN.num_steps == 1000
+    traffic = {t.method: t for t in account(RUN)}
+    # (rounds, bytes per replica, peak Gbit/s); the all-reduce factor 2(M-1)/M is 1
+    expected = {
+        "dp": (1000, 1000 * 2.4e6 * 2, 2.4e6 * 16 / 0.5 / 1e9),
+        "diloco": (10, 10 * 2.4e6 * 4, 2.4e6 * 32 / 0.5 / 1e9),
+        # fragment rounds: 1000 // 100, 975 // 100, 950 // 100, 925 // 100 = 10 + 9 + 9 + 9
+        "streaming": (37, 37 * 0.6e6 * 4, 0.6e6 * 32 / 0.5 / 1e9),
+        "streaming-overlap": (37, 37 * 0.6e6 * 4, 0.6e6 * 32 / (2 * 0.5) / 1e9),
+        "streaming-overlap-fp4": (37, 37 * 0.6e6 * 4.25 / 8, 0.6e6 * 4.25 / (2 * 0.5) / 1e9),
+    }
+    assert list(traffic) == list(expected)
+    for method, (rounds, per_replica, peak) in expected.items():
+        t = traffic[method]
+        assert t.num_rounds == rounds, method
+        assert t.bytes_per_replica == pytest.approx(per_replica), method
+        assert t.bytes_total == pytest.approx(2 * per_replica), method
+        assert t.peak_gbps == pytest.approx(peak), method
+        assert t.mean_gbps == pytest.approx(per_replica * 8 / (1000 * 0.5) / 1e9), method
+        assert t.bytes_vs_dp == pytest.approx(2.4e6 * 2 * 1000 / per_replica), method
+    assert traffic["diloco"].bytes_vs_dp == pytest.approx(50)
+    assert traffic["diloco"].peak_vs_dp == pytest.approx(0.5)  # FP32 at once: twice DP's peak
+
+
+def test_account_scales_with_all_reduce_factor() -> None:
+    run = dataclasses.replace(RUN, num_replicas=4, num_tokens=160_000)
+    four = {t.method: t for t in account(run)}
+    two = {t.method: t for t in account(RUN)}
+    for method, t in four.items():
+        # same number of steps, 2(M-1)/M = 1.5 instead of 1
+        assert t.bytes_per_replica == pytest.approx(1.5 * two[method].bytes_per_replica)
+        assert t.bytes_total == pytest.approx(4 * t.bytes_per_replica)
+
+
+@pytest.mark.parametrize("codec", sorted(CODEC_BITS))
+def test_account_codec_sets_bits_of_quantised_variant(codec: str) -> None:
+    fp4 = account(dataclasses.replace(RUN, codec=codec))[-1]
+    assert fp4.method == "streaming-overlap-fp4"
+    assert fp4.bits_per_value == CODEC_BITS[codec]
+
+
+def test_run_spec_bad_values_are_refused() -> None:
+    with pytest.raises(ValueError, match="unknown codec"):
+        dataclasses.replace(RUN, codec="fp3")
+    with pytest.raises(ValueError, match="tau < H"):
+        dataclasses.replace(RUN, tau=100)
+    with pytest.raises(ValueError, match="2 replicas"):
+        dataclasses.replace(RUN, num_replicas=1)
