@@ -61,6 +61,7 @@ _EXPONENT_OFFSET = 127 - MAX_EXPONENT_FIELD  # e = biased exponent of r - 120
 _ZERO_THRESHOLD_BITS = _EXPONENT_OFFSET << _MANTISSA_BITS  # bits of 2**-7, half of 2**-6
 _LOWEST_LEVEL_BITS = (_EXPONENT_OFFSET + 1) << _MANTISSA_BITS  # bits of 2**-6
 _MANTISSA_MASK = (1 << _MANTISSA_BITS) - 1
+_ONE_BITS = 127 << _MANTISSA_BITS  # bits of 1.0
 
 # The two values (low nibble first) of every code byte at scale 1, exact powers of two or
 # zero: (256, 2). Decoding multiplies them by the block's power-of-two scale, which is exact.
@@ -115,8 +116,8 @@ class E3M0Codec(Codec):
         else:
             nonzero = self._stochastic_fields_(bits, generator)
         codes = bits.to(torch.uint8)
-        negative = blocks < 0
-        codes.bitwise_or_(negative.logical_and_(nonzero).to(torch.uint8) << 3)  # zero: code 0
+        sign_bits = (blocks < 0).logical_and_(nonzero).view(torch.uint8)  # zero: code 0
+        codes.bitwise_or_(sign_bits.bitwise_left_shift_(3))
         pairs = codes.view(nb, _CODE_BYTES_PER_BLOCK, 2)  # (nb, 16, 2)
         packed = pairs[..., 1] << 4
         packed.bitwise_or_(pairs[..., 0])  # (nb, 16)
@@ -158,12 +159,9 @@ class E3M0Codec(Codec):
         r = bits.view(torch.float32)
         at_least_lowest = bits >= _LOWEST_LEVEL_BITS
         # Within [2**k, 2**(k+1)] the fraction (r - lo) / (hi - lo) is the mantissa field,
-        # exact in FP32; below 2**-6 the neighbours are 0 and 2**-6.
-        p_up = torch.where(
-            at_least_lowest,
-            (bits & _MANTISSA_MASK).to(torch.float32).mul_(2.0**-_MANTISSA_BITS),
-            r * 2.0**6,
-        )
+        # read exactly as 1.mantissa - 1; below 2**-6 the neighbours are 0 and 2**-6.
+        p_up = (bits & _MANTISSA_MASK).bitwise_or_(_ONE_BITS).view(torch.float32).sub_(1.0)
+        torch.where(at_least_lowest, p_up, r * 2.0**6, out=p_up)
         up = torch.rand(r.shape, generator=generator) < p_up
         bits.bitwise_right_shift_(_MANTISSA_BITS).sub_(_EXPONENT_OFFSET).clamp_(min=0)
         bits.add_(up)
