@@ -136,8 +136,7 @@ class Codec(ABC):
         header = Header(self.codec_id, x.numel())
         body = self._encode_body(x, generator) if x.numel() else b""
         payload = header.serialize() + body
-        if len(payload) != self.encoded_size(x.numel()):  # internal invariant of each codec
-            raise AssertionError(f"{self.name} encoded {len(payload)} bytes, size mismatch")
+        assert len(payload) == self.encoded_size(x.numel()), f"{self.name} body size is off"
         return payload
 
     def decode(self, data: bytes | bytearray | memoryview) -> torch.Tensor:
