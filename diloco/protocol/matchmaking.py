@@ -1,0 +1,313 @@
+"""Group formation for one fragment round ``(p, k)`` on the DHT (SPEC 4 "Matchmaking").
+
+Protocol, for every node that reaches the send step of round ``(p, k)``:
+
+1. Declare: store ``weight`` under DHT key ``{run_id}/frag{p}/round{k}``, subkey = own peer
+   id, and open a lobby for that round (so joins can arrive from now on).
+2. After ``matchmaking_window`` seconds read the key. The *leader* is the lowest peer id
+   seen (self included).
+3. A leader waits until every peer it saw has joined, or ``join_timeout``; it then closes
+   the lobby and sends the same GROUP (members sorted by peer id bytes, their weights, a
+   random group id) to every joiner. A JOIN that arrives after closing gets GROUP_CLOSED:
+   that node misses the round (SPEC 4).
+4. A follower sends JOIN to its leader and waits for GROUP. A node asked to lead that is
+   itself a follower answers NOT_LEADER with its own leader, and the follower follows the
+   redirect (each peer at most once), so views that disagree at the edge of the window
+   still converge on one leader.
+
+The leader's GROUP message is the agreement step: every member takes the same list from the
+same bytes. Failure modes: a leader that dies before sending GROUP fails the round for its
+followers (``RoundFailed``); two leaders with disjoint views make two groups, each a valid
+average of its own members. Every await has a deadline derived from ``RoundTimeouts``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from hivemind import DHT
+from hivemind.p2p import P2P, PeerID
+from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
+from hivemind.utils import get_dht_time
+
+from diloco.errors import ProtocolError, RoundFailed
+from diloco.protocol import wire
+from diloco.protocol.group import GroupInfo, RoundTimeouts
+from diloco.protocol.reducer import RoundKey
+from diloco.protocol.wire import Group, Join, Kind, Reject, RejectCode, RoundTag
+
+logger = logging.getLogger(__name__)
+
+
+def round_key(run_id: str, key: RoundKey) -> str:
+    """The DHT key nodes declare under for round ``key`` (SPEC 4)."""
+    return f"{run_id}/frag{key.fragment}/round{key.round}"
+
+
+@dataclass
+class _Lobby:
+    """One round's matchmaking state on this node; handlers and ``form_group`` share it."""
+
+    request: Join
+    role: asyncio.Future[PeerID | None]  # None: I lead; else my leader
+    joiners: dict[PeerID, asyncio.Future[tuple[Kind, bytes]]] = field(default_factory=dict)
+    weights: dict[PeerID, float] = field(default_factory=dict)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    closed: bool = False
+
+
+class Matchmaker:
+    """Forms one group per fragment round; several rounds may be in matchmaking at once."""
+
+    def __init__(
+        self,
+        p2p: P2P,
+        dht: DHT,
+        run_id: str,
+        digest: bytes,
+        timeouts: RoundTimeouts,
+        min_group_size: int = 2,
+    ) -> None:
+        if min_group_size < 1:
+            raise ValueError(f"min_group_size must be >= 1, got {min_group_size}")
+        self.p2p, self.dht, self.run_id, self.digest = p2p, dht, run_id, digest
+        self.timeouts, self.min_group_size = timeouts, min_group_size
+        self.handler_name = f"/diloco/{run_id}/join/1"
+        self._lobbies: dict[RoundKey, _Lobby] = {}
+
+    async def start(self) -> None:
+        """Register the JOIN handler on the shared P2P daemon."""
+        await self.p2p.add_binary_stream_handler(self.handler_name, self._handle_join)
+
+    async def form_group(
+        self, key: RoundKey, numel: int, codec_id: int, return_codec_id: int, weight: float
+    ) -> GroupInfo:
+        """Declare, wait the window, and assemble or join the group of round ``key``.
+
+        Raises:
+            RoundFailed: no group of at least ``min_group_size`` formed in time, or this node
+                arrived after its group had closed.
+        """
+        if key in self._lobbies:
+            raise RoundFailed(key.fragment, key.round, "this round is already in matchmaking")
+        tag = RoundTag(self.digest, key.fragment, key.round)
+        request = Join(tag, numel, codec_id, return_codec_id, weight)
+        request.check()
+        lobby = _Lobby(request, asyncio.get_running_loop().create_future())
+        self._lobbies[key] = lobby
+        try:
+            t = self.timeouts
+            expiration = get_dht_time() + t.matchmaking + t.allreduce
+            await asyncio.wait_for(
+                self.dht.store(
+                    round_key(self.run_id, key),
+                    weight,
+                    expiration,
+                    subkey=self.p2p.peer_id.to_base58(),
+                    return_future=True,
+                ),
+                t.join_timeout,
+            )
+            await asyncio.sleep(t.matchmaking_window)
+            view = await asyncio.wait_for(self._read_view(key), t.join_timeout)
+            view[self.p2p.peer_id] = weight
+            leader = min(view, key=lambda peer: peer.to_bytes())
+            if leader == self.p2p.peer_id:
+                lobby.role.set_result(None)
+                return await self._lead(key, lobby, set(view))
+            lobby.role.set_result(leader)
+            return await self._follow(key, lobby, leader)
+        finally:
+            lobby.closed = True
+            if not lobby.role.done():
+                lobby.role.cancel()
+            for reply in lobby.joiners.values():
+                if not reply.done():
+                    closed = Reject(RejectCode.GROUP_CLOSED, reason="round ended")
+                    reply.set_result((Kind.REJECT, closed.serialize()))
+            del self._lobbies[key]
+
+    async def _read_view(self, key: RoundKey) -> dict[PeerID, float]:
+        """Peers declared under the round key; malformed entries are logged and skipped."""
+        found = await self.dht.get(round_key(self.run_id, key), latest=True, return_future=True)
+        view: dict[PeerID, float] = {}
+        if found is None or not isinstance(found.value, Mapping):
+            return view
+        for subkey, item in found.value.items():
+            value = getattr(item, "value", None)
+            try:
+                peer = PeerID.from_base58(str(subkey))
+            except Exception:
+                logger.warning("round %s: ignoring malformed declaration %r", key, subkey)
+                continue
+            if isinstance(value, float | int) and math.isfinite(value) and value > 0:
+                view[peer] = float(value)
+        return view
+
+    async def _lead(self, key: RoundKey, lobby: _Lobby, view: set[PeerID]) -> GroupInfo:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeouts.join_timeout
+        expected = view - {self.p2p.peer_id}
+        while not expected <= set(lobby.joiners) and (remaining := deadline - loop.time()) > 0:
+            lobby.changed.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(lobby.changed.wait(), remaining)
+        lobby.closed = True
+        members = sorted([self.p2p.peer_id, *lobby.joiners], key=lambda peer: peer.to_bytes())
+        weights = {**lobby.weights, self.p2p.peer_id: lobby.request.weight}
+        if len(members) < self.min_group_size:
+            reason = f"{len(members)} member(s) < min_group_size {self.min_group_size}"
+            too_small = Reject(RejectCode.GROUP_TOO_SMALL, reason=reason).serialize()
+            for future in lobby.joiners.values():
+                future.set_result((Kind.REJECT, too_small))
+            raise RoundFailed(key.fragment, key.round, f"no group: {reason}")
+        request = lobby.request
+        group = Group(
+            request.tag,
+            secrets.token_bytes(wire.GROUP_ID_BYTES),
+            request.numel,
+            request.codec_id,
+            request.return_codec_id,
+            tuple(peer.to_bytes() for peer in members),
+            tuple(weights[p] for p in members),
+        )
+        message = group.serialize()
+        for future in lobby.joiners.values():
+            future.set_result((Kind.GROUP, message))
+        logger.info("round %s: leading a group of %d", key, len(members))
+        return self._group_info(key, group)
+
+    async def _follow(self, key: RoundKey, lobby: _Lobby, leader: PeerID) -> GroupInfo:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 2 * self.timeouts.join_timeout
+        visited: set[PeerID] = set()
+        target = leader
+        while True:
+            visited.add(target)
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise RoundFailed(key.fragment, key.round, "no GROUP from the leader in time")
+            try:
+                kind, body = await asyncio.wait_for(
+                    self._call_join(target, lobby.request), remaining
+                )
+            except (asyncio.TimeoutError, OSError, asyncio.IncompleteReadError) as exc:
+                raise RoundFailed(
+                    key.fragment, key.round, f"leader {target} did not answer"
+                ) from exc
+            except Exception as exc:
+                raise RoundFailed(key.fragment, key.round, f"leader {target}: {exc}") from exc
+            if kind == Kind.GROUP:
+                return self._check_group(key, lobby.request, body)
+            reject = Reject.parse(body)
+            if reject.code == RejectCode.NOT_LEADER and reject.redirect:
+                redirect = PeerID(reject.redirect)
+                if redirect not in visited and redirect != self.p2p.peer_id:
+                    target = redirect
+                    continue
+            raise RoundFailed(
+                key.fragment,
+                key.round,
+                f"leader {target} refused: {reject.code.name} {reject.reason}",
+            )
+
+    async def _call_join(self, leader: PeerID, request: Join) -> tuple[Kind, bytes]:
+        _, reader, writer = await self.p2p.call_binary_stream_handler(leader, self.handler_name)
+        try:
+            await wire.write_frame(writer, Kind.JOIN, request.serialize())
+            return await wire.read_frame(reader, (Kind.GROUP,), wire.MAX_SMALL_BODY)
+        finally:
+            writer.close()
+
+    def _check_group(self, key: RoundKey, request: Join, body: bytes) -> GroupInfo:
+        try:
+            group = Group.parse(body)
+            if group.tag != request.tag:
+                raise ProtocolError("GROUP for another round")
+            if (group.numel, group.codec_id, group.return_codec_id) != (
+                request.numel,
+                request.codec_id,
+                request.return_codec_id,
+            ):
+                raise ProtocolError("GROUP with another size or codec")
+            info = self._group_info(key, group)
+            if self.p2p.peer_id not in info.members:
+                raise ProtocolError("GROUP without me")
+            if info.weights[info.index(self.p2p.peer_id)] != request.weight:
+                raise ProtocolError("GROUP with my weight changed")
+        except (ProtocolError, ValueError) as exc:
+            raise RoundFailed(key.fragment, key.round, f"invalid GROUP: {exc}") from exc
+        logger.info("round %s: joined a group of %d", key, len(info.members))
+        return info
+
+    @staticmethod
+    def _group_info(key: RoundKey, group: Group) -> GroupInfo:
+        return GroupInfo(
+            key,
+            group.group_id,
+            tuple(PeerID(m) for m in group.members),
+            group.weights,
+            group.numel,
+            group.codec_id,
+            group.return_codec_id,
+        )
+
+    async def _handle_join(
+        self, info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """Answer one JOIN; any peer error is logged and answered, never raised."""
+        try:
+            budget = self.timeouts.matchmaking
+            reply = await asyncio.wait_for(self._answer_join(info.peer_id, reader), budget)
+            await asyncio.wait_for(wire.write_frame(writer, *reply), self.timeouts.join_timeout)
+        except ProtocolError as exc:
+            logger.warning("JOIN from %s rejected: %s", info.peer_id, exc)
+            with contextlib.suppress(Exception):
+                reject = Reject(RejectCode.MALFORMED, reason=str(exc)[:200])
+                await asyncio.wait_for(
+                    wire.write_frame(writer, Kind.REJECT, reject.serialize()), 1.0
+                )
+        except Exception as exc:
+            logger.debug("JOIN from %s ended: %r", info.peer_id, exc)
+        finally:
+            writer.close()
+
+    async def _answer_join(self, peer: PeerID, reader: asyncio.StreamReader) -> tuple[Kind, bytes]:
+        _, body = await wire.read_frame(reader, (Kind.JOIN,), wire.MAX_SMALL_BODY)
+        request = Join.parse(body)
+
+        def reject(code: RejectCode, reason: str = "", redirect: bytes = b"") -> tuple[Kind, bytes]:
+            return Kind.REJECT, Reject(code, redirect, reason).serialize()
+
+        if request.tag.digest != self.digest:
+            return reject(RejectCode.WRONG_RUN, "different run configuration")
+        key = RoundKey(request.tag.fragment, request.tag.round)
+        lobby = self._lobbies.get(key)
+        if lobby is None:
+            return reject(RejectCode.UNKNOWN_ROUND, f"not in round {key}")
+        mine = lobby.request
+        if (request.numel, request.codec_id, request.return_codec_id) != (
+            mine.numel,
+            mine.codec_id,
+            mine.return_codec_id,
+        ):
+            return reject(RejectCode.MISMATCH, "fragment size or codec differs")
+        await asyncio.wait({lobby.role})  # not ``await``: a cancelled role is no error of ours
+        if lobby.role.cancelled():
+            return reject(RejectCode.GROUP_CLOSED, "matchmaking ended")
+        leader = lobby.role.result()
+        if leader is not None:
+            return reject(RejectCode.NOT_LEADER, redirect=leader.to_bytes())
+        if lobby.closed or peer in lobby.joiners or peer == self.p2p.peer_id:
+            return reject(RejectCode.GROUP_CLOSED, "group already formed")
+        reply: asyncio.Future[tuple[Kind, bytes]] = asyncio.get_running_loop().create_future()
+        lobby.joiners[peer] = reply
+        lobby.weights[peer] = request.weight
+        lobby.changed.set()
+        return await reply

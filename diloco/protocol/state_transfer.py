@@ -1,0 +1,222 @@
+"""Serving and fetching the outer state of a run (SPEC 4 "State transfer").
+
+A donor answers a STATE_REQ with a STATE_HDR (global step; per fragment its version,
+length and sha256) followed by one STATE_DAT frame per fragment holding the raw
+little-endian FP32 outer parameters and then the outer momentum. The fetcher validates
+everything before use: run digest, exactly the fragments it asked for, lengths against
+what it expects, finiteness, and the sha256 of the bytes against the header (and against
+the hash the donor published in the DHT when the versions match). A donor that fails any
+check is skipped and the next one is tried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from hivemind.p2p import P2P, PeerID
+from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
+
+from diloco.errors import ProtocolError
+from diloco.protocol import wire
+from diloco.protocol.wire import Kind, Reject, RejectCode, StateEntry, StateHeader, StateRequest
+
+logger = logging.getLogger(__name__)
+
+MAX_STATE_NUMEL = 2**33
+"""Largest fragment a fetcher accepts when it has no expected size (8 G values)."""
+
+
+def fragment_state_hash(params: torch.Tensor, momentum: torch.Tensor) -> str:
+    """Hex sha256 of a fragment's outer params then momentum bytes (FP32 little-endian).
+
+    This is the hash nodes publish in their DHT records and compare to detect divergence.
+    """
+    digest = hashlib.sha256()
+    digest.update(_as_bytes(params))
+    digest.update(_as_bytes(momentum))
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class FragmentState:
+    """Outer parameters and momentum of one fragment (1-D FP32), at round ``version``."""
+
+    params: torch.Tensor
+    momentum: torch.Tensor
+    version: int
+
+    def check(self) -> None:
+        """Raise ProtocolError unless both tensors are 1-D FP32 of one length, finite."""
+        for name, x in (("params", self.params), ("momentum", self.momentum)):
+            if x.dtype != torch.float32 or x.dim() != 1 or x.device.type != "cpu":
+                raise ProtocolError(f"{name} must be a 1-D float32 CPU tensor")
+            if not bool(torch.isfinite(x).all()):
+                raise ProtocolError(f"{name} holds non-finite values")
+        if self.params.numel() != self.momentum.numel():
+            raise ProtocolError("params and momentum differ in length")
+        if self.version < 0:
+            raise ProtocolError(f"version {self.version} < 0")
+
+    @property
+    def state_hash(self) -> str:
+        return fragment_state_hash(self.params, self.momentum)
+
+
+@dataclass(frozen=True, slots=True)
+class OuterState:
+    """What a node downloads on joining: outer state per fragment and the global step."""
+
+    global_step: int
+    fragments: Mapping[int, FragmentState]
+
+
+StateProvider = Callable[[], OuterState]
+"""Returns a consistent snapshot of the current outer state; called off the event loop."""
+
+
+class StateServer:
+    """Answers STATE_REQ streams from the provider's snapshot."""
+
+    def __init__(
+        self, p2p: P2P, run_id: str, digest: bytes, provider: StateProvider, timeout: float
+    ) -> None:
+        self.p2p, self.digest, self.provider, self.timeout = p2p, digest, provider, timeout
+        self.handler_name = state_handler_name(run_id)
+
+    async def start(self) -> None:
+        await self.p2p.add_binary_stream_handler(self.handler_name, self._handle)
+
+    async def _handle(
+        self, info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        try:
+            await asyncio.wait_for(self._serve(reader, writer), self.timeout)
+        except ProtocolError as exc:
+            logger.warning("state request from %s refused: %s", info.peer_id, exc)
+            with contextlib.suppress(Exception):
+                reject = Reject(RejectCode.MALFORMED, reason=str(exc)[:200]).serialize()
+                await asyncio.wait_for(wire.write_frame(writer, Kind.REJECT, reject), 1.0)
+        except Exception as exc:
+            logger.info("state transfer to %s ended: %r", info.peer_id, exc)
+        finally:
+            writer.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        _, body = await wire.read_frame(reader, (Kind.STATE_REQ,))
+        request = StateRequest.parse(body)
+        if request.digest != self.digest:
+            reject = Reject(RejectCode.WRONG_RUN, reason="different run configuration")
+            await wire.write_frame(writer, Kind.REJECT, reject.serialize())
+            return
+        loop = asyncio.get_running_loop()
+        snapshot = await loop.run_in_executor(None, self.provider)
+        wanted = request.fragments or tuple(sorted(snapshot.fragments))
+        missing = [p for p in wanted if p not in snapshot.fragments]
+        if missing:
+            reject = Reject(RejectCode.NO_STATE, reason=f"no state for fragments {missing}")
+            await wire.write_frame(writer, Kind.REJECT, reject.serialize())
+            return
+        states = [snapshot.fragments[p] for p in wanted]
+        hashes = await loop.run_in_executor(None, lambda: [s.state_hash for s in states])
+        header = StateHeader(
+            self.digest,
+            snapshot.global_step,
+            tuple(
+                StateEntry(p, s.version, s.params.numel(), bytes.fromhex(h))
+                for p, s, h in zip(wanted, states, hashes, strict=True)
+            ),
+        )
+        await wire.write_frame(writer, Kind.STATE_HDR, header.serialize())
+        for state in states:
+            await wire.write_frame(
+                writer, Kind.STATE_DAT, _as_bytes(state.params), _as_bytes(state.momentum)
+            )
+
+
+def state_handler_name(run_id: str) -> str:
+    return f"/diloco/{run_id}/state/1"
+
+
+async def fetch_state(
+    p2p: P2P,
+    peer: PeerID,
+    run_id: str,
+    digest: bytes,
+    fragments: Sequence[int] | None = None,
+    expected_numel: Mapping[int, int] | None = None,
+    expected_hashes: Mapping[int, tuple[int, str]] | None = None,
+) -> OuterState:
+    """Download and validate the outer state of ``fragments`` (None: all) from ``peer``.
+
+    ``expected_numel`` maps fragment to its length; ``expected_hashes`` maps fragment to
+    the ``(version, hex hash)`` the donor published, checked when the versions match.
+
+    Raises:
+        ProtocolError: any validation failure (the state must not be used).
+        OSError, asyncio.IncompleteReadError: the donor vanished. The caller bounds the time.
+    """
+    _, reader, writer = await p2p.call_binary_stream_handler(peer, state_handler_name(run_id))
+    try:
+        request = StateRequest(digest, tuple(fragments or ()))
+        await wire.write_frame(writer, Kind.STATE_REQ, request.serialize())
+        kind, body = await wire.read_frame(reader, (Kind.STATE_HDR,))
+        if kind == Kind.REJECT:
+            reject = Reject.parse(body)
+            raise ProtocolError(f"donor refused: {reject.code.name} {reject.reason}")
+        header = StateHeader.parse(body)
+        if header.digest != digest:
+            raise ProtocolError("state of another run")
+        got = [e.fragment for e in header.entries]
+        if fragments is not None and got != list(fragments):
+            raise ProtocolError(f"asked for fragments {list(fragments)}, header has {got}")
+        if expected_numel is not None and fragments is None and set(got) != set(expected_numel):
+            raise ProtocolError(f"expected fragments {sorted(expected_numel)}, got {got}")
+        states: dict[int, FragmentState] = {}
+        for entry in header.entries:
+            states[entry.fragment] = await _read_fragment(
+                reader, entry, expected_numel, expected_hashes
+            )
+        return OuterState(header.global_step, states)
+    finally:
+        writer.close()
+
+
+async def _read_fragment(
+    reader: asyncio.StreamReader,
+    entry: StateEntry,
+    expected_numel: Mapping[int, int] | None,
+    expected_hashes: Mapping[int, tuple[int, str]] | None,
+) -> FragmentState:
+    numel = entry.numel
+    expected = None if expected_numel is None else expected_numel.get(entry.fragment)
+    if expected_numel is not None and expected != numel:
+        raise ProtocolError(f"fragment {entry.fragment}: {numel} values, expected {expected}")
+    if numel > MAX_STATE_NUMEL:
+        raise ProtocolError(f"fragment {entry.fragment}: {numel} values is over the limit")
+    frame = await wire.read_frame_header(reader)
+    if frame.kind != Kind.STATE_DAT or frame.body_len != 8 * numel:
+        raise ProtocolError(f"{frame.kind.name} of {frame.body_len} bytes, expected {8 * numel}")
+    raw = await wire.read_body(reader, frame.body_len)
+    if hashlib.sha256(raw).digest() != entry.sha256:
+        raise ProtocolError(f"fragment {entry.fragment}: bytes do not match the header's sha256")
+    if expected_hashes is not None and entry.fragment in expected_hashes:
+        version, published = expected_hashes[entry.fragment]
+        if version == entry.version and published != entry.sha256.hex():
+            raise ProtocolError(f"fragment {entry.fragment}: hash differs from the DHT record")
+    values = torch.from_numpy(np.frombuffer(raw, dtype="<f4").astype(np.float32, copy=True))
+    state = FragmentState(values[:numel].clone(), values[numel:].clone(), entry.version)
+    state.check()
+    return state
+
+
+def _as_bytes(x: torch.Tensor) -> bytes:
+    """FP32 little-endian bytes of a 1-D CPU tensor."""
+    array = x.detach().to(torch.float32).contiguous().numpy()
+    return array.astype("<f4", copy=False).tobytes()

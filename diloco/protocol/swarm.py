@@ -1,0 +1,343 @@
+"""The swarm handle and the ``SwarmReducer`` (the trainer's view of the protocol).
+
+``Swarm`` owns one ``hivemind.DHT`` (a forked process: create the swarm before any CUDA work
+or extra threads), a background thread running our asyncio loop, and a ``P2P`` client on
+the DHT's daemon (``dht.replicate_p2p()``, created inside that loop). NAT port mapping,
+AutoNAT and relays are off unless asked for: the defaults would probe the local router.
+Everything runs on the loop; public methods are thread-safe and return concurrent futures
+or block with a deadline.
+
+Interface for the node (stable)::
+
+    swarm = Swarm(run_id, initial_peers=[...])              # DHT + P2P + loop thread
+    reducer = SwarmReducer(swarm, get_codec("e3m0"), timeouts=RoundTimeouts(...),
+                           min_group_size=2)
+    future = reducer.reduce(RoundKey(p, k), [Contribution(me, delta, weight)])
+    result = future.result()          # RoundResult, or raises diloco.errors.RoundFailed
+    swarm.publish_record(NodeRecord(...), ttl=60.0); swarm.read_records()
+    swarm.serve_state(provider)       # provider() -> OuterState
+    state = swarm.fetch_state(fragments=[p], expected_numel={p: n})
+    swarm.shutdown()
+
+Round semantics: every member of a group gets identical ``RoundResult.delta`` bytes and
+``members`` (the members counted in at least one part, in group order), or the round
+fails for it; see ``allreduce`` for the agreement rule and its residual risk. With
+``min_group_size=1`` a node that finds nobody gets its own decoded delta (SPEC 2.7).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Coroutine, Mapping, Sequence
+from typing import Any, TypeVar
+
+import torch
+from hivemind import DHT
+from hivemind.p2p import P2P, PeerID
+
+from diloco.codecs import Codec
+from diloco.errors import ProtocolError, RoundFailed
+from diloco.protocol.allreduce import AllReduceRunner, AllReduceService
+from diloco.protocol.group import RoundTimeouts
+from diloco.protocol.matchmaking import Matchmaker
+from diloco.protocol.partition import butterfly_parts
+from diloco.protocol.records import (
+    NodeRecord,
+    newest_donors,
+    other_run_ids,
+    publish_record,
+    read_records,
+)
+from diloco.protocol.reducer import Contribution, Reducer, RoundKey, RoundResult, weighted_mean
+from diloco.protocol.run_id import check_run_id, run_digest
+from diloco.protocol.state_transfer import OuterState, StateProvider, StateServer, fetch_state
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class Swarm:
+    """A running DHT node, its P2P client and the background event loop of the protocol."""
+
+    def __init__(
+        self,
+        run_id: str,
+        *,
+        initial_peers: Sequence[str] = (),
+        host_maddrs: Sequence[str] = ("/ip4/127.0.0.1/tcp/0",),
+        announce_maddrs: Sequence[str] = (),
+        identity_path: str | None = None,
+        use_relay: bool = False,
+        nat_port_map: bool = False,
+        auto_nat: bool = False,
+        startup_timeout: float = 60.0,
+        request_timeout: float = 30.0,
+    ) -> None:
+        self.run_id = check_run_id(run_id)
+        self.digest = run_digest(run_id)
+        self.request_timeout = request_timeout
+        self.dht = DHT(
+            initial_peers=list(initial_peers),
+            start=True,
+            host_maddrs=list(host_maddrs),
+            announce_maddrs=list(announce_maddrs) or None,
+            identity_path=identity_path,
+            use_relay=use_relay,
+            use_auto_relay=use_relay,
+            nat_port_map=nat_port_map,
+            auto_nat=auto_nat,
+            startup_timeout=startup_timeout,
+        )
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run_loop, name="diloco-swarm", daemon=True)
+        self._thread.start()
+        self._state_server: StateServer | None = None
+        try:
+            self.p2p: P2P = self.call(self.dht.replicate_p2p(), startup_timeout)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_forever()
+
+    @property
+    def peer_id(self) -> PeerID:
+        return self.p2p.peer_id
+
+    @property
+    def maddrs(self) -> list[str]:
+        """Full multiaddrs (with ``/p2p/<id>``) that other nodes bootstrap from."""
+        return [str(addr) for addr in self.dht.get_visible_maddrs()]
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Run ``coro`` on the swarm's loop; the future can be awaited from any thread."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run ``coro`` on the loop and wait for it (at most ``timeout`` seconds)."""
+        future = self.submit(coro)
+        try:
+            return future.result(timeout if timeout is not None else self.request_timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise
+
+    def publish_record(self, record: NodeRecord, ttl: float) -> bool:
+        """Store this node's record for ``ttl`` seconds (SPEC 4 "DHT records")."""
+        return self.call(publish_record(self.dht, self.run_id, record, ttl))
+
+    def read_records(self) -> list[NodeRecord]:
+        """Every valid unexpired node record of the run."""
+        return self.call(read_records(self.dht, self.run_id))
+
+    def other_run_ids(self) -> list[str]:
+        """Run ids with this run's name and another configuration (a user mistake to report)."""
+        return self.call(other_run_ids(self.dht, self.run_id))
+
+    def serve_state(self, provider: StateProvider) -> None:
+        """Answer state requests from now on with snapshots from ``provider``."""
+        if self._state_server is not None:
+            raise RuntimeError("serve_state was already called")
+        server = StateServer(self.p2p, self.run_id, self.digest, provider, self.request_timeout)
+        self.call(server.start())
+        self._state_server = server
+
+    def fetch_state(
+        self,
+        fragments: Sequence[int] | None = None,
+        expected_numel: Mapping[int, int] | None = None,
+        donors: Sequence[PeerID] | None = None,
+        timeout: float | None = None,
+    ) -> OuterState:
+        """Download the outer state from the best donor that passes validation.
+
+        Donors default to the peers whose records hold the newest versions of
+        ``fragments`` (all fragments in ``expected_numel`` when None), best first.
+
+        Raises:
+            ProtocolError: no donor delivered a valid state (the reasons are logged).
+        """
+        return self.call(
+            self._fetch_state(fragments, expected_numel, donors, timeout or self.request_timeout),
+            None if timeout is None else timeout * 8,
+        )
+
+    async def _fetch_state(
+        self,
+        fragments: Sequence[int] | None,
+        expected_numel: Mapping[int, int] | None,
+        donors: Sequence[PeerID] | None,
+        timeout: float,
+    ) -> OuterState:
+        hashes: dict[PeerID, dict[int, tuple[int, str]]] = {}
+        if donors is None:
+            records = await read_records(self.dht, self.run_id)
+            wanted = list(fragments or sorted(expected_numel or ()))
+            ranked = newest_donors(
+                [r for r in records if r.peer_id != self.peer_id.to_base58()], wanted
+            )
+            donors = [PeerID.from_base58(r.peer_id) for r in ranked]
+            for record in ranked:
+                hashes[PeerID.from_base58(record.peer_id)] = {
+                    f.fragment: (f.version, f.state_hash) for f in record.fragments
+                }
+        errors = []
+        for donor in donors:
+            try:
+                return await asyncio.wait_for(
+                    fetch_state(
+                        self.p2p,
+                        donor,
+                        self.run_id,
+                        self.digest,
+                        fragments,
+                        expected_numel,
+                        hashes.get(donor),
+                    ),
+                    timeout,
+                )
+            except Exception as exc:
+                logger.warning("state from %s rejected: %r", donor, exc)
+                errors.append(f"{donor}: {exc!r}")
+        raise ProtocolError(f"no donor delivered a valid state ({len(errors)} tried): {errors}")
+
+    def shutdown(self) -> None:
+        """Stop the loop thread and the DHT process (which stops the p2p daemon)."""
+        if self._loop.is_running():
+            p2p = getattr(self, "p2p", None)
+            if p2p is not None:
+                try:
+                    self.call(p2p.shutdown(), 5.0)
+                except Exception as exc:
+                    logger.debug("p2p client shutdown: %r", exc)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5.0)
+        self.dht.shutdown()
+
+    def __enter__(self) -> Swarm:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+
+class SwarmReducer(Reducer):
+    """Reduces fragment rounds with the other nodes of the swarm; one per ``Swarm``.
+
+    ``reduce`` returns at once; matchmaking and the all-reduce run on the swarm's loop and
+    the future resolves within ``timeouts.total`` seconds. ``runner_type`` is the class that
+    runs one all-reduce (tests substitute faulty subclasses).
+    """
+
+    runner_type: type[AllReduceRunner] = AllReduceRunner
+
+    def __init__(
+        self,
+        swarm: Swarm,
+        codec: Codec,
+        return_codec: Codec | None = None,
+        *,
+        timeouts: RoundTimeouts | None = None,
+        min_group_size: int = 2,
+        max_norm_ratio: float = 100.0,
+    ) -> None:
+        if not max_norm_ratio > 1:
+            raise ValueError(f"max_norm_ratio must be > 1, got {max_norm_ratio}")
+        self.swarm, self.codec, self.return_codec = swarm, codec, return_codec or codec
+        self.timeouts = timeouts or RoundTimeouts()
+        self.min_group_size, self.max_norm_ratio = min_group_size, max_norm_ratio
+        self.matchmaker = Matchmaker(
+            swarm.p2p, swarm.dht, swarm.run_id, swarm.digest, self.timeouts, min_group_size
+        )
+        self.service = AllReduceService(swarm.p2p, swarm.run_id, swarm.digest, self.timeouts)
+        self.timings: collections.OrderedDict[RoundKey, tuple[float, float]] = (
+            collections.OrderedDict()
+        )
+        """(matchmaking seconds, all-reduce seconds) of the last rounds, oldest first."""
+        swarm.call(self._start())
+
+    async def _start(self) -> None:
+        await self.matchmaker.start()
+        await self.service.start()
+
+    def reduce(
+        self, key: RoundKey, contributions: Sequence[Contribution]
+    ) -> concurrent.futures.Future[RoundResult]:
+        if len(contributions) != 1:
+            raise ValueError(
+                f"a swarm node has exactly one local contribution, got {len(contributions)}"
+            )
+        contribution = contributions[0]
+        delta = contribution.delta
+        if delta.dtype != torch.float32 or delta.dim() != 1 or delta.device.type != "cpu":
+            raise ValueError("the delta must be a 1-D float32 CPU tensor")
+        return self.swarm.submit(self._reduce(key, contribution))
+
+    async def _reduce(self, key: RoundKey, contribution: Contribution) -> RoundResult:
+        try:
+            return await asyncio.wait_for(
+                self._reduce_inner(key, contribution), self.timeouts.total
+            )
+        except RoundFailed as exc:
+            logger.warning("%s", exc)
+            raise
+        except asyncio.TimeoutError as exc:
+            raise RoundFailed(key.fragment, key.round, "round deadline passed") from exc
+        except Exception as exc:
+            logger.exception("round %s failed unexpectedly", key)
+            raise RoundFailed(key.fragment, key.round, f"internal error: {exc!r}") from exc
+
+    async def _reduce_inner(self, key: RoundKey, contribution: Contribution) -> RoundResult:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        delta = contribution.delta.detach().contiguous()
+        slot = self.service.expect(key)
+        try:
+            group = await self.matchmaker.form_group(
+                key,
+                delta.numel(),
+                self.codec.codec_id,
+                self.return_codec.codec_id,
+                float(contribution.weight),
+            )
+            matched = loop.time()
+            if len(group.members) == 1:
+                result = await loop.run_in_executor(None, self._alone, delta, group.names)
+            else:
+                runner = self.runner_type(
+                    p2p=self.swarm.p2p,
+                    group=group,
+                    digest=self.swarm.digest,
+                    codec=self.codec,
+                    return_codec=self.return_codec,
+                    delta=delta,
+                    timeouts=self.timeouts,
+                    max_norm_ratio=self.max_norm_ratio,
+                    part_handler=self.service.part_handler,
+                    report_handler=self.service.report_handler,
+                )
+                slot.set_result(runner)
+                result = await runner.run()
+        finally:
+            self.service.finish(key)
+        self.timings[key] = (matched - start, loop.time() - matched)
+        while len(self.timings) > 64:
+            self.timings.popitem(last=False)
+        return dataclasses.replace(result, seconds=loop.time() - start)
+
+    def _alone(self, delta: torch.Tensor, names: tuple[str, ...]) -> RoundResult:
+        """A group of one: the node's own delta through both codecs (SPEC 2.7)."""
+        start = time.perf_counter()
+        ((lo, hi),) = butterfly_parts(delta.numel(), 1)
+        own = self.codec.decode(self.codec.encode(delta[lo:hi].contiguous()))
+        mean = weighted_mean([own], [1.0])
+        result = self.return_codec.decode(self.return_codec.encode(mean))
+        return RoundResult(result, names, 0, 0, time.perf_counter() - start)

@@ -1,0 +1,307 @@
+"""Real peer processes for the swarm tests: spawn, command, fault-inject, kill, clean up.
+
+Each peer is a ``spawn``-context process in its own session (so SIGKILL of its process
+group takes its DHT process and p2pd along, like a machine that dies). Faults are
+``AllReduceRunner`` subclasses chosen by the ``Fault`` enum; they corrupt only what a peer
+*sends* as contributions, so a faulty peer still reduces its own part honestly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+
+from diloco.codecs import get_codec
+from diloco.errors import RoundFailed
+from diloco.protocol.allreduce import AllReduceRunner
+from diloco.protocol.group import RoundTimeouts
+from diloco.protocol.records import FragmentVersion, NodeRecord
+from diloco.protocol.reducer import Contribution, RoundKey
+from diloco.protocol.run_id import make_run_id
+from diloco.protocol.state_transfer import FragmentState, OuterState
+from diloco.protocol.swarm import Swarm, SwarmReducer
+from diloco.protocol.wire import PartHead, RoundTag
+
+UNIT = float(os.environ.get("DILOCO_TEST_TIME_UNIT", "1.0"))
+"""One scaled time unit (seconds); raise it on a slow machine."""
+
+TIMEOUTS = RoundTimeouts(
+    matchmaking_window=1.0,
+    join_timeout=2.0,
+    sender_timeout=4.0,
+    reducer_timeout=3.0,
+    report_timeout=2.0,
+    connect_timeout=2.0,
+).scaled(UNIT)
+RUN_ID = make_run_id("test", {"purpose": "protocol tests"})
+
+
+class Fault(enum.Enum):
+    NONE = "none"
+    GARBAGE_RANDOM = "garbage_random"
+    WRONG_LENGTH = "wrong_length"
+    WRONG_RUN = "wrong_run"
+    WRONG_CODEC = "wrong_codec"
+    OVERSIZE = "oversize"
+    NAN = "nan"
+    HUGE_NORM = "huge_norm"
+    STALL_SENDER = "stall_sender"
+    STALL_REDUCER = "stall_reducer"
+
+
+_notify_lock = threading.Lock()
+_conn: Connection | None = None
+
+
+def _notify(message: tuple[Any, ...]) -> None:
+    assert _conn is not None
+    with _notify_lock:
+        _conn.send(message)
+
+
+class CorruptSender(AllReduceRunner):
+    """Sends a corrupted contribution to every other reducer (``fault`` picks how)."""
+
+    fault = Fault.NONE
+
+    def _encode_parts(self) -> list[bytes]:
+        payloads = super()._encode_parts()
+        return [p if j == self.index else self._corrupt(j, p) for j, p in enumerate(payloads)]
+
+    def _corrupt(self, j: int, payload: bytes) -> bytes:
+        lo, hi = self.spans[j]
+        if self.fault == Fault.GARBAGE_RANDOM:
+            return bytes([255]) + os.urandom(len(payload) - 1)
+        if self.fault == Fault.WRONG_LENGTH:
+            return payload[:-3]
+        if self.fault == Fault.WRONG_CODEC:
+            other = 2 if payload[0] != 2 else 1
+            return bytes([other]) + payload[1:]
+        if self.fault == Fault.OVERSIZE:
+            return payload + bytes(8 << 20)
+        if self.fault == Fault.NAN:
+            assert self.codec.name == "none", "NaN payloads are built for the none codec"
+            return payload[:5] + torch.full((hi - lo,), float("nan")).numpy().tobytes()
+        if self.fault == Fault.HUGE_NORM:
+            return self.codec.encode((self.delta[lo:hi] * 1e6).contiguous())
+        return payload
+
+    def _part_head(self, j: int) -> PartHead:
+        head = super()._part_head(j)
+        if self.fault == Fault.WRONG_RUN:
+            tag = RoundTag(bytes(16), head.tag.fragment, head.tag.round)
+            return PartHead(tag, head.group_id, head.part)
+        return head
+
+
+class StallSender(AllReduceRunner):
+    """Delivers its averaged part to everyone, then never sends its own contributions."""
+
+    async def _exchange(self, j: int, payload: bytes) -> Any:
+        while self.delivered < self.num_members - 1:
+            await asyncio.sleep(0.02)
+        if j == min(i for i in range(self.num_members) if i != self.index):
+            _notify(("stalled", "sender"))
+        await asyncio.sleep(1e6)
+
+
+class StallReducer(AllReduceRunner):
+    """Sends its contributions, receives everyone's part, then never averages its own."""
+
+    async def _reduce_own_part(self, payload: bytes) -> Any:
+        while len(self._contributions) < self.num_members - 1:
+            await asyncio.sleep(0.02)
+        _notify(("stalled", "reducer"))
+        await asyncio.sleep(1e6)
+
+
+def runner_type(fault: Fault) -> type[AllReduceRunner]:
+    if fault == Fault.NONE:
+        return AllReduceRunner
+    if fault == Fault.STALL_SENDER:
+        return StallSender
+    if fault == Fault.STALL_REDUCER:
+        return StallReducer
+    return type(f"Corrupt_{fault.value}", (CorruptSender,), {"fault": fault})
+
+
+def make_delta(numel: int, seed: int) -> torch.Tensor:
+    """The deterministic contribution of a test peer (the test recomputes it)."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(numel, generator=generator) * 1e-2
+
+
+def make_state(num_fragments: int, numel: int, seed: int) -> OuterState:
+    """A deterministic outer state (donor side and test side compute the same)."""
+    generator = torch.Generator().manual_seed(seed)
+    frags = {
+        p: FragmentState(
+            torch.randn(numel, generator=generator), torch.randn(numel, generator=generator), p + 3
+        )
+        for p in range(num_fragments)
+    }
+    return OuterState(global_step=1234, fragments=frags)
+
+
+def _summary(result: Any) -> dict[str, Any]:
+    import hashlib
+
+    return {
+        "ok": True,
+        "sha256": hashlib.sha256(result.delta.numpy().tobytes()).hexdigest(),
+        "members": list(result.members),
+        "bytes_sent": result.bytes_sent,
+        "bytes_received": result.bytes_received,
+        "seconds": result.seconds,
+    }
+
+
+def peer_main(conn: Connection, initial_peers: list[str], codec: str) -> None:
+    """Body of one peer process: serve commands from the test until "exit"."""
+    global _conn
+    os.setsid()
+    _conn = conn
+    logging.basicConfig(level=logging.WARNING, format=f"[peer {os.getpid()}] %(levelname)s %(name)s: %(message)s")
+    swarm = Swarm(RUN_ID, initial_peers=initial_peers)
+    sockets = [str(swarm.p2p._client_listen_maddr)] + swarm.dht.run_coroutine(_daemon_sockets)
+    reducer = SwarmReducer(swarm, get_codec(codec), timeouts=TIMEOUTS)
+    _notify(("ready", swarm.peer_id.to_base58(), swarm.maddrs, sockets))
+    try:
+        while True:
+            command, args = conn.recv()
+            if command == "exit":
+                break
+            if command == "fault":
+                reducer.runner_type = runner_type(Fault(args))
+                _notify(("ok",))
+            elif command == "reduce":
+                futures = [
+                    reducer.reduce(RoundKey(f, k), [Contribution("me", make_delta(n, seed), w)])
+                    for f, k, n, seed, w in args
+                ]
+                results = []
+                for future in futures:
+                    try:
+                        results.append(_summary(future.result()))
+                    except RoundFailed as exc:
+                        results.append({"ok": False, "reason": exc.reason})
+                _notify(("done", results))
+            elif command == "serve_state":
+                num_fragments, numel, seed = args
+                state = make_state(num_fragments, numel, seed)
+                swarm.serve_state(lambda: state)
+                record = NodeRecord(
+                    swarm.peer_id.to_base58(), tuple(swarm.maddrs), state.global_step,
+                    tuple(FragmentVersion(p, s.version, s.state_hash) for p, s in state.fragments.items()),
+                    100.0, "test",
+                )
+                _notify(("ok", swarm.publish_record(record, ttl=60.0)))
+            elif command == "fetch_state":
+                fragments, expected = args
+                state = swarm.fetch_state(fragments, expected)
+                _notify(("state", state.global_step, {
+                    p: (s.version, s.state_hash) for p, s in state.fragments.items()
+                }))
+            elif command == "records":
+                _notify(("records", [r.peer_id for r in swarm.read_records()]))
+    finally:
+        reducer.close()
+        swarm.shutdown()
+
+
+async def _daemon_sockets(_dht: Any, node: Any) -> list[str]:
+    return [str(node.p2p.daemon_listen_maddr), str(node.p2p._client_listen_maddr)]
+
+
+@dataclass
+class PeerProcess:
+    process: mp.process.BaseProcess
+    conn: Connection
+    peer_id: str = ""
+    maddrs: list[str] = field(default_factory=list)
+    sockets: list[str] = field(default_factory=list)
+
+    def send(self, command: str, args: Any = None) -> None:
+        self.conn.send((command, args))
+
+    def recv(self, timeout: float) -> tuple[Any, ...]:
+        deadline = time.monotonic() + timeout
+        while not self.conn.poll(0.2):
+            if not self.process.is_alive():
+                raise RuntimeError(f"peer {self.process.pid} died ({self.process.exitcode})")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"peer {self.process.pid} did not answer in {timeout:.0f} s")
+        return self.conn.recv()
+
+    def kill(self) -> None:
+        """SIGKILL the peer's whole session: the process, its DHT process and p2pd."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.join(10)
+
+
+def start_peer(initial_peers: list[str], codec: str = "none", timeout: float = 120.0) -> PeerProcess:
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    process = ctx.Process(target=peer_main, args=(child, initial_peers, codec), daemon=False)
+    process.start()
+    peer = PeerProcess(process, parent)
+    _, peer.peer_id, peer.maddrs, peer.sockets = peer.recv(timeout)
+    return peer
+
+
+def start_swarm(num_peers: int, codec: str = "none") -> list[PeerProcess]:
+    first = start_peer([], codec)
+    rest = [_start_async(first.maddrs[:1], codec) for _ in range(num_peers - 1)]
+    return [first, *[finish() for finish in rest]]
+
+
+def _start_async(initial_peers: list[str], codec: str) -> Any:
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    process = ctx.Process(target=peer_main, args=(child, initial_peers, codec), daemon=False)
+    process.start()
+
+    def finish() -> PeerProcess:
+        peer = PeerProcess(process, parent)
+        _, peer.peer_id, peer.maddrs, peer.sockets = peer.recv(120.0)
+        return peer
+
+    return finish
+
+
+def stop_peers(peers: list[PeerProcess]) -> None:
+    """Ask every peer to exit, then SIGKILL what is left and remove its socket files."""
+    for peer in peers:
+        with contextlib.suppress(OSError, BrokenPipeError):
+            peer.send("exit")
+    deadline = time.monotonic() + 15
+    for peer in peers:
+        peer.process.join(max(0.1, deadline - time.monotonic()))
+        peer.kill()
+        for maddr in peer.sockets:
+            path = maddr.removeprefix("/unix")
+            if path.startswith("/tmp/hivemind-"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(path)
+
+
+def run_rounds(
+    peers: list[PeerProcess], specs: list[list[tuple[int, int, int, int, float]]], timeout: float
+) -> list[list[dict[str, Any]]]:
+    """Send each peer its round specs ``(fragment, round, numel, seed, weight)`` at once."""
+    for peer, spec in zip(peers, specs, strict=True):
+        peer.send("reduce", spec)
+    return [peer.recv(timeout)[1] for peer in peers]
