@@ -42,6 +42,11 @@ def plot_cu_curves(
     for target in targets:
         ax.axhline(target, color="grey", linestyle=":", linewidth=1)
     ax.set_xscale("log")
+    # Show where something happens: from the first CU of 1% to the last below 99.9%.
+    stacked = np.stack(list(curves.values()))  # (methods, B)
+    busy = np.nonzero(np.any((stacked >= 0.01) & (stacked < 0.999), axis=0))[0]
+    if busy.size:
+        ax.set_xlim(bandwidths_gbps[busy[0]] / 2, bandwidths_gbps[busy[-1]] * 2)
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("bandwidth between replicas (Gbit/s)")
     ax.set_ylabel("compute utilisation")
