@@ -154,13 +154,18 @@ def runs_key(run_id: str) -> str:
 
 
 async def publish_record(dht: DHT, run_id: str, record: NodeRecord, ttl: float) -> bool:
-    """Store ``record`` (and the run-name marker) for ``ttl`` seconds; True if stored."""
+    """Store ``record`` for ``ttl`` seconds and refresh the run-name marker.
+
+    Returns whether the record was stored. The marker's result is ignored: every node of
+    the run writes the same subkey, and the DHT refuses a write that does not extend the
+    expiration another node already set.
+    """
     expiration = get_dht_time() + ttl
     stored = await dht.store(
         nodes_key(run_id), record.to_wire(), expiration, subkey=record.peer_id, return_future=True
     )
-    marker = await dht.store(runs_key(run_id), True, expiration, subkey=run_id, return_future=True)
-    return bool(stored) and bool(marker)
+    await dht.store(runs_key(run_id), True, expiration, subkey=run_id, return_future=True)
+    return bool(stored)
 
 
 async def read_records(dht: DHT, run_id: str) -> list[NodeRecord]:

@@ -24,7 +24,9 @@ from typing import Any
 import torch
 
 from diloco.codecs import get_codec
-from diloco.errors import RoundFailed
+from hivemind.p2p import PeerID
+
+from diloco.errors import ProtocolError, RoundFailed
 from diloco.protocol.allreduce import AllReduceRunner
 from diloco.protocol.group import RoundTimeouts
 from diloco.protocol.records import FragmentVersion, NodeRecord
@@ -183,7 +185,10 @@ def peer_main(conn: Connection, initial_peers: list[str], codec: str) -> None:
             command, args = conn.recv()
             if command == "exit":
                 break
-            if command == "fault":
+            if command == "codec":
+                reducer.codec = reducer.return_codec = get_codec(args)
+                _notify(("ok",))
+            elif command == "fault":
                 reducer.runner_type = runner_type(Fault(args))
                 _notify(("ok",))
             elif command == "reduce":
@@ -199,8 +204,10 @@ def peer_main(conn: Connection, initial_peers: list[str], codec: str) -> None:
                         results.append({"ok": False, "reason": exc.reason})
                 _notify(("done", results))
             elif command == "serve_state":
-                num_fragments, numel, seed = args
+                num_fragments, numel, seed, poisoned = args
                 state = make_state(num_fragments, numel, seed)
+                if poisoned:  # a donor whose momentum went non-finite: must be refused
+                    state.fragments[0].momentum[0] = float("nan")
                 swarm.serve_state(lambda: state)
                 record = NodeRecord(
                     swarm.peer_id.to_base58(), tuple(swarm.maddrs), state.global_step,
@@ -209,8 +216,13 @@ def peer_main(conn: Connection, initial_peers: list[str], codec: str) -> None:
                 )
                 _notify(("ok", swarm.publish_record(record, ttl=60.0)))
             elif command == "fetch_state":
-                fragments, expected = args
-                state = swarm.fetch_state(fragments, expected)
+                fragments, expected, donors = args
+                donor_ids = None if donors is None else [PeerID.from_base58(d) for d in donors]
+                try:
+                    state = swarm.fetch_state(fragments, expected, donor_ids)
+                except ProtocolError as exc:
+                    _notify(("error", str(exc)))
+                    continue
                 _notify(("state", state.global_step, {
                     p: (s.version, s.state_hash) for p, s in state.fragments.items()
                 }))

@@ -1,0 +1,52 @@
+"""The exact FP32 result a round must produce, computed in the test process."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import torch
+from hivemind.p2p import PeerID
+from swarm_peers import make_delta
+
+from diloco.codecs import get_codec
+from diloco.protocol.partition import butterfly_parts
+from diloco.protocol.reducer import Contribution, InProcessReducer, RoundKey, weighted_mean
+
+
+def group_order(peer_ids: Sequence[str]) -> list[int]:
+    """Indices of ``peer_ids`` in group order (sorted peer id bytes)."""
+    return sorted(range(len(peer_ids)), key=lambda i: PeerID.from_base58(peer_ids[i]).to_bytes())
+
+
+def in_process_sha(
+    peer_ids: Sequence[str], numel: int, seeds: Sequence[int], weights: Sequence[float], codec: str
+) -> str:
+    """sha256 of the in-process reducer's result on the same inputs, in group order."""
+    order = group_order(peer_ids)
+    contributions = [
+        Contribution(peer_ids[i], make_delta(numel, seeds[i]), weights[i]) for i in order
+    ]
+    result = InProcessReducer(get_codec(codec)).reduce(RoundKey(0, 1), contributions).result()
+    return hashlib.sha256(result.delta.numpy().tobytes()).hexdigest()
+
+
+def partial_sha(
+    peer_ids: Sequence[str],
+    numel: int,
+    seeds: Sequence[int],
+    weights: Sequence[float],
+    codec: str,
+    excluded: int,
+) -> str:
+    """sha256 when peer ``excluded`` is counted only in its own part (an excluded sender)."""
+    c = get_codec(codec)
+    order = group_order(peer_ids)
+    spans = butterfly_parts(numel, len(order))
+    result = torch.empty(numel)
+    for reducer, (lo, hi) in enumerate(spans):
+        members = [i for i in order if i != excluded or order[reducer] == excluded]
+        parts = [c.decode(c.encode(make_delta(numel, seeds[i])[lo:hi].contiguous())) for i in members]
+        mean = weighted_mean(parts, [weights[i] for i in members])
+        result[lo:hi] = c.decode(c.encode(mean))
+    return hashlib.sha256(result.numpy().tobytes()).hexdigest()

@@ -1,0 +1,117 @@
+"""Butterfly all-reduce under faults: bad input, a killed sender, a killed reducer.
+
+Real peer processes on loopback; faults are injected by ``AllReduceRunner`` subclasses
+chosen with the ``Fault`` enum (``swarm_peers``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch
+from conftest import command
+from expected import group_order, partial_sha
+from swarm_peers import TIMEOUTS, Fault, PeerProcess, run_rounds, start_peer, stop_peers
+
+from diloco.errors import ProtocolError
+from diloco.protocol.allreduce import check_values
+
+GARBAGE = [
+    Fault.GARBAGE_RANDOM,
+    Fault.WRONG_LENGTH,
+    Fault.WRONG_RUN,
+    Fault.WRONG_CODEC,
+    Fault.OVERSIZE,
+    Fault.NAN,
+    Fault.HUGE_NORM,
+]
+
+
+def test_check_values_nan_rejected() -> None:
+    with pytest.raises(ProtocolError, match="finite"):
+        check_values(torch.tensor([1.0, float("nan")]), 1.0, 10.0)
+
+
+def test_check_values_norm_over_bound_rejected() -> None:
+    check_values(torch.full((4,), 4.0), 1.0, 8.0)  # norm 8: at the bound
+    with pytest.raises(ProtocolError, match="norm"):
+        check_values(torch.full((4,), 4.01), 1.0, 8.0)
+
+
+def test_check_values_zero_reference_checks_only_finiteness() -> None:
+    check_values(torch.full((4,), 1e30), 0.0, 8.0)
+
+
+@pytest.mark.swarm
+@pytest.mark.parametrize("fault", GARBAGE, ids=lambda f: f.value)
+def test_bad_sender_excluded_round_completes(
+    honest: list[PeerProcess], fragment: int, fault: Fault
+) -> None:
+    numel = 4_096
+    seeds = [fragment * 10 + i for i in range(4)]
+    weights = [1.0, 1.0, 2.0, 1.0]
+    bad = group_order([p.peer_id for p in honest])[1]  # reducer of part 1
+    command(honest[bad : bad + 1], "fault", fault.value)
+    specs = [[(fragment, 1, numel, seeds[i], weights[i])] for i in range(4)]
+    results = [r[0] for r in run_rounds(honest, specs, timeout=TIMEOUTS.total + 60)]
+    ids = [p.peer_id for p in honest]
+    good = [i for i in range(4) if i != bad]
+    expected = partial_sha(ids, numel, seeds, weights, "none", excluded=bad)
+    assert [results[i].get("sha256") for i in good] == [expected] * 3, results
+    assert all(sorted(results[i]["members"]) == sorted(ids[j] for j in good) for i in good)
+    assert not results[bad]["ok"]
+    assert all(peer.process.is_alive() for peer in honest)
+
+
+@pytest.fixture
+def victim(honest: list[PeerProcess]) -> Iterator[PeerProcess]:
+    """A fifth peer, bootstrapped from the pool, for a test to kill."""
+    peer = start_peer(honest[0].maddrs[:1])
+    try:
+        yield peer
+    finally:
+        stop_peers([peer])
+
+
+def _round_with_killed_victim(
+    honest: list[PeerProcess], victim: PeerProcess, fragment: int, fault: Fault
+) -> tuple[list[dict[str, object]], float]:
+    """Peers 0..2 of the pool and the victim start one round; the victim is SIGKILLed once
+    its fault says it is stalled mid-round. Returns the survivors' results and how long
+    the slowest of them took after the kill."""
+    command([victim], "fault", fault.value)
+    group = [*honest[:3], victim]
+    for i, peer in enumerate(group):
+        peer.send("reduce", [(fragment, 1, 50_000, fragment + i, 1.0)])
+    assert victim.recv(TIMEOUTS.total + 30)[:2] == ("stalled", fault.value.split("_")[1])
+    victim.kill()
+    killed = time.monotonic()
+    results = [peer.recv(TIMEOUTS.total + 30)[1][0] for peer in honest[:3]]
+    return results, time.monotonic() - killed
+
+
+@pytest.mark.swarm
+def test_killed_sender_survivors_agree_and_match(
+    honest: list[PeerProcess], victim: PeerProcess, fragment: int
+) -> None:
+    results, waited = _round_with_killed_victim(honest, victim, fragment, Fault.STALL_SENDER)
+    assert waited < TIMEOUTS.allreduce
+    assert all(r["ok"] for r in results), results
+    assert len({r["sha256"] for r in results}) == 1
+    assert len({tuple(r["members"]) for r in results}) == 1
+    assert all(victim.peer_id not in r["members"] and len(r["members"]) == 3 for r in results)
+
+
+@pytest.mark.swarm
+def test_killed_reducer_round_fails_for_every_survivor(
+    honest: list[PeerProcess], victim: PeerProcess, fragment: int
+) -> None:
+    results, waited = _round_with_killed_victim(honest, victim, fragment, Fault.STALL_REDUCER)
+    assert waited < TIMEOUTS.allreduce
+    assert [r["ok"] for r in results] == [False] * 3, results
+    assert all("missing" in r["reason"] for r in results)
+    # the pool still works afterwards: nobody kept stale state of the failed round
+    after = run_rounds(honest, [[(fragment, 2, 1_000, i, 1.0)] for i in range(4)], 60)
+    assert len({r[0]["sha256"] for r in after}) == 1 and after[0][0]["ok"]
