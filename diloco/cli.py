@@ -381,3 +381,64 @@ def accounting(
     except ValueError as error:
         raise click.UsageError(str(error)) from error
     click.echo(text)
+
+
+@main.group()
+def bench() -> None:
+    """Measure parts of the system on this machine."""
+
+
+@bench.command("allreduce")
+@click.option("--peers", default=4, help="Peer processes (each its own DHT and p2pd).")
+@click.option("--rounds", default=3, help="All-reduce rounds.")
+@click.option("--numel", default=10_000_000, help="Float32 values per peer, e.g. 10000000.")
+@click.option("--codec", default="e3m0", help="Codec: none, bf16, fp16, int8, e3m0.")
+@click.option(
+    "--compare-hivemind", is_flag=True, help="Run hivemind's DecentralizedAverager (fp16) instead."
+)
+@click.option(
+    "--bandwidth-mbit",
+    type=float,
+    default=None,
+    help="Throttle each peer's link to this many Mbit/s (own network namespace; root only).",
+)
+@click.option("--window", default=2.0, help="Matchmaking window in seconds.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write results here.")
+def bench_allreduce(
+    peers: int,
+    rounds: int,
+    numel: int,
+    codec: str,
+    compare_hivemind: bool,
+    bandwidth_mbit: float | None,
+    window: float,
+    json_path: str | None,
+) -> None:
+    """All-reduce of random vectors between real processes on this machine.
+
+    e.g. `diloco-node bench allreduce --peers 4 --numel 10000000 --codec e3m0 --json r.json`
+    """
+    import json
+
+    from diloco.errors import ConfigError
+    from diloco.protocol.bench import BenchConfig, run_allreduce_bench, summary
+
+    try:
+        config = BenchConfig(
+            peers=peers,
+            rounds=rounds,
+            numel=numel,
+            codec=codec,
+            compare_hivemind=compare_hivemind,
+            bandwidth_mbit=bandwidth_mbit,
+            matchmaking_window=window,
+        )
+        result = run_allreduce_bench(config)
+    except ConfigError as error:
+        raise click.UsageError(str(error)) from error
+    except RuntimeError as error:
+        raise click.ClickException(str(error)) from error
+    click.echo(summary(result))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(result.to_json(), f, indent=2)

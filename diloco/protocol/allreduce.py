@@ -527,9 +527,13 @@ class AllReduceService:
     ) -> AllReduceRunner | Reject:
         future = self._rounds.get(RoundKey(tag.fragment, tag.round))
         if tag.digest != self.digest:
-            if future is not None and future.done() and not future.cancelled():
-                if future.exception() is None:
-                    future.result().exclude(sender, "message of another run")
+            if (
+                future is not None
+                and future.done()
+                and not future.cancelled()
+                and future.exception() is None
+            ):
+                future.result().exclude(sender, "message of another run")
             return Reject(RejectCode.WRONG_RUN, reason="different run configuration")
         if future is None:
             return Reject(RejectCode.UNKNOWN_ROUND, reason="round not in flight here")

@@ -46,7 +46,9 @@ def partial_sha(
     result = torch.empty(numel)
     for reducer, (lo, hi) in enumerate(spans):
         members = [i for i in order if i != excluded or order[reducer] == excluded]
-        parts = [c.decode(c.encode(make_delta(numel, seeds[i])[lo:hi].contiguous())) for i in members]
+        parts = [
+            c.decode(c.encode(make_delta(numel, seeds[i])[lo:hi].contiguous())) for i in members
+        ]
         mean = weighted_mean(parts, [weights[i] for i in members])
         result[lo:hi] = c.decode(c.encode(mean))
     return hashlib.sha256(result.numpy().tobytes()).hexdigest()

@@ -22,10 +22,9 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
-
-from diloco.codecs import get_codec
 from hivemind.p2p import PeerID
 
+from diloco.codecs import get_codec
 from diloco.errors import ProtocolError, RoundFailed
 from diloco.protocol.allreduce import AllReduceRunner
 from diloco.protocol.group import RoundTimeouts
@@ -42,10 +41,10 @@ UNIT = float(os.environ.get("DILOCO_TEST_TIME_UNIT", "1.0"))
 TIMEOUTS = RoundTimeouts(
     matchmaking_window=1.0,
     join_timeout=2.0,
-    sender_timeout=4.0,
-    reducer_timeout=3.0,
-    report_timeout=2.0,
-    connect_timeout=2.0,
+    sender_timeout=8.0,
+    reducer_timeout=6.0,
+    report_timeout=3.0,
+    connect_timeout=3.0,
 ).scaled(UNIT)
 RUN_ID = make_run_id("test", {"purpose": "protocol tests"})
 
@@ -175,11 +174,14 @@ def peer_main(conn: Connection, initial_peers: list[str], codec: str) -> None:
     global _conn
     os.setsid()
     _conn = conn
-    logging.basicConfig(level=logging.WARNING, format=f"[peer {os.getpid()}] %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING, format=f"[peer {os.getpid()}] %(levelname)s %(name)s: %(message)s"
+    )
     swarm = Swarm(RUN_ID, initial_peers=initial_peers)
-    sockets = [str(swarm.p2p._client_listen_maddr)] + swarm.dht.run_coroutine(_daemon_sockets)
+    sockets = [str(swarm.p2p._client_listen_maddr), *swarm.dht.run_coroutine(_daemon_sockets)]
     reducer = SwarmReducer(swarm, get_codec(codec), timeouts=TIMEOUTS)
     _notify(("ready", swarm.peer_id.to_base58(), swarm.maddrs, sockets))
+    served: list[OuterState] = []
     try:
         while True:
             command, args = conn.recv()
@@ -208,11 +210,19 @@ def peer_main(conn: Connection, initial_peers: list[str], codec: str) -> None:
                 state = make_state(num_fragments, numel, seed)
                 if poisoned:  # a donor whose momentum went non-finite: must be refused
                     state.fragments[0].momentum[0] = float("nan")
-                swarm.serve_state(lambda: state)
+                if not served:
+                    swarm.serve_state(lambda: served[-1])
+                served.append(state)
                 record = NodeRecord(
-                    swarm.peer_id.to_base58(), tuple(swarm.maddrs), state.global_step,
-                    tuple(FragmentVersion(p, s.version, s.state_hash) for p, s in state.fragments.items()),
-                    100.0, "test",
+                    swarm.peer_id.to_base58(),
+                    tuple(swarm.maddrs),
+                    state.global_step,
+                    tuple(
+                        FragmentVersion(p, s.version, s.state_hash)
+                        for p, s in state.fragments.items()
+                    ),
+                    100.0,
+                    "test",
                 )
                 _notify(("ok", swarm.publish_record(record, ttl=60.0)))
             elif command == "fetch_state":
@@ -223,9 +233,13 @@ def peer_main(conn: Connection, initial_peers: list[str], codec: str) -> None:
                 except ProtocolError as exc:
                     _notify(("error", str(exc)))
                     continue
-                _notify(("state", state.global_step, {
-                    p: (s.version, s.state_hash) for p, s in state.fragments.items()
-                }))
+                _notify(
+                    (
+                        "state",
+                        state.global_step,
+                        {p: (s.version, s.state_hash) for p, s in state.fragments.items()},
+                    )
+                )
             elif command == "records":
                 _notify(("records", [r.peer_id for r in swarm.read_records()]))
     finally:
@@ -264,7 +278,9 @@ class PeerProcess:
         self.process.join(10)
 
 
-def start_peer(initial_peers: list[str], codec: str = "none", timeout: float = 120.0) -> PeerProcess:
+def start_peer(
+    initial_peers: list[str], codec: str = "none", timeout: float = 120.0
+) -> PeerProcess:
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
     process = ctx.Process(target=peer_main, args=(child, initial_peers, codec), daemon=False)

@@ -29,7 +29,9 @@ def test_reduce_four_peers_identical_to_in_process(
     assert all(r["bytes_sent"] > 0 and r["bytes_received"] > 0 for r in results)
 
 
-def test_reduce_two_fragments_at_once_both_correct(honest: list[PeerProcess], fragment: int) -> None:
+def test_reduce_two_fragments_at_once_both_correct(
+    honest: list[PeerProcess], fragment: int
+) -> None:
     other = fragment + 1000
     numel = 20_000
     specs = [

@@ -1,0 +1,431 @@
+"""``diloco-node bench allreduce``: real OS processes averaging random vectors.
+
+The driver spawns ``peers`` processes (``spawn`` context); the first starts the DHT and the
+others bootstrap from its multiaddr only. Every round, every peer reduces its own seeded
+random FP32 vector through ``SwarmReducer`` (or, with ``compare_hivemind``, through
+hivemind's ``DecentralizedAverager`` with FP16 compression) and reports its time, bytes and
+the sha256 of its result. Peer 0 also computes the max absolute error against the exact
+FP32 weighted mean of all inputs.
+
+With ``bandwidth_mbit`` each peer runs in its own network namespace, joined to a bridge by
+a veth pair throttled with ``tc tbf`` in both directions (root only). Namespaces, links and
+the bridge are removed in a ``finally`` block, so also on Ctrl-C; then the byte counts of
+the links (what really crossed the wire, libp2p framing and encryption included) are
+reported next to our own stream counters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import logging
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+
+from diloco.errors import ConfigError, RoundFailed
+
+logger = logging.getLogger(__name__)
+
+_CLONE_NEWNET = 0x40000000
+_SUBNET = "10.77.0"
+
+
+@dataclass(kw_only=True, slots=True)
+class BenchConfig:
+    """One benchmark: ``peers`` processes, ``rounds`` rounds of ``numel`` values."""
+
+    peers: int = 4
+    rounds: int = 3
+    numel: int = 10_000_000
+    codec: str = "e3m0"
+    compare_hivemind: bool = False
+    bandwidth_mbit: float | None = None
+    """Per-link rate limit in Mbit/s (each direction); None: plain loopback."""
+    matchmaking_window: float = 2.0
+    """Seconds (ours) or ``min_matchmaking_time`` (hivemind)."""
+    round_timeout: float = 300.0
+    """Seconds a peer waits for one all-reduce before the round counts as failed."""
+
+    def __post_init__(self) -> None:
+        if self.peers < 2 or self.rounds < 1 or self.numel < 1:
+            raise ConfigError("need --peers >= 2, --rounds >= 1 and --numel >= 1")
+        if self.bandwidth_mbit is not None and not self.bandwidth_mbit > 0:
+            raise ConfigError("--bandwidth-mbit must be > 0")
+
+
+@dataclass(slots=True)
+class BenchResult:
+    """What ``bench allreduce`` prints and writes with ``--json``."""
+
+    implementation: str
+    config: dict[str, Any]
+    seconds_per_round: list[float] = field(default_factory=list)
+    """Per round, the slowest peer's all-reduce time (matchmaking excluded for ours)."""
+    round_seconds_with_matchmaking: list[float] = field(default_factory=list)
+    bytes_sent_per_peer: list[int] = field(default_factory=list)
+    """Per peer, average per round, counted on our streams (ours) or estimated (hivemind)."""
+    bytes_received_per_peer: list[int] = field(default_factory=list)
+    link_bytes_sent_per_peer: list[int] = field(default_factory=list)
+    """Per peer, average per round, veth counters (only with --bandwidth-mbit)."""
+    result_sha256: list[str] = field(default_factory=list)
+    max_abs_error: float = float("nan")
+    failed_rounds: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def make_input(index: int, round_: int, numel: int) -> torch.Tensor:
+    """The seeded outer-gradient stand-in of peer ``index`` in round ``round_``."""
+    generator = torch.Generator().manual_seed(1_000 * round_ + index)
+    return torch.randn(numel, generator=generator) * 1e-3
+
+
+def exact_mean(num_peers: int, round_: int, numel: int) -> torch.Tensor:
+    """The exact FP32 mean of every peer's input (equal weights)."""
+    acc = torch.zeros(numel, dtype=torch.float64)
+    for index in range(num_peers):
+        acc += make_input(index, round_, numel).double()
+    return (acc / num_peers).float()
+
+
+def run_allreduce_bench(config: BenchConfig) -> BenchResult:
+    """Run the benchmark; always tears down processes and network namespaces."""
+    implementation = "hivemind-fp16" if config.compare_hivemind else f"diloco-{config.codec}"
+    result = BenchResult(implementation, asdict(config))
+    with _network(config) as namespaces:
+        peers, processes = _start_peers(config, namespaces)
+        try:
+            for round_ in range(config.rounds):
+                for peer in peers:
+                    peer.send(("round", round_))
+                replies = [_recv(peer, config.round_timeout + 60) for peer in peers]
+                ok = [r for r in replies if r["ok"]]
+                if len(ok) < len(replies):
+                    result.failed_rounds += 1
+                    logger.warning("round %d: %s", round_, [r.get("reason") for r in replies])
+                if ok:
+                    result.seconds_per_round.append(max(r["seconds"] for r in ok))
+                    result.round_seconds_with_matchmaking.append(max(r["total"] for r in ok))
+            for peer in peers:
+                peer.send(("finish", None))
+            finals = [_recv(peer, 600) for peer in peers]
+        finally:
+            _stop(peers, processes)
+    rounds = max(1, config.rounds - result.failed_rounds)
+    result.bytes_sent_per_peer = [f["bytes_sent"] // rounds for f in finals]
+    result.bytes_received_per_peer = [f["bytes_received"] // rounds for f in finals]
+    if namespaces:
+        result.link_bytes_sent_per_peer = [f["link_tx"] // rounds for f in finals]
+    result.result_sha256 = [f["sha256"] for f in finals]
+    result.max_abs_error = finals[0]["max_abs_error"]
+    return result
+
+
+def _recv(conn: Connection, timeout: float) -> dict[str, Any]:
+    if not conn.poll(timeout):
+        raise RuntimeError(f"a benchmark peer did not answer in {timeout:.0f} s")
+    reply: dict[str, Any] = conn.recv()
+    if "error" in reply:
+        raise RuntimeError(f"a benchmark peer failed: {reply['error']}")
+    return reply
+
+
+def _start_peers(
+    config: BenchConfig, namespaces: list[str]
+) -> tuple[list[Connection], list[mp.process.BaseProcess]]:
+    ctx = mp.get_context("spawn")
+    conns: list[Connection] = []
+    processes = []
+    initial: list[str] = []
+    for index in range(config.peers):
+        parent, child = ctx.Pipe()
+        namespace = namespaces[index] if namespaces else None
+        host = f"/ip4/{_SUBNET}.{index + 1}/tcp/0" if namespace else "/ip4/127.0.0.1/tcp/0"
+        process = ctx.Process(
+            target=_peer_main, args=(child, index, config, initial, host, namespace)
+        )
+        process.start()
+        processes.append(process)
+        conns.append(parent)
+        if index == 0:
+            initial = _recv(parent, 120)["maddrs"][:1]
+    for conn in conns[1:]:
+        _recv(conn, 120)
+    return conns, processes
+
+
+def _stop(conns: list[Connection], processes: list[mp.process.BaseProcess]) -> None:
+    """Ask every peer to exit; SIGKILL the session of any that does not (its DHT, p2pd)."""
+    for conn in conns:
+        with contextlib.suppress(OSError):
+            conn.send(("exit", None))
+    for process in processes:
+        process.join(20)
+        if process.is_alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.join(5)
+
+
+def _enter_namespace(name: str) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
+    try:
+        if libc.setns(fd, _CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns into {name} failed")
+    finally:
+        os.close(fd)
+
+
+def _peer_main(
+    conn: Connection,
+    index: int,
+    config: BenchConfig,
+    initial: list[str],
+    host: str,
+    namespace: str | None,
+) -> None:
+    """One benchmark peer: one process, its own DHT, rounds on command."""
+    os.setsid()
+    logging.basicConfig(level=logging.WARNING, format=f"[peer {index}] %(levelname)s %(message)s")
+    torch.set_num_threads(1)
+    try:
+        if namespace:
+            _enter_namespace(namespace)
+        peer = _HivemindPeer if config.compare_hivemind else _DilocoPeer
+        runner = peer(index, config, initial, host)
+    except Exception as exc:
+        conn.send({"error": repr(exc)})
+        return
+    conn.send({"maddrs": runner.maddrs})
+    last: torch.Tensor | None = None
+    link_start = 0
+    try:
+        while True:
+            command, arg = conn.recv()
+            if command == "exit":
+                break
+            if command == "round":
+                if arg == 0 and namespace:
+                    link_start = _link_tx_bytes()
+                delta = make_input(index, arg, config.numel)
+                start = time.perf_counter()
+                try:
+                    last, seconds = runner.round(arg, delta)
+                    total = time.perf_counter() - start
+                    conn.send({"ok": True, "seconds": seconds, "total": total})
+                except RoundFailed as exc:
+                    conn.send({"ok": False, "reason": exc.reason})
+            elif command == "finish":
+                error = float("nan")
+                if index == 0 and last is not None:
+                    exact = exact_mean(config.peers, config.rounds - 1, config.numel)
+                    error = float((last - exact).abs().max())
+                sha = hashlib.sha256(last.numpy().tobytes()).hexdigest() if last is not None else ""
+                conn.send(
+                    {
+                        "sha256": sha,
+                        "max_abs_error": error,
+                        "bytes_sent": runner.bytes_sent,
+                        "bytes_received": runner.bytes_received,
+                        "link_tx": _link_tx_bytes() - link_start if namespace else 0,
+                    }
+                )
+    finally:
+        runner.close()
+
+
+class _DilocoPeer:
+    def __init__(self, index: int, config: BenchConfig, initial: list[str], host: str) -> None:
+        from diloco.codecs import get_codec
+        from diloco.protocol.group import RoundTimeouts
+        from diloco.protocol.run_id import make_run_id
+        from diloco.protocol.swarm import Swarm, SwarmReducer
+
+        self.config = config
+        run_id = make_run_id("bench", {"numel": config.numel, "codec": config.codec})
+        self.swarm = Swarm(run_id, initial_peers=initial, host_maddrs=[host])
+        timeouts = RoundTimeouts(
+            matchmaking_window=config.matchmaking_window,
+            join_timeout=max(2.0, config.matchmaking_window),
+            sender_timeout=config.round_timeout / 2,
+            reducer_timeout=config.round_timeout / 2,
+            report_timeout=10.0,
+            connect_timeout=10.0,
+        )
+        self.reducer = SwarmReducer(self.swarm, get_codec(config.codec), timeouts=timeouts)
+        self.maddrs = self.swarm.maddrs
+        self.bytes_sent = self.bytes_received = 0
+
+    def round(self, round_: int, delta: torch.Tensor) -> tuple[torch.Tensor, float]:
+        from diloco.protocol.reducer import Contribution, RoundKey
+
+        key = RoundKey(0, round_ + 1)
+        result = self.reducer.reduce(key, [Contribution("me", delta, 1.0)]).result()
+        self.bytes_sent += result.bytes_sent
+        self.bytes_received += result.bytes_received
+        return result.delta, self.reducer.timings[key][1]
+
+    def close(self) -> None:
+        self.swarm.shutdown()
+
+
+class _HivemindPeer:
+    """hivemind's own averager, FP16 on the wire, on the same peers and sizes."""
+
+    def __init__(self, index: int, config: BenchConfig, initial: list[str], host: str) -> None:
+        from hivemind import DHT
+        from hivemind.averaging import DecentralizedAverager
+        from hivemind.compression import Float16Compression
+
+        self.config = config
+        self.dht = DHT(
+            initial_peers=initial,
+            start=True,
+            host_maddrs=[host],
+            use_relay=False,
+            use_auto_relay=False,
+            nat_port_map=False,
+            auto_nat=False,
+        )
+        self.tensor = torch.zeros(config.numel)
+        self.averager = DecentralizedAverager(
+            [self.tensor],
+            self.dht,
+            prefix="bench",
+            start=True,
+            target_group_size=config.peers,
+            min_group_size=config.peers,
+            min_matchmaking_time=config.matchmaking_window,
+            request_timeout=1.0,
+            compression=Float16Compression(),
+            allreduce_timeout=config.round_timeout,
+        )
+        self.maddrs = [str(a) for a in self.dht.get_visible_maddrs()]
+        # FP16 both phases: (M-1)/M of the vector out as sender, the same back as reducer.
+        share = (config.peers - 1) / config.peers * config.numel * 2
+        self._per_round = int(2 * share)
+        self.bytes_sent = self.bytes_received = 0
+
+    def round(self, round_: int, delta: torch.Tensor) -> tuple[torch.Tensor, float]:
+        with self.averager.get_tensors() as tensors:
+            tensors[0].copy_(delta)
+        start = time.perf_counter()
+        gathered = self.averager.step(timeout=self.config.round_timeout)
+        seconds = time.perf_counter() - start
+        if gathered is None or len(gathered) < self.config.peers:
+            raise RoundFailed(0, round_ + 1, "hivemind averager step failed")
+        self.bytes_sent += self._per_round // 2
+        self.bytes_received += self._per_round // 2
+        with self.averager.get_tensors() as tensors:
+            return tensors[0].clone(), seconds
+
+    def close(self) -> None:
+        self.averager.shutdown()
+        self.dht.shutdown()
+
+
+def _link_tx_bytes() -> int:
+    """Bytes sent on this namespace's veth link (the peer side)."""
+    for name in os.listdir("/sys/class/net"):
+        if name.startswith("dlp"):
+            with open(f"/sys/class/net/{name}/statistics/tx_bytes") as f:
+                return int(f.read())
+    return 0
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+
+
+def _tc_limit(device: str, mbit: float, namespace: str | None = None) -> None:
+    prefix = ["ip", "netns", "exec", namespace] if namespace else []
+    rate = f"{mbit}mbit"
+    command = f"tc qdisc add dev {device} root tbf rate {rate} burst 256kb latency 100ms"
+    subprocess.run([*prefix, *command.split()], check=True, capture_output=True)
+
+
+@contextlib.contextmanager
+def _network(config: BenchConfig) -> Iterator[list[str]]:
+    """Per-peer namespaces behind throttled veth links on a bridge; removed on exit."""
+    if config.bandwidth_mbit is None:
+        yield []
+        return
+    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
+        raise ConfigError("--bandwidth-mbit needs root and the iproute2 tools (ip, tc)")
+    tag = f"{os.getpid() % 100000}"
+    bridge = f"dlbr{tag}"
+    namespaces: list[str] = []
+    links: list[str] = []
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        _ip("link", "add", bridge, "type", "bridge")
+        _ip("link", "set", bridge, "up")
+        for index in range(config.peers):
+            namespace = f"dlns{tag}-{index}"
+            host_end, peer_end = f"dlh{tag}-{index}", f"dlp{tag}-{index}"
+            _ip("netns", "add", namespace)
+            namespaces.append(namespace)
+            _ip("link", "add", host_end, "type", "veth", "peer", "name", peer_end)
+            links.append(host_end)
+            _ip("link", "set", peer_end, "netns", namespace)
+            _ip("link", "set", host_end, "master", bridge)
+            _ip("link", "set", host_end, "up")
+            address = f"{_SUBNET}.{index + 1}/24"
+            _ip(*f"netns exec {namespace} ip addr add {address} dev {peer_end}".split())
+            _ip("netns", "exec", namespace, "ip", "link", "set", peer_end, "up")
+            _ip("netns", "exec", namespace, "ip", "link", "set", "lo", "up")
+            _tc_limit(host_end, config.bandwidth_mbit)
+            _tc_limit(peer_end, config.bandwidth_mbit, namespace)
+        yield namespaces
+    finally:
+        for link in links:
+            with contextlib.suppress(subprocess.CalledProcessError):
+                _ip("link", "del", link)
+        for namespace in namespaces:
+            with contextlib.suppress(subprocess.CalledProcessError):
+                _ip("netns", "del", namespace)
+        with contextlib.suppress(subprocess.CalledProcessError):
+            _ip("link", "del", bridge)
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def summary(result: BenchResult) -> str:
+    """A few human lines for the terminal."""
+    seconds = result.seconds_per_round
+    with_matchmaking = ", ".join(f"{s:.3f}" for s in result.round_seconds_with_matchmaking)
+    config = result.config
+    lines = [
+        f"{result.implementation}: {config['peers']} peers, {config['numel']:,} values",
+        f"  seconds per round (all-reduce): {', '.join(f'{s:.3f}' for s in seconds)}"
+        + (f"  (median {statistics.median(seconds):.3f})" if seconds else ""),
+        f"  with matchmaking: {with_matchmaking}",
+        f"  bytes sent per peer per round: {result.bytes_sent_per_peer}",
+        f"  bytes received per peer per round: {result.bytes_received_per_peer}",
+    ]
+    if result.link_bytes_sent_per_peer:
+        lines.append(f"  link bytes sent per peer per round: {result.link_bytes_sent_per_peer}")
+    lines += [
+        f"  identical results: {len(set(result.result_sha256)) == 1} "
+        f"({result.result_sha256[0][:16] if result.result_sha256 else '-'}...)",
+        f"  max abs error vs exact FP32 mean: {result.max_abs_error:.3g}",
+        f"  failed rounds: {result.failed_rounds}",
+    ]
+    return "\n".join(lines)

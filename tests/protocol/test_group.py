@@ -1,0 +1,23 @@
+"""Round timeouts: relations checked at construction, one scaled time unit."""
+
+from __future__ import annotations
+
+import pytest
+
+from diloco.errors import ConfigError
+from diloco.protocol.group import RoundTimeouts
+
+
+def test_timeouts_scaled_and_total_bounds_every_phase() -> None:
+    t = RoundTimeouts().scaled(0.5)
+    assert t.sender_timeout == RoundTimeouts().sender_timeout * 0.5
+    assert t.total > t.matchmaking + t.allreduce
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [({"sender_timeout": 0.0}, "sender_timeout"), ({"connect_timeout": 20.0}, "connect_timeout")],
+)
+def test_timeouts_invalid_rejected(kwargs: dict[str, float], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        RoundTimeouts(**kwargs)

@@ -1,0 +1,65 @@
+"""DHT record schema: strict validation of untrusted values, donor ranking."""
+
+from __future__ import annotations
+
+import pytest
+
+from diloco.errors import ProtocolError
+from diloco.protocol.records import FragmentVersion, NodeRecord, newest_donors, nodes_key, runs_key
+
+PEER = "12D3KooWLrRGEqt4uZwLBrUdd4763UK5hmFfmv15Eu8CATkuN8CM"
+H = "ab" * 32
+
+
+def _record(peer: str = PEER, step: int = 10, versions: tuple[int, ...] = (1, 2)) -> NodeRecord:
+    frags = tuple(FragmentVersion(p, v, H) for p, v in enumerate(versions))
+    return NodeRecord(peer, ("/ip4/127.0.0.1/tcp/1",), step, frags, 12.5, "0.1.0")
+
+
+def test_record_round_trip() -> None:
+    record = _record()
+    assert NodeRecord.from_wire(PEER, record.to_wire()) == record
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"extra": 1}, "keys"),
+        ({"v": 2}, "schema"),
+        ({"step": -1}, "global step"),
+        ({"step": True}, "global step"),
+        ({"tps": float("nan")}, "throughput"),
+        ({"tps": 3}, "throughput"),
+        ({"frags": [[0, 1, "xyz"]]}, "state hash"),
+        ({"frags": [[0, 1, H], [0, 2, H]]}, "twice"),
+        ({"frags": [[0, 1]]}, "fragment entry"),
+        ({"addrs": ["a" * 300]}, "addr"),
+        ({"sw": ""}, "software"),
+    ],
+)
+def test_record_invalid_field_rejected(change: dict[str, object], match: str) -> None:
+    value = {**_record().to_wire(), **change}
+    with pytest.raises(ProtocolError, match=match):
+        NodeRecord.from_wire(PEER, value)
+
+
+def test_record_non_mapping_and_bad_peer_rejected() -> None:
+    with pytest.raises(ProtocolError):
+        NodeRecord.from_wire(PEER, [1, 2])
+    with pytest.raises(ProtocolError, match="peer id"):
+        NodeRecord.from_wire("not a peer id!", _record().to_wire())
+
+
+def test_newest_donors_ranks_by_version_then_step() -> None:
+    a = _record("12D3KooWAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", 5, (3, 3))
+    b = _record("12D3KooWBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBB", 9, (3, 3))
+    c = _record("12D3KooWCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCC", 50, (1, 3))
+    d = _record("12D3KooWDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDD", 99, (7,))
+    assert newest_donors([a, b, c, d], [0, 1]) == [b, a, c]
+    assert newest_donors([a, b, c, d], [1]) == [c, b, a]
+
+
+def test_keys_namespaced_by_run() -> None:
+    run = "demo-0123456789abcdef"
+    assert nodes_key(run) == "demo-0123456789abcdef/nodes"
+    assert runs_key(run) == "diloco-runs/demo"
