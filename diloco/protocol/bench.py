@@ -148,7 +148,7 @@ def _start_peers(
 ) -> tuple[list[Connection], list[mp.process.BaseProcess]]:
     ctx = mp.get_context("spawn")
     conns: list[Connection] = []
-    processes = []
+    processes: list[mp.process.BaseProcess] = []
     initial: list[str] = []
     for index in range(config.peers):
         parent, child = ctx.Pipe()
@@ -174,7 +174,7 @@ def _stop(conns: list[Connection], processes: list[mp.process.BaseProcess]) -> N
             conn.send(("exit", None))
     for process in processes:
         process.join(20)
-        if process.is_alive():
+        if process.is_alive() and process.pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             process.join(5)
@@ -200,6 +200,7 @@ def _peer_main(
 ) -> None:
     """One benchmark peer: one process, its own DHT, rounds on command."""
     os.setsid()
+    mp.set_start_method("fork", force=True)  # hivemind's DHT and averager processes fork
     logging.basicConfig(level=logging.WARNING, format=f"[peer {index}] %(levelname)s %(message)s")
     torch.set_num_threads(1)
     try:
@@ -339,11 +340,12 @@ class _HivemindPeer:
 
 
 def _link_tx_bytes() -> int:
-    """Bytes sent on this namespace's veth link (the peer side)."""
-    for name in os.listdir("/sys/class/net"):
-        if name.startswith("dlp"):
-            with open(f"/sys/class/net/{name}/statistics/tx_bytes") as f:
-                return int(f.read())
+    """Bytes sent on this namespace's veth link (``/proc/self/net/dev`` follows setns)."""
+    with open("/proc/self/net/dev") as f:
+        for line in f:
+            name, _, counters = line.partition(":")
+            if name.strip().startswith("dlp"):
+                return int(counters.split()[8])
     return 0
 
 

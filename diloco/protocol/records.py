@@ -212,6 +212,28 @@ def newest_donors(records: Sequence[NodeRecord], fragments: Sequence[int]) -> li
     return [r for r, _ in candidates]
 
 
+def divergent_peers(
+    records: Sequence[NodeRecord], fragment: int, version: int, state_hash: str
+) -> tuple[list[NodeRecord], list[NodeRecord]]:
+    """Peers ahead of this node on ``fragment``, and peers at the same version whose outer
+    state hash differs (SPEC 4: "compares the state hash the others publish").
+
+    A node that finds either list non-empty after a round it could not be sure of heals by
+    fetching that fragment from a peer of the first list (or, for a conflict, from the
+    majority hash's holders).
+    """
+    ahead, conflicting = [], []
+    for record in records:
+        entry = record.fragment(fragment)
+        if entry is None:
+            continue
+        if entry.version > version:
+            ahead.append(record)
+        elif entry.version == version and entry.state_hash != state_hash:
+            conflicting.append(record)
+    return ahead, conflicting
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 

@@ -156,19 +156,20 @@ class Swarm:
         expected_numel: Mapping[int, int] | None = None,
         donors: Sequence[PeerID] | None = None,
         timeout: float | None = None,
+        max_donors: int = 8,
     ) -> OuterState:
         """Download the outer state from the best donor that passes validation.
 
         Donors default to the peers whose records hold the newest versions of
-        ``fragments`` (all fragments in ``expected_numel`` when None), best first.
+        ``fragments`` (all fragments in ``expected_numel`` when None), best first; at most
+        ``max_donors`` are tried, each for ``timeout`` seconds (default ``request_timeout``).
 
         Raises:
             ProtocolError: no donor delivered a valid state (the reasons are logged).
         """
-        return self.call(
-            self._fetch_state(fragments, expected_numel, donors, timeout or self.request_timeout),
-            None if timeout is None else timeout * 8,
-        )
+        per_donor = timeout or self.request_timeout
+        coro = self._fetch_state(fragments, expected_numel, donors, per_donor, max_donors)
+        return self.call(coro, per_donor * (max_donors + 1))
 
     async def _fetch_state(
         self,
@@ -176,10 +177,11 @@ class Swarm:
         expected_numel: Mapping[int, int] | None,
         donors: Sequence[PeerID] | None,
         timeout: float,
+        max_donors: int,
     ) -> OuterState:
         hashes: dict[PeerID, dict[int, tuple[int, str]]] = {}
         if donors is None:
-            records = await read_records(self.dht, self.run_id)
+            records = await asyncio.wait_for(read_records(self.dht, self.run_id), timeout)
             wanted = list(fragments or sorted(expected_numel or ()))
             ranked = newest_donors(
                 [r for r in records if r.peer_id != self.peer_id.to_base58()], wanted
@@ -190,7 +192,7 @@ class Swarm:
                     f.fragment: (f.version, f.state_hash) for f in record.fragments
                 }
         errors = []
-        for donor in donors:
+        for donor in list(donors)[:max_donors]:
             try:
                 return await asyncio.wait_for(
                     fetch_state(

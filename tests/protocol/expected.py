@@ -22,12 +22,17 @@ def group_order(peer_ids: Sequence[str]) -> list[int]:
 def in_process_sha(
     peer_ids: Sequence[str], numel: int, seeds: Sequence[int], weights: Sequence[float], codec: str
 ) -> str:
-    """sha256 of the in-process reducer's result on the same inputs, in group order."""
+    """sha256 of the in-process reducer's result on the same inputs, in group order.
+
+    ``codec`` is a codec name, or ``"send/return"`` for a different return codec.
+    """
     order = group_order(peer_ids)
     contributions = [
         Contribution(peer_ids[i], make_delta(numel, seeds[i]), weights[i]) for i in order
     ]
-    result = InProcessReducer(get_codec(codec)).reduce(RoundKey(0, 1), contributions).result()
+    send, _, back = codec.partition("/")
+    reducer = InProcessReducer(get_codec(send), get_codec(back or send))
+    result = reducer.reduce(RoundKey(0, 1), contributions).result()
     return hashlib.sha256(result.delta.numpy().tobytes()).hexdigest()
 
 

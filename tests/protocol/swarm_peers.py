@@ -173,6 +173,7 @@ def peer_main(conn: Connection, initial_peers: list[str], codec: str) -> None:
     """Body of one peer process: serve commands from the test until "exit"."""
     global _conn
     os.setsid()
+    mp.set_start_method("fork", force=True)  # the DHT process forks, as in a real node
     _conn = conn
     logging.basicConfig(
         level=logging.WARNING, format=f"[peer {os.getpid()}] %(levelname)s %(name)s: %(message)s"
@@ -188,7 +189,8 @@ def peer_main(conn: Connection, initial_peers: list[str], codec: str) -> None:
             if command == "exit":
                 break
             if command == "codec":
-                reducer.codec = reducer.return_codec = get_codec(args)
+                send, _, back = args.partition("/")  # "e3m0" or "none/e3m0"
+                reducer.codec, reducer.return_codec = get_codec(send), get_codec(back or send)
                 _notify(("ok",))
             elif command == "fault":
                 reducer.runner_type = runner_type(Fault(args))

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from diloco.errors import ProtocolError
-from diloco.protocol.records import FragmentVersion, NodeRecord, newest_donors, nodes_key, runs_key
+from diloco.protocol.records import (
+    FragmentVersion,
+    NodeRecord,
+    divergent_peers,
+    newest_donors,
+    nodes_key,
+    runs_key,
+)
 
 PEER = "12D3KooWLrRGEqt4uZwLBrUdd4763UK5hmFfmv15Eu8CATkuN8CM"
 H = "ab" * 32
@@ -63,3 +70,17 @@ def test_keys_namespaced_by_run() -> None:
     run = "demo-0123456789abcdef"
     assert nodes_key(run) == "demo-0123456789abcdef/nodes"
     assert runs_key(run) == "diloco-runs/demo"
+
+
+def test_divergent_peers_finds_ahead_and_conflicting() -> None:
+    same = _record("12D3KooWAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", 5, (3,))
+    ahead = _record("12D3KooWBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBB", 5, (4,))
+    other = NodeRecord(
+        "12D3KooWCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCC",
+        (),
+        5,
+        (FragmentVersion(0, 3, "cd" * 32),),
+        1.0,
+        "0.1.0",
+    )
+    assert divergent_peers([same, ahead, other], 0, 3, H) == ([ahead], [other])

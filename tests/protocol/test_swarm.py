@@ -12,7 +12,13 @@ pytestmark = pytest.mark.swarm
 
 @pytest.mark.parametrize(
     ("codec", "numel"),
-    [("none", 1_000), ("e3m0", 1_000), ("none", 300_001), ("e3m0", 5_000_000)],
+    [
+        ("none", 1_000),
+        ("e3m0", 1_000),
+        ("none", 300_001),
+        ("none/e3m0", 10_000),
+        ("e3m0", 5_000_000),
+    ],
 )
 def test_reduce_four_peers_identical_to_in_process(
     honest: list[PeerProcess], fragment: int, codec: str, numel: int
