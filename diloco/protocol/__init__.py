@@ -1,5 +1,19 @@
 """The swarm protocol: DHT records, matchmaking, butterfly all-reduce, state transfer.
 
-Pure pieces (``partition``, ``reducer``) import no networking, so the in-process trainer
-can use them without starting hivemind.
+Pure pieces (``partition``, ``reducer``, ``run_id``, ``wire``, ``group``) import no
+networking, so the in-process trainer can use them without starting hivemind.
+
+Modules, one concern each (hivemind ``averaging/`` style)::
+
+    run_id          run identity: name + hash of the configuration, 16-byte wire digest
+    records         per-node DHT records (validated), donor ranking, divergence check
+    wire            framing of every stream message, size limits, reject codes
+    group           GroupInfo (frozen, passed from matchmaking to the all-reduce), timeouts
+    matchmaking     DHT declaration per round key run_id/frag{p}/round{k}, leader, GROUP
+    allreduce       butterfly all-reduce over p2pd streams, faults, report agreement
+    state_transfer  serve/fetch outer params + momentum, validated
+    swarm           Swarm (DHT + P2P + loop thread) and SwarmReducer (the Reducer)
+    bench           ``diloco-node bench allreduce``
+
+The trainer uses ``Swarm`` and ``SwarmReducer`` (see ``swarm``) and never the rest.
 """

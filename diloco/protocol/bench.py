@@ -316,9 +316,8 @@ class _HivemindPeer:
             allreduce_timeout=config.round_timeout,
         )
         self.maddrs = [str(a) for a in self.dht.get_visible_maddrs()]
-        # FP16 both phases: (M-1)/M of the vector out as sender, the same back as reducer.
-        share = (config.peers - 1) / config.peers * config.numel * 2
-        self._per_round = int(2 * share)
+        # FP16 both phases: (M-1)/M of the vector out as sender, as much out as reducer.
+        self._per_round = int(2 * (config.peers - 1) / config.peers * config.numel * 2)
         self.bytes_sent = self.bytes_received = 0
 
     def round(self, round_: int, delta: torch.Tensor) -> tuple[torch.Tensor, float]:
@@ -329,8 +328,8 @@ class _HivemindPeer:
         seconds = time.perf_counter() - start
         if gathered is None or len(gathered) < self.config.peers:
             raise RoundFailed(0, round_ + 1, "hivemind averager step failed")
-        self.bytes_sent += self._per_round // 2
-        self.bytes_received += self._per_round // 2
+        self.bytes_sent += self._per_round
+        self.bytes_received += self._per_round
         with self.averager.get_tensors() as tensors:
             return tensors[0].clone(), seconds
 

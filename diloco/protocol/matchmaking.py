@@ -221,7 +221,8 @@ class Matchmaker:
         _, reader, writer = await self.p2p.call_binary_stream_handler(leader, self.handler_name)
         try:
             await wire.write_frame(writer, Kind.JOIN, request.serialize())
-            return await wire.read_frame(reader, (Kind.GROUP,), wire.MAX_SMALL_BODY)
+            kind, body = await wire.read_frame(reader, (Kind.GROUP,), wire.MAX_SMALL_BODY)
+            return kind, bytes(body)
         finally:
             writer.close()
 

@@ -54,6 +54,8 @@ MAX_PEER_ID_BYTES = 128
 MAX_REASON_BYTES = 1024
 MAX_SMALL_BODY = 64 * 1024  # every control message (JOIN, GROUP, REJECT, REPORT...) fits
 
+Buffer = bytes | bytearray | memoryview
+
 _ROUND = struct.Struct(f"!{DIGEST_BYTES}sII")
 _ROUND_GROUP = struct.Struct(f"!{DIGEST_BYTES}sII{GROUP_ID_BYTES}s")
 _JOIN = struct.Struct(f"!{DIGEST_BYTES}sIIQBBd")
@@ -155,7 +157,7 @@ class Join:
         )
 
     @classmethod
-    def parse(cls, body: bytes) -> Join:
+    def parse(cls, body: Buffer) -> Join:
         _require(len(body) == _JOIN.size, "JOIN length")
         digest, frag, rnd, numel, codec, ret, weight = _JOIN.unpack(body)
         msg = cls(RoundTag(digest, frag, rnd), numel, codec, ret, weight)
@@ -208,7 +210,7 @@ class Group:
         return b"".join(out)
 
     @classmethod
-    def parse(cls, body: bytes) -> Group:
+    def parse(cls, body: Buffer) -> Group:
         _require(len(body) >= _GROUP_HEAD.size, "GROUP length")
         digest, frag, rnd, gid, numel, codec, ret, count = _GROUP_HEAD.unpack_from(body)
         offset = _GROUP_HEAD.size
@@ -252,7 +254,7 @@ class Reject:
         )
 
     @classmethod
-    def parse(cls, body: bytes) -> Reject:
+    def parse(cls, body: Buffer) -> Reject:
         _require(len(body) >= _REJECT_HEAD.size, "REJECT length")
         code, size = _REJECT_HEAD.unpack_from(body)
         _require(code in RejectCode._value2member_map_, f"reject code {code}")
@@ -290,7 +292,7 @@ class PartHead:
         )
 
     @classmethod
-    def parse(cls, body: bytes | memoryview) -> PartHead:
+    def parse(cls, body: Buffer) -> PartHead:
         _require(len(body) >= cls.SIZE, "part prefix length")
         digest, frag, rnd, gid = _ROUND_GROUP.unpack_from(body)
         (part,) = _U16.unpack_from(body, _ROUND_GROUP.size)
@@ -312,7 +314,7 @@ def pack_mask(bits: Sequence[bool]) -> bytes:
     return bytes(out)
 
 
-def unpack_mask(data: bytes, num_members: int) -> tuple[bool, ...]:
+def unpack_mask(data: Buffer, num_members: int) -> tuple[bool, ...]:
     """Inverse of ``pack_mask``; padding bits must be zero.
 
     Raises:
@@ -320,7 +322,7 @@ def unpack_mask(data: bytes, num_members: int) -> tuple[bool, ...]:
     """
     _require(len(data) == mask_bytes(num_members), "mask length")
     bits = tuple(bool(data[i // 8] >> (i % 8) & 1) for i in range(num_members))
-    _require(pack_mask(bits) == data, "mask padding bits")
+    _require(pack_mask(bits) == bytes(data), "mask padding bits")
     return bits
 
 
@@ -351,7 +353,7 @@ class Report:
         )
 
     @classmethod
-    def parse(cls, body: bytes) -> Report:
+    def parse(cls, body: Buffer) -> Report:
         _require(len(body) >= _ROUND_GROUP.size + _U16.size, "REPORT length")
         digest, frag, rnd, gid = _ROUND_GROUP.unpack_from(body)
         (count,) = _U16.unpack_from(body, _ROUND_GROUP.size)
@@ -388,7 +390,7 @@ class StateRequest:
         )
 
     @classmethod
-    def parse(cls, body: bytes) -> StateRequest:
+    def parse(cls, body: Buffer) -> StateRequest:
         _require(len(body) >= DIGEST_BYTES + _U16.size, "STATE_REQ length")
         (count,) = _U16.unpack_from(body, DIGEST_BYTES)
         start = DIGEST_BYTES + _U16.size
@@ -434,7 +436,7 @@ class StateHeader:
         )
 
     @classmethod
-    def parse(cls, body: bytes) -> StateHeader:
+    def parse(cls, body: Buffer) -> StateHeader:
         _require(len(body) >= _STATE_HDR_HEAD.size, "STATE_HDR length")
         digest, step, count = _STATE_HDR_HEAD.unpack_from(body)
         _require(len(body) == _STATE_HDR_HEAD.size + count * _STATE_ENTRY.size, "STATE_HDR size")
@@ -488,7 +490,7 @@ async def read_frame_header(
 
 async def read_body(
     reader: asyncio.StreamReader, size: int, counter: ByteCounter | None = None
-) -> bytes:
+) -> bytearray:
     """Read exactly ``size`` body bytes in bounded chunks (the caller checked ``size``)."""
     buffer = bytearray(size)
     view = memoryview(buffer)
@@ -499,7 +501,7 @@ async def read_body(
         offset += len(chunk)
         if counter is not None:
             counter.received += len(chunk)
-    return bytes(buffer)
+    return buffer
 
 
 async def read_frame(
@@ -507,7 +509,7 @@ async def read_frame(
     expected: Sequence[Kind],
     max_body: int = MAX_SMALL_BODY,
     counter: ByteCounter | None = None,
-) -> tuple[Kind, bytes]:
+) -> tuple[Kind, bytearray]:
     """Read one whole frame of one of the ``expected`` kinds (REJECT is always allowed).
 
     Raises:
