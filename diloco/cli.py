@@ -432,6 +432,7 @@ def bench_allreduce(
             compare_hivemind=compare_hivemind,
             bandwidth_mbit=bandwidth_mbit,
             matchmaking_window=window,
+            log_level=logging.getLogger().level,
         )
         result = run_allreduce_bench(config)
     except ConfigError as error:

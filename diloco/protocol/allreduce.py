@@ -1,44 +1,32 @@
 """Butterfly all-reduce of one fragment round over p2pd streams (SPEC 4).
 
 Member ``j`` of a group of ``M`` reduces part ``j`` of the vector (``butterfly_parts``).
-Every member opens one stream per other reducer, writes its encoded part (PART) and reads
-back, on the same stream, the reducer's averaged part (AVERAGED). A reducer decodes every
-contribution, accumulates the weighted mean in FP32 in group order (``weighted_mean``, the
-same float operations as ``InProcessReducer``), encodes it once with the return codec and
-sends the same bytes, with the mask of members it counted, to every member; it uses the
-decoded bytes itself. So all members hold bit-identical parts.
+Every member opens one stream per other reducer and streams its part there as consecutive
+chunks (``chunk_spans``), each encoded on its own (PART); on the same stream it reads back
+the reducer's averaged chunks (AVERAGED). A reducer decodes every contribution, accumulates
+the weighted mean in FP32 in group order (``weighted_mean``, the same float operations as
+``InProcessReducer``), encodes each averaged chunk once with the return codec and sends the
+same bytes, with the mask of members it counted, to every member; it uses the decoded bytes
+itself. So all members hold bit-identical parts. Chunks pipeline the two phases: chunk
+``c`` is averaged and on its way back while chunk ``c + 1`` is still arriving.
 
 Faults and agreement (the rule every member applies):
 
-* A reducer waits for contributions until ``sender_timeout`` after its start; members that
-  sent nothing valid by then are not counted and the weights are renormalised over those
-  that were. A late contribution is read, not counted, and still answered with the average,
-  so a slow member ends with the same values as the others.
-* Every contribution is validated (run digest, round, group, part index, exact length for
-  the codec, decodes, finite, norm at most ``max_norm_ratio`` times the reducer's own part
-  norm when that is non-zero). An invalid sender is answered REJECT, excluded and logged.
-  Averaged parts are validated the same way; an invalid one counts as missing.
+* A reducer waits for the first chunk of every member until ``sender_timeout`` after its
+  start; members whose first chunk did not arrive valid by then are not counted, for the
+  whole part, and the weights are renormalised over those that were. A late member's
+  chunks are read, not counted, and it still receives the averaged chunks, so a slow
+  member ends with the same values as the others. A counted member that stops sending, or
+  sends an invalid chunk, after that point fails the reducer's part (the average cannot be
+  taken back): its part is then missing for everyone.
+* Every chunk is validated (run digest, round, group, part and chunk index, exact length
+  for the codec, decodes, finite, norm at most ``max_norm_ratio`` times the reducer's own
+  chunk norm when that is non-zero). An invalid sender is excluded and logged and its
+  stream closed. Averaged chunks are validated the same way; an invalid one makes the part
+  missing.
 * A member waits for averaged parts until ``reducer_timeout`` after the reducers' deadline.
   A part that did not come (dead or invalid reducer) is *missing*: never replaced by local
   values.
-* Then every member sends every other member a REPORT (which parts it holds, sha256 of the
-  assembled result) and waits, up to ``report_timeout``, for the reports of the *full
-  contributors*: members counted in every part it holds. The round succeeds for a member
-  iff it holds every part and every full contributor's report that arrived says "every
-  part, same sha256"; otherwise it fails for that member (``RoundFailed``) and its outer
-  state stays unchanged. One part missing at a full contributor therefore fails the round
-  for everyone who hears of it, while a peer excluded for bad input (not a full
-  contributor) cannot veto the others' round. ``RoundResult.members`` are the full
-  contributors, identical on every member because the masks travel with the parts.
-* In a butterfly every member is a reducer, so a member that dies before delivering its
-  averaged part fails the round for all (SPEC 4 allows "all treat the round as failed");
-  one that dies after delivering it, before its own contributions arrived, is simply not
-  counted.
-* Residual risk (two generals): a report that is lost while its sender stays alive can
-  leave that sender with a different outcome. The fragment state version and hash that
-  every node publishes in its DHT record detect this; the node then heals by state
-  transfer (``state_transfer.fetch_state``).
-
 Encoding and decoding run in the default executor so the event loop keeps serving streams.
 """
 
@@ -60,7 +48,7 @@ from diloco.codecs import Codec, CodecError
 from diloco.errors import ProtocolError, RoundFailed
 from diloco.protocol import wire
 from diloco.protocol.group import GroupInfo, RoundTimeouts
-from diloco.protocol.partition import butterfly_parts
+from diloco.protocol.partition import PART_ALIGN, butterfly_parts
 from diloco.protocol.reducer import RoundKey, RoundResult, weighted_mean
 from diloco.protocol.wire import ByteCounter, Kind, PartHead, Reject, RejectCode, Report, RoundTag
 
@@ -90,6 +78,24 @@ def check_values(x: torch.Tensor, reference_norm: float, max_norm_ratio: float) 
         raise ProtocolError(f"norm {norm:.3g} > {max_norm_ratio:g} x own norm {reference_norm:.3g}")
 
 
+CHUNK_VALUES = 1 << 18
+"""Values per chunk of a part (a multiple of ``PART_ALIGN``): 1 MiB as FP32, 136 KiB as E3M0."""
+
+
+def chunk_spans(lo: int, hi: int, chunk_values: int = CHUNK_VALUES) -> list[tuple[int, int]]:
+    """Cut part ``[lo, hi)`` into consecutive chunks; an empty part is one empty chunk.
+
+    Chunks start at multiples of ``chunk_values`` from ``lo`` (itself a multiple of
+    ``PART_ALIGN``), so encoding chunk by chunk decodes to the same values as encoding the
+    whole part, as the in-process reducer does.
+    """
+    if chunk_values % PART_ALIGN:
+        raise ValueError(f"chunk_values must be a multiple of {PART_ALIGN}")
+    if hi <= lo:
+        return [(lo, lo)]
+    return [(a, min(a + chunk_values, hi)) for a in range(lo, hi, chunk_values)]
+
+
 class AllReduceRunner:
     """One member's side of one round's all-reduce: sender of ``M - 1`` parts, reducer of one."""
 
@@ -116,17 +122,21 @@ class AllReduceRunner:
         self.index = group.index(p2p.peer_id)
         self.num_members = len(group.members)
         self.spans = butterfly_parts(group.numel, self.num_members)
-        self.part_norms = [
-            float(torch.linalg.vector_norm(delta[lo:hi], dtype=torch.float64))
-            for lo, hi in self.spans
+        self.chunks = [chunk_spans(lo, hi) for lo, hi in self.spans]
+        self.chunk_norms = [
+            [float(torch.linalg.vector_norm(delta[a:b])) for a, b in part] for part in self.chunks
         ]
         self.counter = ByteCounter()
         loop = asyncio.get_running_loop()
-        self._own_part: asyncio.Future[torch.Tensor] = loop.create_future()
-        self._averaged: asyncio.Future[tuple[tuple[bool, ...], bytes]] = loop.create_future()
-        self._contributions: dict[int, torch.Tensor] = {}
+        self._own_chunks: asyncio.Future[list[torch.Tensor]] = loop.create_future()
+        self._received: dict[int, list[torch.Tensor]] = {}
+        self._started: set[int] = set()
         self._excluded: dict[int, str] = {}
-        self._arrived = asyncio.Event()
+        self._streams: set[int] = set()
+        self._mask: tuple[bool, ...] | None = None
+        self._averaged_chunks: list[bytes] = []
+        self._part_failed: str | None = None
+        self._changed = asyncio.Event()
         self._reports: dict[int, Report] = {}
         self._report_arrived = asyncio.Event()
         self._serving = 0
@@ -134,7 +144,7 @@ class AllReduceRunner:
         self._idle.set()
         self._gather_closed = False
         self.delivered = 0
-        """Averaged parts this reducer wrote to members so far."""
+        """Members this reducer wrote its whole averaged part to so far."""
         self._t0 = loop.time()
 
     @property
@@ -149,6 +159,22 @@ class AllReduceRunner:
     def report_deadline(self) -> float:
         return self.part_deadline + self.timeouts.report_timeout
 
+    def _touch(self) -> None:
+        """Wake every ``_wait``: some state they look at changed."""
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def _wait(self, predicate: Callable[[], bool], deadline: float) -> bool:
+        """Wait until ``predicate()`` holds or ``deadline`` (loop time); return it."""
+        loop = asyncio.get_running_loop()
+        while not predicate():
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), remaining)
+        return True
+
     async def run(self) -> RoundResult:
         """Exchange parts, agree by reports, and return the round's result.
 
@@ -158,30 +184,44 @@ class AllReduceRunner:
         """
         loop = asyncio.get_running_loop()
         key = self.group.key
-        payloads = await loop.run_in_executor(None, self._encode_parts)
-        reduce_task = asyncio.create_task(self._reduce_own_part(payloads[self.index]))
+        reduce_task = asyncio.create_task(self._reduce_own_part())
         exchanges = {
-            j: asyncio.create_task(self._exchange(j, payloads[j]))
+            j: asyncio.create_task(self._exchange(j))
             for j in range(self.num_members)
             if j != self.index
         }
         try:
+            own_chunks = await loop.run_in_executor(None, self._encode_own)
+            self._own_chunks.set_result(own_chunks)
+            encoded = loop.time()
             own = await reduce_task
+            reduced = loop.time()
             others = {j: await task for j, task in exchanges.items()}
         finally:
             for task in (reduce_task, *exchanges.values()):
                 task.cancel()
-        parts = {**{j: r for j, r in others.items() if r is not None}, self.index: own}
+        parts = {j: r for j, r in others.items() if r is not None}
+        if own is not None:
+            parts[self.index] = own
         held = tuple(j in parts for j in range(self.num_members))
         result = torch.zeros(self.group.numel, dtype=torch.float32)
         for j, (_, values) in parts.items():
             lo, hi = self.spans[j]
             result[lo:hi] = values
+        assembled = loop.time()
         digest = await loop.run_in_executor(None, tensor_sha256, result)
         full = tuple(all(bits[i] for bits, _ in parts.values()) for i in range(self.num_members))
         await self._exchange_reports(held, digest, full)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._idle.wait(), max(0.0, self.report_deadline - loop.time()))
+        logger.info(
+            "round %s: encoded %.3fs, own part averaged %.3fs, all parts %.3fs, agreed %.3fs",
+            key,
+            encoded - self._t0,
+            reduced - self._t0,
+            assembled - self._t0,
+            loop.time() - self._t0,
+        )
 
         if not all(held):
             missing = [j for j, ok in enumerate(held) if not ok]
@@ -201,31 +241,32 @@ class AllReduceRunner:
             seconds=loop.time() - self._t0,
         )
 
-    def _encode_parts(self) -> list[bytes]:
-        payloads = [self.codec.encode(self.delta[lo:hi].contiguous()) for lo, hi in self.spans]
-        own = self.codec.decode(payloads[self.index])
-        self._set_from_thread(self._own_part, own)
-        return payloads
+    def _encode_own(self) -> list[torch.Tensor]:
+        """My own contribution to my part, through the codec like everyone else's."""
+        return [
+            self.codec.decode(self.codec.encode(self.delta[a:b].contiguous()))
+            for a, b in self.chunks[self.index]
+        ]
 
-    def _set_from_thread(self, future: asyncio.Future[Any], value: object) -> None:
-        """Resolve a loop future from an executor thread."""
-        future.get_loop().call_soon_threadsafe(_set_if_pending, future, value)
+    def _encode_chunk(self, j: int, c: int) -> bytes:
+        """Payload of chunk ``c`` of part ``j`` (sent to reducer ``j``)."""
+        a, b = self.chunks[j][c]
+        return self.codec.encode(self.delta[a:b].contiguous())
 
-    async def _reduce_own_part(self, payload: bytes) -> tuple[tuple[bool, ...], torch.Tensor]:
-        """Gather contributions until all resolved or the deadline; average; publish."""
+    async def _reduce_own_part(self) -> tuple[tuple[bool, ...], torch.Tensor] | None:
+        """Fix who counts once chunk 0 is in from all (or the deadline), then average and
+        publish chunk by chunk; None if a counted member stopped mid-part."""
         loop = asyncio.get_running_loop()
-        own = await self._own_part
-        while len(self._contributions) + len(self._excluded) < self.num_members - 1:
-            remaining = self.gather_deadline - loop.time()
-            if remaining <= 0:
-                break
-            self._arrived.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._arrived.wait(), remaining)
+        own = await self._own_chunks
+        others = [j for j in range(self.num_members) if j != self.index]
+        await self._wait(
+            lambda: all(j in self._started or j in self._excluded for j in others),
+            self.gather_deadline,
+        )
+        counted = sorted((self._started - set(self._excluded)) | {self.index})
+        self._mask = tuple(i in counted for i in range(self.num_members))
         self._gather_closed = True
-        counted = {**self._contributions, self.index: own}
-        order = sorted(counted)
-        bits = tuple(i in counted for i in range(self.num_members))
+        self._touch()
         absent = [i for i in range(self.num_members) if i not in counted]
         if absent:
             logger.warning(
@@ -235,83 +276,109 @@ class AllReduceRunner:
                 absent,
                 {i: self._excluded.get(i, "nothing sent") for i in absent},
             )
+        weights = [self.group.weights[i] for i in counted]
+        senders = [i for i in counted if i != self.index]
+        decoded: list[torch.Tensor] = []
+        for c in range(len(self.chunks[self.index])):
 
-        def average() -> tuple[bytes, torch.Tensor]:
-            mean = weighted_mean(
-                [counted[i] for i in order], [self.group.weights[i] for i in order]
-            )
-            encoded = self.return_codec.encode(mean)
-            return encoded, self.return_codec.decode(encoded)
+            def ready(c: int = c) -> bool:
+                return all(len(self._received[i]) > c or i in self._excluded for i in senders)
 
-        encoded, decoded = await loop.run_in_executor(None, average)
-        self._averaged.set_result((bits, encoded))
-        return bits, decoded
+            await self._wait(ready, self.part_deadline)
+            failed = [i for i in senders if i in self._excluded or len(self._received[i]) <= c]
+            if failed:
+                self._part_failed = f"members {failed} stopped sending mid-part"
+                self._touch()
+                logger.warning(
+                    "round %s part %d failed: %s", self.group.key, self.index, self._part_failed
+                )
+                return None
+            values = [own[c] if i == self.index else self._received[i][c] for i in counted]
+            encoded, mean = await loop.run_in_executor(None, self._average, values, weights)
+            self._averaged_chunks.append(encoded)
+            self._touch()
+            decoded.append(mean)
+        return self._mask, torch.cat(decoded)
 
-    async def _exchange(
-        self, j: int, payload: bytes
-    ) -> tuple[tuple[bool, ...], torch.Tensor] | None:
-        """Send part ``j`` to its reducer and read the average back; None if it did not come."""
+    def _average(
+        self, values: list[torch.Tensor], weights: list[float]
+    ) -> tuple[bytes, torch.Tensor]:
+        encoded = self.return_codec.encode(weighted_mean(values, weights))
+        return encoded, self.return_codec.decode(encoded)
+
+    async def _exchange(self, j: int) -> tuple[tuple[bool, ...], torch.Tensor] | None:
+        """Stream part ``j`` to its reducer and read the average back; None if it did not."""
         loop = asyncio.get_running_loop()
         peer = self.group.members[j]
         try:
             return await asyncio.wait_for(
-                self._exchange_inner(j, peer, payload), self.part_deadline - loop.time()
+                self._exchange_inner(j, peer), self.part_deadline - loop.time()
             )
-        except Exception as exc:
+        except Exception as exc:  # documented "reducer did not deliver" result
             logger.warning("round %s: part %d from %s missing: %r", self.group.key, j, peer, exc)
             return None
 
-    async def _exchange_inner(
-        self, j: int, peer: PeerID, payload: bytes
-    ) -> tuple[tuple[bool, ...], torch.Tensor]:
+    async def _exchange_inner(self, j: int, peer: PeerID) -> tuple[tuple[bool, ...], torch.Tensor]:
+        loop = asyncio.get_running_loop()
         _, reader, writer = await asyncio.wait_for(
             self.p2p.call_binary_stream_handler(peer, self.part_handler),
             self.timeouts.connect_timeout,
         )
+
+        async def send() -> None:
+            for c in range(len(self.chunks[j])):
+                payload = await loop.run_in_executor(None, self._encode_chunk, j, c)
+                head = self._part_head(j, c).serialize()
+                await wire.write_frame(writer, Kind.PART, head, payload, counter=self.counter)
+
+        sending = asyncio.create_task(send())
         try:
-            head = self._part_head(j)
-            await wire.write_frame(
-                writer, Kind.PART, head.serialize(), payload, counter=self.counter
-            )
-            frame = await wire.read_frame_header(reader, self.counter)
-            if frame.kind == Kind.REJECT and frame.body_len <= wire.MAX_SMALL_BODY:
-                reject = Reject.parse(await wire.read_body(reader, frame.body_len, self.counter))
-                raise ProtocolError(f"rejected: {reject.code.name} {reject.reason}")
-            lo, hi = self.spans[j]
+            bits: tuple[bool, ...] | None = None
+            values = []
             mask_len = wire.mask_bytes(self.num_members)
-            expected = (
-                PartHead.SIZE + _U16_BYTES + mask_len + self.return_codec.encoded_size(hi - lo)
-            )
-            if frame.kind != Kind.AVERAGED or frame.body_len != expected:
-                raise ProtocolError(
-                    f"{frame.kind.name} of {frame.body_len} bytes, expected {expected}"
-                )
-            body = await wire.read_body(reader, frame.body_len, self.counter)
-            if PartHead.parse(body[: PartHead.SIZE]) != head:
-                raise ProtocolError("AVERAGED for another round, group or part")
-            count = int.from_bytes(body[PartHead.SIZE : PartHead.SIZE + _U16_BYTES], "big")
-            if count != self.num_members:
-                raise ProtocolError(f"mask of {count} members")
             start = PartHead.SIZE + _U16_BYTES
-            bits = wire.unpack_mask(body[start : start + mask_len], self.num_members)
-            if not bits[j]:
-                raise ProtocolError("reducer did not count itself")
-            averaged = memoryview(body)[start + mask_len :]
-            loop = asyncio.get_running_loop()
-            values = await loop.run_in_executor(None, self._check_averaged, j, averaged)
-            return bits, values
+            for c, (a, b) in enumerate(self.chunks[j]):
+                frame = await wire.read_frame_header(reader, self.counter)
+                if frame.kind == Kind.REJECT and frame.body_len <= wire.MAX_SMALL_BODY:
+                    body = await wire.read_body(reader, frame.body_len, self.counter)
+                    reject = Reject.parse(body)
+                    raise ProtocolError(f"rejected: {reject.code.name} {reject.reason}")
+                expected = start + mask_len + self.return_codec.encoded_size(b - a)
+                if frame.kind != Kind.AVERAGED or frame.body_len != expected:
+                    raise ProtocolError(
+                        f"{frame.kind.name} of {frame.body_len} bytes, expected {expected}"
+                    )
+                body = await wire.read_body(reader, frame.body_len, self.counter)
+                if PartHead.parse(body[: PartHead.SIZE]) != PartHead(
+                    self.tag, self.group.group_id, j, c
+                ):
+                    raise ProtocolError("AVERAGED for another round, group, part or chunk")
+                count = int.from_bytes(body[PartHead.SIZE : start], "big")
+                if count != self.num_members:
+                    raise ProtocolError(f"mask of {count} members")
+                chunk_bits = wire.unpack_mask(body[start : start + mask_len], self.num_members)
+                if not chunk_bits[j] or (bits is not None and chunk_bits != bits):
+                    raise ProtocolError("counted mask without the reducer, or changed mid-part")
+                bits = chunk_bits
+                averaged = memoryview(body)[start + mask_len :]
+                values.append(
+                    await loop.run_in_executor(None, self._check_averaged, j, c, averaged)
+                )
+            assert bits is not None  # every part has at least one chunk
+            return bits, torch.cat(values)
         finally:
+            sending.cancel()
             writer.close()
 
-    def _part_head(self, j: int) -> PartHead:
-        return PartHead(self.tag, self.group.group_id, j)
+    def _part_head(self, j: int, c: int) -> PartHead:
+        return PartHead(self.tag, self.group.group_id, j, c)
 
-    def _check_averaged(self, j: int, payload: bytes | memoryview) -> torch.Tensor:
+    def _check_averaged(self, j: int, c: int, payload: bytes | memoryview) -> torch.Tensor:
         try:
             values = self.return_codec.decode(payload)
         except CodecError as exc:
             raise ProtocolError(f"averaged part does not decode: {exc}") from exc
-        check_values(values, self.part_norms[j], self.max_norm_ratio)
+        check_values(values, self.chunk_norms[j][c], self.max_norm_ratio)
         return values
 
     async def accept_part(
@@ -323,7 +390,8 @@ class AllReduceRunner:
         writer: asyncio.StreamWriter,
         prefix_bytes: int,
     ) -> None:
-        """Serve one member's PART stream (the handler already read frame header and head)."""
+        """Serve one member's PART stream (the handler already read its first frame header
+        and part head): read its chunks while streaming the averaged chunks back."""
         self._serving += 1
         self._idle.clear()
         try:
@@ -342,90 +410,110 @@ class AllReduceRunner:
         writer: asyncio.StreamWriter,
         prefix_bytes: int,
     ) -> None:
-        loop = asyncio.get_running_loop()
         self.counter.received += prefix_bytes
-
-        async def reject(code: RejectCode, reason: str) -> None:
-            logger.warning("round %s: excluding %s: %s", self.group.key, sender, reason)
-            message = Reject(code, reason=reason[:200]).serialize()
-            await asyncio.wait_for(wire.write_frame(writer, Kind.REJECT, message), 1.0)
-
         if sender not in self.group.members or sender == self.p2p.peer_id:
-            return await reject(RejectCode.NOT_MEMBER, "not a member of this group")
+            logger.warning("round %s: PART from non-member %s", self.group.key, sender)
+            reject = Reject(RejectCode.NOT_MEMBER, reason="not a member of this group")
+            await asyncio.wait_for(wire.write_frame(writer, Kind.REJECT, reject.serialize()), 1.0)
+            return
         j = self.group.index(sender)
-        if head.part != self.index:
-            return await self._exclude(
-                j, reject, RejectCode.BAD_PART, f"part {head.part} sent to reducer {self.index}"
-            )
-        lo, hi = self.spans[self.index]
-        expected = self.codec.encoded_size(hi - lo)
-        if frame.body_len != PartHead.SIZE + expected:
-            return await self._exclude(
-                j,
-                reject,
-                RejectCode.BAD_PART,
-                f"part of {frame.body_len - PartHead.SIZE} bytes, expected {expected}",
-            )
-        if j in self._contributions or j in self._excluded:
-            return await reject(RejectCode.BAD_PART, "second contribution")
-        late = self._gather_closed
-        deadline = self.part_deadline if late else self.gather_deadline
+        if j in self._streams:
+            logger.warning("round %s: second PART stream from member %d", self.group.key, j)
+            return
+        self._streams.add(j)
+        sending = asyncio.create_task(self._send_averages(j, writer))
         try:
+            await self._read_chunks(j, frame, head, reader)
+        except Exception as exc:  # any bad input or a vanished sender: exclude, never raise
+            self._exclude_index(j, f"{exc!r}" if not isinstance(exc, ProtocolError) else str(exc))
+            sending.cancel()
+            return
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(sending, max(0.0, self.report_deadline - loop.time()))
+
+    async def _read_chunks(
+        self, j: int, frame: wire.Frame, head: PartHead, reader: asyncio.StreamReader
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        own = await self._own_chunks
+        for c, (a, b) in enumerate(self.chunks[self.index]):
+            counting = j in self._started if c > 0 else not self._gather_closed
+            deadline = self.gather_deadline if c == 0 and counting else self.part_deadline
+            if c > 0:
+                frame = await asyncio.wait_for(
+                    wire.read_frame_header(reader, self.counter), max(0.0, deadline - loop.time())
+                )
+                if frame.kind != Kind.PART or frame.body_len < PartHead.SIZE:
+                    raise ProtocolError(f"{frame.kind.name} where chunk {c} was due")
+                head = PartHead.parse(await wire.read_body(reader, PartHead.SIZE, self.counter))
+            if (head.tag, head.group_id, head.part, head.chunk) != (
+                self.tag,
+                self.group.group_id,
+                self.index,
+                c,
+            ):
+                raise ProtocolError(f"chunk {head.part}/{head.chunk}, expected {self.index}/{c}")
+            size = self.codec.encoded_size(b - a)
+            if frame.body_len != PartHead.SIZE + size:
+                raise ProtocolError(
+                    f"chunk of {frame.body_len - PartHead.SIZE} bytes, expected {size}"
+                )
             payload = await asyncio.wait_for(
-                wire.read_body(reader, expected, self.counter), max(0.0, deadline - loop.time())
+                wire.read_body(reader, size, self.counter), max(0.0, deadline - loop.time())
             )
-        except (asyncio.TimeoutError, asyncio.IncompleteReadError, OSError) as exc:
-            self._mark_excluded(j, f"transfer did not finish: {exc!r}")
-            return None
-        if not late:
-            own = await self._own_part
-            try:
-                values = await loop.run_in_executor(None, self._check_contribution, payload, own)
-            except ProtocolError as exc:
-                return await self._exclude(j, reject, RejectCode.BAD_PART, str(exc))
-            if self._gather_closed:
-                late = True
+            if not counting or j in self._excluded:
+                continue  # late: read to keep the stream flowing, not counted
+            values = await loop.run_in_executor(
+                None, self._check_contribution, payload, own[c], self.chunk_norms[self.index][c]
+            )
+            if c == 0:
+                if self._gather_closed:
+                    continue
+                self._started.add(j)
+                self._received[j] = [values]
             else:
-                self._contributions[j] = values
-                self._arrived.set()
-        if late:
-            logger.info("round %s: late part from member %d not counted", self.group.key, j)
-        remaining = max(0.0, self.part_deadline - loop.time())
-        bits, encoded = await asyncio.wait_for(asyncio.shield(self._averaged), remaining)
-        mask = wire.pack_mask(bits)
-        await asyncio.wait_for(
-            wire.write_frame(
+                self._received[j].append(values)
+            self._touch()
+
+    async def _send_averages(self, j: int, writer: asyncio.StreamWriter) -> None:
+        """Stream the averaged chunks to member ``j`` as the reduction produces them."""
+        num_chunks = len(self.chunks[self.index])
+        for c in range(num_chunks):
+
+            def available(c: int = c) -> bool:
+                return len(self._averaged_chunks) > c or self._part_failed is not None
+
+            if not await self._wait(available, self.part_deadline) or self._part_failed:
+                writer.close()  # the member sees the part missing
+                return
+            assert self._mask is not None
+            head = PartHead(self.tag, self.group.group_id, self.index, c)
+            await wire.write_frame(
                 writer,
                 Kind.AVERAGED,
-                PartHead(self.tag, self.group.group_id, self.index).serialize(),
+                head.serialize(),
                 self.num_members.to_bytes(_U16_BYTES, "big"),
-                mask,
-                encoded,
+                wire.pack_mask(self._mask),
+                self._averaged_chunks[c],
                 counter=self.counter,
-            ),
-            max(0.0, self.report_deadline - loop.time()),
-        )
+            )
         self.delivered += 1
-        return None
-
-    async def _exclude(
-        self, j: int, reject: Callable[[RejectCode, str], Any], code: RejectCode, reason: str
-    ) -> None:
-        self._mark_excluded(j, reason)
-        await reject(code, reason)
 
     def exclude(self, peer: PeerID, reason: str) -> None:
         """Stop waiting for ``peer``'s contribution (it broke the protocol elsewhere)."""
         if peer in self.group.members and peer != self.p2p.peer_id:
-            logger.warning("round %s: excluding %s: %s", self.group.key, peer, reason)
-            self._mark_excluded(self.group.index(peer), reason)
+            self._exclude_index(self.group.index(peer), reason)
 
-    def _mark_excluded(self, j: int, reason: str) -> None:
-        if j not in self._contributions:
-            self._excluded.setdefault(j, reason)
-            self._arrived.set()
+    def _exclude_index(self, j: int, reason: str) -> None:
+        if j not in self._excluded:
+            logger.warning("round %s: excluding member %d: %s", self.group.key, j, reason)
+            self._excluded[j] = reason
+            self._touch()
 
-    def _check_contribution(self, payload: bytes | bytearray, own: torch.Tensor) -> torch.Tensor:
+    def _check_contribution(
+        self, payload: bytes | bytearray, own: torch.Tensor, own_norm: float
+    ) -> torch.Tensor:
         if payload[:1] != bytes([self.codec.codec_id]):
             raise ProtocolError(f"codec id {payload[:1].hex()}, expected {self.codec.codec_id}")
         try:
@@ -434,8 +522,7 @@ class AllReduceRunner:
             raise ProtocolError(f"part does not decode: {exc}") from exc
         if values.numel() != own.numel():
             raise ProtocolError(f"{values.numel()} values, expected {own.numel()}")
-        reference = float(torch.linalg.vector_norm(own, dtype=torch.float64))
-        check_values(values, reference, self.max_norm_ratio)
+        check_values(values, own_norm, self.max_norm_ratio)
         return values
 
     async def _exchange_reports(

@@ -57,6 +57,8 @@ class BenchConfig:
     """Seconds (ours) or ``min_matchmaking_time`` (hivemind)."""
     round_timeout: float = 300.0
     """Seconds a peer waits for one all-reduce before the round counts as failed."""
+    log_level: int = logging.WARNING
+    """Logging level inside the peer processes."""
 
     def __post_init__(self) -> None:
         if self.peers < 2 or self.rounds < 1 or self.numel < 1:
@@ -201,7 +203,7 @@ def _peer_main(
     """One benchmark peer: one process, its own DHT, rounds on command."""
     os.setsid()
     mp.set_start_method("fork", force=True)  # hivemind's DHT and averager processes fork
-    logging.basicConfig(level=logging.WARNING, format=f"[peer {index}] %(levelname)s %(message)s")
+    logging.basicConfig(level=config.log_level, format=f"[peer {index}] %(levelname)s %(message)s")
     torch.set_num_threads(1)
     try:
         if namespace:

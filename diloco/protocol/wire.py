@@ -19,9 +19,11 @@ Body layouts (``digest`` is the 16-byte run digest, ``gid`` the 16-byte group id
     GROUP     digest | fragment u32 | round u32 | gid | numel u64 | codec u8 | return codec u8
               | count u16 | count x (peer id length u16 | peer id | weight f64)
     REJECT    code u8 | peer id length u16 | peer id (a redirect, may be empty) | utf-8 reason
-    PART      digest | fragment u32 | round u32 | gid | part u16 | codec payload
-    AVERAGED  digest | fragment u32 | round u32 | gid | part u16 | mask length u16 | counted
-              mask | codec payload
+    PART      digest | fragment u32 | round u32 | gid | part u16 | chunk u32 | codec payload
+    AVERAGED  digest | fragment u32 | round u32 | gid | part u16 | chunk u32 | mask length u16
+              | counted mask | codec payload
+              (a part travels as consecutive chunks, each encoded on its own, so that a
+              reducer averages and returns chunk c while chunk c + 1 is still arriving)
     REPORT    digest | fragment u32 | round u32 | gid | mask length u16 | parts mask
               | result sha256 (32)
     ACK       (empty)
@@ -61,11 +63,11 @@ _ROUND_GROUP = struct.Struct(f"!{DIGEST_BYTES}sII{GROUP_ID_BYTES}s")
 _JOIN = struct.Struct(f"!{DIGEST_BYTES}sIIQBBd")
 _GROUP_HEAD = struct.Struct(f"!{DIGEST_BYTES}sII{GROUP_ID_BYTES}sQBBH")
 _U16 = struct.Struct("!H")
+_U32 = struct.Struct("!I")
 _F64 = struct.Struct("!d")
 _REJECT_HEAD = struct.Struct("!BH")
 _STATE_HDR_HEAD = struct.Struct(f"!{DIGEST_BYTES}sQH")
 _STATE_ENTRY = struct.Struct(f"!IQQ{SHA256_BYTES}s")
-_U32 = struct.Struct("!I")
 
 
 class Kind(IntEnum):
@@ -271,24 +273,28 @@ class Reject:
 
 @dataclass(frozen=True, slots=True)
 class PartHead:
-    """Prefix of PART and AVERAGED bodies: which round, group and part the payload is."""
+    """Prefix of PART and AVERAGED bodies: which round, group, part and chunk follows."""
 
     tag: RoundTag
     group_id: bytes
     part: int
+    chunk: int = 0
 
-    SIZE = _ROUND_GROUP.size + _U16.size
+    SIZE = _ROUND_GROUP.size + _U16.size + _U32.size
 
     def check(self) -> None:
         self.tag.check()
         _require(len(self.group_id) == GROUP_ID_BYTES, "group id length")
         _require(0 <= self.part < MAX_GROUP_SIZE, f"part index {self.part}")
+        _require(0 <= self.chunk < 2**32, f"chunk index {self.chunk}")
 
     def serialize(self) -> bytes:
         self.check()
         t = self.tag
-        return _ROUND_GROUP.pack(t.digest, t.fragment, t.round, self.group_id) + _U16.pack(
-            self.part
+        return (
+            _ROUND_GROUP.pack(t.digest, t.fragment, t.round, self.group_id)
+            + _U16.pack(self.part)
+            + _U32.pack(self.chunk)
         )
 
     @classmethod
@@ -296,7 +302,8 @@ class PartHead:
         _require(len(body) >= cls.SIZE, "part prefix length")
         digest, frag, rnd, gid = _ROUND_GROUP.unpack_from(body)
         (part,) = _U16.unpack_from(body, _ROUND_GROUP.size)
-        msg = cls(RoundTag(digest, frag, rnd), gid, part)
+        (chunk,) = _U32.unpack_from(body, _ROUND_GROUP.size + _U16.size)
+        msg = cls(RoundTag(digest, frag, rnd), gid, part, chunk)
         msg.check()
         return msg
 

@@ -73,16 +73,13 @@ def _notify(message: tuple[Any, ...]) -> None:
 
 
 class CorruptSender(AllReduceRunner):
-    """Sends a corrupted contribution to every other reducer (``fault`` picks how)."""
+    """Sends corrupted chunks to every other reducer (``fault`` picks how)."""
 
     fault = Fault.NONE
 
-    def _encode_parts(self) -> list[bytes]:
-        payloads = super()._encode_parts()
-        return [p if j == self.index else self._corrupt(j, p) for j, p in enumerate(payloads)]
-
-    def _corrupt(self, j: int, payload: bytes) -> bytes:
-        lo, hi = self.spans[j]
+    def _encode_chunk(self, j: int, c: int) -> bytes:
+        payload = super()._encode_chunk(j, c)
+        a, b = self.chunks[j][c]
         if self.fault == Fault.GARBAGE_RANDOM:
             return bytes([255]) + os.urandom(len(payload) - 1)
         if self.fault == Fault.WRONG_LENGTH:
@@ -94,23 +91,23 @@ class CorruptSender(AllReduceRunner):
             return payload + bytes(8 << 20)
         if self.fault == Fault.NAN:
             assert self.codec.name == "none", "NaN payloads are built for the none codec"
-            return payload[:5] + torch.full((hi - lo,), float("nan")).numpy().tobytes()
+            return payload[:5] + torch.full((b - a,), float("nan")).numpy().tobytes()
         if self.fault == Fault.HUGE_NORM:
-            return self.codec.encode((self.delta[lo:hi] * 1e6).contiguous())
+            return self.codec.encode((self.delta[a:b] * 1e6).contiguous())
         return payload
 
-    def _part_head(self, j: int) -> PartHead:
-        head = super()._part_head(j)
+    def _part_head(self, j: int, c: int) -> PartHead:
+        head = super()._part_head(j, c)
         if self.fault == Fault.WRONG_RUN:
             tag = RoundTag(bytes(16), head.tag.fragment, head.tag.round)
-            return PartHead(tag, head.group_id, head.part)
+            return PartHead(tag, head.group_id, head.part, head.chunk)
         return head
 
 
 class StallSender(AllReduceRunner):
     """Delivers its averaged part to everyone, then never sends its own contributions."""
 
-    async def _exchange(self, j: int, payload: bytes) -> Any:
+    async def _exchange(self, j: int) -> Any:
         while self.delivered < self.num_members - 1:
             await asyncio.sleep(0.02)
         if j == min(i for i in range(self.num_members) if i != self.index):
@@ -121,8 +118,8 @@ class StallSender(AllReduceRunner):
 class StallReducer(AllReduceRunner):
     """Sends its contributions, receives everyone's part, then never averages its own."""
 
-    async def _reduce_own_part(self, payload: bytes) -> Any:
-        while len(self._contributions) < self.num_members - 1:
+    async def _reduce_own_part(self) -> Any:
+        while len(self._started) < self.num_members - 1:
             await asyncio.sleep(0.02)
         _notify(("stalled", "reducer"))
         await asyncio.sleep(1e6)

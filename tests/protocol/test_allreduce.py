@@ -16,7 +16,7 @@ from expected import group_order, partial_sha
 from swarm_peers import TIMEOUTS, Fault, PeerProcess, run_rounds, start_peer, stop_peers
 
 from diloco.errors import ProtocolError
-from diloco.protocol.allreduce import check_values
+from diloco.protocol.allreduce import check_values, chunk_spans
 
 GARBAGE = [
     Fault.GARBAGE_RANDOM,
@@ -115,3 +115,11 @@ def test_killed_reducer_round_fails_for_every_survivor(
     # the pool still works afterwards: nobody kept stale state of the failed round
     after = run_rounds(honest, [[(fragment, 2, 1_000, i, 1.0)] for i in range(4)], 60)
     assert len({r[0]["sha256"] for r in after}) == 1 and after[0][0]["ok"]
+
+
+def test_chunk_spans_cover_part_and_keep_alignment() -> None:
+    spans = chunk_spans(512, 512 + 2 * 1024 + 7, chunk_values=1024)
+    assert spans == [(512, 1536), (1536, 2560), (2560, 2567)]
+    assert chunk_spans(256, 256) == [(256, 256)]
+    with pytest.raises(ValueError, match="multiple"):
+        chunk_spans(0, 10, chunk_values=100)
