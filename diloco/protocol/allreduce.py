@@ -27,6 +27,24 @@ Faults and agreement (the rule every member applies):
 * A member waits for averaged parts until ``reducer_timeout`` after the reducers' deadline.
   A part that did not come (dead or invalid reducer) is *missing*: never replaced by local
   values.
+* Then every member sends every other member a REPORT (which parts it holds, sha256 of the
+  assembled result) and waits, up to ``report_timeout``, for the reports of the *full
+  contributors*: members counted in every part it holds. The round succeeds for a member
+  iff it holds every part and every full contributor's report that arrived says "every
+  part, same sha256"; otherwise it fails for that member (``RoundFailed``) and its outer
+  state stays unchanged. One part missing at a full contributor therefore fails the round
+  for everyone who hears of it, while a peer excluded for bad input (not a full
+  contributor) cannot veto the others' round. ``RoundResult.members`` are the full
+  contributors, identical on every member because the masks travel with the parts.
+* In a butterfly every member is a reducer, so a member that dies before delivering its
+  averaged part fails the round for all (SPEC 4 allows "all treat the round as failed");
+  one that dies after delivering it, before its own contributions arrived, is simply not
+  counted.
+* Residual risk (two generals): a report that is lost while its sender stays alive can
+  leave that sender with a different outcome. The fragment state version and hash that
+  every node publishes in its DHT record detect this (``records.divergent_peers``); the
+  node then heals by state transfer (``Swarm.fetch_state``).
+
 Encoding and decoding run in the default executor so the event loop keeps serving streams.
 """
 
