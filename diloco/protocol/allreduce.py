@@ -146,7 +146,9 @@ class AllReduceRunner:
         ]
         self.counter = ByteCounter()
         loop = asyncio.get_running_loop()
-        self._own_chunks: asyncio.Future[list[torch.Tensor]] = loop.create_future()
+        self._own_chunks: list[asyncio.Future[torch.Tensor]] = [
+            loop.create_future() for _ in self.chunks[self.index]
+        ]
         self._received: dict[int, list[torch.Tensor]] = {}
         self._started: set[int] = set()
         self._excluded: dict[int, str] = {}
@@ -209,8 +211,8 @@ class AllReduceRunner:
             if j != self.index
         }
         try:
-            own_chunks = await loop.run_in_executor(None, self._encode_own)
-            self._own_chunks.set_result(own_chunks)
+            for c, future in enumerate(self._own_chunks):
+                future.set_result(await loop.run_in_executor(None, self._encode_own, c))
             encoded = loop.time()
             own = await reduce_task
             reduced = loop.time()
@@ -259,12 +261,10 @@ class AllReduceRunner:
             seconds=loop.time() - self._t0,
         )
 
-    def _encode_own(self) -> list[torch.Tensor]:
-        """My own contribution to my part, through the codec like everyone else's."""
-        return [
-            self.codec.decode(self.codec.encode(self.delta[a:b].contiguous()))
-            for a, b in self.chunks[self.index]
-        ]
+    def _encode_own(self, c: int) -> torch.Tensor:
+        """Chunk ``c`` of my own contribution to my part, through the codec like the others."""
+        a, b = self.chunks[self.index][c]
+        return self.codec.decode(self.codec.encode(self.delta[a:b].contiguous()))
 
     def _encode_chunk(self, j: int, c: int) -> bytes:
         """Payload of chunk ``c`` of part ``j`` (sent to reducer ``j``)."""
@@ -275,7 +275,6 @@ class AllReduceRunner:
         """Fix who counts once chunk 0 is in from all (or the deadline), then average and
         publish chunk by chunk; None if a counted member stopped mid-part."""
         loop = asyncio.get_running_loop()
-        own = await self._own_chunks
         others = [j for j in range(self.num_members) if j != self.index]
         await self._wait(
             lambda: all(j in self._started or j in self._excluded for j in others),
@@ -311,7 +310,8 @@ class AllReduceRunner:
                     "round %s part %d failed: %s", self.group.key, self.index, self._part_failed
                 )
                 return None
-            values = [own[c] if i == self.index else self._received[i][c] for i in counted]
+            own = await self._own_chunks[c]
+            values = [own if i == self.index else self._received[i][c] for i in counted]
             encoded, mean = await loop.run_in_executor(None, self._average, values, weights)
             self._averaged_chunks.append(encoded)
             self._touch()
@@ -454,7 +454,6 @@ class AllReduceRunner:
         self, j: int, frame: wire.Frame, head: PartHead, reader: asyncio.StreamReader
     ) -> None:
         loop = asyncio.get_running_loop()
-        own = await self._own_chunks
         for c, (a, b) in enumerate(self.chunks[self.index]):
             counting = j in self._started if c > 0 else not self._gather_closed
             deadline = self.gather_deadline if c == 0 and counting else self.part_deadline
@@ -483,7 +482,7 @@ class AllReduceRunner:
             if not counting or j in self._excluded:
                 continue  # late: read to keep the stream flowing, not counted
             values = await loop.run_in_executor(
-                None, self._check_contribution, payload, own[c], self.chunk_norms[self.index][c]
+                None, self._check_contribution, payload, b - a, self.chunk_norms[self.index][c]
             )
             if c == 0:
                 if self._gather_closed:
@@ -530,7 +529,7 @@ class AllReduceRunner:
             self._touch()
 
     def _check_contribution(
-        self, payload: bytes | bytearray, own: torch.Tensor, own_norm: float
+        self, payload: bytes | bytearray, numel: int, own_norm: float
     ) -> torch.Tensor:
         if payload[:1] != bytes([self.codec.codec_id]):
             raise ProtocolError(f"codec id {payload[:1].hex()}, expected {self.codec.codec_id}")
@@ -538,8 +537,8 @@ class AllReduceRunner:
             values = self.codec.decode(payload)
         except CodecError as exc:
             raise ProtocolError(f"part does not decode: {exc}") from exc
-        if values.numel() != own.numel():
-            raise ProtocolError(f"{values.numel()} values, expected {own.numel()}")
+        if values.numel() != numel:
+            raise ProtocolError(f"{values.numel()} values, expected {numel}")
         check_values(values, own_norm, self.max_norm_ratio)
         return values
 
