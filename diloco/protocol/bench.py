@@ -269,7 +269,9 @@ class _DilocoPeer:
             report_timeout=10.0,
             connect_timeout=10.0,
         )
-        self.reducer = SwarmReducer(self.swarm, get_codec(config.codec), timeouts=timeouts)
+        self.reducer = SwarmReducer(
+            self.swarm, get_codec(config.codec), timeouts=timeouts, target_group_size=config.peers
+        )
         self.maddrs = self.swarm.maddrs
         self.bytes_sent = self.bytes_received = 0
 
@@ -426,8 +428,8 @@ def summary(result: BenchResult) -> str:
     if result.link_bytes_sent_per_peer:
         lines.append(f"  link bytes sent per peer per round: {result.link_bytes_sent_per_peer}")
     lines += [
-        f"  identical results: {len(set(result.result_sha256)) == 1} "
-        f"({result.result_sha256[0][:16] if result.result_sha256 else '-'}...)",
+        f"  identical results: {len(set(result.result_sha256)) == 1}",
+        f"  result sha256 per peer: {[sha[:16] + '...' for sha in result.result_sha256]}",
         f"  max abs error vs exact FP32 mean: {result.max_abs_error:.3g}",
         f"  failed rounds: {result.failed_rounds}",
     ]

@@ -4,8 +4,9 @@ Protocol, for every node that reaches the send step of round ``(p, k)``:
 
 1. Declare: store ``weight`` under DHT key ``{run_id}/frag{p}/round{k}``, subkey = own peer
    id, and open a lobby for that round (so joins can arrive from now on).
-2. After ``matchmaking_window`` seconds read the key. The *leader* is the lowest peer id
-   seen (self included).
+2. After ``matchmaking_window`` seconds read the key (or earlier, as soon as
+   ``target_group_size`` peers are seen, when that is set). The *leader* is the lowest peer
+   id seen (self included).
 3. A leader waits until every peer it saw has joined, or ``join_timeout``; it then closes
    the lobby and sends the same GROUP (members sorted by peer id bytes, their weights, a
    random group id) to every joiner. A JOIN that arrives after closing gets GROUP_CLOSED:
@@ -73,9 +74,13 @@ class Matchmaker:
         digest: bytes,
         timeouts: RoundTimeouts,
         min_group_size: int = 2,
+        target_group_size: int | None = None,
     ) -> None:
         if min_group_size < 1:
             raise ValueError(f"min_group_size must be >= 1, got {min_group_size}")
+        if target_group_size is not None and target_group_size < min_group_size:
+            raise ValueError("target_group_size must be >= min_group_size")
+        self.target_group_size = target_group_size
         self.p2p, self.dht, self.run_id, self.digest = p2p, dht, run_id, digest
         self.timeouts, self.min_group_size = timeouts, min_group_size
         self.handler_name = f"/diloco/{run_id}/join/1"
@@ -114,8 +119,7 @@ class Matchmaker:
                 ),
                 t.join_timeout,
             )
-            await asyncio.sleep(t.matchmaking_window)
-            view = await asyncio.wait_for(self._read_view(key), t.join_timeout)
+            view = await self._wait_window(key)
             view[self.p2p.peer_id] = weight
             leader = min(view, key=lambda peer: peer.to_bytes())
             if leader == self.p2p.peer_id:
@@ -132,6 +136,21 @@ class Matchmaker:
                     closed = Reject(RejectCode.GROUP_CLOSED, reason="round ended")
                     reply.set_result((Kind.REJECT, closed.serialize()))
             del self._lobbies[key]
+
+    async def _wait_window(self, key: RoundKey) -> dict[PeerID, float]:
+        """The declarations after the window, or as soon as ``target_group_size`` are in."""
+        loop = asyncio.get_running_loop()
+        t = self.timeouts
+        deadline = loop.time() + t.matchmaking_window
+        if self.target_group_size is not None:
+            poll = max(0.05, t.matchmaking_window / 20)
+            while deadline - loop.time() > poll:
+                await asyncio.sleep(poll)
+                view = await asyncio.wait_for(self._read_view(key), t.join_timeout)
+                if len(view | {self.p2p.peer_id: 1.0}) >= self.target_group_size:
+                    return view
+        await asyncio.sleep(max(0.0, deadline - loop.time()))
+        return await asyncio.wait_for(self._read_view(key), t.join_timeout)
 
     async def _read_view(self, key: RoundKey) -> dict[PeerID, float]:
         """Peers declared under the round key; malformed entries are logged and skipped."""

@@ -235,7 +235,9 @@ class SwarmReducer(Reducer):
     """Reduces fragment rounds with the other nodes of the swarm; one per ``Swarm``.
 
     ``reduce`` returns at once; matchmaking and the all-reduce run on the swarm's loop and
-    the future resolves within ``timeouts.total`` seconds. ``runner_type`` is the class that
+    the future resolves within ``timeouts.total`` seconds. With ``target_group_size`` (e.g.
+    the number of live node records) matchmaking ends as soon as that many peers declared,
+    instead of after the whole window. ``runner_type`` is the class that
     runs one all-reduce (tests substitute faulty subclasses).
     """
 
@@ -249,6 +251,7 @@ class SwarmReducer(Reducer):
         *,
         timeouts: RoundTimeouts | None = None,
         min_group_size: int = 2,
+        target_group_size: int | None = None,
         max_norm_ratio: float = 100.0,
     ) -> None:
         if not max_norm_ratio > 1:
@@ -257,7 +260,13 @@ class SwarmReducer(Reducer):
         self.timeouts = timeouts or RoundTimeouts()
         self.min_group_size, self.max_norm_ratio = min_group_size, max_norm_ratio
         self.matchmaker = Matchmaker(
-            swarm.p2p, swarm.dht, swarm.run_id, swarm.digest, self.timeouts, min_group_size
+            swarm.p2p,
+            swarm.dht,
+            swarm.run_id,
+            swarm.digest,
+            self.timeouts,
+            min_group_size,
+            target_group_size,
         )
         self.service = AllReduceService(swarm.p2p, swarm.run_id, swarm.digest, self.timeouts)
         self.timings: collections.OrderedDict[RoundKey, tuple[float, float]] = (
