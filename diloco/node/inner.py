@@ -71,3 +71,26 @@ def build_inner_optimizer(
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr
+
+
+def inner_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: tuple[torch.Tensor, torch.Tensor],
+    lr: float,
+    grad_clip: float,
+) -> float:
+    """One inner step (SPEC 2.1): loss, backward, clip, AdamW/SGD update; returns the loss.
+
+    The same function trains every replica of every trainer, so the inner loop is one piece
+    of code whatever the transport of the outer loop.
+    """
+    inputs, targets = batch
+    _, loss = model(inputs, targets)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    set_lr(optimizer, lr)
+    optimizer.step()
+    return float(loss.item())

@@ -29,7 +29,7 @@ from diloco.codecs import get_codec
 from diloco.errors import ConfigError
 from diloco.node.data import BatchSampler, Corpus, eval_batches, load_corpus
 from diloco.node.fragments import EmbeddingPlacement, Pattern, model_fragments
-from diloco.node.inner import InnerConfig, build_inner_optimizer, lr_at, set_lr
+from diloco.node.inner import InnerConfig, build_inner_optimizer, inner_step, lr_at, set_lr
 from diloco.node.model import Transformer, preset
 from diloco.node.outer import AppliedRound, FragmentSync, OuterConfig, check_tau
 from diloco.protocol.reducer import Contribution, InProcessReducer, RoundKey
@@ -206,16 +206,8 @@ class LocalTrainer:
             on_progress(record)
 
     def _inner_step(self, replica: Replica, lr: float) -> float:
-        inputs, targets = replica.sampler.next_batch()
-        _, loss = replica.model(inputs, targets)
-        assert loss is not None
-        replica.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if self.config.inner.grad_clip:
-            torch.nn.utils.clip_grad_norm_(replica.model.parameters(), self.config.inner.grad_clip)
-        set_lr(replica.optimizer, lr)
-        replica.optimizer.step()
-        return loss.item()
+        batch = replica.sampler.next_batch()
+        return inner_step(replica.model, replica.optimizer, batch, lr, self.config.inner.grad_clip)
 
     def _streaming_step(self, step: int, lr: float) -> float:
         c = self.config

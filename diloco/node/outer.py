@@ -17,6 +17,7 @@ import logging
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -237,8 +238,47 @@ class FragmentSync:
             outer_sha256=state.sha256(),
         )
 
-    def outer_vector(self, p: int) -> torch.Tensor:
-        return self.states[p].outer
+    def pending_state(self, timeout: float | None = None) -> list[dict[str, Any]]:
+        """Rounds in flight as plain data, waiting for their results (for checkpoints).
+
+        Waiting early changes nothing in the arithmetic: the result is applied at its
+        receive step as before, so a resumed run continues exactly.
+        """
+        saved = []
+        for pending in self.pending:
+            record: dict[str, Any] = {
+                "fragment": pending.key.fragment,
+                "round": pending.key.round,
+                "receive_step": pending.receive_step,
+                "weight": pending.weight,
+            }
+            try:
+                result = pending.future.result(timeout=timeout)
+                record["result"] = {
+                    "delta": result.delta, "members": list(result.members),
+                    "bytes_sent": result.bytes_sent, "bytes_received": result.bytes_received,
+                    "seconds": result.seconds,
+                }
+            except RoundFailed as error:
+                record["failed"] = error.reason
+            saved.append(record)
+        return saved
+
+    def restore_pending(self, saved: list[dict[str, Any]]) -> None:
+        """Recreate rounds saved by ``pending_state`` as completed futures."""
+        self.pending = []
+        for record in saved:
+            key = RoundKey(record["fragment"], record["round"])
+            future: Future[RoundResult] = Future()
+            if "result" in record:
+                r = record["result"]
+                future.set_result(RoundResult(
+                    delta=r["delta"], members=tuple(r["members"]), bytes_sent=r["bytes_sent"],
+                    bytes_received=r["bytes_received"], seconds=r["seconds"],
+                ))
+            else:
+                future.set_exception(RoundFailed(key.fragment, key.round, record["failed"]))
+            self.pending.append(PendingRound(key, future, record["receive_step"], record["weight"]))
 
     def load_outer_into(self, model_fragments: list[list[tuple[str, nn.Parameter]]]) -> None:
         """Copy every fragment's outer parameters into another model's fragments (eval)."""

@@ -1,0 +1,312 @@
+"""The node's trainer: one replica, any ``Reducer`` (the swarm's, in practice).
+
+Training runs in the calling (main) thread; the reducer works in the background and returns
+futures, so communication blocks a step only at a round's receive step ``s + tau``. The time
+spent blocked there is measured: compute utilisation (CU) is the share of wall time not
+blocked on the network.
+
+``state_dict`` holds everything a resumed run needs to continue exactly (same step, same
+schedule, same data position, same outer state). Rounds in flight are waited for and saved
+with their results, to be applied at their receive steps after a resume.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from diloco.errors import ConfigError
+from diloco.node.checkpoint import CheckpointManager, export_weights
+from diloco.node.data import BatchSampler, Corpus, eval_batches, load_corpus
+from diloco.node.fragments import EmbeddingPlacement, Pattern, model_fragments
+from diloco.node.inner import InnerConfig, build_inner_optimizer, inner_step, lr_at
+from diloco.node.model import ModelConfig, Transformer, preset
+from diloco.node.outer import (
+    AppliedRound,
+    FragmentState,
+    FragmentSync,
+    OuterConfig,
+    assign,
+    check_tau,
+)
+from diloco.protocol.reducer import Reducer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True, slots=True)
+class RunConfig:
+    """What every node of a run shares; its hash is part of the run id (SPEC 4)."""
+
+    name: str = "diloco"
+    """Human name of the run."""
+    preset: str = "tiny"
+    seq_len: int = 128
+    """Tokens per sequence."""
+    steps: int = 600
+    """T: total inner steps of the run (the learning-rate schedule spans them)."""
+    fragment_size: int = 1
+    pattern: Pattern = "strided"
+    embedding_fragment: EmbeddingPlacement = "own"
+    codec: str = "e3m0"
+    rounding: Literal["nearest", "stochastic"] = "nearest"
+    outer: OuterConfig = field(default_factory=OuterConfig)
+    inner: InnerConfig = field(default_factory=InnerConfig)
+    seed: int = 0
+    """Seed of the initial weights (every node starts from the same ones)."""
+    data: str | None = None
+    """Corpus path on every node; None is the embedded corpus."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return json.loads(json.dumps(asdict(self)))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        """Strict inverse of ``to_dict``: unknown or missing keys are errors."""
+        data = dict(data)
+        known = {f.name for f in fields(cls)}
+        if set(data) - known:
+            raise ConfigError(f"unknown run configuration keys: {sorted(set(data) - known)}")
+        try:
+            data["outer"] = OuterConfig(**data.get("outer", {}))
+            inner = dict(data.get("inner", {}))
+            if "betas" in inner:
+                inner["betas"] = tuple(inner["betas"])
+            data["inner"] = InnerConfig(**inner)
+            return cls(**data)
+        except TypeError as error:
+            raise ConfigError(f"invalid run configuration: {error}") from error
+
+    def model_config(self) -> ModelConfig:
+        config = preset(self.preset)
+        config.max_seq_len = max(config.max_seq_len, self.seq_len)
+        return config
+
+
+@dataclass(kw_only=True, slots=True)
+class NodeOptions:
+    """What each volunteer chooses for their own node (not part of the run id)."""
+
+    batch_size: int = 16
+    """Sequences per inner step on this node."""
+    tau: int | None = None
+    """This node's tau; None uses the run's default."""
+    device: str = "cpu"
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    """Save every N steps (0: only on exit)."""
+    log_every: int = 25
+    eval_batches: int = 8
+    data_seed: int = 0
+    """Seed of this node's data stream; nodes should differ."""
+
+
+RoundCallback = Callable[[AppliedRound], None]
+
+
+class NodeTrainer:
+    """One replica: inner steps in this thread, rounds through ``reducer``."""
+
+    def __init__(
+        self,
+        run: RunConfig,
+        options: NodeOptions,
+        reducer: Reducer,
+        member: str,
+        corpus: Corpus | None = None,
+    ) -> None:
+        self.run = run
+        self.options = options
+        self.reducer = reducer
+        self.member = member
+        tau = run.outer.fragment_sync_delay if options.tau is None else options.tau
+        check_tau(tau, run.outer.sync_every)
+        if options.batch_size < 1:
+            raise ConfigError(f"batch size must be >= 1, got {options.batch_size}")
+        self.corpus = corpus or load_corpus(run.data)
+        self.device = torch.device(options.device)
+        torch.manual_seed(run.seed)
+        self.model = Transformer(run.model_config()).to(self.device)
+        self.optimizer = build_inner_optimizer(self.model.parameters(), run.inner)
+        self.sampler = BatchSampler(
+            self.corpus.train, options.batch_size, run.seq_len, seed=options.data_seed
+        )
+        self.fragments = model_fragments(
+            self.model, self.model.blocks, run.fragment_size, run.pattern, run.embedding_fragment
+        )
+        self.sync = FragmentSync(self.fragments, run.outer, member=member, tau=tau)
+        self.eval_set = eval_batches(
+            self.corpus.held_out, options.eval_batches, options.batch_size, run.seq_len
+        )
+        self.checkpoints = (
+            CheckpointManager(options.checkpoint_dir) if options.checkpoint_dir else None
+        )
+        self.step = 0
+        self.compute_seconds = 0.0
+        self.blocked_seconds = 0.0
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self.last_round_members = 0
+        self.round_timeout: float | None = None
+        """Longest wait for an in-flight round when saving (None: the reducer's own bound)."""
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def train_step(self) -> tuple[float, list[AppliedRound]]:
+        """One inner step, then this step's sends and receives (SPEC 2.4)."""
+        self.step += 1
+        start = time.perf_counter()
+        batch = tuple(t.to(self.device) for t in self.sampler.next_batch())
+        lr = lr_at(self.step, self.run.steps, self.run.inner)
+        loss = inner_step(self.model, self.optimizer, batch, lr, self.run.inner.grad_clip)
+        self.sync.record_tokens(self.options.batch_size * self.run.seq_len)
+        for key, contribution in self.sync.contributions_due(self.step):
+            future = self.reducer.reduce(key, [contribution])
+            self.sync.submit(key, future, self.step, contribution.weight)
+        self.compute_seconds += time.perf_counter() - start
+        applied = self.sync.apply_due(self.step)
+        for round_ in applied:
+            self.blocked_seconds += round_.blocked_seconds
+            if round_.ok:
+                self.bytes_sent += round_.bytes_sent
+                self.bytes_received += round_.bytes_received
+                self.last_round_members = len(round_.members)
+        return loss, applied
+
+    @property
+    def compute_utilisation(self) -> float:
+        total = self.compute_seconds + self.blocked_seconds
+        return self.compute_seconds / total if total else 1.0
+
+    def drain(self, timeout: float) -> None:
+        """Give in-flight rounds up to ``timeout`` seconds, then abandon them (on exit)."""
+        deadline = time.monotonic() + timeout
+        for pending in list(self.sync.pending):
+            remaining = max(0.0, deadline - time.monotonic())
+            try:
+                pending.future.result(timeout=remaining)
+            except Exception as error:  # a failed or late round is simply not applied
+                logger.info("abandoning round %s: %r", pending.key, error)
+                self.sync.pending.remove(pending)
+                pending.future.cancel()
+                continue
+        self.sync.apply_due(self.step + self.run.outer.sync_every)
+
+    # -- evaluation and weights -----------------------------------------------------------
+
+    @torch.no_grad()
+    def evaluate(self, outer: bool = True) -> float:
+        """Held-out cross-entropy of the outer parameters (default) or the live weights."""
+        model = self.outer_model() if outer else self.model
+        model.eval()
+        total = 0.0
+        for inputs, targets in self.eval_set:
+            logits, _ = model(inputs.to(self.device))
+            total += torch.nn.functional.cross_entropy(
+                logits.view(-1, logits.size(-1)).float(), targets.to(self.device).reshape(-1)
+            ).item()
+        self.model.train()
+        return total / len(self.eval_set)
+
+    def outer_model(self) -> Transformer:
+        """A copy of the model holding each fragment's outer parameters (SPEC 2.6)."""
+        model = Transformer(self.run.model_config()).to(self.device)
+        model.load_state_dict(self.model.state_dict())
+        fragments = model_fragments(
+            model, model.blocks, self.run.fragment_size, self.run.pattern,
+            self.run.embedding_fragment,
+        )
+        self.sync.load_outer_into(fragments)
+        return model
+
+    def export_outer(self, path: str | Path) -> None:
+        """The outer weights as a plain safetensors file, with the model config as metadata."""
+        export_weights(
+            self.outer_model().state_dict(),
+            path,
+            metadata={"model_config": json.dumps(asdict(self.run.model_config())),
+                      "step": str(self.step)},
+        )
+
+    # -- state -----------------------------------------------------------------------------
+
+    def outer_tensors(self) -> dict[str, torch.Tensor]:
+        tensors = {}
+        for p, state in enumerate(self.sync.states):
+            tensors[f"frag{p}.outer"] = state.outer
+            tensors[f"frag{p}.momentum"] = state.momentum
+        return tensors
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "versions": [s.version for s in self.sync.states],
+            "tokens_since_send": list(self.sync.tokens_since_send),
+            "carried_weight": list(self.sync.carried_weight),
+            "optimizer": self.optimizer.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "run": self.run.to_dict(),
+            "compute_seconds": self.compute_seconds,
+            "blocked_seconds": self.blocked_seconds,
+            "bytes_sent": self.bytes_sent,
+            "bytes_received": self.bytes_received,
+            "pending": self.sync.pending_state(timeout=self.round_timeout),
+        }
+
+    def save_checkpoint(self) -> Path | None:
+        if self.checkpoints is None:
+            return None
+        return self.checkpoints.save(
+            self.step, self.model.state_dict(), self.outer_tensors(), self.state_dict()
+        )
+
+    def load_checkpoint(self, path: Path) -> None:
+        """Continue exactly from a checkpoint of the same run."""
+        model, outer, state = CheckpointManager.load(path)
+        if state["run"] != self.run.to_dict():
+            raise ConfigError(f"checkpoint {path} belongs to another run configuration")
+        self.model.load_state_dict(model)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.sampler.load_state_dict(state["sampler"])
+        torch.set_rng_state(state["torch_rng"])
+        for p, fragment_state in enumerate(self.sync.states):
+            fragment_state.outer.copy_(outer[f"frag{p}.outer"])
+            fragment_state.momentum.copy_(outer[f"frag{p}.momentum"])
+            fragment_state.version = state["versions"][p]
+        self.sync.tokens_since_send = list(state["tokens_since_send"])
+        self.sync.carried_weight = list(state["carried_weight"])
+        self.sync.restore_pending(state["pending"])
+        self.step = state["step"]
+        self.compute_seconds = state["compute_seconds"]
+        self.blocked_seconds = state["blocked_seconds"]
+        self.bytes_sent = state["bytes_sent"]
+        self.bytes_received = state["bytes_received"]
+
+    def adopt_outer_state(
+        self, states: dict[int, FragmentState], step: int | None = None
+    ) -> None:
+        """Take fragments' outer state from a peer (join or heal) and load it into theta.
+
+        The live weights of each adopted fragment become the outer parameters; the inner
+        optimizer state is kept (SPEC 2.1: it is never reset by a sync).
+        """
+        for p, state in states.items():
+            mine = self.sync.states[p]
+            if state.outer.shape != mine.outer.shape:
+                raise ConfigError(f"fragment {p}: peer state has shape {tuple(state.outer.shape)}"
+                                  f", expected {tuple(mine.outer.shape)}")
+            mine.outer.copy_(state.outer)
+            mine.momentum.copy_(state.momentum)
+            mine.version = state.version
+            self.sync.carried_weight[p] = 0.0
+            assign(self.fragments[p], mine.outer)
+        if step is not None:
+            self.step = step
