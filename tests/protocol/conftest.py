@@ -11,7 +11,7 @@ import itertools
 from collections.abc import Iterator
 
 import pytest
-from swarm_peers import Fault, PeerProcess, start_swarm, stop_peers
+from swarm_peers import Fault, PeerProcess, command, start_swarm, stop_peers
 
 _fragments = itertools.count(100)
 
@@ -29,14 +29,6 @@ def pool() -> Iterator[list[PeerProcess]]:
 def fragment() -> int:
     """A fragment index no other test uses, so rounds of different tests never meet."""
     return next(_fragments)
-
-
-def command(peers: list[PeerProcess], name: str, args: object, timeout: float = 30.0) -> None:
-    """Send the same command to ``peers`` and check every one acknowledged it."""
-    for peer in peers:
-        peer.send(name, args)
-    for peer in peers:
-        assert peer.recv(timeout)[0] == "ok"
 
 
 @pytest.fixture

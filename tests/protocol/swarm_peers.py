@@ -332,3 +332,11 @@ def run_rounds(
     for peer, spec in zip(peers, specs, strict=True):
         peer.send("reduce", spec)
     return [peer.recv(timeout)[1] for peer in peers]
+
+
+def command(peers: list[PeerProcess], name: str, args: object, timeout: float = 30.0) -> None:
+    """Send the same command to ``peers`` and check every one acknowledged it."""
+    for peer in peers:
+        peer.send(name, args)
+    for peer in peers:
+        assert peer.recv(timeout)[0] == "ok"

@@ -11,9 +11,16 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from conftest import command
-from expected import group_order, partial_sha
-from swarm_peers import TIMEOUTS, Fault, PeerProcess, run_rounds, start_peer, stop_peers
+from swarm_expected import group_order, partial_sha
+from swarm_peers import (
+    TIMEOUTS,
+    Fault,
+    PeerProcess,
+    command,
+    run_rounds,
+    start_peer,
+    stop_peers,
+)
 
 from diloco.errors import ProtocolError
 from diloco.protocol.allreduce import check_values, chunk_spans

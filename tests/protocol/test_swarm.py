@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from conftest import command
-from expected import in_process_sha
-from swarm_peers import TIMEOUTS, PeerProcess, run_rounds
+from swarm_expected import in_process_sha
+from swarm_peers import TIMEOUTS, PeerProcess, command, run_rounds
 
 pytestmark = pytest.mark.swarm
 
