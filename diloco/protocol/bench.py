@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import glob
 import hashlib
 import logging
 import multiprocessing as mp
 import os
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import time
@@ -107,7 +109,8 @@ def run_allreduce_bench(config: BenchConfig) -> BenchResult:
     """Run the benchmark; always tears down processes and network namespaces."""
     implementation = "hivemind-fp16" if config.compare_hivemind else f"diloco-{config.codec}"
     result = BenchResult(implementation, asdict(config))
-    with _network(config) as namespaces:
+    sockets_before = set(glob.glob(_SOCKETS))
+    with _network(config) as namespaces, _remove_stale_sockets(sockets_before):
         peers, processes = _start_peers(config, namespaces)
         try:
             for round_ in range(config.rounds):
@@ -134,6 +137,27 @@ def run_allreduce_bench(config: BenchConfig) -> BenchResult:
     result.result_sha256 = [f["sha256"] for f in finals]
     result.max_abs_error = finals[0]["max_abs_error"]
     return result
+
+
+_SOCKETS = "/tmp/hivemind-*.sock"
+
+
+@contextlib.contextmanager
+def _remove_stale_sockets(before: set[str]) -> Iterator[None]:
+    """On exit, remove the hivemind socket files that appeared meanwhile and that nobody
+    listens on any more (hivemind's averager replicas leave theirs behind)."""
+    try:
+        yield
+    finally:
+        for path in set(glob.glob(_SOCKETS)) - before:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                try:
+                    probe.connect(path)
+                except ConnectionRefusedError:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(path)
+                except OSError:
+                    pass
 
 
 def _recv(conn: Connection, timeout: float) -> dict[str, Any]:
