@@ -279,6 +279,20 @@ class SwarmReducer(Reducer):
         await self.matchmaker.start()
         await self.service.start()
 
+    def close(self) -> None:
+        """Stop answering this reducer's streams; rounds in flight fail or finish by their
+        deadlines. The swarm itself stays up (``Swarm.shutdown`` ends it)."""
+        names = (
+            self.matchmaker.handler_name,
+            self.service.part_handler,
+            self.service.report_handler,
+        )
+        for name in names:
+            try:
+                self.swarm.call(self.swarm.p2p.remove_binary_stream_handler(name), 5.0)
+            except Exception as exc:  # the daemon may already be gone at shutdown
+                logger.debug("removing handler %s: %r", name, exc)
+
     def reduce(
         self, key: RoundKey, contributions: Sequence[Contribution]
     ) -> concurrent.futures.Future[RoundResult]:

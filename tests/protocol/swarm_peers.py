@@ -166,7 +166,7 @@ def _summary(result: Any) -> dict[str, Any]:
     }
 
 
-def peer_main(conn: Connection, initial_peers: list[str], codec: str) -> None:
+def peer_main(conn: Connection, initial_peers: list[str], codec: str, run_id: str = RUN_ID) -> None:
     """Body of one peer process: serve commands from the test until "exit"."""
     global _conn
     os.setsid()
@@ -175,7 +175,7 @@ def peer_main(conn: Connection, initial_peers: list[str], codec: str) -> None:
     logging.basicConfig(
         level=logging.WARNING, format=f"[peer {os.getpid()}] %(levelname)s %(name)s: %(message)s"
     )
-    swarm = Swarm(RUN_ID, initial_peers=initial_peers)
+    swarm = Swarm(run_id, initial_peers=initial_peers)
     sockets = [str(swarm.p2p._client_listen_maddr), *swarm.dht.run_coroutine(_daemon_sockets)]
     reducer = SwarmReducer(swarm, get_codec(codec), timeouts=TIMEOUTS)
     _notify(("ready", swarm.peer_id.to_base58(), swarm.maddrs, sockets))
@@ -239,6 +239,8 @@ def peer_main(conn: Connection, initial_peers: list[str], codec: str) -> None:
                         {p: (s.version, s.state_hash) for p, s in state.fragments.items()},
                     )
                 )
+            elif command == "other_runs":
+                _notify(("other_runs", swarm.other_run_ids()))
             elif command == "records":
                 _notify(("records", [r.peer_id for r in swarm.read_records()]))
     finally:
@@ -278,11 +280,13 @@ class PeerProcess:
 
 
 def start_peer(
-    initial_peers: list[str], codec: str = "none", timeout: float = 120.0
+    initial_peers: list[str], codec: str = "none", timeout: float = 120.0, run_id: str = RUN_ID
 ) -> PeerProcess:
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
-    process = ctx.Process(target=peer_main, args=(child, initial_peers, codec), daemon=False)
+    process = ctx.Process(
+        target=peer_main, args=(child, initial_peers, codec, run_id), daemon=False
+    )
     process.start()
     peer = PeerProcess(process, parent)
     _, peer.peer_id, peer.maddrs, peer.sockets = peer.recv(timeout)

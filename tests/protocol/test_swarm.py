@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 from swarm_expected import in_process_sha
-from swarm_peers import TIMEOUTS, PeerProcess, command, run_rounds
+from swarm_peers import TIMEOUTS, PeerProcess, command, run_rounds, start_peer, stop_peers
+
+from diloco.protocol.run_id import make_run_id
 
 pytestmark = pytest.mark.swarm
 
@@ -68,3 +70,25 @@ def test_records_published_are_read_by_every_peer(honest: list[PeerProcess]) -> 
     kind, ids = honest[3].recv(30)
     assert kind == "records"
     assert set(ids) >= {honest[0].peer_id, honest[1].peer_id}
+
+
+def test_other_configuration_is_reported_not_joined(
+    honest: list[PeerProcess], fragment: int
+) -> None:
+    other_run = make_run_id("test", {"purpose": "a different configuration"})
+    stranger = start_peer(honest[0].maddrs[:1], run_id=other_run)
+    try:
+        stranger.send("serve_state", (1, 10, 5, False))  # publishes its record and run marker
+        assert stranger.recv(30) == ("ok", True)
+        honest[0].send("other_runs")
+        assert honest[0].recv(30) == ("other_runs", [other_run])
+        honest[0].send("records")
+        assert stranger.peer_id not in honest[0].recv(30)[1]
+        # its rounds never meet ours: alone in its namespace, it fails to find a group
+        stranger.send("reduce", [(fragment, 1, 1_000, 1, 1.0)])
+        results = run_rounds(honest[:2], [[(fragment, 1, 1_000, i, 1.0)] for i in range(2)], 60)
+        assert [r[0]["ok"] for r in results] == [True, True]
+        assert all(len(r[0]["members"]) == 2 for r in results)
+        assert not stranger.recv(TIMEOUTS.total + 30)[1][0]["ok"]
+    finally:
+        stop_peers([stranger])
