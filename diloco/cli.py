@@ -43,8 +43,8 @@ def _parse_taus(value: str) -> list[int]:
 @click.option("--replicas", default=2, help="M: number of replicas trained in this process.")
 @click.option("--preset", default="tiny", help="Model preset: tiny, small, 35M, ... (SPEC 7).")
 @click.option("--steps", default=600, help="T: inner steps per replica.")
-@click.option("--batch-size", default=16, help="Sequences per replica per step.")
-@click.option("--seq-len", default=128, help="Tokens per sequence.")
+@click.option("--batch-size", default=8, help="Sequences per replica per step.")
+@click.option("--seq-len", default=64, help="Tokens per sequence.")
 @click.option("--H", "sync_every", default=30, help="Inner steps between two syncs of a fragment.")
 @click.option("--fragment-size", default=1, help="Transformer blocks per fragment.")
 @click.option(
@@ -80,13 +80,13 @@ def _parse_taus(value: str) -> list[int]:
     default="nearest",
     help="E3M0 rounding.",
 )
-@click.option("--outer-lr", default=0.4, help="Outer Nesterov learning rate.")
+@click.option("--outer-lr", default=0.7, help="Outer Nesterov learning rate.")
 @click.option("--outer-momentum", default=0.9, help="Outer Nesterov momentum mu.")
 @click.option(
     "--inner-opt", type=click.Choice(["adamw", "sgd"]), default="adamw", help="Inner optimizer."
 )
-@click.option("--inner-lr", default=4e-4, help="Peak inner learning rate.")
-@click.option("--warmup", default=100, help="Inner learning-rate warm-up, in steps.")
+@click.option("--inner-lr", default=1e-3, help="Peak inner learning rate.")
+@click.option("--warmup", default=30, help="Inner learning-rate warm-up, in steps.")
 @click.option("--grad-clip", default=1.0, help="Gradient-norm clip (0: off).")
 @click.option("--eval-every", default=0, help="Evaluate every N steps (0: only at the end).")
 @click.option("--eval-batches", default=8, help="Held-out batches per evaluation.")
@@ -106,7 +106,12 @@ def _parse_taus(value: str) -> list[int]:
     help="Write JSON lines: progress records, then a summary.",
 )
 def local(**options: object) -> None:
-    """Train M replicas in one process (experiments), e.g. `diloco-node local --replicas 4`."""
+    """Train M replicas in one process (experiments), e.g. `diloco-node local --replicas 4`.
+
+    The defaults are settings where averaging clearly pays off on a 2-core CPU in minutes
+    (benchmarks/RESULTS.md, "Methods at equal tokens"); the library's own defaults follow
+    the paper (inner lr 4e-4, outer lr 0.4).
+    """
     from diloco.errors import DilocoError
     from diloco.node.inner import InnerConfig
     from diloco.node.local import LocalConfig, LocalTrainer

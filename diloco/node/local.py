@@ -49,9 +49,9 @@ class LocalConfig:
     preset: str = "tiny"
     steps: int = 600
     """T: inner steps per replica."""
-    batch_size: int = 16
+    batch_size: int = 8
     """Sequences per replica per inner step."""
-    seq_len: int = 128
+    seq_len: int = 64
     """Tokens per sequence."""
     fragment_size: int = 1
     """Transformer blocks per fragment (SPEC 2.2)."""
