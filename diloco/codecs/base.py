@@ -51,6 +51,8 @@ class CodecId(IntEnum):
     FP16 = 2
     INT8 = 3
     E3M0 = 4
+    DROP = 5
+    TOPK = 6
 
 
 @dataclass(frozen=True)

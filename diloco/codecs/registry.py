@@ -10,13 +10,16 @@ from typing import Any
 
 from diloco.codecs.base import Codec, CodecError, CodecId, Header
 from diloco.codecs.cast import BF16Codec, FP16Codec, NoneCodec
+from diloco.codecs.drop import DropCodec
 from diloco.codecs.e3m0 import E3M0Codec
 from diloco.codecs.int8 import Int8Codec
+from diloco.codecs.topk import TopKCodec
 
 __all__ = ["CODEC_NAMES", "codec_for_payload", "get_codec"]
 
 _REGISTRY: dict[str, type[Codec]] = {
-    cls.name: cls for cls in (NoneCodec, BF16Codec, FP16Codec, Int8Codec, E3M0Codec)
+    cls.name: cls
+    for cls in (NoneCodec, BF16Codec, FP16Codec, Int8Codec, E3M0Codec, DropCodec, TopKCodec)
 }
 
 

@@ -41,8 +41,8 @@ def test_header_parse_short_payload_raises_chained(data: bytes) -> None:
 
 
 def test_header_parse_unknown_id_raises_listing_valid_ids() -> None:
-    with pytest.raises(CodecError, match=r"unknown codec id 5; valid ids: 0 \(none\)"):
-        Header.parse(bytes([5, 0, 0, 0, 0]))
+    with pytest.raises(CodecError, match=r"unknown codec id 7; valid ids: 0 \(none\)"):
+        Header.parse(bytes([7, 0, 0, 0, 0]))
 
 
 @pytest.mark.parametrize("numel", [-1, MAX_NUMEL + 1])
@@ -144,7 +144,7 @@ def test_decode_payload_of_another_codec_raises(codec: Codec) -> None:
                 codec.decode(get_codec(other).encode(_vector(64)))
 
 
-@pytest.mark.parametrize("bad_id", [5, 127, 255])
+@pytest.mark.parametrize("bad_id", [7, 127, 255])
 def test_decode_unknown_id_raises(codec: Codec, bad_id: int) -> None:
     payload = bytes([bad_id]) + codec.encode(_vector(64))[1:]
     with pytest.raises(CodecError, match=f"unknown codec id {bad_id}"):
