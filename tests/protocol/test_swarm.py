@@ -19,6 +19,7 @@ pytestmark = pytest.mark.swarm
         ("none", 300_001),
         ("none/e3m0", 10_000),
         ("e3m0", 5_000_000),
+        ("none", 5_000_000),
     ],
 )
 def test_reduce_four_peers_identical_to_in_process(
