@@ -71,7 +71,7 @@ def _parse_taus(value: str) -> list[int]:
 @click.option(
     "--codec",
     default=None,
-    help="Outer-gradient codec: none, bf16, fp16, int8, e3m0 "
+    help="Outer-gradient codec: none, bf16, fp16, int8, e3m0; drop, topk (ablation baselines) "
     "[default: e3m0 for streaming, none for diloco].",
 )
 @click.option(
@@ -79,6 +79,17 @@ def _parse_taus(value: str) -> list[int]:
     type=click.Choice(["nearest", "stochastic"]),
     default="nearest",
     help="E3M0 rounding.",
+)
+@click.option(
+    "--keep",
+    type=float,
+    default=None,
+    help="Keep fraction q of --codec drop / topk, e.g. 0.133 [default: the e3m0 bit budget].",
+)
+@click.option(
+    "--freeze-unsynced",
+    is_flag=True,
+    help="FedPart-style ablation: train only the fragment synchronised next.",
 )
 @click.option("--outer-lr", default=0.7, help="Outer Nesterov learning rate.")
 @click.option("--outer-momentum", default=0.9, help="Outer Nesterov momentum mu.")
@@ -132,6 +143,8 @@ def local(**options: object) -> None:
             taus=_parse_taus(str(o["tau"])),
             codec=o["codec"],
             rounding=o["rounding"],
+            keep=o["keep"],
+            freeze_unsynced=o["freeze_unsynced"],
             outer=OuterConfig(
                 sync_every=o["sync_every"],
                 outer_lr=o["outer_lr"],

@@ -28,7 +28,12 @@ import torch
 from diloco.codecs import get_codec
 from diloco.errors import ConfigError
 from diloco.node.data import BatchSampler, Corpus, eval_batches, load_corpus
-from diloco.node.fragments import EmbeddingPlacement, Pattern, model_fragments
+from diloco.node.fragments import (
+    EmbeddingPlacement,
+    Pattern,
+    fragment_offset,
+    model_fragments,
+)
 from diloco.node.inner import InnerConfig, build_inner_optimizer, inner_step, lr_at, set_lr
 from diloco.node.model import Transformer, preset
 from diloco.node.outer import AppliedRound, FragmentSync, OuterConfig, check_tau
@@ -62,6 +67,10 @@ class LocalConfig:
     codec: str | None = None
     """Outer-gradient codec; None picks e3m0 for streaming and none for diloco."""
     rounding: Literal["nearest", "stochastic"] = "nearest"
+    keep: float | None = None
+    """Keep fraction q of the value-dropping codecs (drop, topk); None is the codec's default."""
+    freeze_unsynced: bool = False
+    """FedPart-style: train only the fragment that is synchronised next, freeze the others."""
     outer: OuterConfig = field(default_factory=OuterConfig)
     inner: InnerConfig = field(default_factory=InnerConfig)
     eval_every: int = 0
@@ -81,6 +90,8 @@ class LocalConfig:
             raise ConfigError(
                 f"give one tau or one per replica ({self.replicas}), got {len(self.taus)}"
             )
+        if self.freeze_unsynced and self.method == "dp":
+            raise ConfigError("--freeze-unsynced needs fragments; use diloco or streaming")
         if self.method == "diloco":
             self.fragment_size = 10**6
             self.embedding_fragment = "first"
@@ -139,10 +150,17 @@ class LocalTrainer:
         self.rounds_applied = 0
         self.round_log: list[tuple[int, AppliedRound]] = []
         """(replica, round) for every round each replica applied or failed."""
+        self.cosine_log: list[dict[str, float]] = []
+        """Per round: step, fragment and mean pairwise cosine similarity of the outer gradients."""
         self.history: list[dict[str, Any]] = []
 
     def _codec_options(self) -> dict[str, Any]:
-        return {"rounding": self.config.rounding} if self.config.codec_name == "e3m0" else {}
+        name = self.config.codec_name
+        if name == "e3m0":
+            return {"rounding": self.config.rounding}
+        if name in ("drop", "topk") and self.config.keep is not None:
+            return {"keep": self.config.keep}
+        return {}
 
     def _sampler(self, m: int) -> BatchSampler:
         c = self.config
@@ -213,6 +231,12 @@ class LocalTrainer:
         c = self.config
         losses = []
         for replica in self.replicas:
+            if c.freeze_unsynced:
+                assert replica.sync is not None
+                train_only(
+                    replica.sync.fragments,
+                    next_synced_fragment(step, c.outer.sync_every, replica.sync.num_fragments),
+                )
             losses.append(self._inner_step(replica, lr))
             assert replica.sync is not None
             replica.sync.record_tokens(c.batch_size * c.seq_len)
@@ -223,6 +247,13 @@ class LocalTrainer:
                 rounds[key].append(contribution)
         step_bytes = [0] * c.replicas
         for key, contributions in rounds.items():
+            self.cosine_log.append(
+                {
+                    "step": step,
+                    "fragment": key.fragment,
+                    "cosine": mean_pairwise_cosine([x.delta for x in contributions]),
+                }
+            )
             future = self.reducer.reduce(key, contributions)
             for replica, contribution in zip(self.replicas, contributions, strict=True):
                 assert replica.sync is not None
@@ -298,13 +329,29 @@ class LocalTrainer:
         first.sync.load_outer_into(fragments)
         return self.eval_model
 
+    def replica_average_model(self) -> Transformer:
+        """A model holding the mean of the replicas' live weights (one averaged model)."""
+        states = [r.model.state_dict() for r in self.replicas]
+        self.eval_model.load_state_dict(
+            {
+                name: torch.stack([s[name].float() for s in states]).mean(0).to(value.dtype)
+                for name, value in states[0].items()
+            }
+        )
+        return self.eval_model
+
     def evaluate(self) -> dict[str, float]:
-        """Eval loss of the outer parameters, of each replica, and of their average."""
+        """Eval loss of the outer parameters, of the replicas (mean, first) and of their average.
+
+        ``eval_loss_replicas`` is the mean of the replicas' own losses;
+        ``eval_loss_replica_average`` is the loss of one model holding their averaged weights.
+        """
         replica_losses = [self._eval_loss(r.model) for r in self.replicas]
         return {
             "eval_loss": self._eval_loss(self.outer_model()),
             "eval_loss_replicas": sum(replica_losses) / len(replica_losses),
             "eval_loss_first_replica": replica_losses[0],
+            "eval_loss_replica_average": self._eval_loss(self.replica_average_model()),
         }
 
     @staticmethod
@@ -343,6 +390,7 @@ class LocalTrainer:
             "peak_bytes_per_step": self.peak_bytes_per_step,
             "rounds_applied": self.rounds_applied,
             "outer_states_identical": self.outer_states_identical(),
+            "outer_grad_cosine": self.cosine_log,
             "tokens": tokens,
             "wall_s": wall_s,
             "config": json.loads(json.dumps(asdict(c), default=str)),
@@ -350,3 +398,31 @@ class LocalTrainer:
         if not math.isfinite(summary["eval_loss"]):
             logger.warning("eval loss is not finite: the run diverged")
         return summary
+
+
+def next_synced_fragment(step: int, sync_every: int, num_fragments: int) -> int:
+    """The fragment whose next send step is the first at or after ``step`` (FedPart order)."""
+
+    def next_send(p: int) -> int:
+        offset = fragment_offset(p, sync_every, num_fragments)
+        rounds = max(1, -(-(step - offset) // sync_every))
+        return offset + rounds * sync_every
+
+    return min(range(num_fragments), key=next_send)
+
+
+def train_only(fragments: list[list[tuple[str, torch.nn.Parameter]]], fragment: int) -> None:
+    """Freeze every fragment but one: frozen parameters get no gradient, so AdamW skips them."""
+    for p, params in enumerate(fragments):
+        for _, param in params:
+            param.requires_grad_(p == fragment)
+
+
+def mean_pairwise_cosine(deltas: list[torch.Tensor]) -> float:
+    """Mean cosine similarity over all pairs of the replicas' outer gradients (nan if < 2)."""
+    pairs = [
+        torch.nn.functional.cosine_similarity(a, b, dim=0).item()
+        for i, a in enumerate(deltas)
+        for b in deltas[i + 1 :]
+    ]
+    return sum(pairs) / len(pairs) if pairs else math.nan
