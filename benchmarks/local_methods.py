@@ -15,6 +15,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from diloco.node.data import load_corpus
 from diloco.node.inner import InnerConfig
 from diloco.node.local import LocalConfig, LocalTrainer
@@ -49,8 +51,11 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--methods", nargs="+", default=["single", "dp", "diloco", "streaming"])
     parser.add_argument("--eval-batches", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (1 avoids OpenMP spinning on a shared machine)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
 
     corpus = load_corpus(None)
     base = LocalConfig(

@@ -461,3 +461,295 @@ def bench_allreduce(
     if json_path:
         with open(json_path, "w") as f:
             json.dump(result.to_json(), f, indent=2)
+
+
+# -- the node: start, join, status ------------------------------------------------------------
+
+_RUN_FLAGS: dict[str, tuple[str, ...]] = {
+    # option name -> path in RunConfig.to_dict()
+    "name": ("name",), "preset": ("preset",), "seq_len": ("seq_len",), "steps": ("steps",),
+    "sync_every": ("outer", "sync_every"), "fragment_size": ("fragment_size",),
+    "pattern": ("pattern",), "embedding_fragment": ("embedding_fragment",),
+    "codec": ("codec",), "rounding": ("rounding",), "outer_lr": ("outer", "outer_lr"),
+    "outer_momentum": ("outer", "outer_momentum"),
+    "alpha": ("outer", "fragment_update_alpha"), "inner_lr": ("inner", "lr"),
+    "warmup": ("inner", "warmup_steps"), "seed": ("seed",), "data": ("data",),
+}
+
+
+def _run_options(f):  # type: ignore[no-untyped-def]
+    """Flags of the run configuration (shared by every node of a run)."""
+    options = [
+        click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
+                     help="TOML file of the run configuration (flags override it)."),
+        click.option("--name", default="diloco", help="Human name of the run."),
+        click.option("--preset", default="tiny", help="Model preset (SPEC 7)."),
+        click.option("--seq-len", default=128, help="Tokens per sequence."),
+        click.option("--steps", default=600, help="T: inner steps of the whole run."),
+        click.option("--H", "sync_every", default=30, help="Inner steps between syncs of a "
+                     "fragment."),
+        click.option("--fragment-size", default=1, help="Blocks per fragment."),
+        click.option("--pattern", type=click.Choice(["strided", "sequential"]),
+                     default="strided"),
+        click.option("--embedding-fragment", type=click.Choice(["own", "first"]), default="own"),
+        click.option("--codec", default="e3m0", help="Outer-gradient codec."),
+        click.option("--rounding", type=click.Choice(["nearest", "stochastic"]),
+                     default="nearest"),
+        click.option("--outer-lr", default=0.7, help="Outer Nesterov learning rate."),
+        click.option("--outer-momentum", default=0.9, help="Outer Nesterov momentum."),
+        click.option("--alpha", type=float, default=None,
+                     help="Merge factor [default: 0.5 if tau > 0 else 0]."),
+        click.option("--inner-lr", default=1e-3, help="Peak AdamW learning rate."),
+        click.option("--warmup", default=30, help="Learning-rate warm-up in steps."),
+        click.option("--seed", default=0, help="Seed of the initial weights."),
+        click.option("--data", default=None, help="Corpus path on every node [default: the "
+                     "embedded Python sources]."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def _node_options(f):  # type: ignore[no-untyped-def]
+    """Flags each volunteer chooses for their own node."""
+    options = [
+        click.option("--tau", type=int, default=None,
+                     help="This node's overlap tau in steps [default: the run's, 1]."),
+        click.option("--batch-size", default=8, help="Sequences per inner step."),
+        click.option("--device", default="cpu", help="torch device, e.g. cuda:0."),
+        click.option("--checkpoint-dir", type=click.Path(file_okay=False), default=None,
+                     help="Save checkpoints here (every N steps and on Ctrl-C)."),
+        click.option("--checkpoint-every", default=0, help="Checkpoint every N steps (0: "
+                     "only on exit)."),
+        click.option("--resume", is_flag=True, help="Continue from the newest checkpoint."),
+        click.option("--export", "export_path", type=click.Path(dir_okay=False), default=None,
+                     help="At the end, write the outer weights as plain safetensors here."),
+        click.option("--data-seed", type=int, default=None,
+                     help="Seed of this node's data stream [default: random]."),
+        click.option("--log-every", default=25, help="A progress line every N steps."),
+        click.option("--metrics-out", type=click.Path(dir_okay=False), default=None,
+                     help="Append JSON lines: steps, rounds, progress, summary."),
+        click.option("--listen", "host_maddrs", multiple=True,
+                     default=["/ip4/127.0.0.1/tcp/0"],
+                     help="Multiaddr to listen on (repeatable); /ip4/0.0.0.0/tcp/31337 "
+                     "accepts peers from other machines."),
+        click.option("--announce", "announce_maddrs", multiple=True,
+                     help="Public multiaddr to announce (repeatable)."),
+        click.option("--identity", type=click.Path(dir_okay=False), default=None,
+                     help="Private key file for a stable peer id (created if missing)."),
+        click.option("--use-relay", is_flag=True, help="Reach and be reached through relays "
+                     "(peers behind NAT)."),
+        click.option("--nat-port-map", is_flag=True, help="Ask the router for a port "
+                     "mapping (UPnP); off by default."),
+        click.option("--min-group-size", default=2, help="Fewest members for a round."),
+        click.option("--matchmaking-window", default=2.0, help="Seconds to wait for peers "
+                     "at a round's send step."),
+        click.option("--round-timeout", default=10.0, help="Seconds to wait for parts."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def _run_config(ctx: click.Context, o: dict[str, object], only_given: bool = False):  # type: ignore[no-untyped-def]
+    """RunConfig from ``--config`` then flags; with ``only_given``, the flags typed by the
+    user as a dict of paths (for comparing with a swarm's configuration)."""
+    from click.core import ParameterSource
+
+    from diloco.node.trainer import RunConfig
+
+    base = RunConfig.from_toml(str(o["config_file"])).to_dict() if o["config_file"] else None
+    data = base if base is not None else RunConfig().to_dict()
+    given = {}
+    for name, path in _RUN_FLAGS.items():
+        from_command_line = ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE
+        if base is not None and not from_command_line:
+            continue
+        if only_given and not from_command_line:
+            continue
+        target = data
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = o[name]
+        given[path] = o[name]
+    if o.get("tau") is not None and not only_given:
+        data["outer"]["fragment_sync_delay"] = o["tau"]
+    if only_given:
+        return given, base
+    return RunConfig.from_dict(data)
+
+
+def _node_parts(o: dict[str, object]):  # type: ignore[no-untyped-def]
+    import os
+
+    from diloco.node.swarm_node import NetworkOptions
+    from diloco.node.trainer import NodeOptions
+
+    options = NodeOptions(
+        batch_size=o["batch_size"], tau=o["tau"], device=o["device"],
+        checkpoint_dir=o["checkpoint_dir"], checkpoint_every=o["checkpoint_every"],
+        log_every=o["log_every"],
+        data_seed=o["data_seed"] if o["data_seed"] is not None else int.from_bytes(
+            os.urandom(4), "little"),
+    )  # type: ignore[arg-type]
+    net = NetworkOptions(
+        host_maddrs=list(o["host_maddrs"]), announce_maddrs=list(o["announce_maddrs"]),
+        identity_path=o["identity"], use_relay=o["use_relay"], nat_port_map=o["nat_port_map"],
+        min_group_size=o["min_group_size"], matchmaking_window=o["matchmaking_window"],
+        round_timeout=o["round_timeout"],
+    )  # type: ignore[arg-type]
+    return options, net
+
+
+def _echo_node_event(record: dict[str, object]) -> None:
+    event = record.get("event")
+    if event == "progress":
+        click.echo(
+            f"step {record['step']:>6}  loss {record['loss']:.4f}  "
+            f"{record['tokens_per_s']:,.0f} tok/s  CU {100 * record['cu']:.1f}%  "  # type: ignore[operator]
+            f"sent {record['mb_sent']:.2f} MB  recv {record['mb_received']:.2f} MB  "
+            f"peers {record['peers_last_round']}"
+        )
+    elif event == "joined":
+        click.echo(f"joined at step {record['step']}, fragment versions {record['versions']}")
+    elif event == "healed":
+        click.echo(f"healed fragments {record['fragments']} at step {record['step']}")
+    elif event == "summary":
+        click.echo(
+            f"done at step {record['step']}: eval loss {record['eval_loss']:.4f} (outer), "
+            f"CU {100 * record['cu']:.1f}%, sent {record['bytes_sent'] / 1e6:.2f} MB "  # type: ignore[operator]
+            f"(data-parallel: {record['dp_bytes_estimate'] / 1e6:.0f} MB), "  # type: ignore[operator]
+            f"{record['failed_rounds']} failed rounds"
+        )
+
+
+def _run_node(run, options, net, o: dict[str, object], join: bool) -> None:  # type: ignore[no-untyped-def]
+    import signal
+
+    from diloco.errors import DilocoError
+    from diloco.node.swarm_node import SwarmNode
+
+    try:
+        node = SwarmNode(run, options, net, metrics_out=o["metrics_out"], resume=o["resume"],
+                         on_event=_echo_node_event)  # type: ignore[arg-type]
+    except (DilocoError, ValueError) as error:
+        raise click.ClickException(str(error)) from error
+    interrupts = 0
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal interrupts
+        interrupts += 1
+        if interrupts > 1:
+            raise KeyboardInterrupt
+        click.echo("stopping: finishing rounds in flight, saving, leaving the swarm...",
+                   err=True)
+        node.stop_event.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        click.echo(f"run {node.run_id}, peer {node.swarm.peer_id.to_base58()}")
+        if node.resumed_from:
+            click.echo(f"resumed from {node.resumed_from} at step {node.trainer.step}")
+        elif join:
+            node.join_swarm()
+        click.echo("share one of these addresses; others join with "
+                   "`diloco-node join --initial-peers ADDR`:")
+        for addr in node.maddrs:
+            click.echo(addr)
+        node.train()
+        if o["export_path"]:
+            node.trainer.export_outer(str(o["export_path"]))
+            click.echo(f"outer weights written to {o['export_path']}")
+    except DilocoError as error:
+        raise click.ClickException(str(error)) from error
+    finally:
+        node.close()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+@main.command()
+@_run_options
+@_node_options
+@click.pass_context
+def start(ctx: click.Context, **o: object) -> None:
+    """Start the first node of a run and print the addresses others join with.
+
+    e.g. `diloco-node start --name demo --steps 600 --checkpoint-dir ckpt`
+    """
+    from diloco.errors import ConfigError
+
+    try:
+        run = _run_config(ctx, o)
+        options, net = _node_parts(o)
+    except (ConfigError, ValueError) as error:
+        raise click.UsageError(str(error)) from error
+    _run_node(run, options, net, o, join=False)
+
+
+@main.command()
+@click.option("--initial-peers", multiple=True, required=True,
+              help="Multiaddr of a running node (repeatable, or several separated by spaces).")
+@click.option("--run-name", default=None, help="Which run, if the swarm holds several.")
+@_run_options
+@_node_options
+@click.pass_context
+def join(ctx: click.Context, initial_peers: tuple[str, ...], run_name: str | None,
+         **o: object) -> None:
+    """Join a running swarm: its run configuration and state come from the peers.
+
+    e.g. `diloco-node join --initial-peers /ip4/1.2.3.4/tcp/31337/p2p/12D3KooW...`
+    """
+    from diloco.errors import ConfigError
+    from diloco.node.swarm_node import config_mismatch, discover_run
+    from diloco.node.trainer import RunConfig
+
+    peers = [addr for value in initial_peers for addr in value.split()]
+    try:
+        options, net = _node_parts(o)
+        net.initial_peers = peers
+        given, base = _run_config(ctx, o, only_given=True)
+    except (ConfigError, ValueError) as error:
+        raise click.UsageError(str(error)) from error
+    try:
+        run = discover_run(net, run_name)
+    except ConfigError as error:
+        raise click.ClickException(str(error)) from error
+    theirs = run.to_dict()
+    mine = base if base is not None else dict(theirs)
+    mine = {**mine, "outer": dict(mine["outer"]), "inner": dict(mine["inner"])}
+    for path, value in given.items():
+        target = mine
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+    mine["outer"]["fragment_sync_delay"] = theirs["outer"]["fragment_sync_delay"]
+    diffs = config_mismatch(RunConfig.from_dict(mine), run)
+    if diffs:
+        raise click.ClickException(
+            "your run configuration differs from the swarm's:\n  " + "\n  ".join(diffs)
+            + "\ndrop these options (a joiner needs no training flags) or join another swarm"
+        )
+    _run_node(run, options, net, o, join=True)
+
+
+@main.command()
+@click.option("--initial-peers", multiple=True, required=True, help="Multiaddr of a node.")
+def status(initial_peers: tuple[str, ...]) -> None:
+    """Show the swarm: runs, peers, their steps, fragment versions and state hashes."""
+    from diloco.node.swarm_status import read_status
+
+    peers = [addr for value in initial_peers for addr in value.split()]
+    try:
+        runs = read_status(peers)
+    except Exception as error:  # an unreachable swarm is the user's answer, not a crash
+        raise click.ClickException(f"could not read the swarm: {error}") from error
+    if not runs:
+        click.echo("no run found")
+    for run_id, records in runs.items():
+        click.echo(f"run {run_id}: {len(records)} node(s)")
+        for r in records:
+            versions = " ".join(f"{f.fragment}:v{f.version}:{f.state_hash[:8]}"
+                                for f in r.fragments)
+            click.echo(f"  {r.peer_id[-12:]}  step {r.global_step:>7}  "
+                       f"{r.throughput:,.0f} tok/s  v{r.software_version}  {versions}")

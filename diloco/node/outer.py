@@ -12,7 +12,7 @@ bit-identical outer state (SPEC 2.5).
 
 from __future__ import annotations
 
-import hashlib
+import concurrent.futures
 import logging
 import time
 from concurrent.futures import Future
@@ -25,6 +25,7 @@ from torch import nn
 from diloco.errors import ConfigError, RoundFailed
 from diloco.node.fragments import sends_at
 from diloco.protocol.reducer import Contribution, RoundKey, RoundResult
+from diloco.protocol.state_transfer import fragment_state_hash
 
 logger = logging.getLogger(__name__)
 
@@ -112,10 +113,8 @@ class FragmentState:
     """Round ``k`` of the last applied round (0 before the first)."""
 
     def sha256(self) -> str:
-        """Hash of the outer parameters and momentum bytes: equal states, equal hashes."""
-        digest = hashlib.sha256(self.outer.numpy().tobytes())
-        digest.update(self.momentum.numpy().tobytes())
-        return digest.hexdigest()
+        """Hash of the outer parameters and momentum bytes, as published in DHT records."""
+        return fragment_state_hash(self.outer, self.momentum)
 
 
 @dataclass(slots=True)
@@ -261,6 +260,9 @@ class FragmentSync:
                 }
             except RoundFailed as error:
                 record["failed"] = error.reason
+            except concurrent.futures.TimeoutError:
+                pending.future.cancel()
+                record["failed"] = "abandoned: still in flight when the checkpoint was taken"
             saved.append(record)
         return saved
 

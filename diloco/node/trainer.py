@@ -84,6 +84,20 @@ class RunConfig:
         except TypeError as error:
             raise ConfigError(f"invalid run configuration: {error}") from error
 
+    @classmethod
+    def from_toml(cls, path: str | Path) -> RunConfig:
+        """A run configuration file: the keys of ``to_dict``, ``[outer]`` and ``[inner]``
+        as tables; keys left out take their defaults."""
+        try:
+            import tomllib
+        except ModuleNotFoundError:  # Python 3.10
+            import tomli as tomllib  # type: ignore[no-redef]
+        try:
+            with open(path, "rb") as f:
+                return cls.from_dict(tomllib.load(f))
+        except (OSError, tomllib.TOMLDecodeError) as error:
+            raise ConfigError(f"cannot read run configuration {path}: {error}") from error
+
     def model_config(self) -> ModelConfig:
         config = preset(self.preset)
         config.max_seq_len = max(config.max_seq_len, self.seq_len)

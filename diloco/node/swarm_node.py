@@ -1,0 +1,448 @@
+"""A volunteer's node: the trainer plus the swarm (records, state transfer, healing).
+
+``SwarmNode`` ties ``NodeTrainer`` (one replica, the shared outer loop) to ``Swarm`` and
+``SwarmReducer`` (``diloco.protocol``). Training runs in the caller's thread; the swarm has
+its own event-loop thread; slow DHT work (publishing records, checking for divergence,
+fetching state to heal) runs on one worker thread and its results are applied between two
+steps, never in the middle of one.
+
+Healing (SPEC 4 "State transfer"): after a round of fragment ``p`` fails, and every ``H``
+steps, the node reads the run's records; if a peer holds a newer version of ``p`` (or the
+same version with another hash, held by more peers than ours), it downloads ``p`` and
+adopts it before ``p`` is sent again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from hivemind import DHT
+
+from diloco import __version__
+from diloco.codecs import get_codec
+from diloco.errors import ConfigError, DilocoError, ProtocolError
+from diloco.node.outer import AppliedRound, FragmentState
+from diloco.node.trainer import NodeOptions, NodeTrainer, RunConfig
+from diloco.protocol.discovery import find_run_configs, publish_run_config
+from diloco.protocol.group import RoundTimeouts
+from diloco.protocol.records import FragmentVersion, NodeRecord
+from diloco.protocol.run_id import make_run_id
+from diloco.protocol.state_transfer import FragmentState as WireFragmentState
+from diloco.protocol.state_transfer import OuterState
+from diloco.protocol.swarm import Swarm, SwarmReducer
+
+logger = logging.getLogger(__name__)
+
+RECORD_TTL = 30.0
+"""Seconds a node's DHT records live unless refreshed (they expire after a clean exit)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class NetworkOptions:
+    """How this node reaches the swarm (local choices, not part of the run id)."""
+
+    initial_peers: list[str] = field(default_factory=list)
+    """Multiaddrs of running nodes; empty for the first node."""
+    host_maddrs: list[str] = field(default_factory=lambda: ["/ip4/127.0.0.1/tcp/0"])
+    """Addresses to listen on; loopback by default (``/ip4/0.0.0.0/tcp/PORT`` for others)."""
+    announce_maddrs: list[str] = field(default_factory=list)
+    identity_path: str | None = None
+    """Private key file for a stable peer id (created if missing)."""
+    use_relay: bool = False
+    nat_port_map: bool = False
+    auto_nat: bool = False
+    min_group_size: int = 2
+    """A round needs this many members, else it fails (1: a lone node averages alone)."""
+    matchmaking_window: float = 2.0
+    """Seconds a node waits for others to declare themselves for a round."""
+    round_timeout: float = 10.0
+    """Seconds a reducer waits for parts (and a member for averaged parts)."""
+    exit_timeout: float = 5.0
+    """On Ctrl-C, seconds to let rounds in flight finish before abandoning them."""
+
+    def timeouts(self) -> RoundTimeouts:
+        return RoundTimeouts(
+            matchmaking_window=self.matchmaking_window,
+            join_timeout=max(1.0, self.matchmaking_window),
+            sender_timeout=self.round_timeout,
+            reducer_timeout=self.round_timeout,
+            connect_timeout=min(5.0, self.round_timeout),
+        )
+
+
+def discover_run(net: NetworkOptions, run_name: str | None = None) -> RunConfig:
+    """Read the run configuration from the swarm at ``net.initial_peers``.
+
+    Raises:
+        ConfigError: no run found, or several and no ``run_name`` to choose.
+    """
+    dht = DHT(
+        initial_peers=net.initial_peers,
+        start=True,
+        client_mode=True,
+        host_maddrs=net.host_maddrs,
+        nat_port_map=net.nat_port_map,
+        auto_nat=net.auto_nat,
+        use_relay=net.use_relay,
+        use_auto_relay=net.use_relay,
+    )
+    try:
+        configs = asyncio.run(asyncio.wait_for(find_run_configs(dht), 30.0))
+    finally:
+        dht.shutdown()
+    if run_name is not None:
+        configs = {k: v for k, v in configs.items() if v.get("name") == run_name}
+    if not configs:
+        raise ConfigError(
+            "no run found in the swarm at "
+            + " ".join(net.initial_peers)
+            + (f" with name {run_name!r}" if run_name else "")
+            + "; is a node started there, and is its address complete?"
+        )
+    if len(configs) > 1:
+        names = ", ".join(sorted(str(c.get("name")) for c in configs.values()))
+        raise ConfigError(f"the swarm runs several runs ({names}); choose one with --run-name")
+    return RunConfig.from_dict(next(iter(configs.values())))
+
+
+def config_mismatch(mine: RunConfig, theirs: RunConfig) -> list[str]:
+    """Human-readable differences between two run configurations (empty if equal)."""
+    a, b = mine.to_dict(), theirs.to_dict()
+    diffs = []
+    for key in sorted(set(a) | set(b)):
+        if isinstance(a.get(key), dict) and isinstance(b.get(key), dict):
+            for sub in sorted(set(a[key]) | set(b[key])):
+                if a[key].get(sub) != b[key].get(sub):
+                    diffs.append(
+                        f"{key}.{sub}: yours {a[key].get(sub)!r}, swarm's {b[key].get(sub)!r}"
+                    )
+        elif a.get(key) != b.get(key):
+            diffs.append(f"{key}: yours {a.get(key)!r}, swarm's {b.get(key)!r}")
+    return diffs
+
+
+EventCallback = Callable[[dict[str, Any]], None]
+
+
+class SwarmNode:
+    """One node of a run: ``start`` it (first node) or ``join`` with initial peers."""
+
+    def __init__(
+        self,
+        run: RunConfig,
+        options: NodeOptions,
+        net: NetworkOptions,
+        *,
+        metrics_out: str | None = None,
+        resume: bool = False,
+        on_event: EventCallback | None = None,
+    ) -> None:
+        self.run, self.options, self.net = run, options, net
+        self.run_id = make_run_id(run.name, run.to_dict())
+        self.on_event = on_event or (lambda record: None)
+        self.stop_event = threading.Event()
+        # The DHT is a forked process: start it before the trainer builds anything.
+        self.swarm = Swarm(
+            self.run_id,
+            initial_peers=net.initial_peers,
+            host_maddrs=net.host_maddrs,
+            announce_maddrs=net.announce_maddrs,
+            identity_path=net.identity_path,
+            use_relay=net.use_relay,
+            nat_port_map=net.nat_port_map,
+            auto_nat=net.auto_nat,
+        )
+        try:
+            codec_options = {"rounding": run.rounding} if run.codec == "e3m0" else {}
+            self.reducer = SwarmReducer(
+                self.swarm,
+                get_codec(run.codec, **codec_options),
+                timeouts=net.timeouts(),
+                min_group_size=net.min_group_size,
+            )
+            member = self.swarm.peer_id.to_base58()
+            self.trainer = NodeTrainer(run, options, self.reducer, member)
+            self.trainer.round_timeout = net.exit_timeout
+            self.worker = concurrent.futures.ThreadPoolExecutor(1, "diloco-node-dht")
+            self.background: list[concurrent.futures.Future[Any]] = []
+            self.heal_future: concurrent.futures.Future[OuterState | None] | None = None
+            self.snapshot_lock = threading.Lock()
+            self.snapshot = self._snapshot()
+            self.metrics: TextIO | None = open(metrics_out, "a") if metrics_out else None  # noqa: SIM115
+            self.resumed_from: Path | None = None
+            if resume and self.trainer.checkpoints and self.trainer.checkpoints.latest():
+                self.resumed_from = self.trainer.checkpoints.latest()
+                assert self.resumed_from is not None
+                self.trainer.load_checkpoint(self.resumed_from)
+                self.snapshot = self._snapshot()
+            self.healed_fragments = 0
+            self.failed_rounds = 0
+        except BaseException:
+            self.swarm.shutdown()
+            raise
+
+    @property
+    def maddrs(self) -> list[str]:
+        return self.swarm.maddrs
+
+    # -- records and state ------------------------------------------------------------------
+
+    def _snapshot(self) -> OuterState:
+        """A consistent copy of the outer state, served to joiners and healers."""
+        return OuterState(
+            global_step=self.trainer.step,
+            fragments={
+                p: WireFragmentState(s.outer.clone(), s.momentum.clone(), s.version)
+                for p, s in enumerate(self.trainer.sync.states)
+            },
+        )
+
+    def _provide(self) -> OuterState:
+        with self.snapshot_lock:
+            return self.snapshot
+
+    def _record(self, tokens_per_s: float) -> NodeRecord:
+        return NodeRecord(
+            peer_id=self.swarm.peer_id.to_base58(),
+            addrs=tuple(self.maddrs),
+            global_step=self.trainer.step,
+            fragments=tuple(
+                FragmentVersion(p, s.version, s.sha256())
+                for p, s in enumerate(self.trainer.sync.states)
+            ),
+            throughput=tokens_per_s,
+            software_version=__version__,
+        )
+
+    def _publish(self, record: NodeRecord) -> None:
+        self.swarm.publish_record(record, ttl=RECORD_TTL)
+        self.swarm.call(
+            publish_run_config(self.swarm.dht, self.run_id, self.run.to_dict(), RECORD_TTL)
+        )
+
+    def _in_background(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
+        future = self.worker.submit(fn, *args)
+        future.add_done_callback(_log_failure)
+        return future
+
+    def join_swarm(self) -> None:
+        """Download the outer state and global step from the swarm (a joiner's first act)."""
+        numel = {p: s.outer.numel() for p, s in enumerate(self.trainer.sync.states)}
+        try:
+            state = self.swarm.fetch_state(expected_numel=numel)
+        except ProtocolError as error:
+            raise DilocoError(f"could not download the run's state: {error}") from error
+        self._adopt(state, take_step=True)
+        self._emit(
+            {
+                "event": "joined",
+                "step": self.trainer.step,
+                "versions": [s.version for s in self.trainer.sync.states],
+            }
+        )
+
+    def _adopt(self, state: OuterState, take_step: bool = False) -> None:
+        busy = {r.key.fragment for r in self.trainer.sync.pending}
+        adopted = {
+            p: FragmentState(f.params.clone(), f.momentum.clone(), f.version)
+            for p, f in state.fragments.items()
+            if p not in busy and (take_step or f.version > self.trainer.sync.states[p].version)
+        }
+        self.trainer.adopt_outer_state(adopted, state.global_step if take_step else None)
+        self.healed_fragments += 0 if take_step else len(adopted)
+        with self.snapshot_lock:
+            self.snapshot = self._snapshot()
+
+    def _check_and_fetch(self, fragments: list[int]) -> OuterState | None:
+        """Worker thread: fetch ``fragments`` from a peer whose versions are newer than ours."""
+        records = [
+            r for r in self.swarm.read_records() if r.peer_id != self.swarm.peer_id.to_base58()
+        ]
+        mine = {p: s.version for p, s in enumerate(self.trainer.sync.states)}
+        behind = sorted(
+            {
+                f.fragment
+                for r in records
+                for f in r.fragments
+                if f.fragment in fragments and f.version > mine.get(f.fragment, 0)
+            }
+        )
+        if not behind:
+            return None
+        numel = {p: self.trainer.sync.states[p].outer.numel() for p in behind}
+        return self.swarm.fetch_state(fragments=behind, expected_numel=numel)
+
+    def _maybe_heal(self, failed: list[int]) -> None:
+        """Between steps: apply a finished heal, or start one when there is reason to."""
+        if self.heal_future is not None and self.heal_future.done():
+            try:
+                state = self.heal_future.result()
+            except Exception as error:  # a donor that fails is the donor's problem
+                logger.warning("healing failed: %s", error)
+                state = None
+            self.heal_future = None
+            if state is not None:
+                self._adopt(state)
+                self._emit(
+                    {
+                        "event": "healed",
+                        "step": self.trainer.step,
+                        "fragments": sorted(state.fragments),
+                    }
+                )
+        periodic = self.trainer.step % self.run.outer.sync_every == 0
+        if self.heal_future is None and (failed or periodic):
+            wanted = failed or list(range(self.trainer.sync.num_fragments))
+            self.heal_future = self.worker.submit(self._check_and_fetch, wanted)
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def _emit(self, record: dict[str, Any]) -> None:
+        if self.metrics:
+            self.metrics.write(json.dumps(record) + "\n")
+            self.metrics.flush()
+        self.on_event(record)
+
+    def _round_record(self, applied: AppliedRound) -> dict[str, Any]:
+        if not applied.ok:
+            return {
+                "event": "round_failed",
+                "step": self.trainer.step,
+                "fragment": applied.key.fragment,
+                "round": applied.key.round,
+                "error": applied.error,
+            }
+        return {
+            "event": "round",
+            "step": self.trainer.step,
+            "fragment": applied.key.fragment,
+            "round": applied.key.round,
+            "members": len(applied.members),
+            "bytes_sent": applied.bytes_sent,
+            "bytes_received": applied.bytes_received,
+            "seconds": applied.seconds,
+            "blocked_seconds": applied.blocked_seconds,
+            "outer_sha256": applied.outer_sha256,
+        }
+
+    def train(self) -> dict[str, Any]:
+        """Train until the run's last step or ``stop_event``; returns the summary."""
+        t = self.trainer
+        self.swarm.serve_state(self._provide)
+        self._publish(self._record(0.0))
+        self._emit(
+            {
+                "event": "config",
+                "run_id": self.run_id,
+                "peer_id": self.swarm.peer_id.to_base58(),
+                "sync_every": self.run.outer.sync_every,
+                "num_fragments": t.sync.num_fragments,
+                "tau": t.sync.tau,
+                "codec": self.run.codec,
+                "fragment_numel": [s.outer.numel() for s in t.sync.states],
+                "start_step": t.step,
+            }
+        )
+        tokens_per_step = self.options.batch_size * self.run.seq_len
+        start, start_step = time.perf_counter(), t.step
+        losses: list[float] = []
+        while t.step < self.run.steps and not self.stop_event.is_set():
+            step_start = time.perf_counter()
+            compute_before = t.compute_seconds
+            loss, applied = t.train_step()
+            losses.append(loss)
+            self._emit(
+                {
+                    "event": "step",
+                    "step": t.step,
+                    "loss": loss,
+                    "step_seconds": t.compute_seconds - compute_before,
+                    "wall_seconds": time.perf_counter() - step_start,
+                }
+            )
+            for round_ in applied:
+                self._emit(self._round_record(round_))
+                self.failed_rounds += not round_.ok
+            if applied:
+                with self.snapshot_lock:
+                    self.snapshot = self._snapshot()
+            else:
+                with self.snapshot_lock:
+                    self.snapshot = OuterState(t.step, self.snapshot.fragments)
+            self._maybe_heal([r.key.fragment for r in applied if not r.ok])
+            elapsed = time.perf_counter() - start
+            tokens_per_s = (t.step - start_step) * tokens_per_step / max(elapsed, 1e-9)
+            if t.step % self.options.log_every == 0 or t.step == self.run.steps:
+                self._progress(losses, tokens_per_s)
+                losses = []
+                self.background.append(
+                    self._in_background(self._publish, self._record(tokens_per_s))
+                )
+            if self.options.checkpoint_every and t.step % self.options.checkpoint_every == 0:
+                t.save_checkpoint()
+        return self._finish(time.perf_counter() - start)
+
+    def _progress(self, losses: list[float], tokens_per_s: float) -> None:
+        t = self.trainer
+        self._emit(
+            {
+                "event": "progress",
+                "step": t.step,
+                "loss": sum(losses) / max(1, len(losses)),
+                "tokens_per_s": tokens_per_s,
+                "cu": t.compute_utilisation,
+                "mb_sent": t.bytes_sent / 1e6,
+                "mb_received": t.bytes_received / 1e6,
+                "peers_last_round": t.last_round_members,
+            }
+        )
+
+    def _finish(self, wall_s: float) -> dict[str, Any]:
+        t = self.trainer
+        interrupted = self.stop_event.is_set()
+        checkpoint = t.save_checkpoint() if t.checkpoints else None
+        num_params = sum(p.numel() for p in t.model.parameters())
+        summary = {
+            "event": "summary",
+            "run_id": self.run_id,
+            "step": t.step,
+            "interrupted": interrupted,
+            "eval_loss": t.evaluate(outer=True),
+            "eval_loss_local": t.evaluate(outer=False),
+            "cu": t.compute_utilisation,
+            "bytes_sent": t.bytes_sent,
+            "bytes_received": t.bytes_received,
+            "dp_bytes_estimate": 2 * 4 * num_params * t.step,
+            "failed_rounds": self.failed_rounds,
+            "healed_fragments": self.healed_fragments,
+            "outer_sha256": [s.sha256() for s in t.sync.states],
+            "versions": [s.version for s in t.sync.states],
+            "checkpoint": str(checkpoint) if checkpoint else None,
+            "wall_s": wall_s,
+        }
+        self._emit(summary)
+        return summary
+
+    def close(self) -> None:
+        """Leave the swarm: stop background work, the reducer, the DHT and p2pd."""
+        self.worker.shutdown(wait=False, cancel_futures=True)
+        try:
+            self.reducer.close()
+        finally:
+            self.swarm.shutdown()
+            if self.metrics:
+                self.metrics.close()
+
+
+def _log_failure(future: concurrent.futures.Future[Any]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        logger.warning("background swarm task failed: %r", future.exception())
