@@ -247,13 +247,14 @@ class LocalTrainer:
                 rounds[key].append(contribution)
         step_bytes = [0] * c.replicas
         for key, contributions in rounds.items():
-            self.cosine_log.append(
-                {
-                    "step": step,
-                    "fragment": key.fragment,
-                    "cosine": mean_pairwise_cosine([x.delta for x in contributions]),
-                }
-            )
+            if len(contributions) > 1:
+                self.cosine_log.append(
+                    {
+                        "step": step,
+                        "fragment": key.fragment,
+                        "cosine": mean_pairwise_cosine([x.delta for x in contributions]),
+                    }
+                )
             future = self.reducer.reduce(key, contributions)
             for replica, contribution in zip(self.replicas, contributions, strict=True):
                 assert replica.sync is not None
