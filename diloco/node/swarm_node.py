@@ -20,21 +20,25 @@ import json
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 from hivemind import DHT
+from hivemind.p2p import PeerID
 
 from diloco import __version__
 from diloco.codecs import get_codec
 from diloco.errors import ConfigError, DilocoError, ProtocolError
+from diloco.node.fragments import send_step
 from diloco.node.outer import AppliedRound, FragmentState
 from diloco.node.trainer import NodeOptions, NodeTrainer, RunConfig
 from diloco.protocol.discovery import find_run_configs, publish_run_config
 from diloco.protocol.group import RoundTimeouts
-from diloco.protocol.records import FragmentVersion, NodeRecord
+from diloco.protocol.records import FragmentVersion, NodeRecord, divergent_peers
+from diloco.protocol.reducer import RoundKey
 from diloco.protocol.run_id import make_run_id
 from diloco.protocol.state_transfer import FragmentState as WireFragmentState
 from diloco.protocol.state_transfer import OuterState
@@ -44,6 +48,10 @@ logger = logging.getLogger(__name__)
 
 RECORD_TTL = 30.0
 """Seconds a node's DHT records live unless refreshed (they expire after a clean exit)."""
+PUBLISH_EVERY = 5.0
+"""Seconds between two refreshes of a node's records (sooner after a round)."""
+HEAL_CHECK_EVERY = 1.0
+"""Seconds between two checks of the records while a fragment is suspect."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -173,7 +181,8 @@ class SwarmNode:
             self.trainer = NodeTrainer(run, options, self.reducer, member)
             self.trainer.round_timeout = net.exit_timeout
             self.worker = concurrent.futures.ThreadPoolExecutor(1, "diloco-node-dht")
-            self.background: list[concurrent.futures.Future[Any]] = []
+            self.publish_future: concurrent.futures.Future[Any] | None = None
+            self.published_at = 0.0
             self.heal_future: concurrent.futures.Future[OuterState | None] | None = None
             self.snapshot_lock = threading.Lock()
             self.snapshot = self._snapshot()
@@ -185,6 +194,9 @@ class SwarmNode:
                 self.trainer.load_checkpoint(self.resumed_from)
                 self.snapshot = self._snapshot()
             self.healed_fragments = 0
+            self.suspects: dict[int, int] = {}
+            """Fragment -> the round that failed for it, until healed or superseded."""
+            self.checked_at = 0.0
             self.failed_rounds = 0
         except BaseException:
             self.swarm.shutdown()
@@ -224,10 +236,17 @@ class SwarmNode:
         )
 
     def _publish(self, record: NodeRecord) -> None:
+        """Worker thread: refresh our records and learn how many nodes are alive.
+
+        Matchmaking then ends as soon as every live node declared itself for a round,
+        instead of always waiting out the window.
+        """
         self.swarm.publish_record(record, ttl=RECORD_TTL)
         self.swarm.call(
             publish_run_config(self.swarm.dht, self.run_id, self.run.to_dict(), RECORD_TTL)
         )
+        alive = len(self.swarm.read_records())
+        self.reducer.matchmaker.target_group_size = max(self.net.min_group_size, alive)
 
     def _in_background(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
         future = self.worker.submit(fn, *args)
@@ -250,39 +269,62 @@ class SwarmNode:
             }
         )
 
-    def _adopt(self, state: OuterState, take_step: bool = False) -> None:
+    def _adopt(self, state: OuterState, take_step: bool = False) -> list[int]:
+        """Take fetched fragments that are newer than ours, or that the majority holds at
+        our version; fragments with a round in flight are left for a later check."""
         busy = {r.key.fragment for r in self.trainer.sync.pending}
-        adopted = {
-            p: FragmentState(f.params.clone(), f.momentum.clone(), f.version)
-            for p, f in state.fragments.items()
-            if p not in busy and (take_step or f.version > self.trainer.sync.states[p].version)
-        }
+        adopted = {}
+        for p, f in state.fragments.items():
+            mine = self.trainer.sync.states[p]
+            newer = f.version > mine.version
+            conflict = f.version == mine.version and f.state_hash != mine.sha256()
+            if p not in busy and (take_step or newer or conflict):
+                adopted[p] = FragmentState(f.params.clone(), f.momentum.clone(), f.version)
         self.trainer.adopt_outer_state(adopted, state.global_step if take_step else None)
-        self.healed_fragments += 0 if take_step else len(adopted)
         with self.snapshot_lock:
             self.snapshot = self._snapshot()
+        return sorted(adopted)
 
-    def _check_and_fetch(self, fragments: list[int]) -> OuterState | None:
-        """Worker thread: fetch ``fragments`` from a peer whose versions are newer than ours."""
-        records = [
-            r for r in self.swarm.read_records() if r.peer_id != self.swarm.peer_id.to_base58()
-        ]
-        mine = {p: s.version for p, s in enumerate(self.trainer.sync.states)}
-        behind = sorted(
-            {
-                f.fragment
-                for r in records
-                for f in r.fragments
-                if f.fragment in fragments and f.version > mine.get(f.fragment, 0)
-            }
-        )
-        if not behind:
-            return None
-        numel = {p: self.trainer.sync.states[p].outer.numel() for p in behind}
-        return self.swarm.fetch_state(fragments=behind, expected_numel=numel)
+    def _check_and_fetch(
+        self, fragments: list[int], mine: dict[int, tuple[int, str]]
+    ) -> OuterState | None:
+        """Worker thread: fetch the fragments on which peers are ahead of us, or on which
+        the majority at our version holds another state (SPEC 4 "compares the state hash
+        the others publish and heals from a peer if it differs")."""
+        me = self.swarm.peer_id.to_base58()
+        records = [r for r in self.swarm.read_records() if r.peer_id != me]
+        fetched, global_step = {}, 0
+        for p in fragments:
+            version, state_hash = mine[p]
+            ahead, conflicting = divergent_peers(records, p, version, state_hash)
+            donors = sorted(ahead, key=lambda r: -_version(r, p))
+            if not ahead and conflicting:
+                counts = Counter(_hash(r, p) for r in conflicting)
+                best, holders = min(counts.items(), key=lambda item: (-item[1], item[0]))
+                agreeing = 1 + sum(
+                    _version(r, p) == version and _hash(r, p) == state_hash for r in records
+                )
+                if holders > agreeing or (holders == agreeing and best < state_hash):
+                    donors = [r for r in conflicting if _hash(r, p) == best]
+            if not donors:
+                continue
+            numel = {p: self.trainer.sync.states[p].outer.numel()}
+            peers = [PeerID.from_base58(r.peer_id) for r in donors]
+            state = self.swarm.fetch_state(fragments=[p], expected_numel=numel, donors=peers)
+            fetched[p] = state.fragments[p]
+            global_step = state.global_step
+        return OuterState(global_step, fetched) if fetched else None
 
-    def _maybe_heal(self, failed: list[int]) -> None:
-        """Between steps: apply a finished heal, or start one when there is reason to."""
+    def _maybe_heal(self, failed: list[RoundKey]) -> None:
+        """Between steps: apply a finished heal check, or start one when there is reason to.
+
+        A fragment whose round failed stays suspect until its version catches up with that
+        round (peers publish their versions every few seconds) or its next round is sent;
+        every ``H`` steps all fragments are checked.
+        """
+        t = self.trainer
+        for key in failed:
+            self.suspects[key.fragment] = key.round
         if self.heal_future is not None and self.heal_future.done():
             try:
                 state = self.heal_future.result()
@@ -291,18 +333,21 @@ class SwarmNode:
                 state = None
             self.heal_future = None
             if state is not None:
-                self._adopt(state)
-                self._emit(
-                    {
-                        "event": "healed",
-                        "step": self.trainer.step,
-                        "fragments": sorted(state.fragments),
-                    }
-                )
-        periodic = self.trainer.step % self.run.outer.sync_every == 0
-        if self.heal_future is None and (failed or periodic):
-            wanted = failed or list(range(self.trainer.sync.num_fragments))
-            self.heal_future = self.worker.submit(self._check_and_fetch, wanted)
+                adopted = self._adopt(state)
+                if adopted:
+                    self.healed_fragments += len(adopted)
+                    self._emit({"event": "healed", "step": t.step, "fragments": adopted})
+        H, F = self.run.outer.sync_every, t.sync.num_fragments
+        for p, k in list(self.suspects.items()):
+            if t.sync.states[p].version >= k or t.step >= send_step(p, k + 1, H, F):
+                del self.suspects[p]
+        periodic = t.step % H == 0
+        rested = time.monotonic() - self.checked_at > HEAL_CHECK_EVERY
+        if self.heal_future is None and ((self.suspects and rested) or periodic):
+            self.checked_at = time.monotonic()
+            wanted = sorted(self.suspects) if not periodic else list(range(F))
+            mine = {p: (t.sync.states[p].version, t.sync.states[p].sha256()) for p in wanted}
+            self.heal_future = self.worker.submit(self._check_and_fetch, wanted, mine)
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -378,15 +423,16 @@ class SwarmNode:
             else:
                 with self.snapshot_lock:
                     self.snapshot = OuterState(t.step, self.snapshot.fragments)
-            self._maybe_heal([r.key.fragment for r in applied if not r.ok])
+            self._maybe_heal([r.key for r in applied if not r.ok])
             elapsed = time.perf_counter() - start
             tokens_per_s = (t.step - start_step) * tokens_per_step / max(elapsed, 1e-9)
             if t.step % self.options.log_every == 0 or t.step == self.run.steps:
                 self._progress(losses, tokens_per_s)
                 losses = []
-                self.background.append(
-                    self._in_background(self._publish, self._record(tokens_per_s))
-                )
+            due = bool(applied) or time.monotonic() - self.published_at > PUBLISH_EVERY
+            if self.publish_future is None or (self.publish_future.done() and due):
+                self.published_at = time.monotonic()
+                self.publish_future = self._in_background(self._publish, self._record(tokens_per_s))
             if self.options.checkpoint_every and t.step % self.options.checkpoint_every == 0:
                 t.save_checkpoint()
         return self._finish(time.perf_counter() - start)
@@ -446,3 +492,13 @@ class SwarmNode:
 def _log_failure(future: concurrent.futures.Future[Any]) -> None:
     if not future.cancelled() and future.exception() is not None:
         logger.warning("background swarm task failed: %r", future.exception())
+
+
+def _version(record: NodeRecord, fragment: int) -> int:
+    entry = record.fragment(fragment)
+    return entry.version if entry else -1
+
+
+def _hash(record: NodeRecord, fragment: int) -> str:
+    entry = record.fragment(fragment)
+    return entry.state_hash if entry else ""
