@@ -196,15 +196,48 @@ def _echo_progress(record: dict[str, object]) -> None:
 
 
 @main.command()
-@click.option("--steps", default=600, help="Inner steps per replica.")
-@click.pass_context
-def demo(ctx: click.Context, steps: int) -> None:
-    """A few-minute CPU demo: Streaming DiLoCo, E3M0, 2 replicas, embedded corpus.
+@click.option("--nodes", default=3, help="Nodes in the local swarm (separate processes).")
+@click.option("--steps", default=600, help="Inner steps of the run.")
+@click.option(
+    "--folder",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Where the nodes' metrics go [default: a new temporary folder].",
+)
+def demo(nodes: int, steps: int, folder: str | None) -> None:
+    """A local swarm: one `start`, the others `join` its address; tiny model, embedded data.
 
-    The replicas run in this process; the swarm demo (separate processes on loopback) comes
-    with the node.
+    Each node is its own process with its own DHT and p2pd on loopback, training with
+    Streaming DiLoCo (E3M0 outer gradients); ends with a summary of the run.
     """
-    ctx.invoke(local, steps=steps)
+    from diloco.node.demo import run_demo
+
+    if nodes < 2:
+        raise click.UsageError("a swarm needs at least 2 nodes")
+    try:
+        result = run_demo(nodes=nodes, steps=steps, echo=click.echo, folder=folder)
+    except RuntimeError as error:
+        raise click.ClickException(str(error)) from error
+    if result["nodes_finished"] == 0:
+        raise click.ClickException(f"no node finished; see the logs in {result['folder']}")
+    sent = sum(result["bytes_sent"]) / len(result["bytes_sent"])
+    dp = sum(result["dp_bytes_estimate"]) / len(result["dp_bytes_estimate"])
+    losses = ", ".join(f"{x:.4f}" for x in result["eval_loss"])
+    cus = ", ".join(f"{100 * x:.1f}%" for x in result["cu"])
+    click.echo(
+        f"\nsummary ({result['nodes_finished']}/{nodes} nodes finished, metrics in "
+        f"{result['folder']}):"
+    )
+    click.echo(f"  eval loss of the outer weights: {losses}")
+    click.echo(f"  compute utilisation: {cus}")
+    click.echo(
+        f"  sent per node: {sent / 1e6:.2f} MB; data-parallel would send about "
+        f"{dp / 1e6:,.0f} MB ({dp / max(sent, 1):,.0f}x more)"
+    )
+    same = "yes" if result["identical_outer_states"] else "NO"
+    click.echo(f"  all nodes hold bit-identical outer states: {same}")
+    if not result["identical_outer_states"]:
+        raise click.ClickException("the nodes' outer states differ")
 
 
 def _parse_targets(value: str | None) -> tuple[float, ...] | None:
@@ -467,43 +500,63 @@ def bench_allreduce(
 
 _RUN_FLAGS: dict[str, tuple[str, ...]] = {
     # option name -> path in RunConfig.to_dict()
-    "name": ("name",), "preset": ("preset",), "seq_len": ("seq_len",), "steps": ("steps",),
-    "sync_every": ("outer", "sync_every"), "fragment_size": ("fragment_size",),
-    "pattern": ("pattern",), "embedding_fragment": ("embedding_fragment",),
-    "codec": ("codec",), "rounding": ("rounding",), "outer_lr": ("outer", "outer_lr"),
+    "name": ("name",),
+    "preset": ("preset",),
+    "seq_len": ("seq_len",),
+    "steps": ("steps",),
+    "sync_every": ("outer", "sync_every"),
+    "fragment_size": ("fragment_size",),
+    "pattern": ("pattern",),
+    "embedding_fragment": ("embedding_fragment",),
+    "codec": ("codec",),
+    "rounding": ("rounding",),
+    "outer_lr": ("outer", "outer_lr"),
     "outer_momentum": ("outer", "outer_momentum"),
-    "alpha": ("outer", "fragment_update_alpha"), "inner_lr": ("inner", "lr"),
-    "warmup": ("inner", "warmup_steps"), "seed": ("seed",), "data": ("data",),
+    "alpha": ("outer", "fragment_update_alpha"),
+    "inner_lr": ("inner", "lr"),
+    "warmup": ("inner", "warmup_steps"),
+    "seed": ("seed",),
+    "data": ("data",),
 }
 
 
 def _run_options(f):  # type: ignore[no-untyped-def]
     """Flags of the run configuration (shared by every node of a run)."""
     options = [
-        click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
-                     help="TOML file of the run configuration (flags override it)."),
+        click.option(
+            "--config",
+            "config_file",
+            type=click.Path(exists=True, dir_okay=False),
+            help="TOML file of the run configuration (flags override it).",
+        ),
         click.option("--name", default="diloco", help="Human name of the run."),
         click.option("--preset", default="tiny", help="Model preset (SPEC 7)."),
         click.option("--seq-len", default=128, help="Tokens per sequence."),
         click.option("--steps", default=600, help="T: inner steps of the whole run."),
-        click.option("--H", "sync_every", default=30, help="Inner steps between syncs of a "
-                     "fragment."),
+        click.option(
+            "--H", "sync_every", default=30, help="Inner steps between syncs of a fragment."
+        ),
         click.option("--fragment-size", default=1, help="Blocks per fragment."),
-        click.option("--pattern", type=click.Choice(["strided", "sequential"]),
-                     default="strided"),
+        click.option("--pattern", type=click.Choice(["strided", "sequential"]), default="strided"),
         click.option("--embedding-fragment", type=click.Choice(["own", "first"]), default="own"),
         click.option("--codec", default="e3m0", help="Outer-gradient codec."),
-        click.option("--rounding", type=click.Choice(["nearest", "stochastic"]),
-                     default="nearest"),
+        click.option("--rounding", type=click.Choice(["nearest", "stochastic"]), default="nearest"),
         click.option("--outer-lr", default=0.7, help="Outer Nesterov learning rate."),
         click.option("--outer-momentum", default=0.9, help="Outer Nesterov momentum."),
-        click.option("--alpha", type=float, default=None,
-                     help="Merge factor [default: 0.5 if tau > 0 else 0]."),
+        click.option(
+            "--alpha",
+            type=float,
+            default=None,
+            help="Merge factor [default: 0.5 if tau > 0 else 0].",
+        ),
         click.option("--inner-lr", default=1e-3, help="Peak AdamW learning rate."),
         click.option("--warmup", default=30, help="Learning-rate warm-up in steps."),
         click.option("--seed", default=0, help="Seed of the initial weights."),
-        click.option("--data", default=None, help="Corpus path on every node [default: the "
-                     "embedded Python sources]."),
+        click.option(
+            "--data",
+            default=None,
+            help="Corpus path on every node [default: the embedded Python sources].",
+        ),
     ]
     for option in reversed(options):
         f = option(f)
@@ -513,37 +566,80 @@ def _run_options(f):  # type: ignore[no-untyped-def]
 def _node_options(f):  # type: ignore[no-untyped-def]
     """Flags each volunteer chooses for their own node."""
     options = [
-        click.option("--tau", type=int, default=None,
-                     help="This node's overlap tau in steps [default: the run's, 1]."),
+        click.option(
+            "--tau",
+            type=int,
+            default=None,
+            help="This node's overlap tau in steps [default: the run's, 1].",
+        ),
         click.option("--batch-size", default=8, help="Sequences per inner step."),
         click.option("--device", default="cpu", help="torch device, e.g. cuda:0."),
-        click.option("--checkpoint-dir", type=click.Path(file_okay=False), default=None,
-                     help="Save checkpoints here (every N steps and on Ctrl-C)."),
-        click.option("--checkpoint-every", default=0, help="Checkpoint every N steps (0: "
-                     "only on exit)."),
+        click.option(
+            "--checkpoint-dir",
+            type=click.Path(file_okay=False),
+            default=None,
+            help="Save checkpoints here (every N steps and on Ctrl-C).",
+        ),
+        click.option(
+            "--checkpoint-every", default=0, help="Checkpoint every N steps (0: only on exit)."
+        ),
         click.option("--resume", is_flag=True, help="Continue from the newest checkpoint."),
-        click.option("--export", "export_path", type=click.Path(dir_okay=False), default=None,
-                     help="At the end, write the outer weights as plain safetensors here."),
-        click.option("--data-seed", type=int, default=None,
-                     help="Seed of this node's data stream [default: random]."),
+        click.option(
+            "--export",
+            "export_path",
+            type=click.Path(dir_okay=False),
+            default=None,
+            help="At the end, write the outer weights as plain safetensors here.",
+        ),
+        click.option(
+            "--data-seed",
+            type=int,
+            default=None,
+            help="Seed of this node's data stream [default: random].",
+        ),
         click.option("--log-every", default=25, help="A progress line every N steps."),
-        click.option("--metrics-out", type=click.Path(dir_okay=False), default=None,
-                     help="Append JSON lines: steps, rounds, progress, summary."),
-        click.option("--listen", "host_maddrs", multiple=True,
-                     default=["/ip4/127.0.0.1/tcp/0"],
-                     help="Multiaddr to listen on (repeatable); /ip4/0.0.0.0/tcp/31337 "
-                     "accepts peers from other machines."),
-        click.option("--announce", "announce_maddrs", multiple=True,
-                     help="Public multiaddr to announce (repeatable)."),
-        click.option("--identity", type=click.Path(dir_okay=False), default=None,
-                     help="Private key file for a stable peer id (created if missing)."),
-        click.option("--use-relay", is_flag=True, help="Reach and be reached through relays "
-                     "(peers behind NAT)."),
-        click.option("--nat-port-map", is_flag=True, help="Ask the router for a port "
-                     "mapping (UPnP); off by default."),
+        click.option(
+            "--metrics-out",
+            type=click.Path(dir_okay=False),
+            default=None,
+            help="Append JSON lines: steps, rounds, progress, summary.",
+        ),
+        click.option(
+            "--listen",
+            "host_maddrs",
+            multiple=True,
+            default=["/ip4/127.0.0.1/tcp/0"],
+            help="Multiaddr to listen on (repeatable); /ip4/0.0.0.0/tcp/31337 "
+            "accepts peers from other machines.",
+        ),
+        click.option(
+            "--announce",
+            "announce_maddrs",
+            multiple=True,
+            help="Public multiaddr to announce (repeatable).",
+        ),
+        click.option(
+            "--identity",
+            type=click.Path(dir_okay=False),
+            default=None,
+            help="Private key file for a stable peer id (created if missing).",
+        ),
+        click.option(
+            "--use-relay",
+            is_flag=True,
+            help="Reach and be reached through relays (peers behind NAT).",
+        ),
+        click.option(
+            "--nat-port-map",
+            is_flag=True,
+            help="Ask the router for a port mapping (UPnP); off by default.",
+        ),
         click.option("--min-group-size", default=2, help="Fewest members for a round."),
-        click.option("--matchmaking-window", default=2.0, help="Seconds to wait for peers "
-                     "at a round's send step."),
+        click.option(
+            "--matchmaking-window",
+            default=2.0,
+            help="Seconds to wait for peers at a round's send step.",
+        ),
         click.option("--round-timeout", default=10.0, help="Seconds to wait for parts."),
     ]
     for option in reversed(options):
@@ -586,16 +682,24 @@ def _node_parts(o: dict[str, object]):  # type: ignore[no-untyped-def]
     from diloco.node.trainer import NodeOptions
 
     options = NodeOptions(
-        batch_size=o["batch_size"], tau=o["tau"], device=o["device"],
-        checkpoint_dir=o["checkpoint_dir"], checkpoint_every=o["checkpoint_every"],
+        batch_size=o["batch_size"],
+        tau=o["tau"],
+        device=o["device"],
+        checkpoint_dir=o["checkpoint_dir"],
+        checkpoint_every=o["checkpoint_every"],
         log_every=o["log_every"],
-        data_seed=o["data_seed"] if o["data_seed"] is not None else int.from_bytes(
-            os.urandom(4), "little"),
+        data_seed=o["data_seed"]
+        if o["data_seed"] is not None
+        else int.from_bytes(os.urandom(4), "little"),
     )  # type: ignore[arg-type]
     net = NetworkOptions(
-        host_maddrs=list(o["host_maddrs"]), announce_maddrs=list(o["announce_maddrs"]),
-        identity_path=o["identity"], use_relay=o["use_relay"], nat_port_map=o["nat_port_map"],
-        min_group_size=o["min_group_size"], matchmaking_window=o["matchmaking_window"],
+        host_maddrs=list(o["host_maddrs"]),
+        announce_maddrs=list(o["announce_maddrs"]),
+        identity_path=o["identity"],
+        use_relay=o["use_relay"],
+        nat_port_map=o["nat_port_map"],
+        min_group_size=o["min_group_size"],
+        matchmaking_window=o["matchmaking_window"],
         round_timeout=o["round_timeout"],
     )  # type: ignore[arg-type]
     return options, net
@@ -630,8 +734,14 @@ def _run_node(run, options, net, o: dict[str, object], join: bool) -> None:  # t
     from diloco.node.swarm_node import SwarmNode
 
     try:
-        node = SwarmNode(run, options, net, metrics_out=o["metrics_out"], resume=o["resume"],
-                         on_event=_echo_node_event)  # type: ignore[arg-type]
+        node = SwarmNode(
+            run,
+            options,
+            net,
+            metrics_out=o["metrics_out"],
+            resume=o["resume"],
+            on_event=_echo_node_event,
+        )  # type: ignore[arg-type]
     except (DilocoError, ValueError) as error:
         raise click.ClickException(str(error)) from error
     interrupts = 0
@@ -641,8 +751,7 @@ def _run_node(run, options, net, o: dict[str, object], join: bool) -> None:  # t
         interrupts += 1
         if interrupts > 1:
             raise KeyboardInterrupt
-        click.echo("stopping: finishing rounds in flight, saving, leaving the swarm...",
-                   err=True)
+        click.echo("stopping: finishing rounds in flight, saving, leaving the swarm...", err=True)
         node.stop_event.set()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -652,8 +761,10 @@ def _run_node(run, options, net, o: dict[str, object], join: bool) -> None:  # t
             click.echo(f"resumed from {node.resumed_from} at step {node.trainer.step}")
         elif join:
             node.join_swarm()
-        click.echo("share one of these addresses; others join with "
-                   "`diloco-node join --initial-peers ADDR`:")
+        click.echo(
+            "share one of these addresses; others join with "
+            "`diloco-node join --initial-peers ADDR`:"
+        )
         for addr in node.maddrs:
             click.echo(addr)
         node.train()
@@ -688,14 +799,19 @@ def start(ctx: click.Context, **o: object) -> None:
 
 
 @main.command()
-@click.option("--initial-peers", multiple=True, required=True,
-              help="Multiaddr of a running node (repeatable, or several separated by spaces).")
+@click.option(
+    "--initial-peers",
+    multiple=True,
+    required=True,
+    help="Multiaddr of a running node (repeatable, or several separated by spaces).",
+)
 @click.option("--run-name", default=None, help="Which run, if the swarm holds several.")
 @_run_options
 @_node_options
 @click.pass_context
-def join(ctx: click.Context, initial_peers: tuple[str, ...], run_name: str | None,
-         **o: object) -> None:
+def join(
+    ctx: click.Context, initial_peers: tuple[str, ...], run_name: str | None, **o: object
+) -> None:
     """Join a running swarm: its run configuration and state come from the peers.
 
     e.g. `diloco-node join --initial-peers /ip4/1.2.3.4/tcp/31337/p2p/12D3KooW...`
@@ -727,7 +843,8 @@ def join(ctx: click.Context, initial_peers: tuple[str, ...], run_name: str | Non
     diffs = config_mismatch(RunConfig.from_dict(mine), run)
     if diffs:
         raise click.ClickException(
-            "your run configuration differs from the swarm's:\n  " + "\n  ".join(diffs)
+            "your run configuration differs from the swarm's:\n  "
+            + "\n  ".join(diffs)
             + "\ndrop these options (a joiner needs no training flags) or join another swarm"
         )
     _run_node(run, options, net, o, join=True)
@@ -749,7 +866,10 @@ def status(initial_peers: tuple[str, ...]) -> None:
     for run_id, records in runs.items():
         click.echo(f"run {run_id}: {len(records)} node(s)")
         for r in records:
-            versions = " ".join(f"{f.fragment}:v{f.version}:{f.state_hash[:8]}"
-                                for f in r.fragments)
-            click.echo(f"  {r.peer_id[-12:]}  step {r.global_step:>7}  "
-                       f"{r.throughput:,.0f} tok/s  v{r.software_version}  {versions}")
+            versions = " ".join(
+                f"{f.fragment}:v{f.version}:{f.state_hash[:8]}" for f in r.fragments
+            )
+            click.echo(
+                f"  {r.peer_id[-12:]}  step {r.global_step:>7}  "
+                f"{r.throughput:,.0f} tok/s  v{r.software_version}  {versions}"
+            )

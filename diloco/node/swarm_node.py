@@ -50,6 +50,8 @@ RECORD_TTL = 30.0
 """Seconds a node's DHT records live unless refreshed (they expire after a clean exit)."""
 PUBLISH_EVERY = 5.0
 """Seconds between two refreshes of a node's records (sooner after a round)."""
+MAX_LAG_STEPS = 2
+"""A node further behind its donor than this skips ahead to the donor's step when healing."""
 HEAL_CHECK_EVERY = 1.0
 """Seconds between two checks of the records while a fragment is suspect."""
 
@@ -337,6 +339,12 @@ class SwarmNode:
                 if adopted:
                     self.healed_fragments += len(adopted)
                     self._emit({"event": "healed", "step": t.step, "fragments": adopted})
+                if state.global_step > t.step + MAX_LAG_STEPS:
+                    # A slow node skips ahead rather than miss every round from now on.
+                    self._emit(
+                        {"event": "caught_up", "from_step": t.step, "to_step": state.global_step}
+                    )
+                    t.step = state.global_step
         H, F = self.run.outer.sync_every, t.sync.num_fragments
         for p, k in list(self.suspects.items()):
             if t.sync.states[p].version >= k or t.step >= send_step(p, k + 1, H, F):

@@ -1,0 +1,5 @@
+"""``python -m diloco`` is ``diloco-node``."""
+
+from diloco.cli import main
+
+main()
