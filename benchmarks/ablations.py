@@ -512,9 +512,10 @@ def plot_sweep(sweep: Sweep, results: dict[str, Any], path: Path) -> None:
             mine = {str(p["x"]): p for p in points if p["series"] == name}
             xs = [j + i * width for j, label in enumerate(labels) if label in mine]
             chosen = [mine[label] for label in labels if label in mine]
-            ax.bar(
+            bars = ax.bar(
                 xs, [p["mean"] for p in chosen], width, yerr=_spread(chosen), capsize=3, label=name
             )
+            ax.bar_label(bars, fmt="%.3f", fontsize=6, padding=2)
         ax.set_xticks(
             [j + width * (len(series) - 1) / 2 for j in range(len(labels))],
             labels,
@@ -627,13 +628,21 @@ def main() -> None:
     parser.add_argument(
         "--markdown", action="store_true", help="only print the tables of existing JSON files"
     )
+    parser.add_argument(
+        "--replot", action="store_true", help="only redraw the PNGs from existing JSON files"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     names = list(SWEEP_ORDER) if "all" in args.sweeps else args.sweeps
-    if args.markdown:
+    if args.markdown or args.replot:
         for name in names:
             results = json.loads((args.out_dir / f"abl_{name}.json").read_text())
-            logger.info("%s (seeds %s)\n%s", results["title"], results["seeds"], markdown(results))
+            if args.markdown:
+                logger.info(
+                    "%s (seeds %s)\n%s", results["title"], results["seeds"], markdown(results)
+                )
+            if args.replot:
+                plot_sweep(SWEEPS[name], results, args.fig_dir / f"abl_{name}.png")
         return
     # One thread: OpenMP spinning on a shared 2-core machine made runs 10x slower.
     torch.set_num_threads(1)
