@@ -575,6 +575,12 @@ def _node_options(f):  # type: ignore[no-untyped-def]
         click.option("--batch-size", default=8, help="Sequences per inner step."),
         click.option("--device", default="cpu", help="torch device, e.g. cuda:0."),
         click.option(
+            "--threads",
+            default=0,
+            help="torch CPU threads (0: torch's default; "
+            "use 1 per node when several nodes share a machine).",
+        ),
+        click.option(
             "--checkpoint-dir",
             type=click.Path(file_okay=False),
             default=None,
@@ -688,6 +694,7 @@ def _node_parts(o: dict[str, object]):  # type: ignore[no-untyped-def]
         checkpoint_dir=o["checkpoint_dir"],
         checkpoint_every=o["checkpoint_every"],
         log_every=o["log_every"],
+        threads=o["threads"],
         data_seed=o["data_seed"]
         if o["data_seed"] is not None
         else int.from_bytes(os.urandom(4), "little"),

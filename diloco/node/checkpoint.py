@@ -49,17 +49,21 @@ class CheckpointManager:
             self.folder.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(temporary, ignore_errors=True)
             temporary.mkdir()
-            save_file({k: v.detach().contiguous().cpu() for k, v in model.items()},
-                      str(temporary / "model.safetensors"))
-            save_file({k: v.contiguous() for k, v in outer.items()},
-                      str(temporary / "outer.safetensors"))
+            save_file(
+                {k: v.detach().contiguous().cpu() for k, v in model.items()},
+                str(temporary / "model.safetensors"),
+            )
+            save_file(
+                {k: v.contiguous() for k, v in outer.items()}, str(temporary / "outer.safetensors")
+            )
             torch.save(state, temporary / "state.pt")
             if final.exists():
                 shutil.rmtree(final)
             temporary.rename(final)
         except OSError as error:
-            logger.error("could not save checkpoint %s (%s); the previous one is kept", final,
-                         error)
+            logger.error(
+                "could not save checkpoint %s (%s); the previous one is kept", final, error
+            )
             shutil.rmtree(temporary, ignore_errors=True)
             return None
         self._prune()
@@ -73,8 +77,9 @@ class CheckpointManager:
         """Complete checkpoints, oldest first."""
         if not self.folder.exists():
             return []
-        return sorted(p for p in self.folder.iterdir()
-                      if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX))
+        return sorted(
+            p for p in self.folder.iterdir() if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX)
+        )
 
     def latest(self) -> Path | None:
         found = self.checkpoints()
@@ -89,10 +94,12 @@ class CheckpointManager:
         return model, outer, state
 
 
-def export_weights(tensors: dict[str, torch.Tensor], path: str | Path,
-                   metadata: dict[str, str] | None = None) -> None:
+def export_weights(
+    tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None
+) -> None:
     """A plain safetensors file of weights, usable without this package."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(path),
-              metadata=metadata)
+    save_file(
+        {k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(path), metadata=metadata
+    )

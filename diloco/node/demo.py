@@ -74,7 +74,7 @@ def run_demo(
     """Run the swarm to the end; returns the per-node summaries and the comparison."""
     work = Path(folder or tempfile.mkdtemp(prefix="diloco-demo-"))
     work.mkdir(parents=True, exist_ok=True)
-    common = ["--steps", str(steps), "--log-every", "50", *(extra or [])]
+    common = ["--steps", str(steps), "--log-every", "50", "--threads", "1", *(extra or [])]
     started: list[DemoNode] = []
     try:
         first = _spawn("node0", ["start", "--name", "demo", *common], work, echo)
@@ -87,7 +87,7 @@ def run_demo(
             f"`diloco-node join --initial-peers {address}`"
         )
         for i in range(1, nodes):
-            join = ["join", "--initial-peers", address, "--log-every", "50"]
+            join = ["join", "--initial-peers", address, "--log-every", "50", "--threads", "1"]
             started.append(_spawn(f"node{i}", join, work, echo))
         for node in started:
             node.process.wait()

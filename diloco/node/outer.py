@@ -15,6 +15,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,8 @@ from diloco.protocol.reducer import Contribution, RoundKey, RoundResult
 from diloco.protocol.state_transfer import fragment_state_hash
 
 logger = logging.getLogger(__name__)
+
+ABANDON_POLL_SECONDS = 0.1
 
 
 @dataclass(kw_only=True, slots=True)
@@ -158,6 +161,8 @@ class FragmentSync:
     tokens_since_send: list[float] = field(init=False)
     carried_weight: list[float] = field(init=False)
     failed_rounds: int = field(init=False, default=0)
+    should_abandon: Callable[[], bool] = field(default=lambda: False, repr=False)
+    """Asked while blocked on a round; True gives the round up (a node that is stopping)."""
 
     def __post_init__(self) -> None:
         check_tau(self.tau, self.config.sync_every)
@@ -203,11 +208,22 @@ class FragmentSync:
             applied.append(self._apply(pending))
         return applied
 
+    def _wait(self, pending: PendingRound) -> RoundResult:
+        """The round's result; polls so that a stopping node can abandon the wait."""
+        while True:
+            try:
+                return pending.future.result(timeout=ABANDON_POLL_SECONDS)
+            except concurrent.futures.TimeoutError:
+                if self.should_abandon():
+                    pending.future.cancel()
+                    key = pending.key
+                    raise RoundFailed(key.fragment, key.round, "abandoned: stopping") from None
+
     def _apply(self, pending: PendingRound) -> AppliedRound:
         p = pending.key.fragment
         start = time.perf_counter()
         try:
-            result = pending.future.result()
+            result = self._wait(pending)
         except RoundFailed as error:
             blocked = time.perf_counter() - start
             self.failed_rounds += 1
@@ -244,6 +260,7 @@ class FragmentSync:
         receive step as before, so a resumed run continues exactly.
         """
         saved = []
+        deadline = None if timeout is None else time.monotonic() + timeout
         for pending in self.pending:
             record: dict[str, Any] = {
                 "fragment": pending.key.fragment,
@@ -252,10 +269,13 @@ class FragmentSync:
                 "weight": pending.weight,
             }
             try:
-                result = pending.future.result(timeout=timeout)
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                result = pending.future.result(timeout=left)
                 record["result"] = {
-                    "delta": result.delta, "members": list(result.members),
-                    "bytes_sent": result.bytes_sent, "bytes_received": result.bytes_received,
+                    "delta": result.delta,
+                    "members": list(result.members),
+                    "bytes_sent": result.bytes_sent,
+                    "bytes_received": result.bytes_received,
                     "seconds": result.seconds,
                 }
             except RoundFailed as error:
@@ -274,10 +294,15 @@ class FragmentSync:
             future: Future[RoundResult] = Future()
             if "result" in record:
                 r = record["result"]
-                future.set_result(RoundResult(
-                    delta=r["delta"], members=tuple(r["members"]), bytes_sent=r["bytes_sent"],
-                    bytes_received=r["bytes_received"], seconds=r["seconds"],
-                ))
+                future.set_result(
+                    RoundResult(
+                        delta=r["delta"],
+                        members=tuple(r["members"]),
+                        bytes_sent=r["bytes_sent"],
+                        bytes_received=r["bytes_received"],
+                        seconds=r["seconds"],
+                    )
+                )
             else:
                 future.set_exception(RoundFailed(key.fragment, key.round, record["failed"]))
             self.pending.append(PendingRound(key, future, record["receive_step"], record["weight"]))

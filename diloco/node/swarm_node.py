@@ -50,6 +50,10 @@ RECORD_TTL = 30.0
 """Seconds a node's DHT records live unless refreshed (they expire after a clean exit)."""
 PUBLISH_EVERY = 5.0
 """Seconds between two refreshes of a node's records (sooner after a round)."""
+DISCOVERY_ATTEMPTS = 3
+"""Tries to reach the bootstrap peers before ``join`` gives up (p2pd's first dial can fail)."""
+JOIN_TIMEOUT = 60.0
+"""Seconds a joiner keeps trying donors for the run's state."""
 MAX_LAG_STEPS = 2
 """A node further behind its donor than this skips ahead to the donor's step when healing."""
 HEAL_CHECK_EVERY = 1.0
@@ -89,13 +93,9 @@ class NetworkOptions:
         )
 
 
-def discover_run(net: NetworkOptions, run_name: str | None = None) -> RunConfig:
-    """Read the run configuration from the swarm at ``net.initial_peers``.
-
-    Raises:
-        ConfigError: no run found, or several and no ``run_name`` to choose.
-    """
-    dht = DHT(
+def _client_dht(net: NetworkOptions) -> DHT:
+    """A DHT client (it serves nothing) for reading the swarm before joining it."""
+    return DHT(
         initial_peers=net.initial_peers,
         start=True,
         client_mode=True,
@@ -105,6 +105,24 @@ def discover_run(net: NetworkOptions, run_name: str | None = None) -> RunConfig:
         use_relay=net.use_relay,
         use_auto_relay=net.use_relay,
     )
+
+
+def discover_run(net: NetworkOptions, run_name: str | None = None) -> RunConfig:
+    """Read the run configuration from the swarm at ``net.initial_peers``.
+
+    Raises:
+        ConfigError: no run found, or several and no ``run_name`` to choose.
+    """
+    for attempt in range(DISCOVERY_ATTEMPTS):
+        try:
+            dht = _client_dht(net)
+            break
+        except Exception as error:  # p2pd says why in its message; the user needs that line
+            if attempt + 1 == DISCOVERY_ATTEMPTS:
+                where = " ".join(net.initial_peers)
+                raise ConfigError(f"cannot reach the swarm at {where}: {error}") from error
+            logger.warning("cannot reach the swarm yet (%s); retrying", error)
+            time.sleep(2.0)
     try:
         configs = asyncio.run(asyncio.wait_for(find_run_configs(dht), 30.0))
     finally:
@@ -182,6 +200,7 @@ class SwarmNode:
             member = self.swarm.peer_id.to_base58()
             self.trainer = NodeTrainer(run, options, self.reducer, member)
             self.trainer.round_timeout = net.exit_timeout
+            self.trainer.sync.should_abandon = self.stop_event.is_set
             self.worker = concurrent.futures.ThreadPoolExecutor(1, "diloco-node-dht")
             self.publish_future: concurrent.futures.Future[Any] | None = None
             self.published_at = 0.0
@@ -255,13 +274,23 @@ class SwarmNode:
         future.add_done_callback(_log_failure)
         return future
 
-    def join_swarm(self) -> None:
-        """Download the outer state and global step from the swarm (a joiner's first act)."""
+    def join_swarm(self, timeout: float = JOIN_TIMEOUT) -> None:
+        """Download the outer state and global step from the swarm (a joiner's first act).
+
+        Donors are retried until ``timeout``: a fresh daemon's first dials can fail (libp2p
+        then backs off for a few seconds) and a busy donor may answer late.
+        """
         numel = {p: s.outer.numel() for p, s in enumerate(self.trainer.sync.states)}
-        try:
-            state = self.swarm.fetch_state(expected_numel=numel)
-        except ProtocolError as error:
-            raise DilocoError(f"could not download the run's state: {error}") from error
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                state = self.swarm.fetch_state(expected_numel=numel)
+                break
+            except ProtocolError as error:
+                if time.monotonic() > deadline:
+                    raise DilocoError(f"could not download the run's state: {error}") from error
+                logger.warning("no state yet (%s); retrying", error)
+                time.sleep(2.0)
         self._adopt(state, take_step=True)
         self._emit(
             {
@@ -288,13 +317,21 @@ class SwarmNode:
         return sorted(adopted)
 
     def _check_and_fetch(
-        self, fragments: list[int], mine: dict[int, tuple[int, str]]
+        self, fragments: list[int], mine: dict[int, tuple[int, str]], my_step: int
     ) -> OuterState | None:
         """Worker thread: fetch the fragments on which peers are ahead of us, or on which
         the majority at our version holds another state (SPEC 4 "compares the state hash
-        the others publish and heals from a peer if it differs")."""
+        the others publish and heals from a peer if it differs").
+
+        A node whose step lags the swarm's by more than ``MAX_LAG_STEPS`` misses every round
+        (its peers leave the matchmaking window before it arrives), so it also fetches from
+        the peer furthest ahead, whose fresh global step it then skips to.
+        """
         me = self.swarm.peer_id.to_base58()
         records = [r for r in self.swarm.read_records() if r.peer_id != me]
+        ahead_of_me = [r for r in records if r.global_step > my_step + MAX_LAG_STEPS]
+        if ahead_of_me:
+            fragments = list(range(self.trainer.sync.num_fragments))
         fetched, global_step = {}, 0
         for p in fragments:
             version, state_hash = mine[p]
@@ -308,6 +345,8 @@ class SwarmNode:
                 )
                 if holders > agreeing or (holders == agreeing and best < state_hash):
                     donors = [r for r in conflicting if _hash(r, p) == best]
+            if not donors and ahead_of_me:
+                donors = sorted(ahead_of_me, key=lambda r: -r.global_step)[:1]
             if not donors:
                 continue
             numel = {p: self.trainer.sync.states[p].outer.numel()}
@@ -354,8 +393,8 @@ class SwarmNode:
         if self.heal_future is None and ((self.suspects and rested) or periodic):
             self.checked_at = time.monotonic()
             wanted = sorted(self.suspects) if not periodic else list(range(F))
-            mine = {p: (t.sync.states[p].version, t.sync.states[p].sha256()) for p in wanted}
-            self.heal_future = self.worker.submit(self._check_and_fetch, wanted, mine)
+            mine = {p: (t.sync.states[p].version, t.sync.states[p].sha256()) for p in range(F)}
+            self.heal_future = self.worker.submit(self._check_and_fetch, wanted, mine, t.step)
 
     # -- the loop ----------------------------------------------------------------------------
 

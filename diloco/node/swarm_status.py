@@ -13,9 +13,16 @@ from diloco.protocol.records import NodeRecord, read_records
 def read_status(initial_peers: list[str], timeout: float = 30.0) -> dict[str, list[NodeRecord]]:
     """Every run the swarm knows, with its nodes' records (a client DHT, loopback only
     unless the addresses say otherwise)."""
-    dht = DHT(initial_peers=initial_peers, start=True, client_mode=True,
-              host_maddrs=["/ip4/127.0.0.1/tcp/0"], nat_port_map=False, auto_nat=False)
+    dht = DHT(
+        initial_peers=initial_peers,
+        start=True,
+        client_mode=True,
+        host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+        nat_port_map=False,
+        auto_nat=False,
+    )
     try:
+
         async def gather() -> dict[str, list[NodeRecord]]:
             configs = await find_run_configs(dht)
             return {run_id: await read_records(dht, run_id) for run_id in sorted(configs)}

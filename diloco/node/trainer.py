@@ -119,6 +119,9 @@ class NodeOptions:
     log_every: int = 25
     eval_batches: int = 8
     data_seed: int = 0
+    threads: int = 0
+    """torch CPU threads (0: torch's default). Several nodes on one machine want 1 each:
+    OpenMP threads spinning on oversubscribed cores slow every step many times over."""
     """Seed of this node's data stream; nodes should differ."""
 
 
@@ -146,6 +149,8 @@ class NodeTrainer:
             raise ConfigError(f"batch size must be >= 1, got {options.batch_size}")
         self.corpus = corpus or load_corpus(run.data)
         self.device = torch.device(options.device)
+        if options.threads:
+            torch.set_num_threads(options.threads)
         torch.manual_seed(run.seed)
         self.model = Transformer(run.model_config()).to(self.device)
         self.optimizer = build_inner_optimizer(self.model.parameters(), run.inner)
@@ -234,7 +239,10 @@ class NodeTrainer:
         model = Transformer(self.run.model_config()).to(self.device)
         model.load_state_dict(self.model.state_dict())
         fragments = model_fragments(
-            model, model.blocks, self.run.fragment_size, self.run.pattern,
+            model,
+            model.blocks,
+            self.run.fragment_size,
+            self.run.pattern,
             self.run.embedding_fragment,
         )
         self.sync.load_outer_into(fragments)
@@ -245,8 +253,10 @@ class NodeTrainer:
         export_weights(
             self.outer_model().state_dict(),
             path,
-            metadata={"model_config": json.dumps(asdict(self.run.model_config())),
-                      "step": str(self.step)},
+            metadata={
+                "model_config": json.dumps(asdict(self.run.model_config())),
+                "step": str(self.step),
+            },
         )
 
     # -- state -----------------------------------------------------------------------------
@@ -304,9 +314,7 @@ class NodeTrainer:
         self.bytes_sent = state["bytes_sent"]
         self.bytes_received = state["bytes_received"]
 
-    def adopt_outer_state(
-        self, states: dict[int, FragmentState], step: int | None = None
-    ) -> None:
+    def adopt_outer_state(self, states: dict[int, FragmentState], step: int | None = None) -> None:
         """Take fragments' outer state from a peer (join or heal) and load it into theta.
 
         The live weights of each adopted fragment become the outer parameters; the inner
@@ -315,8 +323,10 @@ class NodeTrainer:
         for p, state in states.items():
             mine = self.sync.states[p]
             if state.outer.shape != mine.outer.shape:
-                raise ConfigError(f"fragment {p}: peer state has shape {tuple(state.outer.shape)}"
-                                  f", expected {tuple(mine.outer.shape)}")
+                raise ConfigError(
+                    f"fragment {p}: peer state has shape {tuple(state.outer.shape)}"
+                    f", expected {tuple(mine.outer.shape)}"
+                )
             mine.outer.copy_(state.outer)
             mine.momentum.copy_(state.momentum)
             mine.version = state.version

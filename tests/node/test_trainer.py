@@ -17,8 +17,14 @@ def corpus():
 
 
 def make(corpus, tmp_path, **options) -> NodeTrainer:
-    run = RunConfig(steps=40, seq_len=16, outer=OuterConfig(sync_every=6, fragment_sync_delay=2),
-                    inner=InnerConfig(warmup_steps=5), codec="e3m0", rounding="stochastic")
+    run = RunConfig(
+        steps=40,
+        seq_len=16,
+        outer=OuterConfig(sync_every=6, fragment_sync_delay=2),
+        inner=InnerConfig(warmup_steps=5),
+        codec="e3m0",
+        rounding="stochastic",
+    )
     node = NodeOptions(batch_size=2, eval_batches=2, checkpoint_dir=str(tmp_path), **options)
     return NodeTrainer(run, node, InProcessReducer(get_codec("e3m0")), "me", corpus)
 
@@ -53,8 +59,13 @@ def test_checkpoint_refuses_other_run(corpus, tmp_path) -> None:
     for _ in range(5):
         trainer.train_step()
     path = trainer.save_checkpoint()
-    other = NodeTrainer(RunConfig(steps=41, seq_len=16), NodeOptions(batch_size=2),
-                        InProcessReducer(get_codec("none")), "x", corpus)
+    other = NodeTrainer(
+        RunConfig(steps=41, seq_len=16),
+        NodeOptions(batch_size=2),
+        InProcessReducer(get_codec("none")),
+        "x",
+        corpus,
+    )
     with pytest.raises(ConfigError, match="another run"):
         other.load_checkpoint(path)
 
@@ -86,8 +97,9 @@ def test_export_outer_is_plain_safetensors(corpus, tmp_path) -> None:
     trainer.export_outer(tmp_path / "outer.safetensors")
     tensors = load_file(str(tmp_path / "outer.safetensors"))
     # fragment 0 (block 0) synced at step 6 (received at 8): its outer differs from theta.
-    assert not torch.equal(tensors["blocks.0.attn.qkv.weight"],
-                           trainer.model.blocks[0].attn.qkv.weight.detach())
+    assert not torch.equal(
+        tensors["blocks.0.attn.qkv.weight"], trainer.model.blocks[0].attn.qkv.weight.detach()
+    )
     names = [n for n, _ in trainer.fragments[0]]
     exported = torch.cat([tensors[n].reshape(-1) for n in names])
     assert torch.equal(exported, trainer.sync.states[0].outer)

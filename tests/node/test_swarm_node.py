@@ -1,0 +1,210 @@
+"""The node as a user runs it: separate `diloco-node` processes on loopback.
+
+One scenario covers several promises at once (starting processes costs seconds on two
+cores): a joiner with a mismatching configuration is refused; a second node joins at once;
+a third joins after about a third of the run and catches up; SIGINT stops the second node
+within the bound while the others train on; every (fragment, round) that several nodes
+applied has one state hash.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.swarm
+
+STEPS = 240
+EXIT_BOUND_S = 10.0
+SMALL = ["--seq-len", "32", "--batch-size", "4", "--log-every", "20", "--threads", "1"]
+
+
+class Node:
+    def __init__(self, name: str, args: list[str], folder: Path) -> None:
+        self.name = name
+        self.log = folder / f"{name}.log"
+        self.metrics = folder / f"{name}.jsonl"
+        with self.log.open("w") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "diloco", *args, "--metrics-out", str(self.metrics)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+
+    def output(self) -> str:
+        return self.log.read_text() if self.log.exists() else ""
+
+    def address(self, timeout: float = 120.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in self.output().splitlines():
+                if line.startswith("/ip4/127.0.0.1/"):
+                    return line.strip()
+            assert self.process.poll() is None, self.output()
+            time.sleep(0.5)
+        raise AssertionError(f"{self.name} printed no address:\n{self.output()}")
+
+    def records(self) -> list[dict[str, Any]]:
+        if not self.metrics.exists():
+            return []
+        lines = self.metrics.read_text().splitlines()
+        return [json.loads(line) for line in lines if line.endswith("}")]
+
+    def step(self) -> int:
+        steps = [r["step"] for r in self.records() if r["event"] == "step"]
+        return steps[-1] if steps else 0
+
+    def wait_step(self, step: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self.step() < step:
+            assert time.monotonic() < deadline, f"{self.name} stuck at {self.step()}"
+            assert self.process.poll() is None, self.output()
+            time.sleep(0.5)
+
+    def summary(self) -> dict[str, Any]:
+        return next(r for r in self.records() if r["event"] == "summary")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+
+
+@pytest.fixture
+def nodes(tmp_path):
+    started: list[Node] = []
+
+    def spawn(name: str, args: list[str]) -> Node:
+        node = Node(name, args, tmp_path)
+        started.append(node)
+        return node
+
+    yield spawn
+    for node in started:
+        node.stop()
+
+
+def test_swarm_of_cli_processes_trains_agrees_and_survives(nodes, tmp_path) -> None:
+    a = nodes("a", ["start", "--name", "t", "--steps", str(STEPS), *SMALL])
+    address = a.address()
+
+    b = nodes("b", ["join", "--initial-peers", address, *SMALL])
+    a.wait_step(STEPS // 3, timeout=300)
+    c = nodes("c", ["join", "--initial-peers", address, *SMALL])
+    c.wait_step(STEPS // 3 + 40, timeout=300)
+
+    wrong = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "diloco",
+            "join",
+            "--initial-peers",
+            address,
+            "--H",
+            "7",
+            "--steps",
+            "999",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert wrong.returncode != 0
+    assert "differs from the swarm" in wrong.stderr
+    assert "sync_every: yours 7, swarm's 30" in wrong.stderr
+    b.wait_step(2 * STEPS // 3, timeout=300)
+
+    b.process.send_signal(signal.SIGINT)
+    stopped_at = time.monotonic()
+    assert b.process.wait(60) == 0, b.output()
+    exit_seconds = time.monotonic() - stopped_at
+    assert exit_seconds < EXIT_BOUND_S, f"SIGINT took {exit_seconds:.1f} s"
+    assert b.summary()["interrupted"] and b.summary()["step"] < STEPS
+
+    for node in (a, c):
+        assert node.process.wait(300) == 0, node.output()
+        assert node.summary()["step"] == STEPS and not node.summary()["interrupted"]
+
+    # Loss falls: the first progress line against the last.
+    progress = [r["loss"] for r in a.records() if r["event"] == "progress"]
+    assert progress[-1] < 0.75 * progress[0]
+
+    # Every (fragment, round) applied by several nodes has one outer state hash.
+    hashes: dict[tuple[int, int], dict[str, str]] = defaultdict(dict)
+    for node in (a, b, c):
+        for r in node.records():
+            if r["event"] == "round":
+                hashes[(r["fragment"], r["round"])][node.name] = r["outer_sha256"]
+    shared = {k: v for k, v in hashes.items() if len(v) >= 2}
+    assert len(shared) >= 10
+    assert all(len(set(v.values())) == 1 for v in shared.values()), shared
+
+    # The late joiner started from the swarm's step and shares rounds with the others.
+    joined = next(r for r in c.records() if r["event"] == "joined")
+    assert joined["step"] >= STEPS // 3
+    c_rounds = [k for k, v in hashes.items() if "c" in v and len(v) >= 2]
+    assert c_rounds, "the late joiner never shared a round"
+    assert a.summary()["outer_sha256"] == c.summary()["outer_sha256"]
+
+
+def test_single_node_resume_equals_uninterrupted_run(nodes, tmp_path) -> None:
+    common = [
+        "start",
+        "--name",
+        "r",
+        "--steps",
+        "60",
+        "--min-group-size",
+        "1",
+        "--data-seed",
+        "3",
+        "--checkpoint-every",
+        "30",
+        *SMALL,
+    ]
+    straight = nodes(
+        "straight",
+        [
+            *common,
+            "--checkpoint-dir",
+            str(tmp_path / "d1"),
+            "--export",
+            str(tmp_path / "straight.safetensors"),
+        ],
+    )
+    assert straight.process.wait(300) == 0, straight.output()
+    (tmp_path / "d2").mkdir()
+    shutil.copytree(tmp_path / "d1" / "step_000000030", tmp_path / "d2" / "step_000000030")
+
+    resumed = nodes(
+        "resumed",
+        [
+            *common,
+            "--checkpoint-dir",
+            str(tmp_path / "d2"),
+            "--resume",
+            "--export",
+            str(tmp_path / "resumed.safetensors"),
+        ],
+    )
+    assert resumed.process.wait(300) == 0, resumed.output()
+    assert "resumed from" in resumed.output()
+    a, b = straight.summary(), resumed.summary()
+    assert a["versions"] == b["versions"] and min(a["versions"]) >= 1
+    assert a["outer_sha256"] == b["outer_sha256"]
+    assert a["eval_loss"] == b["eval_loss"] and a["eval_loss_local"] == b["eval_loss_local"]
+    straight_bytes = (tmp_path / "straight.safetensors").read_bytes()
+    assert straight_bytes == (tmp_path / "resumed.safetensors").read_bytes()
