@@ -734,7 +734,7 @@ def _echo_node_event(record: dict[str, object]) -> None:
         )
 
 
-def _run_node(run, options, net, o: dict[str, object], join: bool) -> None:  # type: ignore[no-untyped-def]
+def _run_node(run, options, net, o: dict[str, object], join: bool, dht=None) -> None:  # type: ignore[no-untyped-def]
     import signal
 
     from diloco.errors import DilocoError
@@ -748,6 +748,7 @@ def _run_node(run, options, net, o: dict[str, object], join: bool) -> None:  # t
             metrics_out=o["metrics_out"],
             resume=o["resume"],
             on_event=_echo_node_event,
+            dht=dht,
         )  # type: ignore[arg-type]
     except (DilocoError, ValueError) as error:
         raise click.ClickException(str(error)) from error
@@ -835,7 +836,7 @@ def join(
     except (ConfigError, ValueError) as error:
         raise click.UsageError(str(error)) from error
     try:
-        run = discover_run(net, run_name)
+        run, dht = discover_run(net, run_name)
     except ConfigError as error:
         raise click.ClickException(str(error)) from error
     theirs = run.to_dict()
@@ -849,12 +850,13 @@ def join(
     mine["outer"]["fragment_sync_delay"] = theirs["outer"]["fragment_sync_delay"]
     diffs = config_mismatch(RunConfig.from_dict(mine), run)
     if diffs:
+        dht.shutdown()
         raise click.ClickException(
             "your run configuration differs from the swarm's:\n  "
             + "\n  ".join(diffs)
             + "\ndrop these options (a joiner needs no training flags) or join another swarm"
         )
-    _run_node(run, options, net, o, join=True)
+    _run_node(run, options, net, o, join=True, dht=dht)
 
 
 @main.command()

@@ -93,12 +93,11 @@ class NetworkOptions:
         )
 
 
-def _client_dht(net: NetworkOptions) -> DHT:
-    """A DHT client (it serves nothing) for reading the swarm before joining it."""
+def _node_dht(net: NetworkOptions) -> DHT:
+    """This node's DHT; a joiner starts it to read the run configuration, then trains on it."""
     return DHT(
         initial_peers=net.initial_peers,
         start=True,
-        client_mode=True,
         host_maddrs=net.host_maddrs,
         nat_port_map=net.nat_port_map,
         auto_nat=net.auto_nat,
@@ -107,15 +106,16 @@ def _client_dht(net: NetworkOptions) -> DHT:
     )
 
 
-def discover_run(net: NetworkOptions, run_name: str | None = None) -> RunConfig:
-    """Read the run configuration from the swarm at ``net.initial_peers``.
+def discover_run(net: NetworkOptions, run_name: str | None = None) -> tuple[RunConfig, DHT]:
+    """Read the run configuration from the swarm at ``net.initial_peers``; returns it with
+    the running DHT, which the node then keeps (shut it down if the node is not built).
 
     Raises:
         ConfigError: no run found, or several and no ``run_name`` to choose.
     """
     for attempt in range(DISCOVERY_ATTEMPTS):
         try:
-            dht = _client_dht(net)
+            dht = _node_dht(net)
             break
         except Exception as error:  # p2pd says why in its message; the user needs that line
             if attempt + 1 == DISCOVERY_ATTEMPTS:
@@ -125,10 +125,13 @@ def discover_run(net: NetworkOptions, run_name: str | None = None) -> RunConfig:
             time.sleep(2.0)
     try:
         configs = asyncio.run(asyncio.wait_for(find_run_configs(dht), 30.0))
-    finally:
+    except BaseException:
         dht.shutdown()
+        raise
     if run_name is not None:
         configs = {k: v for k, v in configs.items() if v.get("name") == run_name}
+    if len(configs) != 1:
+        dht.shutdown()
     if not configs:
         raise ConfigError(
             "no run found in the swarm at "
@@ -139,7 +142,11 @@ def discover_run(net: NetworkOptions, run_name: str | None = None) -> RunConfig:
     if len(configs) > 1:
         names = ", ".join(sorted(str(c.get("name")) for c in configs.values()))
         raise ConfigError(f"the swarm runs several runs ({names}); choose one with --run-name")
-    return RunConfig.from_dict(next(iter(configs.values())))
+    try:
+        return RunConfig.from_dict(next(iter(configs.values()))), dht
+    except ConfigError:
+        dht.shutdown()
+        raise
 
 
 def config_mismatch(mine: RunConfig, theirs: RunConfig) -> list[str]:
@@ -173,6 +180,7 @@ class SwarmNode:
         metrics_out: str | None = None,
         resume: bool = False,
         on_event: EventCallback | None = None,
+        dht: DHT | None = None,
     ) -> None:
         self.run, self.options, self.net = run, options, net
         self.run_id = make_run_id(run.name, run.to_dict())
@@ -188,6 +196,7 @@ class SwarmNode:
             use_relay=net.use_relay,
             nat_port_map=net.nat_port_map,
             auto_nat=net.auto_nat,
+            dht=dht,
         )
         try:
             codec_options = {"rounding": run.rounding} if run.codec == "e3m0" else {}

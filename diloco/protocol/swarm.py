@@ -78,11 +78,14 @@ class Swarm:
         auto_nat: bool = False,
         startup_timeout: float = 60.0,
         request_timeout: float = 30.0,
+        dht: DHT | None = None,
     ) -> None:
         self.run_id = check_run_id(run_id)
         self.digest = run_digest(run_id)
         self.request_timeout = request_timeout
-        self.dht = DHT(
+        # A joiner that already read the run configuration through its own DHT hands it
+        # over (one daemon per node); otherwise the swarm starts one.
+        self.dht = dht or DHT(
             initial_peers=list(initial_peers),
             start=True,
             host_maddrs=list(host_maddrs),
