@@ -483,9 +483,12 @@ def plot_sweep(sweep: Sweep, results: dict[str, Any], path: Path) -> None:
     points = results["points"]
     series = list(dict.fromkeys(p["series"] for p in points))
     if sweep.plot == "cosine":
-        for fragment, curve in points[0]["cosine_by_fragment"].items():
+        curves = points[0]["cosine_by_fragment"]
+        embedding = str(len(curves) - 1) if results["base"]["embedding_fragment"] == "own" else ""
+        for fragment, curve in curves.items():
             steps, cosines = zip(*curve, strict=True)
-            ax.plot(steps, cosines, marker="o", ms=3, label=f"fragment {fragment}")
+            name = f"fragment {fragment}" + (" (embedding, head)" if fragment == embedding else "")
+            ax.plot(steps, cosines, marker="o", ms=3, label=name)
         ax.set_ylabel("cosine similarity (replica 1 vs 2)")
         ax.legend(fontsize=8)
     elif sweep.plot in ("line", "logline"):
