@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Three nodes, each in its own network namespace, joined by veth links to a bridge and
 # throttled with `tc ... tbf` to RATE (default 100mbit). Root only; namespaces and links are
-# removed on exit. Usage: sudo examples/throttled_swarm.sh [RATE] [STEPS]
+# removed on exit. Usage: sudo examples/throttled_swarm.sh [RATE] [STEPS] [START FLAGS...]
+# e.g. DiLoCo instead of streaming: ... 100mbit 300 --fragment-size 99 --embedding-fragment
+# first --tau 0 --codec none. OUT=folder keeps the logs and metrics there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rate=${1:-100mbit}; steps=${2:-300}
+rate=${1:-100mbit}; steps=${2:-300}; shift $(( $# < 2 ? $# : 2 ))
 [ "$(id -u)" = 0 ] || { echo "run as root (network namespaces and tc need it)" >&2; exit 1; }
 . .venv/bin/activate
-out=$(mktemp -d); br=dlbr$$
+out=${OUT:-$(mktemp -d)}; mkdir -p "$out"; br=dlbr$$
 cleanup() {
   for i in 0 1 2; do ip netns pids dl$$n$i 2>/dev/null | xargs -r kill -INT; done
   sleep 5
@@ -28,7 +30,7 @@ for i in 0 1 2; do
   tc -n $ns qdisc add dev v$$n$i root tbf rate "$rate" burst 64kb latency 50ms
 done
 ip netns exec dl$$n0 .venv/bin/diloco-node start --name throttled --steps "$steps" \
-  --threads 1 --listen /ip4/10.77.0.1/tcp/31337 --metrics-out "$out/node0.jsonl" \
+  --threads 1 --listen /ip4/10.77.0.1/tcp/31337 --metrics-out "$out/node0.jsonl" "$@" \
   > "$out/node0.log" 2>&1 &
 until addr=$(grep -m1 '^/ip4/10.77' "$out/node0.log"); do sleep 1; done
 for i in 1 2; do

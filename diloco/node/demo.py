@@ -48,6 +48,11 @@ def _pump(node: DemoNode, stream: IO[str], echo: Callable[[str], None]) -> None:
             echo(f"[{node.name}] {line}")
 
 
+def _listen(index: int) -> list[str]:
+    """Each node on its own loopback address: libp2p limits connections per source IP."""
+    return ["--listen", f"/ip4/127.0.0.{index + 2}/tcp/0"]
+
+
 def _spawn(name: str, args: list[str], folder: Path, echo: Callable[[str], None]) -> DemoNode:
     metrics = folder / f"{name}.jsonl"
     process = subprocess.Popen(
@@ -77,7 +82,7 @@ def run_demo(
     common = ["--steps", str(steps), "--log-every", "50", "--threads", "1", *(extra or [])]
     started: list[DemoNode] = []
     try:
-        first = _spawn("node0", ["start", "--name", "demo", *common], work, echo)
+        first = _spawn("node0", ["start", "--name", "demo", *common, *_listen(0)], work, echo)
         started.append(first)
         if not first.address.wait(ADDRESS_TIMEOUT) or first.process.poll() is not None:
             raise RuntimeError("the first node did not start:\n" + "\n".join(first.lines))
@@ -87,7 +92,16 @@ def run_demo(
             f"`diloco-node join --initial-peers {address}`"
         )
         for i in range(1, nodes):
-            join = ["join", "--initial-peers", address, "--log-every", "50", "--threads", "1"]
+            join = [
+                "join",
+                "--initial-peers",
+                address,
+                "--log-every",
+                "50",
+                "--threads",
+                "1",
+                *_listen(i),
+            ]
             started.append(_spawn(f"node{i}", join, work, echo))
         for node in started:
             node.process.wait()

@@ -175,7 +175,10 @@ def peer_main(conn: Connection, initial_peers: list[str], codec: str, run_id: st
     logging.basicConfig(
         level=logging.WARNING, format=f"[peer {os.getpid()}] %(levelname)s %(name)s: %(message)s"
     )
-    swarm = Swarm(run_id, initial_peers=initial_peers)
+    # Each peer on its own loopback address: libp2p limits connections per source IP.
+    pid = os.getpid()
+    host = f"/ip4/127.{(pid >> 16) & 255}.{(pid >> 8) & 255}.{pid % 254 + 1}/tcp/0"
+    swarm = Swarm(run_id, initial_peers=initial_peers, host_maddrs=[host])
     sockets = [str(swarm.p2p._client_listen_maddr), *swarm.dht.run_coroutine(_daemon_sockets)]
     reducer = SwarmReducer(swarm, get_codec(codec), timeouts=TIMEOUTS)
     _notify(("ready", swarm.peer_id.to_base58(), swarm.maddrs, sockets))
