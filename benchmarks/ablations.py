@@ -528,8 +528,11 @@ def plot_sweep(sweep: Sweep, results: dict[str, Any], path: Path) -> None:
         )
         low = min(p["min"] for p in points)
         high = max(p["max"] for p in points)
-        pad = max(0.02, 0.15 * (high - low))
-        ax.set_ylim(low - pad, high + pad)
+        if high > 2 * low:  # a diverged run: a log axis keeps the others readable
+            ax.set_yscale("log")
+        else:
+            pad = max(0.02, 0.15 * (high - low))
+            ax.set_ylim(low - pad, high + pad)
         if len(series) > 1:
             ax.legend(fontsize=8)
         ax.set_ylabel("eval loss")
