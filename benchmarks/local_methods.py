@@ -75,7 +75,8 @@ def main() -> None:
                     base.outer, fragment_update_alpha=1.0)),
                 "dp": replace(base, method="dp", replicas=replicas, seed=seed),
                 "diloco": replace(base, method="diloco", replicas=replicas, seed=seed,
-                                  codec="none"),
+                                  codec="none", outer=replace(
+                                      base.outer, fragment_update_alpha=None)),
                 "streaming": replace(base, replicas=replicas, seed=seed),
             }
             for method in args.methods:
