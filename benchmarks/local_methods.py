@@ -3,7 +3,8 @@
 Runs the in-process trainer (``diloco.node.local``) for each method and replica count,
 writes every summary to a JSON file and prints a markdown table.
 
-    python benchmarks/local_methods.py --replicas 2 4 --steps 500 --out benchmarks/results/methods_500.json
+    python benchmarks/local_methods.py --replicas 2 4 --steps 300 \
+        --out benchmarks/results/methods_300.json
 """
 
 from __future__ import annotations

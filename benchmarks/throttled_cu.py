@@ -4,7 +4,8 @@ Runs ``examples/throttled_swarm.sh`` (three nodes in network namespaces behind `
 links; root) for each rate and method, reads each node's summary, and writes a JSON file
 and a markdown table.
 
-    sudo .venv/bin/python benchmarks/throttled_cu.py --steps 300 --out benchmarks/results/throttled_cu.json
+    sudo .venv/bin/python benchmarks/throttled_cu.py --steps 300 \
+        --out benchmarks/results/throttled_cu.json
 """
 
 from __future__ import annotations

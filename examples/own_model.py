@@ -39,7 +39,8 @@ class MyModel(nn.Module):
 
 def main() -> None:
     torch.manual_seed(0)
-    text = open(__file__, "rb").read()
+    with open(__file__, "rb") as f:
+        text = f.read()
     data = torch.tensor(list(text), dtype=torch.long)
     outer = OuterConfig(sync_every=10, outer_lr=0.7, outer_momentum=0.9, fragment_sync_delay=1)
     reducer = InProcessReducer(get_codec("e3m0"))
