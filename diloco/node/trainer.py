@@ -204,20 +204,6 @@ class NodeTrainer:
         total = self.compute_seconds + self.blocked_seconds
         return self.compute_seconds / total if total else 1.0
 
-    def drain(self, timeout: float) -> None:
-        """Give in-flight rounds up to ``timeout`` seconds, then abandon them (on exit)."""
-        deadline = time.monotonic() + timeout
-        for pending in list(self.sync.pending):
-            remaining = max(0.0, deadline - time.monotonic())
-            try:
-                pending.future.result(timeout=remaining)
-            except Exception as error:  # a failed or late round is simply not applied
-                logger.info("abandoning round %s: %r", pending.key, error)
-                self.sync.pending.remove(pending)
-                pending.future.cancel()
-                continue
-        self.sync.apply_due(self.step + self.run.outer.sync_every)
-
     # -- evaluation and weights -----------------------------------------------------------
 
     @torch.no_grad()
