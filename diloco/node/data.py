@@ -152,3 +152,23 @@ def eval_batches(
     """A fixed list of held-out batches, so every evaluation sees the same tokens."""
     sampler = BatchSampler(tokens, batch_size, seq_len, seed)
     return [sampler.next_batch() for _ in range(num_batches)]
+
+
+@torch.no_grad()
+def held_out_loss(
+    model: torch.nn.Module,
+    batches: list[tuple[torch.Tensor, torch.Tensor]],
+    device: torch.device | None = None,
+) -> float:
+    """Mean cross-entropy (no z-loss) of ``model`` over fixed held-out ``batches``."""
+    was_training = model.training
+    model.eval()
+    total = 0.0
+    for inputs, targets in batches:
+        logits, _ = model(inputs.to(device) if device else inputs)
+        targets = targets.to(device) if device else targets
+        total += torch.nn.functional.cross_entropy(
+            logits.view(-1, logits.size(-1)).float(), targets.reshape(-1)
+        ).item()
+    model.train(was_training)
+    return total / len(batches)

@@ -27,7 +27,7 @@ import torch
 
 from diloco.codecs import get_codec
 from diloco.errors import ConfigError
-from diloco.node.data import BatchSampler, Corpus, eval_batches, load_corpus
+from diloco.node.data import BatchSampler, Corpus, eval_batches, held_out_loss, load_corpus
 from diloco.node.fragments import (
     EmbeddingPlacement,
     Pattern,
@@ -302,17 +302,8 @@ class LocalTrainer:
         self.peak_bytes_per_step = max(self.peak_bytes_per_step, result.bytes_sent)
         return sum(losses) / len(losses)
 
-    @torch.no_grad()
     def _eval_loss(self, model: Transformer) -> float:
-        model.eval()
-        total = 0.0
-        for inputs, targets in self.eval_set:
-            logits, _ = model(inputs)
-            total += torch.nn.functional.cross_entropy(
-                logits.view(-1, logits.size(-1)), targets.reshape(-1)
-            ).item()
-        model.train()
-        return total / len(self.eval_set)
+        return held_out_loss(model, self.eval_set)
 
     def outer_model(self) -> Transformer:
         """A model holding the outer parameters (each fragment as of its last sync)."""

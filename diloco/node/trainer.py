@@ -24,7 +24,7 @@ import torch
 
 from diloco.errors import ConfigError
 from diloco.node.checkpoint import CheckpointManager, export_weights
-from diloco.node.data import BatchSampler, Corpus, eval_batches, load_corpus
+from diloco.node.data import BatchSampler, Corpus, eval_batches, held_out_loss, load_corpus
 from diloco.node.fragments import EmbeddingPlacement, Pattern, model_fragments
 from diloco.node.inner import InnerConfig, build_inner_optimizer, inner_step, lr_at
 from diloco.node.model import ModelConfig, Transformer, preset
@@ -206,19 +206,10 @@ class NodeTrainer:
 
     # -- evaluation and weights -----------------------------------------------------------
 
-    @torch.no_grad()
     def evaluate(self, outer: bool = True) -> float:
         """Held-out cross-entropy of the outer parameters (default) or the live weights."""
         model = self.outer_model() if outer else self.model
-        model.eval()
-        total = 0.0
-        for inputs, targets in self.eval_set:
-            logits, _ = model(inputs.to(self.device))
-            total += torch.nn.functional.cross_entropy(
-                logits.view(-1, logits.size(-1)).float(), targets.to(self.device).reshape(-1)
-            ).item()
-        self.model.train()
-        return total / len(self.eval_set)
+        return held_out_loss(model, self.eval_set, self.device)
 
     def outer_model(self) -> Transformer:
         """A copy of the model holding each fragment's outer parameters (SPEC 2.6)."""
