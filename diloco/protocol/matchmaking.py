@@ -5,21 +5,30 @@ Protocol, for every node that reaches the send step of round ``(p, k)``:
 1. Declare: store ``weight`` under DHT key ``{run_id}/frag{p}/round{k}``, subkey = own peer
    id, and open a lobby for that round (so joins can arrive from now on).
 2. After ``matchmaking_window`` seconds read the key (or earlier, as soon as
-   ``target_group_size`` peers are seen, when that is set). The *leader* is the lowest peer
-   id seen (self included).
+   ``target_group_size`` peers are seen, when that is set: then the key is read at once,
+   every ``poll`` seconds, and whenever a JOIN knocks). The *leader* is the lowest peer id
+   seen (self included).
 3. A leader waits until every peer it saw has joined, or ``join_timeout``; it then closes
    the lobby and sends the same GROUP (members sorted by peer id bytes, their weights, a
-   random group id) to every joiner. A JOIN that arrives after closing gets GROUP_CLOSED:
-   that node misses the round (SPEC 4).
+   random group id) to every joiner. It keeps that GROUP until the round's matchmaking
+   bound has passed and sends it again to a member that asks again (its first stream
+   broke), so a member never misses the GROUP it is counted in because of one lost
+   stream. A JOIN from a non-member after closing gets GROUP_CLOSED: that node misses the
+   round (SPEC 4).
 4. A follower sends JOIN to its leader and waits for GROUP. A node asked to lead that is
    itself a follower answers NOT_LEADER with its own leader, and the follower follows the
    redirect (each peer at most once), so views that disagree at the edge of the window
    still converge on one leader.
+5. A follower whose JOIN fails in transport (stream refused or cut) tries once more; if
+   that fails too the leader counts as dead and the follower turns to the lowest peer id of
+   its view that is still reachable (itself included: then it leads). Every follower of a
+   dead leader does the same, so views that agree converge on the same new leader.
 
 The leader's GROUP message is the agreement step: every member takes the same list from the
-same bytes. Failure modes: a leader that dies before sending GROUP fails the round for its
-followers (``RoundFailed``); two leaders with disjoint views make two groups, each a valid
-average of its own members. Every await has a deadline derived from ``RoundTimeouts``.
+same bytes. Failure modes: a leader that dies after sending GROUP to some followers but not
+all makes those that got it wait for the others in vain (the all-reduce then fails for all);
+two leaders with disjoint views make two groups, each a valid average of its own members.
+Every await has a deadline derived from ``RoundTimeouts``.
 """
 
 from __future__ import annotations
@@ -53,14 +62,25 @@ def round_key(run_id: str, key: RoundKey) -> str:
 
 @dataclass
 class _Lobby:
-    """One round's matchmaking state on this node; handlers and ``form_group`` share it."""
+    """One round's matchmaking state on this node; handlers and ``form_group`` share it.
+
+    ``leader`` is meaningful once ``decided`` is set: None means this node leads. It can
+    change once more, when a follower's leader turns out dead and this node takes over.
+    """
 
     request: Join
-    role: asyncio.Future[PeerID | None]  # None: I lead; else my leader
+    decided: asyncio.Event = field(default_factory=asyncio.Event)
+    leader: PeerID | None = None
+    knock: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set by every JOIN that arrives: a peer has seen a view, so re-read it now."""
     joiners: dict[PeerID, asyncio.Future[tuple[Kind, bytes]]] = field(default_factory=dict)
     weights: dict[PeerID, float] = field(default_factory=dict)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     closed: bool = False
+
+
+_TRANSPORT_RETRIES = 1
+"""Extra JOIN attempts to the same leader after a transport failure, before failing over."""
 
 
 class Matchmaker:
@@ -85,6 +105,13 @@ class Matchmaker:
         self.timeouts, self.min_group_size = timeouts, min_group_size
         self.handler_name = f"/diloco/{run_id}/join/1"
         self._lobbies: dict[RoundKey, _Lobby] = {}
+        self._formed: dict[RoundKey, tuple[frozenset[PeerID], bytes]] = {}
+        """GROUP messages this node sent as leader, kept for members that ask again."""
+
+    @property
+    def poll(self) -> float:
+        """Seconds between reads of the round key while waiting for ``target_group_size``."""
+        return max(0.02, self.timeouts.matchmaking_window / 40)
 
     async def start(self) -> None:
         """Register the JOIN handler on the shared P2P daemon."""
@@ -104,7 +131,7 @@ class Matchmaker:
         tag = RoundTag(self.digest, key.fragment, key.round)
         request = Join(tag, numel, codec_id, return_codec_id, weight)
         request.check()
-        lobby = _Lobby(request, asyncio.get_running_loop().create_future())
+        lobby = _Lobby(request)
         self._lobbies[key] = lobby
         try:
             t = self.timeouts
@@ -119,36 +146,39 @@ class Matchmaker:
                 ),
                 t.join_timeout,
             )
-            view = await self._wait_window(key)
-            view[self.p2p.peer_id] = weight
+            view = set(await self._wait_window(key, lobby)) | {self.p2p.peer_id}
             leader = min(view, key=lambda peer: peer.to_bytes())
             if leader == self.p2p.peer_id:
-                lobby.role.set_result(None)
-                return await self._lead(key, lobby, set(view))
-            lobby.role.set_result(leader)
-            return await self._follow(key, lobby, leader)
+                lobby.decided.set()
+                return await self._lead(key, lobby, view, t.join_timeout)
+            lobby.leader = leader
+            lobby.decided.set()
+            return await self._follow(key, lobby, view)
         finally:
             lobby.closed = True
-            if not lobby.role.done():
-                lobby.role.cancel()
+            lobby.decided.set()
             for reply in lobby.joiners.values():
                 if not reply.done():
                     closed = Reject(RejectCode.GROUP_CLOSED, reason="round ended")
                     reply.set_result((Kind.REJECT, closed.serialize()))
             del self._lobbies[key]
 
-    async def _wait_window(self, key: RoundKey) -> dict[PeerID, float]:
+    async def _wait_window(self, key: RoundKey, lobby: _Lobby) -> dict[PeerID, float]:
         """The declarations after the window, or as soon as ``target_group_size`` are in."""
         loop = asyncio.get_running_loop()
         t = self.timeouts
         deadline = loop.time() + t.matchmaking_window
         if self.target_group_size is not None:
-            poll = max(0.05, t.matchmaking_window / 20)
-            while deadline - loop.time() > poll:
-                await asyncio.sleep(poll)
+            while True:
+                lobby.knock.clear()
                 view = await asyncio.wait_for(self._read_view(key), t.join_timeout)
-                if len(view | {self.p2p.peer_id: 1.0}) >= self.target_group_size:
+                if len(view.keys() | {self.p2p.peer_id}) >= self.target_group_size:
                     return view
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return view
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(lobby.knock.wait(), min(self.poll, remaining))
         await asyncio.sleep(max(0.0, deadline - loop.time()))
         return await asyncio.wait_for(self._read_view(key), t.join_timeout)
 
@@ -169,9 +199,12 @@ class Matchmaker:
                 view[peer] = float(value)
         return view
 
-    async def _lead(self, key: RoundKey, lobby: _Lobby, view: set[PeerID]) -> GroupInfo:
+    async def _lead(
+        self, key: RoundKey, lobby: _Lobby, view: set[PeerID], wait: float
+    ) -> GroupInfo:
+        """Wait up to ``wait`` seconds for the peers of ``view`` to join, then send GROUP."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeouts.join_timeout
+        deadline = loop.time() + wait
         expected = view - {self.p2p.peer_id}
         while not expected <= set(lobby.joiners) and (remaining := deadline - loop.time()) > 0:
             lobby.changed.clear()
@@ -197,16 +230,22 @@ class Matchmaker:
             tuple(weights[p] for p in members),
         )
         message = group.serialize()
+        self._formed[key] = (frozenset(members), message)
+        loop.call_later(self.timeouts.matchmaking, self._formed.pop, key, None)
         for future in lobby.joiners.values():
             future.set_result((Kind.GROUP, message))
         logger.info("round %s: leading a group of %d", key, len(members))
         return self._group_info(key, group)
 
-    async def _follow(self, key: RoundKey, lobby: _Lobby, leader: PeerID) -> GroupInfo:
+    async def _follow(self, key: RoundKey, lobby: _Lobby, view: set[PeerID]) -> GroupInfo:
+        """JOIN the leader (following redirects, retrying and failing over; see step 5)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 2 * self.timeouts.join_timeout
         visited: set[PeerID] = set()
-        target = leader
+        dead: set[PeerID] = set()
+        failures = 0
+        assert lobby.leader is not None
+        target = lobby.leader
         while True:
             visited.add(target)
             remaining = deadline - loop.time()
@@ -216,12 +255,28 @@ class Matchmaker:
                 kind, body = await asyncio.wait_for(
                     self._call_join(target, lobby.request), remaining
                 )
-            except (asyncio.TimeoutError, OSError, asyncio.IncompleteReadError) as exc:
+            except asyncio.TimeoutError as exc:
                 raise RoundFailed(
                     key.fragment, key.round, f"leader {target} did not answer"
                 ) from exc
-            except Exception as exc:
+            except ProtocolError as exc:
                 raise RoundFailed(key.fragment, key.round, f"leader {target}: {exc}") from exc
+            except Exception as exc:  # the stream was refused or cut: retry, then fail over
+                failures += 1
+                logger.info("round %s: JOIN to %s failed: %r", key, target, exc)
+                if failures <= _TRANSPORT_RETRIES:
+                    await asyncio.sleep(min(0.1, max(0.0, deadline - loop.time())))
+                    continue
+                dead.add(target)
+                failures = 0
+                alive = view - dead
+                target = min(alive, key=lambda peer: peer.to_bytes())
+                if target == self.p2p.peer_id:
+                    logger.warning("round %s: leader unreachable, leading instead", key)
+                    lobby.leader = None
+                    return await self._lead(key, lobby, alive, deadline - loop.time())
+                lobby.leader = target
+                continue
             if kind == Kind.GROUP:
                 return self._check_group(key, lobby.request, body)
             reject = Reject.parse(body)
@@ -237,7 +292,10 @@ class Matchmaker:
             )
 
     async def _call_join(self, leader: PeerID, request: Join) -> tuple[Kind, bytes]:
-        _, reader, writer = await self.p2p.call_binary_stream_handler(leader, self.handler_name)
+        _, reader, writer = await asyncio.wait_for(
+            self.p2p.call_binary_stream_handler(leader, self.handler_name),
+            self.timeouts.connect_timeout,
+        )
         try:
             await wire.write_frame(writer, Kind.JOIN, request.serialize())
             kind, body = await wire.read_frame(reader, (Kind.GROUP,), wire.MAX_SMALL_BODY)
@@ -308,6 +366,16 @@ class Matchmaker:
         if request.tag.digest != self.digest:
             return reject(RejectCode.WRONG_RUN, "different run configuration")
         key = RoundKey(request.tag.fragment, request.tag.round)
+        formed = self._formed.get(key)
+        if formed is not None and peer in formed[0]:
+            group = Group.parse(formed[1])
+            if (request.numel, request.codec_id, request.return_codec_id) != (
+                group.numel,
+                group.codec_id,
+                group.return_codec_id,
+            ):
+                return reject(RejectCode.MISMATCH, "fragment size or codec differs")
+            return Kind.GROUP, formed[1]  # a member asking again: its first reply was lost
         lobby = self._lobbies.get(key)
         if lobby is None:
             return reject(RejectCode.UNKNOWN_ROUND, f"not in round {key}")
@@ -318,12 +386,13 @@ class Matchmaker:
             mine.return_codec_id,
         ):
             return reject(RejectCode.MISMATCH, "fragment size or codec differs")
-        await asyncio.wait({lobby.role})  # not ``await``: a cancelled role is no error of ours
-        if lobby.role.cancelled():
-            return reject(RejectCode.GROUP_CLOSED, "matchmaking ended")
-        leader = lobby.role.result()
-        if leader is not None:
-            return reject(RejectCode.NOT_LEADER, redirect=leader.to_bytes())
+        lobby.knock.set()
+        await lobby.decided.wait()
+        if lobby.leader is not None:
+            return reject(RejectCode.NOT_LEADER, redirect=lobby.leader.to_bytes())
+        pending = lobby.joiners.get(peer)
+        if pending is not None and not pending.done():
+            return await pending  # asking again while the group is still open
         if lobby.closed or peer in lobby.joiners or peer == self.p2p.peer_id:
             return reject(RejectCode.GROUP_CLOSED, "group already formed")
         reply: asyncio.Future[tuple[Kind, bytes]] = asyncio.get_running_loop().create_future()

@@ -96,6 +96,9 @@ class Swarm:
             nat_port_map=nat_port_map,
             auto_nat=auto_nat,
             startup_timeout=startup_timeout,
+            # hivemind's check of a reused identity starts a second daemon with NAT port
+            # mapping and AutoNAT on (it does not forward ours) and reads only RSA keys.
+            check_if_identity_free=False,
         )
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name="diloco-swarm", daemon=True)
@@ -328,6 +331,10 @@ class SwarmReducer(Reducer):
         start = loop.time()
         delta = contribution.delta.detach().contiguous()
         slot = self.service.expect(key)
+        # Encode the whole delta while the group forms; the all-reduce cuts its chunks.
+        encoding = (
+            loop.run_in_executor(None, self.codec.encode, delta) if self.codec.sliceable else None
+        )
         try:
             group = await self.matchmaker.form_group(
                 key,
@@ -337,8 +344,9 @@ class SwarmReducer(Reducer):
                 float(contribution.weight),
             )
             matched = loop.time()
+            encoded = await encoding if encoding is not None else None
             if len(group.members) == 1:
-                result = await loop.run_in_executor(None, self._alone, delta, group.names)
+                result = await loop.run_in_executor(None, self._alone, delta, encoded, group.names)
             else:
                 runner = self.runner_type(
                     p2p=self.swarm.p2p,
@@ -351,21 +359,26 @@ class SwarmReducer(Reducer):
                     max_norm_ratio=self.max_norm_ratio,
                     part_handler=self.service.part_handler,
                     report_handler=self.service.report_handler,
+                    encoded=encoded,
                 )
                 slot.set_result(runner)
                 result = await runner.run()
         finally:
             self.service.finish(key)
+            if encoding is not None:  # not awaited when matchmaking failed: collect its error
+                encoding.add_done_callback(lambda f: f.cancelled() or f.exception())
         self.timings[key] = (matched - start, loop.time() - matched)
         while len(self.timings) > 64:
             self.timings.popitem(last=False)
         return dataclasses.replace(result, seconds=loop.time() - start)
 
-    def _alone(self, delta: torch.Tensor, names: tuple[str, ...]) -> RoundResult:
+    def _alone(
+        self, delta: torch.Tensor, encoded: bytes | None, names: tuple[str, ...]
+    ) -> RoundResult:
         """A group of one: the node's own delta through both codecs (SPEC 2.7)."""
         start = time.perf_counter()
         ((lo, hi),) = butterfly_parts(delta.numel(), 1)
-        own = self.codec.decode(self.codec.encode(delta[lo:hi].contiguous()))
+        own = self.codec.decode(encoded or self.codec.encode(delta[lo:hi].contiguous()))
         mean = weighted_mean([own], [1.0])
         result = self.return_codec.decode(self.return_codec.encode(mean))
         return RoundResult(result, names, 0, 0, time.perf_counter() - start)

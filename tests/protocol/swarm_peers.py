@@ -26,14 +26,16 @@ from hivemind.p2p import PeerID
 
 from diloco.codecs import get_codec
 from diloco.errors import ProtocolError, RoundFailed
+from diloco.protocol import wire
 from diloco.protocol.allreduce import AllReduceRunner
 from diloco.protocol.group import RoundTimeouts
+from diloco.protocol.matchmaking import Matchmaker
 from diloco.protocol.records import FragmentVersion, NodeRecord
 from diloco.protocol.reducer import Contribution, RoundKey
 from diloco.protocol.run_id import make_run_id
 from diloco.protocol.state_transfer import FragmentState, OuterState
 from diloco.protocol.swarm import Swarm, SwarmReducer
-from diloco.protocol.wire import PartHead, RoundTag
+from diloco.protocol.wire import Kind, PartHead, RoundTag
 
 UNIT = float(os.environ.get("DILOCO_TEST_TIME_UNIT", "1.0"))
 """One scaled time unit (seconds); raise it on a slow machine."""
@@ -60,6 +62,8 @@ class Fault(enum.Enum):
     HUGE_NORM = "huge_norm"
     STALL_SENDER = "stall_sender"
     STALL_REDUCER = "stall_reducer"
+    DIE_AS_LEADER = "die_as_leader"
+    CUT_FIRST_JOIN = "cut_first_join"
 
 
 _notify_lock = threading.Lock()
@@ -125,8 +129,64 @@ class StallReducer(AllReduceRunner):
         await asyncio.sleep(1e6)
 
 
+class DyingLeader(Matchmaker):
+    """Leads, and as soon as the first member has JOINed dies like a machine losing power
+    (SIGKILL of its whole session: process, DHT process, p2pd)."""
+
+    async def _lead(self, key: RoundKey, lobby: Any, view: set[PeerID], wait: float) -> Any:
+        await lobby.changed.wait()
+        os.killpg(os.getpid(), signal.SIGKILL)
+
+
+class CutFirstJoin(Matchmaker):
+    """Its first JOIN stream of every round is cut right after the JOIN went out (a stream
+    lost in transit); it then asks again, as any follower does after a transport error."""
+
+    async def _call_join(self, leader: PeerID, request: Any) -> tuple[Kind, bytes]:
+        cut: set[Any] = self.__dict__.setdefault("_cut", set())
+        if request.tag in cut:
+            return await super()._call_join(leader, request)
+        cut.add(request.tag)
+        _, _, writer = await self.p2p.call_binary_stream_handler(leader, self.handler_name)
+        await wire.write_frame(writer, Kind.JOIN, request.serialize())
+        await asyncio.sleep(0.05)
+        writer.close()
+        raise ConnectionResetError("test fault: JOIN stream cut")
+
+
+def matchmaker_type(fault: Fault) -> type[Matchmaker]:
+    return {Fault.DIE_AS_LEADER: DyingLeader, Fault.CUT_FIRST_JOIN: CutFirstJoin}.get(
+        fault, Matchmaker
+    )
+
+
+def write_low_identity(path: str, below: list[str]) -> str:
+    """Write an Ed25519 identity (libp2p protobuf) whose peer id sorts before every id in
+    ``below``, so that its peer leads matchmaking; return that peer id (base58)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from hivemind.proto import crypto_pb2
+
+    raw = serialization.Encoding.Raw
+    lowest = min(PeerID.from_base58(peer).to_bytes() for peer in below)
+    while True:
+        key = Ed25519PrivateKey.generate()
+        private = key.private_bytes(
+            raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+        )
+        public = key.public_key().public_bytes(raw, serialization.PublicFormat.Raw)
+        marshalled = crypto_pb2.PublicKey(key_type=crypto_pb2.KeyType.Ed25519, data=public)
+        peer_id = bytes([0x00, 0x24]) + marshalled.SerializeToString()  # identity multihash
+        if peer_id < lowest:
+            break
+    message = crypto_pb2.PrivateKey(key_type=crypto_pb2.KeyType.Ed25519, data=private + public)
+    with open(path, "wb") as f:
+        f.write(message.SerializeToString())
+    return PeerID(peer_id).to_base58()
+
+
 def runner_type(fault: Fault) -> type[AllReduceRunner]:
-    if fault == Fault.NONE:
+    if fault in (Fault.NONE, Fault.DIE_AS_LEADER, Fault.CUT_FIRST_JOIN):
         return AllReduceRunner
     if fault == Fault.STALL_SENDER:
         return StallSender
@@ -166,7 +226,13 @@ def _summary(result: Any) -> dict[str, Any]:
     }
 
 
-def peer_main(conn: Connection, initial_peers: list[str], codec: str, run_id: str = RUN_ID) -> None:
+def peer_main(
+    conn: Connection,
+    initial_peers: list[str],
+    codec: str,
+    run_id: str = RUN_ID,
+    identity_path: str | None = None,
+) -> None:
     """Body of one peer process: serve commands from the test until "exit"."""
     global _conn
     os.setsid()
@@ -175,10 +241,13 @@ def peer_main(conn: Connection, initial_peers: list[str], codec: str, run_id: st
     logging.basicConfig(
         level=logging.WARNING, format=f"[peer {os.getpid()}] %(levelname)s %(name)s: %(message)s"
     )
+    logging.getLogger("diloco").setLevel(os.environ.get("DILOCO_TEST_LOG_LEVEL", "WARNING"))
     # Each peer on its own loopback address: libp2p limits connections per source IP.
     pid = os.getpid()
     host = f"/ip4/127.{(pid >> 16) & 255}.{(pid >> 8) & 255}.{pid % 254 + 1}/tcp/0"
-    swarm = Swarm(run_id, initial_peers=initial_peers, host_maddrs=[host])
+    swarm = Swarm(
+        run_id, initial_peers=initial_peers, host_maddrs=[host], identity_path=identity_path
+    )
     sockets = [str(swarm.p2p._client_listen_maddr), *swarm.dht.run_coroutine(_daemon_sockets)]
     reducer = SwarmReducer(swarm, get_codec(codec), timeouts=TIMEOUTS)
     _notify(("ready", swarm.peer_id.to_base58(), swarm.maddrs, sockets))
@@ -194,6 +263,7 @@ def peer_main(conn: Connection, initial_peers: list[str], codec: str, run_id: st
                 _notify(("ok",))
             elif command == "fault":
                 reducer.runner_type = runner_type(Fault(args))
+                reducer.matchmaker.__class__ = matchmaker_type(Fault(args))
                 _notify(("ok",))
             elif command == "reduce":
                 futures = [
@@ -283,12 +353,16 @@ class PeerProcess:
 
 
 def start_peer(
-    initial_peers: list[str], codec: str = "none", timeout: float = 120.0, run_id: str = RUN_ID
+    initial_peers: list[str],
+    codec: str = "none",
+    timeout: float = 120.0,
+    run_id: str = RUN_ID,
+    identity_path: str | None = None,
 ) -> PeerProcess:
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
     process = ctx.Process(
-        target=peer_main, args=(child, initial_peers, codec, run_id), daemon=False
+        target=peer_main, args=(child, initial_peers, codec, run_id, identity_path), daemon=False
     )
     process.start()
     peer = PeerProcess(process, parent)

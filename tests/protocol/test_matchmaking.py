@@ -1,9 +1,22 @@
-"""Group formation per fragment round: a bounded window, late arrivals miss the round."""
+"""Group formation per fragment round: a bounded window, late arrivals miss the round, a
+dead leader is replaced."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
-from swarm_peers import TIMEOUTS, PeerProcess
+from swarm_expected import group_order, in_process_sha
+from swarm_peers import (
+    TIMEOUTS,
+    Fault,
+    PeerProcess,
+    command,
+    run_rounds,
+    start_peer,
+    stop_peers,
+    write_low_identity,
+)
 
 from diloco.protocol.matchmaking import round_key
 from diloco.protocol.reducer import RoundKey
@@ -25,3 +38,43 @@ def test_late_arrival_misses_round_others_complete(
     assert all(r["ok"] for r in early) and len({r["sha256"] for r in early}) == 1, early
     assert len(early[0]["members"]) == 3
     assert not late["ok"], late
+
+
+@pytest.mark.swarm
+def test_dead_leader_followers_take_over_and_complete(
+    honest: list[PeerProcess], fragment: int, tmp_path: Path
+) -> None:
+    ids = [p.peer_id for p in honest]
+    identity = str(tmp_path / "lowest.key")
+    leader_id = write_low_identity(identity, below=ids)
+    leader = start_peer(honest[0].maddrs[:1], identity_path=identity)
+    try:
+        assert leader.peer_id == leader_id
+        command([leader], "fault", Fault.DIE_AS_LEADER.value)
+        numel, seeds, weights = 20_000, [fragment + i for i in range(4)], [1.0] * 4
+        leader.send("reduce", [(fragment, 1, numel, 99, 1.0)])
+        results = run_rounds(
+            honest, [[(fragment, 1, numel, seeds[i], 1.0)] for i in range(4)], TIMEOUTS.total + 30
+        )
+        leader.process.join(10)
+        assert not leader.process.is_alive()  # it died while leading
+        expected = in_process_sha(ids, numel, seeds, weights, "none")
+        assert [r[0].get("sha256") for r in results] == [expected] * 4, results
+        assert all(sorted(r[0]["members"]) == sorted(ids) for r in results)
+    finally:
+        stop_peers([leader])
+
+
+@pytest.mark.swarm
+def test_member_whose_join_stream_is_cut_asks_again_and_completes(
+    honest: list[PeerProcess], fragment: int
+) -> None:
+    ids = [p.peer_id for p in honest]
+    cut = [honest[i] for i in group_order(ids)[1:]]  # every follower (the leader never JOINs)
+    command(cut, "fault", Fault.CUT_FIRST_JOIN.value)
+    numel, seeds = 3_000, [fragment + i for i in range(4)]
+    results = run_rounds(
+        honest, [[(fragment, 1, numel, seeds[i], 1.0)] for i in range(4)], TIMEOUTS.total + 30
+    )
+    expected = in_process_sha(ids, numel, seeds, [1.0] * 4, "none")
+    assert [r[0].get("sha256") for r in results] == [expected] * 4, results
