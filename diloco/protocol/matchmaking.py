@@ -22,7 +22,8 @@ Protocol, for every node that reaches the send step of round ``(p, k)``:
 5. A follower whose JOIN fails in transport (stream refused or cut) tries once more; if
    that fails too the leader counts as dead and the follower turns to the lowest peer id of
    its view that is still reachable (itself included: then it leads). Every follower of a
-   dead leader does the same, so views that agree converge on the same new leader.
+   dead leader does the same, so views that agree converge on the same new leader; a peer
+   that still redirects to the dead leader (it has not noticed yet) is asked again shortly.
 
 The leader's GROUP message is the agreement step: every member takes the same list from the
 same bytes. Failure modes: a leader that dies after sending GROUP to some followers but not
@@ -282,6 +283,9 @@ class Matchmaker:
             reject = Reject.parse(body)
             if reject.code == RejectCode.NOT_LEADER and reject.redirect:
                 redirect = PeerID(reject.redirect)
+                if redirect in dead:  # it has not noticed yet that its leader died: ask again
+                    await asyncio.sleep(min(0.1, max(0.0, deadline - loop.time())))
+                    continue
                 if redirect not in visited and redirect != self.p2p.peer_id:
                     target = redirect
                     continue
