@@ -114,6 +114,10 @@ def run_allreduce_bench(config: BenchConfig) -> BenchResult:
         peers, processes = _start_peers(config, namespaces)
         try:
             for round_ in range(config.rounds):
+                for peer in peers:  # inputs first, so that no peer starts while others compute
+                    peer.send(("prepare", round_))
+                for peer in peers:
+                    _recv(peer, 600)
                 for peer in peers:
                     peer.send(("round", round_))
                 replies = [_recv(peer, config.round_timeout + 60) for peer in peers]
@@ -239,16 +243,19 @@ def _peer_main(
         return
     conn.send({"maddrs": runner.maddrs})
     last: torch.Tensor | None = None
+    delta = torch.empty(0)
     link_start = 0
     try:
         while True:
             command, arg = conn.recv()
             if command == "exit":
                 break
-            if command == "round":
+            if command == "prepare":
+                delta = make_input(index, arg, config.numel)
+                conn.send({"ready": arg})
+            elif command == "round":
                 if arg == 0 and namespace:
                     link_start = _link_tx_bytes()
-                delta = make_input(index, arg, config.numel)
                 start = time.perf_counter()
                 try:
                     last, seconds = runner.round(arg, delta)

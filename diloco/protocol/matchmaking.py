@@ -136,6 +136,8 @@ class Matchmaker:
         self._lobbies[key] = lobby
         try:
             t = self.timeouts
+            loop = asyncio.get_running_loop()
+            start = loop.time()
             expiration = get_dht_time() + t.matchmaking + t.allreduce
             await asyncio.wait_for(
                 self.dht.store(
@@ -147,7 +149,15 @@ class Matchmaker:
                 ),
                 t.join_timeout,
             )
+            declared = loop.time()
             view = set(await self._wait_window(key, lobby)) | {self.p2p.peer_id}
+            logger.info(
+                "round %s: declared in %.3fs, saw %d peers after %.3fs",
+                key,
+                declared - start,
+                len(view),
+                loop.time() - start,
+            )
             leader = min(view, key=lambda peer: peer.to_bytes())
             if leader == self.p2p.peer_id:
                 lobby.decided.set()

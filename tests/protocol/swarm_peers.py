@@ -242,6 +242,8 @@ def peer_main(
         level=logging.WARNING, format=f"[peer {os.getpid()}] %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("diloco").setLevel(os.environ.get("DILOCO_TEST_LOG_LEVEL", "WARNING"))
+    if "GOLOG_LOG_LEVEL" in os.environ:  # diagnostics: p2pd's own log, e.g. "error,p2pd=debug"
+        logging.getLogger("hivemind.p2p.p2p_daemon").setLevel(logging.DEBUG)
     # Each peer on its own loopback address: libp2p limits connections per source IP.
     pid = os.getpid()
     host = f"/ip4/127.{(pid >> 16) & 255}.{(pid >> 8) & 255}.{pid % 254 + 1}/tcp/0"
