@@ -535,19 +535,28 @@ class SwarmNode:
         return summary
 
     def close(self) -> None:
-        """Leave the swarm: stop background work, the reducer, the DHT and p2pd."""
+        """Leave the swarm in bounded time: drop queued DHT work, then shut the swarm down
+        (``Swarm.shutdown`` cancels the worker's call in flight and stops the DHT and p2pd).
+
+        The reducer's handlers are not removed one by one first: each removal is a round
+        trip to the daemon, which a loaded daemon can stall, and stopping our client and
+        p2pd ends them all.
+        """
         self.worker.shutdown(wait=False, cancel_futures=True)
         try:
-            self.reducer.close()
-        finally:
             self.swarm.shutdown()
+        finally:
             if self.metrics:
                 self.metrics.close()
 
 
 def _log_failure(future: concurrent.futures.Future[Any]) -> None:
-    if not future.cancelled() and future.exception() is not None:
-        logger.warning("background swarm task failed: %r", future.exception())
+    if future.cancelled():
+        return
+    error = future.exception()
+    # A call cancelled by Swarm.shutdown is the node leaving, not a failure.
+    if error is not None and not isinstance(error, concurrent.futures.CancelledError):
+        logger.warning("background swarm task failed: %r", error)
 
 
 def _version(record: NodeRecord, fragment: int) -> int:

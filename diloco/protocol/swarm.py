@@ -217,18 +217,97 @@ class Swarm:
                 errors.append(f"{donor}: {exc!r}")
         raise ProtocolError(f"no donor delivered a valid state ({len(errors)} tried): {errors}")
 
-    def shutdown(self) -> None:
-        """Stop the loop thread and the DHT process (which stops the p2p daemon)."""
-        if self._loop.is_running():
-            p2p = getattr(self, "p2p", None)
+    def shutdown(self, timeout: float = 2.0) -> None:
+        """Leave the swarm within about ``timeout`` seconds, at most about three more when
+        something has to be killed: a node's Ctrl-C must not hang on a busy daemon (SPEC 5).
+
+        Every task on the loop is cancelled first (rounds, state transfers, DHT requests):
+        a thread blocked in ``call`` then returns at once instead of after its own timeout,
+        which would also hold up the interpreter's exit. Then the DHT process is asked to
+        stop p2pd and exit. On a loaded machine either can stall; what still runs at the
+        deadline is terminated, then killed, by its PID (p2pd through a pidfd opened while
+        it was the DHT process's child, so that a reused PID is never signalled), and the
+        daemon's socket file is removed.
+        """
+        import contextlib
+        import os
+        import select
+        import signal
+
+        deadline = time.monotonic() + timeout
+
+        def remaining(at_least: float = 0.1) -> float:
+            return max(at_least, deadline - time.monotonic())
+
+        def parent(pid: int) -> int | None:
+            try:
+                with open(f"/proc/{pid}/stat") as stat:
+                    return int(stat.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                return None
+
+        def ended(pidfd: int, wait: float) -> bool:
+            return bool(select.select([pidfd], [], [], wait)[0])
+
+        async def cancel_tasks(wait: float) -> None:
+            """Cancel the loop's other tasks, again if cancelling started new ones."""
+            end = time.monotonic() + wait
+            current = asyncio.current_task()
+            while (tasks := asyncio.all_tasks() - {current}) and time.monotonic() < end:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.wait(tasks, timeout=end - time.monotonic())
+
+        p2p: P2P | None = getattr(self, "p2p", None)
+
+        async def leave() -> None:
+            await cancel_tasks(remaining())
             if p2p is not None:
-                try:
-                    self.call(p2p.shutdown(), 5.0)
-                except Exception as exc:
-                    logger.debug("p2p client shutdown: %r", exc)
+                await p2p.shutdown()  # no child to wait for: closes our client and its socket
+
+        daemons: list[int] = []  # pidfds of the DHT process's children: its p2pd (Linux)
+        if self.dht.is_alive() and hasattr(os, "pidfd_open") and os.path.isdir("/proc"):
+            for name in os.listdir("/proc"):
+                if name.isdigit() and parent(int(name)) == self.dht.pid:
+                    with contextlib.suppress(OSError):
+                        pidfd = os.pidfd_open(int(name))
+                        if parent(int(name)) == self.dht.pid:  # still that child, not a reuse
+                            daemons.append(pidfd)
+                        else:
+                            os.close(pidfd)
+        if self._loop.is_running():
+            try:
+                self.call(leave(), remaining() + 0.5)
+            except Exception as exc:
+                logger.debug("leaving the loop: %r", exc)
             self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(5.0)
-        self.dht.shutdown()
+            self._thread.join(remaining())
+        if not self._thread.is_alive() and not self._loop.is_closed():
+            # Calls submitted while the loop stopped; once it is closed, new ones fail at once.
+            self._loop.run_until_complete(cancel_tasks(0.5))
+            self._loop.close()
+        self.dht.shutdown_timeout = remaining(0.5)
+        self.dht.shutdown()  # terminates the DHT process if it misses the deadline
+        if self.dht.is_alive():
+            self.dht.join(0.5)
+            if self.dht.is_alive():
+                self.dht.kill()
+                self.dht.join(0.5)
+        killed = False
+        for pidfd in daemons:
+            # A DHT process that exited by itself has stopped p2pd; nothing else will.
+            for sig, wait in ((signal.SIGTERM, 0.0), (signal.SIGKILL, 0.5)):
+                if ended(pidfd, wait):
+                    break
+                killed = True
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pidfd_send_signal(pidfd, sig)
+            else:
+                ended(pidfd, 0.5)
+            os.close(pidfd)
+        if killed and p2p is not None:
+            with contextlib.suppress(OSError):
+                os.remove(p2p.daemon_listen_maddr["unix"])
 
     def __enter__(self) -> Swarm:
         return self

@@ -3,8 +3,8 @@
 One scenario covers several promises at once (starting processes costs seconds on two
 cores): a joiner with a mismatching configuration is refused; a second node joins at once;
 a third joins after about a third of the run and catches up; SIGINT stops the second node
-within the bound while the others train on; every (fragment, round) that several nodes
-applied has one state hash.
+within the bound, with a checkpoint and nothing left behind, while the others train on;
+every (fragment, round) that several nodes applied has one state hash.
 """
 
 from __future__ import annotations
@@ -27,10 +27,59 @@ from safetensors.torch import load_file
 pytestmark = pytest.mark.swarm
 
 STEPS = 600
-EXIT_BOUND_S = 20.0
-"""The node abandons rounds at once and waits at most 5 s for those in flight; the rest is
-shutting down the DHT and p2pd, which takes longer on two loaded cores (goal: 10 s)."""
+EXIT_BOUND_S = 10.0
+"""The node abandons rounds at once and waits at most 5 s for those in flight; leaving the
+swarm takes at most about 3 s more (typically 0.1 s), the interpreter's exit about 1-2 s."""
+CLEANUP_S = 10.0
+"""torch's shared-memory manager removes the node's /dev/shm files, then exits, about 2 s
+after the node."""
 SMALL = ["--seq-len", "32", "--batch-size", "4", "--log-every", "20", "--threads", "1"]
+
+
+def stat(pid: int) -> list[str] | None:
+    """Fields of /proc/PID/stat after the command name (state, ppid, pgrp, session, ...);
+    None for a process that is gone or a zombie (nothing runs; its parent has not reaped it)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in "ZX" else fields
+
+
+def started_by(pid: int) -> tuple[list[int], list[int]]:
+    """The running processes a node started: those in its session (start_new_session: the
+    DHT process and p2pd), and its children outside it (torch's shared-memory manager)."""
+    session, others = [], []
+    for entry in Path("/proc").iterdir():
+        fields = stat(int(entry.name)) if entry.name.isdigit() else None
+        if fields and int(entry.name) != pid:
+            if fields[3] == str(pid):
+                session.append(int(entry.name))
+            elif fields[1] == str(pid):
+                others.append(int(entry.name))
+    return session, others
+
+
+def unix_sockets(pids: list[int]) -> set[str]:
+    """Paths of the unix sockets these processes hold (p2pd's, p2p clients', torch's)."""
+    inodes = set()
+    for pid in pids:
+        fds = Path(f"/proc/{pid}/fd")
+        for fd in fds.iterdir() if fds.exists() else ():
+            try:
+                link = os.readlink(fd)
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                inodes.add(link[len("socket:[") : -1])
+    lines = Path("/proc/net/unix").read_text().splitlines()[1:]
+    return {f[7] for f in map(str.split, lines) if len(f) == 8 and f[6] in inodes}
+
+
+def shm_files(pids: list[int]) -> set[str]:
+    """torch's shared-memory files (/dev/shm/torch_PID_...) made by these processes."""
+    prefixes = tuple(f"torch_{pid}_" for pid in pids)
+    return {f.name for f in Path("/dev/shm").glob("torch_*") if f.name.startswith(prefixes)}
 
 
 def listen(host: int) -> list[str]:
@@ -109,7 +158,19 @@ def test_swarm_of_cli_processes_trains_agrees_and_survives(nodes, tmp_path) -> N
     a = nodes("a", ["start", "--name", "t", "--steps", str(STEPS), *SMALL, *listen(2)])
     address = a.address()
 
-    b = nodes("b", ["join", "--initial-peers", address, *SMALL, *listen(3)])
+    checkpoints = tmp_path / "b_checkpoints"
+    b = nodes(
+        "b",
+        [
+            "join",
+            "--initial-peers",
+            address,
+            *SMALL,
+            *listen(3),
+            "--checkpoint-dir",
+            str(checkpoints),
+        ],
+    )
 
     wrong = subprocess.run(
         [
@@ -138,12 +199,33 @@ def test_swarm_of_cli_processes_trains_agrees_and_survives(nodes, tmp_path) -> N
     c.wait_step(STEPS // 3 + 40, timeout=300)
     b.wait_step(2 * STEPS // 3, timeout=300)
 
+    session, others = started_by(b.process.pid)
+    assert len(session) == 2, f"expected the DHT process and p2pd, got {session}"
+    everyone = [b.process.pid, *session, *others]
+    sockets = unix_sockets(everyone)
+    assert any("/hivemind-p2pd-" in path for path in sockets), sockets
+    assert shm_files(everyone), "expected hivemind's shared memory (torch_PID_*) in use"
     b.process.send_signal(signal.SIGINT)
     stopped_at = time.monotonic()
     assert b.process.wait(60) == 0, b.output()
     exit_seconds = time.monotonic() - stopped_at
     assert exit_seconds < EXIT_BOUND_S, f"SIGINT took {exit_seconds:.1f} s"
-    assert b.summary()["interrupted"] and b.summary()["step"] < STEPS
+    summary = b.summary()
+    assert summary["interrupted"] and summary["step"] < STEPS
+    assert summary["checkpoint"] and Path(summary["checkpoint"]).parent == checkpoints
+    assert Path(summary["checkpoint"]).exists()
+    # The DHT process, p2pd and their sockets end with the node; torch's manager removes
+    # the shared memory and exits soon after.
+    assert not [pid for pid in session if stat(pid)], "processes left running"
+    assert not [path for path in sockets if "/hivemind-" in path and Path(path).exists()]
+    deadline = time.monotonic() + CLEANUP_S
+    while left := [
+        *[pid for pid in others if stat(pid)],
+        *shm_files(everyone),
+        *[path for path in sockets if Path(path).exists()],
+    ]:
+        assert time.monotonic() < deadline, f"left behind: {left}"
+        time.sleep(0.2)
 
     for node in (a, c):
         assert node.process.wait(300) == 0, node.output()
