@@ -162,40 +162,6 @@ class Codec(ABC):
             return torch.empty(0, dtype=torch.float32)
         return self._decode_body(memoryview(data)[HEADER_BYTES:], header.numel)
 
-    @property
-    def sliceable(self) -> bool:
-        """Whether ``cut`` works: every block encodes on its own, deterministically."""
-        return False
-
-    def cut(self, payload: bytes | bytearray | memoryview, start: int, stop: int) -> bytes:
-        """Values ``[start, stop)`` of an encoded vector, as a payload of their own.
-
-        Byte for byte what ``encode(x[start:stop])`` returns when ``payload`` is
-        ``encode(x)``, without encoding again: the all-reduce encodes a node's whole delta
-        once, while the group forms, and cuts the chunks of every part from it. ``start``
-        must be a multiple of ``block_size``; ``stop`` too, or the end of the vector.
-
-        Raises:
-            CodecError: the codec cannot cut (``sliceable`` is False), the payload is not a
-                valid payload of this codec, or the span is out of range or misaligned.
-        """
-        if not self.sliceable:
-            raise CodecError(f"{self.name} payloads cannot be cut")
-        header = Header.parse(payload)
-        if header.codec_id != self.codec_id or len(payload) != self.encoded_size(header.numel):
-            raise CodecError(f"not a whole {self.name} payload")
-        n, block = header.numel, self.block_size
-        if not 0 <= start <= stop <= n or start % block or (stop % block and stop != n):
-            raise CodecError(f"cannot cut [{start}, {stop}) of {n} values in blocks of {block}")
-        head = Header(self.codec_id, stop - start).serialize()
-        if stop == start:
-            return head
-        return head + self._cut_body(memoryview(payload)[HEADER_BYTES:], n, start, stop)
-
-    def _cut_body(self, body: memoryview, numel: int, start: int, stop: int) -> bytes:
-        """Body of values ``[start, stop)`` from the body of ``numel`` (aligned, checked)."""
-        raise NotImplementedError
-
     def encoded_size(self, numel: int) -> int:
         """Exact payload size in bytes for ``numel`` values, header included."""
         if not 0 <= numel <= MAX_NUMEL:

@@ -21,7 +21,6 @@ A value that would round to infinity in the target type (``|x| >= 65520`` for fp
 from __future__ import annotations
 
 import math
-from typing import ClassVar
 
 import numpy as np
 import torch
@@ -49,28 +48,14 @@ def _check_no_overflow(cast: torch.Tensor, name: str) -> None:
         raise CodecError(f"input overflows {name}: a value rounds to infinity; use another codec")
 
 
-class _ElementwiseCodec(Codec):
-    """A codec that stores each value in ``value_bytes`` bytes of its own: any span cuts."""
-
-    value_bytes: ClassVar[int]
-
-    @property
-    def sliceable(self) -> bool:
-        return True
-
-    def _body_size(self, numel: int) -> int:
-        return self.value_bytes * numel
-
-    def _cut_body(self, body: memoryview, numel: int, start: int, stop: int) -> bytes:
-        return bytes(body[self.value_bytes * start : self.value_bytes * stop])
-
-
-class NoneCodec(_ElementwiseCodec):
+class NoneCodec(Codec):
     """Raw little-endian FP32: the exact reference."""
 
     name = "none"
     codec_id = CodecId.NONE
-    value_bytes = 4
+
+    def _body_size(self, numel: int) -> int:
+        return 4 * numel
 
     def _encode_body(self, x: torch.Tensor, generator: torch.Generator | None) -> bytes:
         _check_finite(x)
@@ -81,12 +66,14 @@ class NoneCodec(_ElementwiseCodec):
         return torch.from_numpy(values)
 
 
-class BF16Codec(_ElementwiseCodec):
+class BF16Codec(Codec):
     """bfloat16 cast: FP32's range, 8 significant bits."""
 
     name = "bf16"
     codec_id = CodecId.BF16
-    value_bytes = 2
+
+    def _body_size(self, numel: int) -> int:
+        return 2 * numel
 
     def _encode_body(self, x: torch.Tensor, generator: torch.Generator | None) -> bytes:
         _check_finite(x)
@@ -100,12 +87,14 @@ class BF16Codec(_ElementwiseCodec):
         return torch.from_numpy((upper << 16).view(np.float32))
 
 
-class FP16Codec(_ElementwiseCodec):
+class FP16Codec(Codec):
     """IEEE binary16 cast: 11 significant bits, magnitudes up to 65504."""
 
     name = "fp16"
     codec_id = CodecId.FP16
-    value_bytes = 2
+
+    def _body_size(self, numel: int) -> int:
+        return 2 * numel
 
     def _encode_body(self, x: torch.Tensor, generator: torch.Generator | None) -> bytes:
         _check_finite(x)

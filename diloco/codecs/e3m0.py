@@ -98,23 +98,8 @@ class E3M0Codec(Codec):
     def __repr__(self) -> str:
         return f"{type(self).__name__}(rounding={self.rounding!r})"
 
-    @property
-    def sliceable(self) -> bool:
-        return self.rounding == "nearest"  # stochastic codes depend on the random stream
-
     def _body_size(self, numel: int) -> int:
         return (1 + _CODE_BYTES_PER_BLOCK) * _num_blocks(numel)
-
-    def _cut_body(self, body: memoryview, numel: int, start: int, stop: int) -> bytes:
-        first, end, codes = (
-            start // BLOCK_SIZE,
-            _num_blocks(stop),
-            _codes_offset(_num_blocks(numel)),
-        )
-        scales = body[_SCALES_OFFSET + first : _SCALES_OFFSET + end]
-        return bytes(scales) + bytes(
-            body[codes + _CODE_BYTES_PER_BLOCK * first : codes + _CODE_BYTES_PER_BLOCK * end]
-        )
 
     def _encode_body(self, x: torch.Tensor, generator: torch.Generator | None) -> bytes:
         n, nb = x.numel(), _num_blocks(x.numel())

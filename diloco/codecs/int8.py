@@ -45,21 +45,8 @@ class Int8Codec(Codec):
     codec_id = CodecId.INT8
     block_size = BLOCK_SIZE
 
-    @property
-    def sliceable(self) -> bool:
-        return True
-
     def _body_size(self, numel: int) -> int:
         return _values_offset(_num_blocks(numel)) + numel
-
-    def _cut_body(self, body: memoryview, numel: int, start: int, stop: int) -> bytes:
-        first, end, values = (
-            start // BLOCK_SIZE,
-            _num_blocks(stop),
-            _values_offset(_num_blocks(numel)),
-        )
-        scales = body[_SCALES_OFFSET + 4 * first : _SCALES_OFFSET + 4 * end]
-        return bytes(scales) + bytes(body[values + start : values + stop])
 
     def _encode_body(self, x: torch.Tensor, generator: torch.Generator | None) -> bytes:
         n, nb = x.numel(), _num_blocks(x.numel())

@@ -42,7 +42,7 @@ from diloco.protocol.reducer import RoundKey
 from diloco.protocol.run_id import make_run_id
 from diloco.protocol.state_transfer import FragmentState as WireFragmentState
 from diloco.protocol.state_transfer import OuterState
-from diloco.protocol.swarm import Swarm, SwarmReducer
+from diloco.protocol.swarm import Swarm, SwarmReducer, make_dht
 
 logger = logging.getLogger(__name__)
 
@@ -95,14 +95,14 @@ class NetworkOptions:
 
 def _node_dht(net: NetworkOptions) -> DHT:
     """This node's DHT; a joiner starts it to read the run configuration, then trains on it."""
-    return DHT(
-        initial_peers=net.initial_peers,
-        start=True,
+    return make_dht(
+        net.initial_peers,
         host_maddrs=net.host_maddrs,
+        announce_maddrs=net.announce_maddrs,
+        identity_path=net.identity_path,
+        use_relay=net.use_relay,
         nat_port_map=net.nat_port_map,
         auto_nat=net.auto_nat,
-        use_relay=net.use_relay,
-        use_auto_relay=net.use_relay,
     )
 
 

@@ -46,9 +46,6 @@ Faults and agreement (the rule every member applies):
   node then heals by state transfer (``Swarm.fetch_state``).
 
 Encoding and decoding run in the default executor so the event loop keeps serving streams.
-With a codec that can cut payloads (``Codec.sliceable``) the caller encodes the whole delta
-once while the group forms, and every chunk is cut from those bytes: the same bytes as
-encoding the chunk, without the encoding on the all-reduce's critical path.
 """
 
 from __future__ import annotations
@@ -133,14 +130,11 @@ class AllReduceRunner:
         max_norm_ratio: float,
         part_handler: str,
         report_handler: str,
-        encoded: bytes | None = None,
     ) -> None:
         if codec.codec_id != group.codec_id or return_codec.codec_id != group.return_codec_id:
             raise ValueError("codecs differ from the group's")
         self.p2p, self.group, self.codec, self.return_codec = p2p, group, codec, return_codec
         self.delta, self.timeouts, self.max_norm_ratio = delta, timeouts, max_norm_ratio
-        self.encoded = encoded
-        """``codec.encode(delta)`` when the caller encoded it ahead: chunks are cut from it."""
         self.part_handler, self.report_handler = part_handler, report_handler
         self.tag = RoundTag(digest, group.key.fragment, group.key.round)
         self.index = group.index(p2p.peer_id)
@@ -269,15 +263,12 @@ class AllReduceRunner:
 
     def _encode_own(self, c: int) -> torch.Tensor:
         """Chunk ``c`` of my own contribution to my part, through the codec like the others."""
-        return self.codec.decode(self._encode_span(*self.chunks[self.index][c]))
+        a, b = self.chunks[self.index][c]
+        return self.codec.decode(self.codec.encode(self.delta[a:b].contiguous()))
 
     def _encode_chunk(self, j: int, c: int) -> bytes:
         """Payload of chunk ``c`` of part ``j`` (sent to reducer ``j``)."""
-        return self._encode_span(*self.chunks[j][c])
-
-    def _encode_span(self, a: int, b: int) -> bytes:
-        if self.encoded is not None:
-            return self.codec.cut(self.encoded, a, b)
+        a, b = self.chunks[j][c]
         return self.codec.encode(self.delta[a:b].contiguous())
 
     async def _reduce_own_part(self) -> tuple[tuple[bool, ...], torch.Tensor] | None:

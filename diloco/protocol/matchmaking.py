@@ -4,10 +4,13 @@ Protocol, for every node that reaches the send step of round ``(p, k)``:
 
 1. Declare: store ``weight`` under DHT key ``{run_id}/frag{p}/round{k}``, subkey = own peer
    id, and open a lobby for that round (so joins can arrive from now on).
-2. After ``matchmaking_window`` seconds read the key (or earlier, as soon as
-   ``target_group_size`` peers are seen, when that is set: then the key is read at once,
-   every ``poll`` seconds, and whenever a JOIN knocks). The *leader* is the lowest peer id
-   seen (self included).
+2. Read the key at once, then (with ``target_group_size``) every ``poll`` seconds and
+   whenever a JOIN knocks, or (without) at the end of ``matchmaking_window``. The view is
+   the declarations plus the peers that already sent this node a JOIN. The *leader* is the
+   lowest peer id in the view (self included). A node that sees a lower peer id than its
+   own cannot lead: it JOINs that peer at once, and the JOIN waits there until that peer
+   has chosen its role. A node that is the lowest so far waits until the window ends or
+   ``target_group_size`` peers are in the view, then leads.
 3. A leader waits until every peer it saw has joined, or ``join_timeout``; it then closes
    the lobby and sends the same GROUP (members sorted by peer id bytes, their weights, a
    random group id) to every joiner. It keeps that GROUP until the round's matchmaking
@@ -74,6 +77,8 @@ class _Lobby:
     leader: PeerID | None = None
     knock: asyncio.Event = field(default_factory=asyncio.Event)
     """Set by every JOIN that arrives: a peer has seen a view, so re-read it now."""
+    knockers: dict[PeerID, float] = field(default_factory=dict)
+    """Peers that sent a JOIN for this round, with their weights: part of the view."""
     joiners: dict[PeerID, asyncio.Future[tuple[Kind, bytes]]] = field(default_factory=dict)
     weights: dict[PeerID, float] = field(default_factory=dict)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -164,7 +169,7 @@ class Matchmaker:
                 return await self._lead(key, lobby, view, t.join_timeout)
             lobby.leader = leader
             lobby.decided.set()
-            return await self._follow(key, lobby, view)
+            return await self._follow(key, lobby, view, start + t.matchmaking)
         finally:
             lobby.closed = True
             lobby.decided.set()
@@ -175,23 +180,33 @@ class Matchmaker:
             del self._lobbies[key]
 
     async def _wait_window(self, key: RoundKey, lobby: _Lobby) -> dict[PeerID, float]:
-        """The declarations after the window, or as soon as ``target_group_size`` are in."""
+        """The peers of the round as far as this node can tell when it must choose a role.
+
+        The view is the DHT declarations plus the peers that already sent this node a JOIN
+        (they are in the round too). It returns early as soon as a lower peer id than this
+        node's is known (it cannot lead, so it JOINs that peer now, and the JOIN waits
+        there), or ``target_group_size`` peers are known; otherwise after the window.
+        """
         loop = asyncio.get_running_loop()
         t = self.timeouts
         deadline = loop.time() + t.matchmaking_window
-        if self.target_group_size is not None:
-            while True:
-                lobby.knock.clear()
-                view = await asyncio.wait_for(self._read_view(key), t.join_timeout)
-                if len(view.keys() | {self.p2p.peer_id}) >= self.target_group_size:
-                    return view
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    return view
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(lobby.knock.wait(), min(self.poll, remaining))
-        await asyncio.sleep(max(0.0, deadline - loop.time()))
-        return await asyncio.wait_for(self._read_view(key), t.join_timeout)
+        me = self.p2p.peer_id.to_bytes()
+        while True:
+            lobby.knock.clear()
+            view = await asyncio.wait_for(self._read_view(key), t.join_timeout)
+            view.update(lobby.knockers)
+            if any(peer.to_bytes() < me for peer in view):
+                return view
+            if self.target_group_size is not None and len(view.keys() | {self.p2p.peer_id}) >= (
+                self.target_group_size
+            ):
+                return view
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return view
+            poll = self.poll if self.target_group_size is not None else remaining
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(lobby.knock.wait(), min(poll, remaining))
 
     async def _read_view(self, key: RoundKey) -> dict[PeerID, float]:
         """Peers declared under the round key; malformed entries are logged and skipped."""
@@ -248,10 +263,12 @@ class Matchmaker:
         logger.info("round %s: leading a group of %d", key, len(members))
         return self._group_info(key, group)
 
-    async def _follow(self, key: RoundKey, lobby: _Lobby, view: set[PeerID]) -> GroupInfo:
-        """JOIN the leader (following redirects, retrying and failing over; see step 5)."""
+    async def _follow(
+        self, key: RoundKey, lobby: _Lobby, view: set[PeerID], deadline: float
+    ) -> GroupInfo:
+        """JOIN the leader (following redirects, retrying and failing over; see step 5);
+        give up at ``deadline`` (loop time)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + 2 * self.timeouts.join_timeout
         visited: set[PeerID] = set()
         dead: set[PeerID] = set()
         failures = 0
@@ -400,6 +417,7 @@ class Matchmaker:
             mine.return_codec_id,
         ):
             return reject(RejectCode.MISMATCH, "fragment size or codec differs")
+        lobby.knockers.setdefault(peer, request.weight)
         lobby.knock.set()
         await lobby.decided.wait()
         if lobby.leader is not None:

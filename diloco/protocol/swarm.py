@@ -30,8 +30,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import logging
+import os
+import select
+import signal
 import threading
 import time
 from collections.abc import Coroutine, Mapping, Sequence
@@ -62,6 +66,39 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+def make_dht(
+    initial_peers: Sequence[str] = (),
+    *,
+    host_maddrs: Sequence[str] = ("/ip4/127.0.0.1/tcp/0",),
+    announce_maddrs: Sequence[str] = (),
+    identity_path: str | None = None,
+    use_relay: bool = False,
+    nat_port_map: bool = False,
+    auto_nat: bool = False,
+    startup_timeout: float = 60.0,
+) -> DHT:
+    """Start this node's ``hivemind.DHT`` (and its p2pd) with the network options of SPEC 5.
+
+    NAT port mapping, AutoNAT and relays stay off unless asked for: the defaults would probe
+    the local router. hivemind's check that a reused identity is free is off too: it starts
+    a second daemon with NAT port mapping and AutoNAT on (it does not forward these options)
+    and reads only RSA keys.
+    """
+    return DHT(
+        initial_peers=list(initial_peers),
+        start=True,
+        host_maddrs=list(host_maddrs),
+        announce_maddrs=list(announce_maddrs) or None,
+        identity_path=identity_path,
+        use_relay=use_relay,
+        use_auto_relay=use_relay,
+        nat_port_map=nat_port_map,
+        auto_nat=auto_nat,
+        startup_timeout=startup_timeout,
+        check_if_identity_free=False,
+    )
+
+
 class Swarm:
     """A running DHT node, its P2P client and the background event loop of the protocol."""
 
@@ -85,20 +122,15 @@ class Swarm:
         self.request_timeout = request_timeout
         # A joiner that already read the run configuration through its own DHT hands it
         # over (one daemon per node); otherwise the swarm starts one.
-        self.dht = dht or DHT(
-            initial_peers=list(initial_peers),
-            start=True,
-            host_maddrs=list(host_maddrs),
-            announce_maddrs=list(announce_maddrs) or None,
+        self.dht = dht or make_dht(
+            initial_peers,
+            host_maddrs=host_maddrs,
+            announce_maddrs=announce_maddrs,
             identity_path=identity_path,
             use_relay=use_relay,
-            use_auto_relay=use_relay,
             nat_port_map=nat_port_map,
             auto_nat=auto_nat,
             startup_timeout=startup_timeout,
-            # hivemind's check of a reused identity starts a second daemon with NAT port
-            # mapping and AutoNAT on (it does not forward ours) and reads only RSA keys.
-            check_if_identity_free=False,
         )
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name="diloco-swarm", daemon=True)
@@ -229,11 +261,6 @@ class Swarm:
         it was the DHT process's child, so that a reused PID is never signalled), and the
         daemon's socket file is removed.
         """
-        import contextlib
-        import os
-        import select
-        import signal
-
         deadline = time.monotonic() + timeout
 
         def remaining(at_least: float = 0.1) -> float:
@@ -410,10 +437,6 @@ class SwarmReducer(Reducer):
         start = loop.time()
         delta = contribution.delta.detach().contiguous()
         slot = self.service.expect(key)
-        # Encode the whole delta while the group forms; the all-reduce cuts its chunks.
-        encoding = (
-            loop.run_in_executor(None, self.codec.encode, delta) if self.codec.sliceable else None
-        )
         try:
             group = await self.matchmaker.form_group(
                 key,
@@ -423,9 +446,8 @@ class SwarmReducer(Reducer):
                 float(contribution.weight),
             )
             matched = loop.time()
-            encoded = await encoding if encoding is not None else None
             if len(group.members) == 1:
-                result = await loop.run_in_executor(None, self._alone, delta, encoded, group.names)
+                result = await loop.run_in_executor(None, self._alone, delta, group.names)
             else:
                 runner = self.runner_type(
                     p2p=self.swarm.p2p,
@@ -438,26 +460,21 @@ class SwarmReducer(Reducer):
                     max_norm_ratio=self.max_norm_ratio,
                     part_handler=self.service.part_handler,
                     report_handler=self.service.report_handler,
-                    encoded=encoded,
                 )
                 slot.set_result(runner)
                 result = await runner.run()
         finally:
             self.service.finish(key)
-            if encoding is not None:  # not awaited when matchmaking failed: collect its error
-                encoding.add_done_callback(lambda f: f.cancelled() or f.exception())
         self.timings[key] = (matched - start, loop.time() - matched)
         while len(self.timings) > 64:
             self.timings.popitem(last=False)
         return dataclasses.replace(result, seconds=loop.time() - start)
 
-    def _alone(
-        self, delta: torch.Tensor, encoded: bytes | None, names: tuple[str, ...]
-    ) -> RoundResult:
+    def _alone(self, delta: torch.Tensor, names: tuple[str, ...]) -> RoundResult:
         """A group of one: the node's own delta through both codecs (SPEC 2.7)."""
         start = time.perf_counter()
         ((lo, hi),) = butterfly_parts(delta.numel(), 1)
-        own = self.codec.decode(encoded or self.codec.encode(delta[lo:hi].contiguous()))
+        own = self.codec.decode(self.codec.encode(delta[lo:hi].contiguous()))
         mean = weighted_mean([own], [1.0])
         result = self.return_codec.decode(self.return_codec.encode(mean))
         return RoundResult(result, names, 0, 0, time.perf_counter() - start)

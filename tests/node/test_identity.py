@@ -1,0 +1,30 @@
+"""``--identity``: a node's peer id comes from its key file, for starters and joiners alike."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hivemind.p2p import PeerID
+
+from diloco.node.swarm_node import NetworkOptions, _node_dht
+from diloco.protocol.run_id import make_run_id
+from diloco.protocol.swarm import Swarm
+
+
+def test_joiner_dht_takes_its_peer_id_from_the_identity_file(tmp_path: Path) -> None:
+    path = tmp_path / "node.key"
+    net = NetworkOptions(identity_path=str(path), host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    ids = []
+    for _ in range(2):  # the first run creates the key, the second reuses it
+        dht = _node_dht(net)
+        try:
+            ids.append(dht.peer_id)
+        finally:
+            dht.shutdown()
+    assert ids[0] == ids[1] == PeerID.from_identity(path.read_bytes())
+
+
+def test_swarm_takes_its_peer_id_from_the_identity_file(tmp_path: Path) -> None:
+    path = tmp_path / "node.key"
+    with Swarm(make_run_id("identity", {}), identity_path=str(path)) as swarm:
+        assert swarm.peer_id == PeerID.from_identity(path.read_bytes())
