@@ -27,8 +27,15 @@ Faults and agreement (the rule every member applies):
 * A member waits for averaged parts until ``reducer_timeout`` after the reducers' deadline.
   A part that did not come (dead or invalid reducer) is *missing*: never replaced by local
   values.
+* A member whose part stream is cut in transport (refused, or closed before the reducer
+  refused it) opens it once more and sends the part again; the reducer keeps what arrived,
+  skips the repeated chunks and streams the averaged chunks again from the first. A cut
+  counted member thus delays its reducer's part (up to the part deadline) instead of
+  failing it. A reducer that excludes a member, or whose part failed, says so (REJECT), so
+  that member does not try again.
 * Then every member sends every other member a REPORT (which parts it holds, sha256 of the
-  assembled result) and waits, up to ``report_timeout``, for the reports of the *full
+  averaged payloads and masks it assembled the result from: the same bytes give the same
+  values) and waits, up to ``report_timeout``, for the reports of the *full
   contributors*: members counted in every part it holds. The round succeeds for a member
   iff it holds every part and every full contributor's report that arrived says "every
   part, same sha256"; otherwise it fails for that member (``RoundFailed``) and its outer
@@ -73,11 +80,6 @@ from diloco.protocol.wire import ByteCounter, Kind, PartHead, Reject, RejectCode
 logger = logging.getLogger(__name__)
 
 _U16_BYTES = 2
-
-
-def tensor_sha256(x: torch.Tensor) -> bytes:
-    """sha256 of a float32 tensor's little-endian bytes (what every member compares)."""
-    return hashlib.sha256(x.contiguous().numpy().data).digest()
 
 
 def check_values(x: torch.Tensor, reference_norm: float, max_norm_ratio: float) -> None:
@@ -152,8 +154,11 @@ class AllReduceRunner:
         self._received: dict[int, list[torch.Tensor]] = {}
         self._started: set[int] = set()
         self._excluded: dict[int, str] = {}
-        self._streams: set[int] = set()
+        self._live: set[int] = set()
+        """Members with a PART stream open to this reducer (at most one each)."""
         self._mask: tuple[bool, ...] | None = None
+        self._part_digests: dict[int, bytes] = {}
+        """sha256 over the mask and averaged payloads of every part held, by part."""
         self._averaged_chunks: list[bytes] = []
         self._part_failed: str | None = None
         self._changed = asyncio.Event()
@@ -229,7 +234,7 @@ class AllReduceRunner:
             lo, hi = self.spans[j]
             result[lo:hi] = values
         assembled = loop.time()
-        digest = await loop.run_in_executor(None, tensor_sha256, result)
+        digest = hashlib.sha256(b"".join(self._part_digests[j] for j in sorted(parts))).digest()
         full = tuple(all(bits[i] for bits, _ in parts.values()) for i in range(self.num_members))
         await self._exchange_reports(held, digest, full)
         with contextlib.suppress(asyncio.TimeoutError):
@@ -316,6 +321,7 @@ class AllReduceRunner:
             self._averaged_chunks.append(encoded)
             self._touch()
             decoded.append(mean)
+        self._part_digests[self.index] = _part_digest(self._mask, self._averaged_chunks)
         return self._mask, torch.cat(decoded)
 
     def _average(
@@ -325,16 +331,27 @@ class AllReduceRunner:
         return encoded, self.return_codec.decode(encoded)
 
     async def _exchange(self, j: int) -> tuple[tuple[bool, ...], torch.Tensor] | None:
-        """Stream part ``j`` to its reducer and read the average back; None if it did not."""
+        """Stream part ``j`` to its reducer and read the average back; None if it did not.
+
+        A stream cut in transport is opened once more (see the module docstring).
+        """
         loop = asyncio.get_running_loop()
         peer = self.group.members[j]
-        try:
-            return await asyncio.wait_for(
-                self._exchange_inner(j, peer), self.part_deadline - loop.time()
-            )
-        except Exception as exc:  # documented "reducer did not deliver" result
-            logger.warning("round %s: part %d from %s missing: %r", self.group.key, j, peer, exc)
-            return None
+        for attempt in range(1 + _PART_STREAM_RETRIES):
+            try:
+                return await asyncio.wait_for(
+                    self._exchange_inner(j, peer), self.part_deadline - loop.time()
+                )
+            except (ProtocolError, asyncio.TimeoutError) as exc:
+                reason: Exception = exc
+                break
+            except Exception as exc:  # refused or cut in transport
+                reason = exc
+                if attempt < _PART_STREAM_RETRIES and self.part_deadline - loop.time() > 0.2:
+                    logger.info("round %s: part %d stream cut (%r), again", self.group.key, j, exc)
+                    await asyncio.sleep(0.1)
+        logger.warning("round %s: part %d from %s missing: %r", self.group.key, j, peer, reason)
+        return None
 
     async def _exchange_inner(self, j: int, peer: PeerID) -> tuple[tuple[bool, ...], torch.Tensor]:
         loop = asyncio.get_running_loop()
@@ -353,6 +370,7 @@ class AllReduceRunner:
         try:
             bits: tuple[bool, ...] | None = None
             values = []
+            digest = hashlib.sha256()
             mask_len = wire.mask_bytes(self.num_members)
             start = PartHead.SIZE + _U16_BYTES
             for c, (a, b) in enumerate(self.chunks[j]):
@@ -382,7 +400,9 @@ class AllReduceRunner:
                 values.append(
                     await loop.run_in_executor(None, self._check_averaged, j, c, averaged)
                 )
+                digest.update(averaged)
             assert bits is not None  # every part has at least one chunk
+            self._part_digests[j] = _part_digest(bits, [], digest)
             return bits, torch.cat(values)
         finally:
             sending.cancel()
@@ -435,18 +455,40 @@ class AllReduceRunner:
             await asyncio.wait_for(wire.write_frame(writer, Kind.REJECT, reject.serialize()), 1.0)
             return
         j = self.group.index(sender)
-        if j in self._streams:
+        if j in self._excluded:
+            await _reject(writer, f"excluded: {self._excluded[j]}")
+            return
+        if j in self._live:
             logger.warning("round %s: second PART stream from member %d", self.group.key, j)
             return
-        self._streams.add(j)
+        self._live.add(j)
+        try:
+            await self._serve_member(j, frame, head, reader, writer)
+        finally:
+            self._live.discard(j)
+
+    async def _serve_member(
+        self,
+        j: int,
+        frame: wire.Frame,
+        head: PartHead,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        loop = asyncio.get_running_loop()
         sending = asyncio.create_task(self._send_averages(j, writer))
         try:
             await self._read_chunks(j, frame, head, reader)
-        except Exception as exc:  # any bad input or a vanished sender: exclude, never raise
-            self._exclude_index(j, f"{exc!r}" if not isinstance(exc, ProtocolError) else str(exc))
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            # Cut in transport: the member may open the stream again (until the deadlines).
+            logger.info("round %s: PART stream of member %d cut: %r", self.group.key, j, exc)
             sending.cancel()
             return
-        loop = asyncio.get_running_loop()
+        except Exception as exc:  # any bad input or a too slow sender: exclude, never raise
+            self._exclude_index(j, f"{exc!r}" if not isinstance(exc, ProtocolError) else str(exc))
+            sending.cancel()
+            await _reject(writer, f"excluded: {self._excluded[j]}")
+            return
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(sending, max(0.0, self.report_deadline - loop.time()))
 
@@ -454,6 +496,7 @@ class AllReduceRunner:
         self, j: int, frame: wire.Frame, head: PartHead, reader: asyncio.StreamReader
     ) -> None:
         loop = asyncio.get_running_loop()
+        have = len(self._received[j]) if j in self._started else 0  # before a cut stream
         for c, (a, b) in enumerate(self.chunks[self.index]):
             counting = j in self._started if c > 0 else not self._gather_closed
             deadline = self.gather_deadline if c == 0 and counting else self.part_deadline
@@ -479,8 +522,8 @@ class AllReduceRunner:
             payload = await asyncio.wait_for(
                 wire.read_body(reader, size, self.counter), max(0.0, deadline - loop.time())
             )
-            if not counting or j in self._excluded:
-                continue  # late: read to keep the stream flowing, not counted
+            if not counting or j in self._excluded or c < have:
+                continue  # late, or sent again after a cut: read to keep the stream flowing
             values = await loop.run_in_executor(
                 None, self._check_contribution, payload, b - a, self.chunk_norms[self.index][c]
             )
@@ -502,6 +545,7 @@ class AllReduceRunner:
                 return len(self._averaged_chunks) > c or self._part_failed is not None
 
             if not await self._wait(available, self.part_deadline) or self._part_failed:
+                await _reject(writer, f"part failed: {self._part_failed or 'deadline'}")
                 writer.close()  # the member sees the part missing
                 return
             assert self._mask is not None
@@ -711,6 +755,22 @@ class AllReduceService:
             writer.close()
 
 
-def _set_if_pending(future: asyncio.Future[Any], value: object) -> None:
-    if not future.done():
-        future.set_result(value)
+_PART_STREAM_RETRIES = 1
+"""Extra attempts of a member's PART stream after it was cut in transport."""
+
+
+async def _reject(writer: asyncio.StreamWriter, reason: str) -> None:
+    """Tell the member on ``writer`` this part will not come (best effort, bounded)."""
+    with contextlib.suppress(Exception):
+        reject = Reject(RejectCode.BAD_PART, reason=reason[:200]).serialize()
+        await asyncio.wait_for(wire.write_frame(writer, Kind.REJECT, reject), 1.0)
+
+
+def _part_digest(mask: tuple[bool, ...], payloads: list[bytes], digest: Any = None) -> bytes:
+    """sha256 of one part as members compare it: the averaged payloads (in ``digest`` when
+    already hashed), then the counted mask."""
+    digest = digest or hashlib.sha256()
+    for payload in payloads:
+        digest.update(payload)
+    digest.update(wire.pack_mask(mask))
+    return bytes(digest.digest())

@@ -64,6 +64,7 @@ class Fault(enum.Enum):
     STALL_REDUCER = "stall_reducer"
     DIE_AS_LEADER = "die_as_leader"
     CUT_FIRST_JOIN = "cut_first_join"
+    CUT_PART_STREAMS = "cut_part_streams"
 
 
 _notify_lock = threading.Lock()
@@ -106,6 +107,24 @@ class CorruptSender(AllReduceRunner):
             tag = RoundTag(bytes(16), head.tag.fragment, head.tag.round)
             return PartHead(tag, head.group_id, head.part, head.chunk)
         return head
+
+
+class CutPartStreams(AllReduceRunner):
+    """Its first PART stream to every reducer is cut right after the first chunk went out
+    (a stream lost in transit); it then opens the stream again, as any member does."""
+
+    async def _exchange_inner(self, j: int, peer: PeerID) -> Any:
+        cut: set[int] = self.__dict__.setdefault("_cut", set())
+        if j in cut:
+            return await super()._exchange_inner(j, peer)
+        cut.add(j)
+        _, _, writer = await self.p2p.call_binary_stream_handler(peer, self.part_handler)
+        payload = await asyncio.get_running_loop().run_in_executor(None, self._encode_chunk, j, 0)
+        head = self._part_head(j, 0).serialize()
+        await wire.write_frame(writer, Kind.PART, head, payload, counter=self.counter)
+        await asyncio.sleep(0.05)
+        writer.close()
+        raise ConnectionResetError("test fault: PART stream cut")
 
 
 class StallSender(AllReduceRunner):
@@ -192,6 +211,8 @@ def runner_type(fault: Fault) -> type[AllReduceRunner]:
         return StallSender
     if fault == Fault.STALL_REDUCER:
         return StallReducer
+    if fault == Fault.CUT_PART_STREAMS:
+        return CutPartStreams
     return type(f"Corrupt_{fault.value}", (CorruptSender,), {"fault": fault})
 
 

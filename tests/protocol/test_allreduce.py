@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from swarm_expected import group_order, partial_sha
+from swarm_expected import group_order, in_process_sha, partial_sha
 from swarm_peers import (
     TIMEOUTS,
     Fault,
@@ -23,7 +23,7 @@ from swarm_peers import (
 )
 
 from diloco.errors import ProtocolError
-from diloco.protocol.allreduce import check_values, chunk_spans
+from diloco.protocol.allreduce import CHUNK_VALUES, check_values, chunk_spans
 
 GARBAGE = [
     Fault.GARBAGE_RANDOM,
@@ -70,6 +70,19 @@ def test_bad_sender_excluded_round_completes(
     assert all(sorted(results[i]["members"]) == sorted(ids[j] for j in good) for i in good)
     assert not results[bad]["ok"]
     assert all(peer.process.is_alive() for peer in honest)
+
+
+@pytest.mark.swarm
+def test_cut_part_streams_are_opened_again_and_round_completes(
+    honest: list[PeerProcess], fragment: int
+) -> None:
+    numel = 4 * 3 * CHUNK_VALUES  # three chunks per part: the cut comes mid-part
+    seeds = [fragment * 10 + i for i in range(4)]
+    command(honest[2:3], "fault", Fault.CUT_PART_STREAMS.value)
+    specs = [[(fragment, 1, numel, seeds[i], 1.0)] for i in range(4)]
+    results = [r[0] for r in run_rounds(honest, specs, timeout=TIMEOUTS.total + 60)]
+    expected = in_process_sha([p.peer_id for p in honest], numel, seeds, [1.0] * 4, "none")
+    assert [r.get("sha256") for r in results] == [expected] * 4, results
 
 
 @pytest.fixture
