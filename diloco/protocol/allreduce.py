@@ -617,18 +617,27 @@ class AllReduceRunner:
                 task.cancel()
 
     async def _send_report(self, peer: PeerID, message: bytes) -> None:
-        try:
-            _, reader, writer = await asyncio.wait_for(
-                self.p2p.call_binary_stream_handler(peer, self.report_handler),
-                self.timeouts.connect_timeout,
-            )
+        """Deliver my report to ``peer``; a stream cut in transport is opened once more."""
+        for attempt in range(1 + _PART_STREAM_RETRIES):
             try:
-                await wire.write_frame(writer, Kind.REPORT, message)
-                await wire.read_frame(reader, (Kind.ACK,))
-            finally:
-                writer.close()
-        except Exception as exc:
-            logger.debug("round %s: report to %s not delivered: %r", self.group.key, peer, exc)
+                _, reader, writer = await asyncio.wait_for(
+                    self.p2p.call_binary_stream_handler(peer, self.report_handler),
+                    self.timeouts.connect_timeout,
+                )
+                try:
+                    await wire.write_frame(writer, Kind.REPORT, message)
+                    await wire.read_frame(reader, (Kind.ACK,))
+                    return
+                finally:
+                    writer.close()
+            except (ProtocolError, asyncio.TimeoutError) as exc:
+                reason: Exception = exc
+                break
+            except Exception as exc:  # refused or cut in transport
+                reason = exc
+                if attempt < _PART_STREAM_RETRIES:
+                    await asyncio.sleep(0.1)
+        logger.debug("round %s: report to %s not delivered: %r", self.group.key, peer, reason)
 
     def accept_report(self, sender: PeerID, report: Report) -> None:
         """Store a member's report (the handler checked its framing and round)."""
@@ -756,7 +765,7 @@ class AllReduceService:
 
 
 _PART_STREAM_RETRIES = 1
-"""Extra attempts of a member's PART stream after it was cut in transport."""
+"""Extra attempts of a member's PART or REPORT stream after it was cut in transport."""
 
 
 async def _reject(writer: asyncio.StreamWriter, reason: str) -> None:
