@@ -13,6 +13,7 @@ Modules, one concern each (hivemind ``averaging/`` style)::
     allreduce       butterfly all-reduce over p2pd streams, faults, report agreement
     state_transfer  serve/fetch outer params + momentum, validated
     swarm           Swarm (DHT + P2P + loop thread) and SwarmReducer (the Reducer)
+    processes       the DHT process's p2pd held by pidfd, stopped if shutdown stalls
     bench           ``diloco-node bench allreduce``
 
 The trainer uses ``Swarm`` and ``SwarmReducer`` (see ``swarm``) and never the rest.

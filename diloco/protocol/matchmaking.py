@@ -195,11 +195,10 @@ class Matchmaker:
             lobby.knock.clear()
             view = await asyncio.wait_for(self._read_view(key), t.join_timeout)
             view.update(lobby.knockers)
+            known = len(view.keys() | {self.p2p.peer_id})
             if any(peer.to_bytes() < me for peer in view):
                 return view
-            if self.target_group_size is not None and len(view.keys() | {self.p2p.peer_id}) >= (
-                self.target_group_size
-            ):
+            if self.target_group_size is not None and known >= self.target_group_size:
                 return view
             remaining = deadline - loop.time()
             if remaining <= 0:

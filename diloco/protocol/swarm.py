@@ -34,8 +34,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import select
-import signal
 import threading
 import time
 from collections.abc import Coroutine, Mapping, Sequence
@@ -47,6 +45,7 @@ from hivemind.p2p import P2P, PeerID
 
 from diloco.codecs import Codec
 from diloco.errors import ProtocolError, RoundFailed
+from diloco.protocol import processes
 from diloco.protocol.allreduce import AllReduceRunner, AllReduceService
 from diloco.protocol.group import RoundTimeouts
 from diloco.protocol.matchmaking import Matchmaker
@@ -266,42 +265,14 @@ class Swarm:
         def remaining(at_least: float = 0.1) -> float:
             return max(at_least, deadline - time.monotonic())
 
-        def parent(pid: int) -> int | None:
-            try:
-                with open(f"/proc/{pid}/stat") as stat:
-                    return int(stat.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                return None
-
-        def ended(pidfd: int, wait: float) -> bool:
-            return bool(select.select([pidfd], [], [], wait)[0])
-
-        async def cancel_tasks(wait: float) -> None:
-            """Cancel the loop's other tasks, again if cancelling started new ones."""
-            end = time.monotonic() + wait
-            current = asyncio.current_task()
-            while (tasks := asyncio.all_tasks() - {current}) and time.monotonic() < end:
-                for task in tasks:
-                    task.cancel()
-                await asyncio.wait(tasks, timeout=end - time.monotonic())
-
         p2p: P2P | None = getattr(self, "p2p", None)
 
         async def leave() -> None:
-            await cancel_tasks(remaining())
+            await _cancel_tasks(remaining())
             if p2p is not None:
                 await p2p.shutdown()  # no child to wait for: closes our client and its socket
 
-        daemons: list[int] = []  # pidfds of the DHT process's children: its p2pd (Linux)
-        if self.dht.is_alive() and hasattr(os, "pidfd_open") and os.path.isdir("/proc"):
-            for name in os.listdir("/proc"):
-                if name.isdigit() and parent(int(name)) == self.dht.pid:
-                    with contextlib.suppress(OSError):
-                        pidfd = os.pidfd_open(int(name))
-                        if parent(int(name)) == self.dht.pid:  # still that child, not a reuse
-                            daemons.append(pidfd)
-                        else:
-                            os.close(pidfd)
+        daemons = processes.child_pidfds(self.dht.pid) if self.dht.is_alive() else []
         if self._loop.is_running():
             try:
                 self.call(leave(), remaining() + 0.5)
@@ -311,7 +282,7 @@ class Swarm:
             self._thread.join(remaining())
         if not self._thread.is_alive() and not self._loop.is_closed():
             # Calls submitted while the loop stopped; once it is closed, new ones fail at once.
-            self._loop.run_until_complete(cancel_tasks(0.5))
+            self._loop.run_until_complete(_cancel_tasks(0.5))
             self._loop.close()
         self.dht.shutdown_timeout = remaining(0.5)
         self.dht.shutdown()  # terminates the DHT process if it misses the deadline
@@ -320,19 +291,8 @@ class Swarm:
             if self.dht.is_alive():
                 self.dht.kill()
                 self.dht.join(0.5)
-        killed = False
-        for pidfd in daemons:
-            # A DHT process that exited by itself has stopped p2pd; nothing else will.
-            for sig, wait in ((signal.SIGTERM, 0.0), (signal.SIGKILL, 0.5)):
-                if ended(pidfd, wait):
-                    break
-                killed = True
-                with contextlib.suppress(ProcessLookupError):
-                    signal.pidfd_send_signal(pidfd, sig)
-            else:
-                ended(pidfd, 0.5)
-            os.close(pidfd)
-        if killed and p2p is not None:
+        # A DHT process that exited by itself has stopped p2pd; nothing else will.
+        if processes.stop(daemons) and p2p is not None:
             with contextlib.suppress(OSError):
                 os.remove(p2p.daemon_listen_maddr["unix"])
 
@@ -341,6 +301,16 @@ class Swarm:
 
     def __exit__(self, *exc_info: object) -> None:
         self.shutdown()
+
+
+async def _cancel_tasks(wait: float) -> None:
+    """Cancel the loop's other tasks, again if cancelling started new ones (``wait`` s)."""
+    end = time.monotonic() + wait
+    current = asyncio.current_task()
+    while (tasks := asyncio.all_tasks() - {current}) and time.monotonic() < end:
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks, timeout=end - time.monotonic())
 
 
 class SwarmReducer(Reducer):
