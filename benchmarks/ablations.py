@@ -37,6 +37,7 @@ from diloco.node.inner import InnerConfig
 from diloco.node.local import LocalConfig, LocalTrainer
 from diloco.node.model import preset
 from diloco.node.outer import OuterConfig
+from diloco.sim.plots import require_matplotlib
 
 logger = logging.getLogger("ablations")
 
@@ -472,6 +473,7 @@ def _cosine_by_fragment(logs: list[list[dict[str, float]]]) -> dict[str, list[li
 
 def plot_sweep(sweep: Sweep, results: dict[str, Any], path: Path) -> None:
     """One PNG per sweep: eval loss (mean, min-max bars over seeds), bytes where relevant."""
+    require_matplotlib()  # names the extra to install when it is missing
     import matplotlib
 
     matplotlib.use("Agg")

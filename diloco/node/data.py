@@ -77,7 +77,7 @@ _SKIPPED_STDLIB_FOLDERS = {"site-packages", "dist-packages", "test", "tests", "i
 def embedded_corpus() -> Corpus:
     """The Python standard library's ``.py`` sources (tests and site-packages excluded)."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    files = []
+    files: list[Path] = []
     for folder, subfolders, names in os.walk(root):
         subfolders[:] = [d for d in subfolders if d not in _SKIPPED_STDLIB_FOLDERS]
         files.extend(Path(folder, n) for n in names if n.endswith(".py"))

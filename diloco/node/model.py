@@ -66,7 +66,8 @@ class CausalSelfAttention(nn.Module):
         k = apply_rotary(self.k_norm(k), cos, sin)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
-        return self.proj(y)
+        out: torch.Tensor = self.proj(y)
+        return out
 
 
 class MLP(nn.Module):
@@ -76,7 +77,8 @@ class MLP(nn.Module):
         self.down = nn.Linear(config.mlp_hidden, config.d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(F.gelu(self.up(x)))
+        out: torch.Tensor = self.down(F.gelu(self.up(x)))
+        return out
 
 
 class Block(nn.Module):
@@ -91,7 +93,8 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), cos, sin)
-        return x + self.mlp(self.mlp_norm(x))
+        out: torch.Tensor = x + self.mlp(self.mlp_norm(x))
+        return out
 
 
 @dataclass(kw_only=True, slots=True)
@@ -161,6 +164,9 @@ def preset(name: str) -> ModelConfig:
 
 class Transformer(nn.Module):
     """Token embedding, ``blocks`` (an ordered list), final norm, untied head."""
+
+    rope_cos: torch.Tensor  # (max_seq_len, hs / 2), a buffer
+    rope_sin: torch.Tensor
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()

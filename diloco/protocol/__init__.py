@@ -1,7 +1,7 @@
 """The swarm protocol: DHT records, matchmaking, butterfly all-reduce, state transfer.
 
-Pure pieces (``partition``, ``reducer``, ``run_id``, ``wire``, ``group``) import no
-networking, so the in-process trainer can use them without starting hivemind.
+Pure pieces (``partition``, ``reducer``, ``run_id``, ``wire``) import nothing of hivemind;
+``group`` needs only its ``PeerID``.
 
 Modules, one concern each (hivemind ``averaging/`` style)::
 
@@ -16,5 +16,12 @@ Modules, one concern each (hivemind ``averaging/`` style)::
     processes       the DHT process's p2pd held by pidfd, stopped if shutdown stalls
     bench           ``diloco-node bench allreduce``
 
-The trainer uses ``Swarm`` and ``SwarmReducer`` (see ``swarm``) and never the rest.
+What the node layer imports from here: the outer loop and the in-process trainer
+(``node.outer``, ``node.local``, ``node.trainer``) the ``reducer`` interface (``Reducer``,
+``InProcessReducer``, ``Contribution``, ``RoundKey``, ``RoundResult``) and the state hash of
+``state_transfer``; the swarm node and ``status`` (``node.swarm_node``,
+``node.swarm_status``) also ``swarm`` (``Swarm``, ``SwarmReducer``, ``make_dht``),
+``records``, ``discovery``, ``group`` (``RoundTimeouts``), ``run_id`` and
+``state_transfer`` (``OuterState``). ``matchmaking``, ``allreduce``, ``wire``, ``partition``
+and ``processes`` serve the protocol itself.
 """

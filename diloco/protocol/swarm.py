@@ -20,8 +20,8 @@ Interface for the node (stable)::
     swarm.shutdown()
 
 Round semantics: every member of a group gets identical ``RoundResult.delta`` bytes and
-``members`` (the members counted in at least one part, in group order), or the round
-fails for it; see ``allreduce`` for the agreement rule and its residual risk. With
+``members`` (the full contributors: members counted in every part, in group order), or the
+round fails for it; see ``allreduce`` for the agreement rule and its residual risk. With
 ``min_group_size=1`` a node that finds nobody gets its own decoded delta (SPEC 2.7).
 """
 

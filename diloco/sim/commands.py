@@ -136,6 +136,11 @@ def simulate_report(request: SimulateRequest) -> SimulateReport:
     """Simulate each method (or the measured run) and answer what was asked."""
     if request.timeline_path is not None and request.bandwidth_gbps is None:
         raise ValueError("--timeline draws the schedule at one bandwidth: give --bandwidth")
+    if request.plot_path is not None or request.timeline_path is not None:
+        try:
+            plots.require_matplotlib()  # before the work, not after it
+        except plots.PlotsUnavailable as error:
+            raise ValueError(f"--plot and --timeline: {error}") from error
     lines: list[str] = []
     scenarios: dict[str, Scenario]
     if request.metrics_lines is not None:

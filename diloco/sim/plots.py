@@ -2,20 +2,50 @@
 
 The one module of ``diloco.sim`` that writes files: PNG through matplotlib's ``Agg`` canvas
 on a bare ``Figure``, so it needs no display and leaves pyplot's global state alone.
+matplotlib is the optional extra ``plots`` and is imported only when a figure is drawn, so
+the simulator itself runs without it. Each function returns the figure it saved, for
+callers (and tests) that want to read what was drawn.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.patches import Patch
 from numpy.typing import NDArray
 
 from diloco.sim.dag import Interval, NodeKind
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+PLOTS_EXTRA = "pip install 'diloco-node[plots]'"
+
+
+class PlotsUnavailable(ImportError):
+    """matplotlib is not installed; the message names the extra that brings it."""
+
+
+def require_matplotlib() -> None:
+    """Raise ``PlotsUnavailable`` unless matplotlib can be imported."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as error:
+        raise PlotsUnavailable(f"figures need matplotlib: {PLOTS_EXTRA}") from error
+
+
+def _new_figure(width: float, height: float) -> Figure:
+    """A bare figure on an Agg canvas, 120 dpi."""
+    require_matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=120)
+    FigureCanvasAgg(fig)
+    return fig
+
 
 KIND_STYLE: dict[NodeKind, tuple[str, str]] = {
     "forward": ("tab:blue", "forward"),
@@ -32,10 +62,9 @@ def plot_cu_curves(
     *,
     title: str,
     targets: Sequence[float] = (),
-) -> None:
+) -> Figure:
     """CU against bandwidth (log x), one curve per method; dotted lines at the CU targets."""
-    fig = Figure(figsize=(8, 5), dpi=120)
-    FigureCanvasAgg(fig)
+    fig = _new_figure(8, 5)
     ax = fig.subplots()
     for name, cu in curves.items():
         ax.plot(bandwidths_gbps, cu, label=name, linewidth=2)
@@ -55,18 +84,20 @@ def plot_cu_curves(
     ax.legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(path)
+    return fig
 
 
 def plot_timeline(
     path: str | Path, timelines: Mapping[str, Sequence[Interval]], *, title: str
-) -> None:
+) -> Figure:
     """Gantt chart, one panel per method: a row per layer (layer 0 at the top); compute on
     the upper part of a row, the layer's reduction on the lower part; dashed lines where a
     step's first forward starts."""
     if not timelines or not all(timelines.values()):
         raise ValueError("nothing to draw: every timeline needs intervals")
-    fig = Figure(figsize=(11, 1.2 + 2.4 * len(timelines)), dpi=120)
-    FigureCanvasAgg(fig)
+    fig = _new_figure(11, 1.2 + 2.4 * len(timelines))
+    from matplotlib.patches import Patch
+
     axes = fig.subplots(len(timelines), 1, squeeze=False)
     for ax, (name, intervals) in zip(axes[:, 0], timelines.items(), strict=True):
         num_layers = 1 + max(interval.layer for interval in intervals)
@@ -94,3 +125,4 @@ def plot_timeline(
     fig.suptitle(title, x=0.02, ha="left")
     fig.tight_layout(rect=(0, 0, 1, 0.97))
     fig.savefig(path)
+    return fig

@@ -56,15 +56,42 @@ def test_get_codec_option_not_taken_raises_chained() -> None:
     assert isinstance(info.value.__cause__, TypeError)
 
 
-@pytest.mark.parametrize("name", CODEC_NAMES)
+# What each codec's decoder must give back for the vector it encoded, written by hand:
+# 1.0 and 2.0 are exact in every lossy format; int8 scales a block by absmax / 127, so
+# 1.0 comes back exactly only in a block of ones; top-k (k = ceil(10 * 4.25 / 64) = 1)
+# keeps the one largest magnitude.
+ONES = [1.0] * 10
+ONE_TWO = [1.0, 1.0, 1.0, 2.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+DECODED_BY_HAND = {
+    "none": (ONE_TWO, ONE_TWO),
+    "bf16": (ONE_TWO, ONE_TWO),
+    "fp16": (ONE_TWO, ONE_TWO),
+    "int8": (ONES, ONES),
+    "e3m0": (ONE_TWO, ONE_TWO),
+    "topk": (ONE_TWO, [0.0, 0.0, 0.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DECODED_BY_HAND))
 def test_codec_for_payload_finds_the_encoder(name: str) -> None:
-    payload = get_codec(name).encode(torch.ones(10))
+    values, expected = DECODED_BY_HAND[name]
+    payload = get_codec(name).encode(torch.tensor(values))
     codec = codec_for_payload(payload)
     assert codec.name == name
-    # drop and topk lose values by design; every other codec represents 1.0 exactly.
-    lossless = name not in ("drop", "topk")
-    expected = torch.ones(10) if lossless else get_codec(name).decode(payload)
-    assert torch.equal(codec.decode(payload), expected)
+    assert codec.decode(payload).tolist() == expected
+
+
+def test_codec_for_payload_finds_the_drop_encoder() -> None:
+    # Default keep 4.25 / 32: k = max(1, round(10 * 0.1328)) = 1 value kept, rescaled by n / k.
+    payload = get_codec("drop").encode(torch.ones(10))
+    codec = codec_for_payload(payload)
+    assert codec.name == "drop"
+    decoded = codec.decode(payload).tolist()
+    assert sorted(decoded) == [0.0] * 9 + [10.0]
+
+
+def test_decoded_by_hand_covers_every_codec() -> None:
+    assert {*DECODED_BY_HAND, "drop"} == set(CODEC_NAMES)
 
 
 def test_codec_for_payload_stochastic_e3m0_gives_nearest_options() -> None:

@@ -61,6 +61,21 @@ def test_simulate_two_layers_overlap_waits_only_at_receive_step() -> None:
     assert (forward_1_step_4.start, forward_1_step_4.end) == (18.0, 19.0)
 
 
+def test_simulate_two_layers_diloco_blocks_every_h_steps_by_hand() -> None:
+    # H = 2, tau = 0 at 1 Gbit/s: step 2 (5..10 s) sends; R1 runs 9..11, R0 11..13, and
+    # step 3's forward of layer 0 waits for R0. Two steps (10 s compute) every 13 s.
+    schedule = simulate(TWO_LAYERS, _plan(sync_every=2), 1.0, 5, record=True)
+    assert schedule.step_starts[:, 0].tolist() == [0.0, 5.0, 13.0, 18.0, 26.0]
+    assert [i for i in schedule.intervals if i.kind == "reduction"] == [
+        Interval("reduction", 1, 2, 9.0, 11.0),
+        Interval("reduction", 0, 2, 11.0, 13.0),
+        Interval("reduction", 1, 4, 22.0, 24.0),
+        Interval("reduction", 0, 4, 24.0, 26.0),
+    ]
+    cu = compute_utilisation(TWO_LAYERS, _plan(sync_every=2), [1.0], warmup_periods=1, periods=3)
+    assert cu.tolist() == [pytest.approx(10.0 / 13.0)]
+
+
 def test_simulate_counts_4l_minus_1_nodes_per_step() -> None:
     num_layers = 5
     compute = StepCompute(
