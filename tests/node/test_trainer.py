@@ -77,7 +77,7 @@ def test_failed_disk_write_keeps_previous_checkpoint(corpus, tmp_path) -> None:
     (tmp_path / ".tmp-step_000000002-x").write_text("")
     manager = CheckpointManager(tmp_path / "missing" / "file-as-parent")
     (tmp_path / "missing").write_text("a file where a folder should be")
-    assert manager.save(2, {}, {}, {}) is None
+    assert manager.save(2, {}, {}) is None
     assert CheckpointManager(tmp_path).latest() == first
 
 
