@@ -5,6 +5,7 @@ Hierarchy::
     DilocoError
     ├── ConfigError        a run or node configuration that cannot work (says the fix)
     ├── RoundFailed        a fragment round that produced no result (SPEC 2.4 step 6)
+    ├── CheckpointError    a checkpoint file that is missing, damaged or of another shape
     └── ProtocolError      a peer broke the protocol; the peer is excluded, never us
 
 ``diloco.codecs.CodecError`` (a ``ValueError``) stands apart because ``codecs`` imports
@@ -12,6 +13,11 @@ nothing of ours; the CLI maps both families to clear messages.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 class DilocoError(Exception):
@@ -29,6 +35,15 @@ class RoundFailed(DilocoError):
         super().__init__(f"fragment {fragment} round {round} failed: {reason}")
         self.fragment = fragment
         self.round = round
+        self.reason = reason
+
+
+class CheckpointError(DilocoError):
+    """A checkpoint (or one of its files, ``path``) that cannot be resumed from."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"checkpoint {path}: {reason}")
+        self.path = path
         self.reason = reason
 
 

@@ -21,13 +21,8 @@ from click.testing import CliRunner
 
 from diloco.cli import main
 from diloco.node.data import load_corpus
-from diloco.node.fragments import fragment_blocks, sends_at
-from diloco.node.local import (
-    LocalConfig,
-    LocalTrainer,
-    mean_pairwise_cosine,
-    next_synced_fragment,
-)
+from diloco.node.fragments import fragment_blocks, next_synced_fragment, sends_at
+from diloco.node.local import LocalConfig, LocalTrainer, mean_pairwise_cosine
 from diloco.node.outer import OuterConfig
 
 ROOT = Path(__file__).resolve().parents[1]

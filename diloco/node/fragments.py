@@ -106,6 +106,26 @@ def send_step(fragment: int, round: int, sync_every: int, num_fragments: int) ->
     return fragment_offset(fragment, sync_every, num_fragments) + round * sync_every
 
 
+def last_sent_round(step: int, fragment: int, sync_every: int, num_fragments: int) -> int:
+    """Round ``k`` of fragment ``p``'s last send at or before the end of ``step`` (0: none)."""
+    return max(0, (step - fragment_offset(fragment, sync_every, num_fragments)) // sync_every)
+
+
+def next_send_step(step: int, fragment: int, sync_every: int, num_fragments: int) -> int:
+    """The first step at or after ``step`` at whose end fragment ``p`` sends."""
+    offset = fragment_offset(fragment, sync_every, num_fragments)
+    rounds = max(1, -(-(step - offset) // sync_every))  # ceil, and never round 0
+    return offset + rounds * sync_every
+
+
+def next_synced_fragment(step: int, sync_every: int, num_fragments: int) -> int:
+    """The fragment that sends first at or after ``step`` (FedPart order); a tie, possible
+    only when ``F > H``, goes to the lower index."""
+    return min(
+        range(num_fragments), key=lambda p: next_send_step(step, p, sync_every, num_fragments)
+    )
+
+
 def sends_at(step: int, sync_every: int, num_fragments: int) -> Iterator[tuple[int, int]]:
     """``(fragment, round)`` pairs sent at the end of ``step``, in fragment order."""
     for fragment in range(num_fragments):

@@ -4,7 +4,11 @@
 optimizer. ``dp`` averages gradients every step (FP32, one model, the same global batch);
 ``diloco`` and ``streaming`` run each replica's unchanged inner loop wrapped in
 ``FragmentSync`` and reduce rounds with ``InProcessReducer``, which follows the swarm's wire
-path, so experiments see exactly the quantisation and byte counts the swarm will.
+path (same encodings, FP32 weighted mean in group order, the mean encoded once), so
+experiments see exactly the quantisation the swarm applies. Byte counts are not the
+swarm's: they are the encoded payloads of both all-reduce phases, averaged over members,
+while a swarm node counts its own PART and AVERAGED frames with their frame and part
+headers (a little more per chunk); matchmaking, DHT and libp2p traffic count in neither.
 ``diloco`` is streaming with one fragment holding everything, tau 0 and (unless asked
 otherwise) no compression: DiLoCo (Douillard et al. 2024).
 
@@ -31,8 +35,8 @@ from diloco.node.data import BatchSampler, Corpus, eval_batches, held_out_loss, 
 from diloco.node.fragments import (
     EmbeddingPlacement,
     Pattern,
-    fragment_offset,
     model_fragments,
+    next_synced_fragment,
 )
 from diloco.node.inner import InnerConfig, build_inner_optimizer, inner_step, lr_at, set_lr
 from diloco.node.model import Transformer, preset
@@ -277,7 +281,8 @@ class LocalTrainer:
         c = self.config
         replica = self.replicas[0]
         params = [p for p in replica.model.parameters()]
-        contributions, losses = [], []
+        contributions: list[Contribution] = []
+        losses: list[float] = []
         for m, sampler in enumerate(self.dp_samplers):
             inputs, targets = sampler.next_batch()
             replica.model.zero_grad(set_to_none=True)
@@ -390,17 +395,6 @@ class LocalTrainer:
         if not math.isfinite(summary["eval_loss"]):
             logger.warning("eval loss is not finite: the run diverged")
         return summary
-
-
-def next_synced_fragment(step: int, sync_every: int, num_fragments: int) -> int:
-    """The fragment whose next send step is the first at or after ``step`` (FedPart order)."""
-
-    def next_send(p: int) -> int:
-        offset = fragment_offset(p, sync_every, num_fragments)
-        rounds = max(1, -(-(step - offset) // sync_every))
-        return offset + rounds * sync_every
-
-    return min(range(num_fragments), key=next_send)
 
 
 def train_only(fragments: list[list[tuple[str, torch.nn.Parameter]]], fragment: int) -> None:

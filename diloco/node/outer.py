@@ -25,8 +25,8 @@ from torch import nn
 
 from diloco.errors import ConfigError, RoundFailed
 from diloco.node.fragments import sends_at
+from diloco.protocol.fragment_state import FragmentState
 from diloco.protocol.reducer import Contribution, RoundKey, RoundResult
-from diloco.protocol.state_transfer import fragment_state_hash
 
 logger = logging.getLogger(__name__)
 
@@ -107,20 +107,6 @@ def assign(params: list[tuple[str, nn.Parameter]], vector: torch.Tensor) -> None
 
 
 @dataclass(slots=True)
-class FragmentState:
-    """Outer state of one fragment: the last agreed parameters and the outer momentum."""
-
-    outer: torch.Tensor
-    momentum: torch.Tensor
-    version: int = 0
-    """Round ``k`` of the last applied round (0 before the first)."""
-
-    def sha256(self) -> str:
-        """Hash of the outer parameters and momentum bytes, as published in DHT records."""
-        return fragment_state_hash(self.outer, self.momentum)
-
-
-@dataclass(slots=True)
 class PendingRound:
     key: RoundKey
     future: Future[RoundResult]
@@ -180,6 +166,10 @@ class FragmentSync:
     @property
     def alpha(self) -> float:
         return self.config.alpha_for(self.tau)
+
+    def in_flight(self) -> set[int]:
+        """Fragments with a round sent and not yet applied."""
+        return {r.key.fragment for r in self.pending}
 
     def record_tokens(self, tokens: int) -> None:
         """Count the tokens of one inner step toward every fragment's next round weight."""
@@ -253,61 +243,153 @@ class FragmentSync:
             outer_sha256=state.sha256(),
         )
 
-    def pending_state(self, timeout: float | None = None) -> list[dict[str, Any]]:
-        """Rounds in flight as plain data, waiting for their results (for checkpoints).
+    def adopt(self, fragment: int, state: FragmentState) -> None:
+        """Take a peer's outer state of ``fragment`` (join or heal) and load it into theta.
 
-        Waiting early changes nothing in the arithmetic: the result is applied at its
-        receive step as before, so a resumed run continues exactly.
+        The weight carried from failed rounds goes: the adopted state already holds what
+        those rounds would have brought. The inner optimizer state is kept (SPEC 2.1: it is
+        never reset by a sync).
+
+        Raises:
+            ConfigError: the state's shape is not this fragment's.
         """
-        saved = []
-        deadline = None if timeout is None else time.monotonic() + timeout
-        for pending in self.pending:
-            record: dict[str, Any] = {
-                "fragment": pending.key.fragment,
-                "round": pending.key.round,
-                "receive_step": pending.receive_step,
-                "weight": pending.weight,
-            }
-            try:
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                result = pending.future.result(timeout=left)
-                record["result"] = {
-                    "delta": result.delta,
-                    "members": list(result.members),
-                    "bytes_sent": result.bytes_sent,
-                    "bytes_received": result.bytes_received,
-                    "seconds": result.seconds,
-                }
-            except RoundFailed as error:
-                record["failed"] = error.reason
-            except concurrent.futures.TimeoutError:
-                pending.future.cancel()
-                record["failed"] = "abandoned: still in flight when the checkpoint was taken"
-            saved.append(record)
-        return saved
-
-    def restore_pending(self, saved: list[dict[str, Any]]) -> None:
-        """Recreate rounds saved by ``pending_state`` as completed futures."""
-        self.pending = []
-        for record in saved:
-            key = RoundKey(record["fragment"], record["round"])
-            future: Future[RoundResult] = Future()
-            if "result" in record:
-                r = record["result"]
-                future.set_result(
-                    RoundResult(
-                        delta=r["delta"],
-                        members=tuple(r["members"]),
-                        bytes_sent=r["bytes_sent"],
-                        bytes_received=r["bytes_received"],
-                        seconds=r["seconds"],
-                    )
+        mine = self.states[fragment]
+        for name, theirs, ours in (
+            ("outer", state.outer, mine.outer),
+            ("momentum", state.momentum, mine.momentum),
+        ):
+            if theirs.shape != ours.shape:
+                raise ConfigError(
+                    f"fragment {fragment}: peer {name} has shape {tuple(theirs.shape)}"
+                    f", expected {tuple(ours.shape)}"
                 )
-            else:
-                future.set_exception(RoundFailed(key.fragment, key.round, record["failed"]))
-            self.pending.append(PendingRound(key, future, record["receive_step"], record["weight"]))
+        mine.outer.copy_(state.outer)
+        mine.momentum.copy_(state.momentum)
+        mine.version = state.version
+        self.carried_weight[fragment] = 0.0
+        assign(self.fragments[fragment], mine.outer)
+
+    # -- checkpoints --------------------------------------------------------------------------
+
+    def state_dict(self, timeout: float | None = None) -> dict[str, Any]:
+        """Everything this replica's outer loop needs to continue exactly after a resume.
+
+        Per fragment the outer tensors and version; the tokens counted toward each next
+        round and the weight carried from failed ones; the rounds in flight, waited for (up
+        to ``timeout``) and saved with their results. Waiting early changes nothing in the
+        arithmetic: a result is applied at its receive step as before. The tensors are the
+        live ones (torch's convention): save them before training on.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        return {
+            "fragments": [
+                {"outer": s.outer, "momentum": s.momentum, "version": s.version}
+                for s in self.states
+            ],
+            "tokens_since_send": list(self.tokens_since_send),
+            "carried_weight": list(self.carried_weight),
+            "failed_rounds": self.failed_rounds,
+            "pending": [self._saved_round(r, deadline) for r in self.pending],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state_dict``; everything is checked before anything changes.
+
+        Raises:
+            ValueError: a state of other fragments (another model) or a malformed one.
+        """
+        try:
+            fragments = state["fragments"]
+            _require(len(fragments) == self.num_fragments, f"{len(fragments)} fragments")
+            loaded = []
+            for p, (saved, mine) in enumerate(zip(fragments, self.states, strict=True)):
+                outer, momentum, version = saved["outer"], saved["momentum"], saved["version"]
+                for x in (outer, momentum):
+                    _require(
+                        isinstance(x, torch.Tensor)
+                        and x.dtype == torch.float32
+                        and x.shape == mine.outer.shape,
+                        f"fragment {p}: tensor of another shape or dtype",
+                    )
+                _require(_is_int(version) and version >= 0, f"fragment {p}: version {version!r}")
+                loaded.append(FragmentState(outer, momentum, version))
+            tokens = [float(x) for x in state["tokens_since_send"]]
+            carried = [float(x) for x in state["carried_weight"]]
+            _require(len(tokens) == len(carried) == self.num_fragments, "round weights")
+            failed_rounds = int(state["failed_rounds"])
+            pending = [self._restored_round(record) for record in state["pending"]]
+        except (KeyError, TypeError, IndexError) as error:
+            raise ValueError(f"malformed outer loop state: {error!r}") from error
+        for mine, saved in zip(self.states, loaded, strict=True):
+            mine.outer.copy_(saved.outer)
+            mine.momentum.copy_(saved.momentum)
+            mine.version = saved.version
+        self.tokens_since_send, self.carried_weight = tokens, carried
+        self.failed_rounds = failed_rounds
+        self.pending = pending
+
+    @staticmethod
+    def _saved_round(pending: PendingRound, deadline: float | None) -> dict[str, Any]:
+        """A round in flight as plain data, with its result once there (until ``deadline``)."""
+        record: dict[str, Any] = {
+            "fragment": pending.key.fragment,
+            "round": pending.key.round,
+            "receive_step": pending.receive_step,
+            "weight": pending.weight,
+        }
+        try:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            result = pending.future.result(timeout=left)
+            record["result"] = {
+                "delta": result.delta,
+                "members": list(result.members),
+                "bytes_sent": result.bytes_sent,
+                "bytes_received": result.bytes_received,
+                "seconds": result.seconds,
+            }
+        except RoundFailed as error:
+            record["failed"] = error.reason
+        except concurrent.futures.TimeoutError:
+            pending.future.cancel()
+            record["failed"] = "abandoned: still in flight when the checkpoint was taken"
+        return record
+
+    def _restored_round(self, record: dict[str, Any]) -> PendingRound:
+        """A round saved by ``_saved_round``, as a completed future."""
+        key = RoundKey(int(record["fragment"]), int(record["round"]))
+        _require(0 <= key.fragment < self.num_fragments, f"pending fragment {key.fragment}")
+        future: Future[RoundResult] = Future()
+        if "result" in record:
+            r = record["result"]
+            delta = r["delta"]
+            numel = self.states[key.fragment].outer.numel()
+            _require(
+                isinstance(delta, torch.Tensor) and delta.shape == (numel,),
+                f"pending round {key}: result of another shape",
+            )
+            future.set_result(
+                RoundResult(
+                    delta=delta,
+                    members=tuple(str(m) for m in r["members"]),
+                    bytes_sent=int(r["bytes_sent"]),
+                    bytes_received=int(r["bytes_received"]),
+                    seconds=float(r["seconds"]),
+                )
+            )
+        else:
+            future.set_exception(RoundFailed(key.fragment, key.round, str(record["failed"])))
+        return PendingRound(key, future, int(record["receive_step"]), float(record["weight"]))
 
     def load_outer_into(self, model_fragments: list[list[tuple[str, nn.Parameter]]]) -> None:
         """Copy every fragment's outer parameters into another model's fragments (eval)."""
         for state, params in zip(self.states, model_fragments, strict=True):
             assign(params, state.outer)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _require(condition: bool, what: str) -> None:
+    if not condition:
+        raise ValueError(f"invalid outer loop state: {what}")

@@ -6,25 +6,22 @@ its own event-loop thread; slow DHT work (publishing records, checking for diver
 fetching state to heal) runs on one worker thread and its results are applied between two
 steps, never in the middle of one.
 
-Healing (SPEC 4 "State transfer"): after a round of fragment ``p`` fails, and every ``H``
-steps, the node reads the run's records; if a peer holds a newer version of ``p`` (or the
-same version with another hash, held by more peers than ours), it downloads ``p`` and
-adopts it before ``p`` is sent again.
+Healing (SPEC 4 "State transfer"; the decisions in ``diloco.node.healing``): after a round
+of fragment ``p`` fails, and every ``H`` steps, the node reads the run's records; if a peer
+holds a newer version of ``p`` (or the same version with another hash, held by more peers
+than ours), it downloads ``p`` and adopts it before ``p`` is sent again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import json
 import logging
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TextIO
 
 from hivemind import DHT
@@ -33,16 +30,14 @@ from hivemind.p2p import PeerID
 from diloco import __version__
 from diloco.codecs import get_codec
 from diloco.errors import ConfigError, DilocoError, ProtocolError
-from diloco.node.fragments import fragment_offset, send_step
-from diloco.node.outer import AppliedRound, FragmentState
+from diloco.node.healing import SETTLE_TIMEOUT, Healer
+from diloco.node.outer import AppliedRound
 from diloco.node.trainer import NodeOptions, NodeTrainer, RunConfig
 from diloco.protocol.discovery import find_run_configs, publish_run_config
+from diloco.protocol.fragment_state import OuterState
 from diloco.protocol.group import RoundTimeouts
-from diloco.protocol.records import FragmentVersion, NodeRecord, divergent_peers
-from diloco.protocol.reducer import RoundKey
+from diloco.protocol.records import FragmentVersion, NodeRecord
 from diloco.protocol.run_id import make_run_id
-from diloco.protocol.state_transfer import FragmentState as WireFragmentState
-from diloco.protocol.state_transfer import OuterState
 from diloco.protocol.swarm import Swarm, SwarmReducer, make_dht
 
 logger = logging.getLogger(__name__)
@@ -55,12 +50,6 @@ DISCOVERY_ATTEMPTS = 3
 """Tries to reach the bootstrap peers before ``join`` gives up (p2pd's first dial can fail)."""
 JOIN_TIMEOUT = 60.0
 """Seconds a joiner keeps trying donors for the run's state."""
-MAX_LAG_STEPS = 2
-"""A node further behind its donor than this skips ahead to the donor's step when healing."""
-SETTLE_TIMEOUT = 10.0
-"""Seconds a joiner waits for the rounds that were in flight during its download."""
-HEAL_CHECK_EVERY = 1.0
-"""Seconds between two checks of the records while a fragment is suspect."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -216,26 +205,19 @@ class SwarmNode:
             self.worker = concurrent.futures.ThreadPoolExecutor(1, "diloco-node-dht")
             self.publish_future: concurrent.futures.Future[Any] | None = None
             self.published_at = 0.0
-            self.heal_future: concurrent.futures.Future[OuterState | None] | None = None
             self.snapshot_lock = threading.Lock()
             self.snapshot = self._snapshot()
             self.metrics: TextIO | None = open(metrics_out, "a") if metrics_out else None  # noqa: SIM115
-            self.resumed_from: Path | None = None
-            if resume and self.trainer.checkpoints and self.trainer.checkpoints.latest():
-                self.resumed_from = self.trainer.checkpoints.latest()
-                assert self.resumed_from is not None
-                self.trainer.load_checkpoint(self.resumed_from)
-                self.snapshot = self._snapshot()
-            self.healed_fragments = 0
-            self.suspects: dict[int, int] = {}
-            """Fragment -> the round that failed for it, until healed or superseded."""
-            self.diverged: set[int] = set()
-            """Fragments a check found behind or in the minority whose fetched state could not
-            be adopted (a round was in flight, or a round was applied meanwhile): checked
-            again, like suspects, until a check finds them in line."""
-            self.checked_at = 0.0
-            self.checking: list[int] = []
-            """The fragments of the check in ``heal_future``."""
+            self.resumed_from = self.trainer.resume_latest() if resume else None
+            self._refresh_snapshot()
+            self.healer = Healer(
+                self.trainer,
+                _SwarmSource(self.swarm),
+                member,
+                self.worker,
+                self._emit,
+                self._refresh_snapshot,
+            )
             self.failed_rounds = 0
         except BaseException:
             self.swarm.shutdown()
@@ -251,11 +233,12 @@ class SwarmNode:
         """A consistent copy of the outer state, served to joiners and healers."""
         return OuterState(
             global_step=self.trainer.step,
-            fragments={
-                p: WireFragmentState(s.outer.clone(), s.momentum.clone(), s.version)
-                for p, s in enumerate(self.trainer.sync.states)
-            },
+            fragments={p: s.clone() for p, s in enumerate(self.trainer.sync.states)},
         )
+
+    def _refresh_snapshot(self) -> None:
+        with self.snapshot_lock:
+            self.snapshot = self._snapshot()
 
     def _provide(self) -> OuterState:
         with self.snapshot_lock:
@@ -309,8 +292,8 @@ class SwarmNode:
                     raise DilocoError(f"could not download the run's state: {error}") from error
                 logger.warning("no state yet (%s); retrying", error)
                 time.sleep(2.0)
-        self._adopt(state, take_step=True)
-        self._settle_rounds_in_flight(min(deadline, time.monotonic() + SETTLE_TIMEOUT))
+        self.healer.adopt(state, take_step=True)
+        self.healer.settle_rounds_in_flight(min(deadline, time.monotonic() + SETTLE_TIMEOUT))
         self._emit(
             {
                 "event": "joined",
@@ -318,143 +301,6 @@ class SwarmNode:
                 "versions": [s.version for s in self.trainer.sync.states],
             }
         )
-
-    def _missed_rounds(self) -> dict[int, int]:
-        """Fragment -> the last round sent by the current step, for fragments whose state is
-        older: downloaded while that round was in flight, the state lacks its result."""
-        t = self.trainer
-        H, F = self.run.outer.sync_every, t.sync.num_fragments
-        missed = {}
-        for p in range(F):
-            k = (t.step - fragment_offset(p, H, F)) // H
-            if k >= 1 and t.sync.states[p].version < k:
-                missed[p] = k
-        return missed
-
-    def _settle_rounds_in_flight(self, deadline: float) -> None:
-        """A joiner's download can predate a round in flight: fetch those fragments again
-        once a peer has applied that round (until ``deadline``; a round that failed for
-        everyone never shows up). What is still missing then is healed while training."""
-        while missed := self._missed_rounds():
-            if time.monotonic() > deadline:
-                self.suspects.update(missed)
-                return
-            records = self.swarm.read_records()
-            for p, k in missed.items():
-                donors = [r for r in records if (f := r.fragment(p)) is not None and f.version >= k]
-                if donors:
-                    numel = {p: self.trainer.sync.states[p].outer.numel()}
-                    peers = [PeerID.from_base58(r.peer_id) for r in donors]
-                    with contextlib.suppress(ProtocolError):
-                        self._adopt(self.swarm.fetch_state([p], numel, peers))
-            if self._missed_rounds():
-                time.sleep(0.5)
-
-    def _adopt(self, state: OuterState, take_step: bool = False) -> list[int]:
-        """Take fetched fragments that are newer than ours, or that the majority holds at
-        our version; fragments with a round in flight are left for a later check."""
-        busy = {r.key.fragment for r in self.trainer.sync.pending}
-        adopted = {}
-        for p, f in state.fragments.items():
-            mine = self.trainer.sync.states[p]
-            newer = f.version > mine.version
-            conflict = f.version == mine.version and f.state_hash != mine.sha256()
-            if p not in busy and (take_step or newer or conflict):
-                adopted[p] = FragmentState(f.params.clone(), f.momentum.clone(), f.version)
-        self.trainer.adopt_outer_state(adopted, state.global_step if take_step else None)
-        with self.snapshot_lock:
-            self.snapshot = self._snapshot()
-        return sorted(adopted)
-
-    def _check_and_fetch(
-        self, fragments: list[int], mine: dict[int, tuple[int, str]], my_step: int
-    ) -> OuterState | None:
-        """Worker thread: fetch the fragments on which peers are ahead of us, or on which
-        the majority at our version holds another state (SPEC 4 "compares the state hash
-        the others publish and heals from a peer if it differs").
-
-        A node whose step lags the swarm's by more than ``MAX_LAG_STEPS`` misses every round
-        (its peers leave the matchmaking window before it arrives), so it also fetches from
-        the peer furthest ahead, whose fresh global step it then skips to.
-        """
-        me = self.swarm.peer_id.to_base58()
-        records = [r for r in self.swarm.read_records() if r.peer_id != me]
-        ahead_of_me = [r for r in records if r.global_step > my_step + MAX_LAG_STEPS]
-        if ahead_of_me:
-            fragments = list(range(self.trainer.sync.num_fragments))
-        fetched, global_step = {}, 0
-        for p in fragments:
-            version, state_hash = mine[p]
-            ahead, conflicting = divergent_peers(records, p, version, state_hash)
-            donors = sorted(ahead, key=lambda r: -_version(r, p))
-            if not ahead and conflicting:
-                counts = Counter(_hash(r, p) for r in conflicting)
-                best, holders = min(counts.items(), key=lambda item: (-item[1], item[0]))
-                agreeing = 1 + sum(
-                    _version(r, p) == version and _hash(r, p) == state_hash for r in records
-                )
-                if holders > agreeing or (holders == agreeing and best < state_hash):
-                    donors = [r for r in conflicting if _hash(r, p) == best]
-            if not donors and ahead_of_me:
-                donors = sorted(ahead_of_me, key=lambda r: -r.global_step)[:1]
-            if not donors:
-                continue
-            numel = {p: self.trainer.sync.states[p].outer.numel()}
-            peers = [PeerID.from_base58(r.peer_id) for r in donors]
-            state = self.swarm.fetch_state(fragments=[p], expected_numel=numel, donors=peers)
-            fetched[p] = state.fragments[p]
-            global_step = state.global_step
-        return OuterState(global_step, fetched) if fetched else None
-
-    def _maybe_heal(self, failed: list[RoundKey]) -> None:
-        """Between steps: apply a finished heal check, or start one when there is reason to.
-
-        A fragment whose round failed stays suspect until its version catches up with that
-        round (peers publish their versions every few seconds) or its next round is sent;
-        every ``H`` steps all fragments are checked. A fragment found out of line whose
-        fetched state could not be adopted (its round was in flight, or a round was applied
-        meanwhile: a joiner that arrives while a round is in flight misses that round) is
-        checked again every ``HEAL_CHECK_EVERY`` seconds until a check finds it in line.
-        Before, such a fragment waited for the next ``H``-step check, which falls on
-        fragment 0's send step: a joiner could stay diverged on it for the whole run.
-        """
-        t = self.trainer
-        for key in failed:
-            self.suspects[key.fragment] = key.round
-        if self.heal_future is not None and self.heal_future.done():
-            try:
-                state = self.heal_future.result()
-                self.diverged -= set(self.checking)
-            except Exception as error:  # a donor that fails is the donor's problem
-                logger.warning("healing failed: %s", error)
-                state = None
-            self.heal_future = None
-            if state is not None:
-                adopted = self._adopt(state)
-                self.diverged |= set(state.fragments) - set(adopted)
-                if adopted:
-                    self.healed_fragments += len(adopted)
-                    self._emit({"event": "healed", "step": t.step, "fragments": adopted})
-                if state.global_step > t.step + MAX_LAG_STEPS:
-                    # A slow node skips ahead rather than miss every round from now on.
-                    self._emit(
-                        {"event": "caught_up", "from_step": t.step, "to_step": state.global_step}
-                    )
-                    t.step = state.global_step
-                    self.suspects.update(self._missed_rounds())
-        H, F = self.run.outer.sync_every, t.sync.num_fragments
-        for p, k in list(self.suspects.items()):
-            if t.sync.states[p].version >= k or t.step >= send_step(p, k + 1, H, F):
-                del self.suspects[p]
-        periodic = t.step % H == 0
-        rested = time.monotonic() - self.checked_at > HEAL_CHECK_EVERY
-        recheck = set(self.suspects) | self.diverged
-        if self.heal_future is None and ((recheck and rested) or periodic):
-            self.checked_at = time.monotonic()
-            wanted = sorted(recheck) if not periodic else list(range(F))
-            self.checking = wanted
-            mine = {p: (t.sync.states[p].version, t.sync.states[p].sha256()) for p in range(F)}
-            self.heal_future = self.worker.submit(self._check_and_fetch, wanted, mine, t.step)
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -525,12 +371,11 @@ class SwarmNode:
                 self._emit(self._round_record(round_))
                 self.failed_rounds += not round_.ok
             if applied:
-                with self.snapshot_lock:
-                    self.snapshot = self._snapshot()
+                self._refresh_snapshot()
             else:
                 with self.snapshot_lock:
                     self.snapshot = OuterState(t.step, self.snapshot.fragments)
-            self._maybe_heal([r.key for r in applied if not r.ok])
+            self.healer.maybe_heal([r.key for r in applied if not r.ok])
             elapsed = time.perf_counter() - start
             tokens_per_s = (t.step - start_step) * tokens_per_step / max(elapsed, 1e-9)
             if t.step % self.options.log_every == 0 or t.step == self.run.steps:
@@ -576,7 +421,7 @@ class SwarmNode:
             "bytes_received": t.bytes_received,
             "dp_bytes_estimate": 2 * 4 * num_params * t.step,
             "failed_rounds": self.failed_rounds,
-            "healed_fragments": self.healed_fragments,
+            "healed_fragments": self.healer.healed_fragments,
             "outer_sha256": [s.sha256() for s in t.sync.states],
             "versions": [s.version for s in t.sync.states],
             "checkpoint": str(checkpoint) if checkpoint else None,
@@ -610,11 +455,17 @@ def _log_failure(future: concurrent.futures.Future[Any]) -> None:
         logger.warning("background swarm task failed: %r", error)
 
 
-def _version(record: NodeRecord, fragment: int) -> int:
-    entry = record.fragment(fragment)
-    return entry.version if entry else -1
+class _SwarmSource:
+    """``Swarm`` as healing's ``StateSource`` (peer ids as strings)."""
 
+    def __init__(self, swarm: Swarm) -> None:
+        self.swarm = swarm
 
-def _hash(record: NodeRecord, fragment: int) -> str:
-    entry = record.fragment(fragment)
-    return entry.state_hash if entry else ""
+    def read_records(self) -> list[NodeRecord]:
+        return self.swarm.read_records()
+
+    def fetch_state(
+        self, fragments: Sequence[int], expected_numel: Mapping[int, int], donors: Sequence[str]
+    ) -> OuterState:
+        peers = [PeerID.from_base58(d) for d in donors]
+        return self.swarm.fetch_state(fragments, expected_numel, peers)

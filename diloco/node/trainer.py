@@ -15,27 +15,21 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-from diloco.errors import ConfigError
-from diloco.node.checkpoint import CheckpointManager, export_weights
+from diloco.errors import CheckpointError, ConfigError
+from diloco.node.checkpoint import Checkpoint, CheckpointManager, export_weights
 from diloco.node.data import BatchSampler, Corpus, eval_batches, held_out_loss, load_corpus
 from diloco.node.fragments import EmbeddingPlacement, Pattern, model_fragments
 from diloco.node.inner import InnerConfig, build_inner_optimizer, inner_step, lr_at
 from diloco.node.model import ModelConfig, Transformer, preset
-from diloco.node.outer import (
-    AppliedRound,
-    FragmentState,
-    FragmentSync,
-    OuterConfig,
-    assign,
-    check_tau,
-)
+from diloco.node.outer import AppliedRound, FragmentSync, OuterConfig, check_tau
+from diloco.protocol.fragment_state import FragmentState
 from diloco.protocol.reducer import Reducer
 
 logger = logging.getLogger(__name__)
@@ -182,7 +176,8 @@ class NodeTrainer:
         """One inner step, then this step's sends and receives (SPEC 2.4)."""
         self.step += 1
         start = time.perf_counter()
-        batch = tuple(t.to(self.device) for t in self.sampler.next_batch())
+        inputs, targets = self.sampler.next_batch()
+        batch = (inputs.to(self.device), targets.to(self.device))
         lr = lr_at(self.step, self.run.steps, self.run.inner)
         loss = inner_step(self.model, self.optimizer, batch, lr, self.run.inner.grad_clip)
         self.sync.record_tokens(self.options.batch_size * self.run.seq_len)
@@ -238,19 +233,11 @@ class NodeTrainer:
 
     # -- state -----------------------------------------------------------------------------
 
-    def outer_tensors(self) -> dict[str, torch.Tensor]:
-        tensors = {}
-        for p, state in enumerate(self.sync.states):
-            tensors[f"frag{p}.outer"] = state.outer
-            tensors[f"frag{p}.momentum"] = state.momentum
-        return tensors
-
     def state_dict(self) -> dict[str, Any]:
+        """Progress and state beyond the live weights (which ``save_checkpoint`` adds)."""
         return {
             "step": self.step,
-            "versions": [s.version for s in self.sync.states],
-            "tokens_since_send": list(self.sync.tokens_since_send),
-            "carried_weight": list(self.sync.carried_weight),
+            "sync": self.sync.state_dict(timeout=self.round_timeout),
             "optimizer": self.optimizer.state_dict(),
             "sampler": self.sampler.state_dict(),
             "torch_rng": torch.get_rng_state(),
@@ -259,55 +246,58 @@ class NodeTrainer:
             "blocked_seconds": self.blocked_seconds,
             "bytes_sent": self.bytes_sent,
             "bytes_received": self.bytes_received,
-            "pending": self.sync.pending_state(timeout=self.round_timeout),
         }
 
     def save_checkpoint(self) -> Path | None:
         if self.checkpoints is None:
             return None
-        return self.checkpoints.save(
-            self.step, self.model.state_dict(), self.outer_tensors(), self.state_dict()
-        )
+        return self.checkpoints.save(self.step, self.model.state_dict(), self.state_dict())
 
     def load_checkpoint(self, path: Path) -> None:
-        """Continue exactly from a checkpoint of the same run."""
-        model, outer, state = CheckpointManager.load(path)
+        """Continue exactly from the checkpoint at ``path``, of the same run.
+
+        Raises:
+            CheckpointError: a file of it is missing or damaged, or it does not fit the model.
+            ConfigError: it belongs to another run configuration.
+        """
+        self._restore(path, CheckpointManager.load(path))
+
+    def resume_latest(self) -> Path | None:
+        """Continue from the newest usable checkpoint; returns its path (None: none saved).
+
+        Raises:
+            CheckpointError: checkpoints exist and none is usable (each one's reason logged).
+            ConfigError: the newest readable one belongs to another run configuration.
+        """
+        if self.checkpoints is None:
+            return None
+        return self.checkpoints.load_latest(self._restore)
+
+    def _restore(self, path: Path, checkpoint: Checkpoint) -> None:
+        state = checkpoint.state
+        if "run" not in state:
+            raise CheckpointError(path, "no run configuration in it")
         if state["run"] != self.run.to_dict():
             raise ConfigError(f"checkpoint {path} belongs to another run configuration")
-        self.model.load_state_dict(model)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.sampler.load_state_dict(state["sampler"])
-        torch.set_rng_state(state["torch_rng"])
-        for p, fragment_state in enumerate(self.sync.states):
-            fragment_state.outer.copy_(outer[f"frag{p}.outer"])
-            fragment_state.momentum.copy_(outer[f"frag{p}.momentum"])
-            fragment_state.version = state["versions"][p]
-        self.sync.tokens_since_send = list(state["tokens_since_send"])
-        self.sync.carried_weight = list(state["carried_weight"])
-        self.sync.restore_pending(state["pending"])
-        self.step = state["step"]
-        self.compute_seconds = state["compute_seconds"]
-        self.blocked_seconds = state["blocked_seconds"]
-        self.bytes_sent = state["bytes_sent"]
-        self.bytes_received = state["bytes_received"]
+        try:
+            self.model.load_state_dict(checkpoint.model)
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.sampler.load_state_dict(state["sampler"])
+            torch.set_rng_state(state["torch_rng"])
+            self.sync.load_state_dict(state["sync"])
+            self.step = int(state["step"])
+            self.compute_seconds = float(state["compute_seconds"])
+            self.blocked_seconds = float(state["blocked_seconds"])
+            self.bytes_sent = int(state["bytes_sent"])
+            self.bytes_received = int(state["bytes_received"])
+        except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as error:
+            raise CheckpointError(path, f"does not fit this node: {error!r:.300}") from error
 
-    def adopt_outer_state(self, states: dict[int, FragmentState], step: int | None = None) -> None:
-        """Take fragments' outer state from a peer (join or heal) and load it into theta.
-
-        The live weights of each adopted fragment become the outer parameters; the inner
-        optimizer state is kept (SPEC 2.1: it is never reset by a sync).
-        """
+    def adopt_outer_state(
+        self, states: Mapping[int, FragmentState], step: int | None = None
+    ) -> None:
+        """Take fragments' outer state from a peer (join or heal), and its global step."""
         for p, state in states.items():
-            mine = self.sync.states[p]
-            if state.outer.shape != mine.outer.shape:
-                raise ConfigError(
-                    f"fragment {p}: peer state has shape {tuple(state.outer.shape)}"
-                    f", expected {tuple(mine.outer.shape)}"
-                )
-            mine.outer.copy_(state.outer)
-            mine.momentum.copy_(state.momentum)
-            mine.version = state.version
-            self.sync.carried_weight[p] = 0.0
-            assign(self.fragments[p], mine.outer)
+            self.sync.adopt(p, state)
         if step is not None:
             self.step = step

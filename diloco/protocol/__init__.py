@@ -1,7 +1,8 @@
 """The swarm protocol: DHT records, matchmaking, butterfly all-reduce, state transfer.
 
-Pure pieces (``partition``, ``reducer``, ``run_id``, ``wire``) import nothing of hivemind;
-``group`` needs only its ``PeerID``.
+Pure pieces (``partition``, ``reducer``, ``run_id``, ``wire``, ``fragment_state``) import
+nothing of hivemind, so the in-process trainer can use them without starting it; ``group``
+needs only hivemind's ``PeerID``.
 
 Modules, one concern each (hivemind ``averaging/`` style)::
 
@@ -11,6 +12,7 @@ Modules, one concern each (hivemind ``averaging/`` style)::
     group           GroupInfo (frozen, passed from matchmaking to the all-reduce), timeouts
     matchmaking     DHT declaration per round key run_id/frag{p}/round{k}, leader, GROUP
     allreduce       butterfly all-reduce over p2pd streams, faults, report agreement
+    fragment_state  FragmentState (outer params, momentum, version) and its one hash
     state_transfer  serve/fetch outer params + momentum, validated
     swarm           Swarm (DHT + P2P + loop thread) and SwarmReducer (the Reducer)
     processes       the DHT process's p2pd held by pidfd, stopped if shutdown stalls

@@ -16,7 +16,6 @@ import contextlib
 import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -25,57 +24,13 @@ from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 
 from diloco.errors import ProtocolError
 from diloco.protocol import wire
+from diloco.protocol.fragment_state import FragmentState, OuterState, fp32_bytes
 from diloco.protocol.wire import Kind, Reject, RejectCode, StateEntry, StateHeader, StateRequest
 
 logger = logging.getLogger(__name__)
 
 MAX_STATE_NUMEL = 2**33
 """Largest fragment a fetcher accepts when it has no expected size (8 G values)."""
-
-
-def fragment_state_hash(params: torch.Tensor, momentum: torch.Tensor) -> str:
-    """Hex sha256 of a fragment's outer params then momentum bytes (FP32 little-endian).
-
-    This is the hash nodes publish in their DHT records and compare to detect divergence.
-    """
-    digest = hashlib.sha256()
-    digest.update(_as_bytes(params))
-    digest.update(_as_bytes(momentum))
-    return digest.hexdigest()
-
-
-@dataclass(frozen=True, slots=True)
-class FragmentState:
-    """Outer parameters and momentum of one fragment (1-D FP32), at round ``version``."""
-
-    params: torch.Tensor
-    momentum: torch.Tensor
-    version: int
-
-    def check(self) -> None:
-        """Raise ProtocolError unless both tensors are 1-D FP32 of one length, finite."""
-        for name, x in (("params", self.params), ("momentum", self.momentum)):
-            if x.dtype != torch.float32 or x.dim() != 1 or x.device.type != "cpu":
-                raise ProtocolError(f"{name} must be a 1-D float32 CPU tensor")
-            if not bool(torch.isfinite(x).all()):
-                raise ProtocolError(f"{name} holds non-finite values")
-        if self.params.numel() != self.momentum.numel():
-            raise ProtocolError("params and momentum differ in length")
-        if self.version < 0:
-            raise ProtocolError(f"version {self.version} < 0")
-
-    @property
-    def state_hash(self) -> str:
-        return fragment_state_hash(self.params, self.momentum)
-
-
-@dataclass(frozen=True, slots=True)
-class OuterState:
-    """What a node downloads on joining: outer state per fragment and the global step."""
-
-    global_step: int
-    fragments: Mapping[int, FragmentState]
-
 
 StateProvider = Callable[[], OuterState]
 """Returns a consistent snapshot of the current outer state; called off the event loop."""
@@ -124,19 +79,19 @@ class StateServer:
             await wire.write_frame(writer, Kind.REJECT, reject.serialize())
             return
         states = [snapshot.fragments[p] for p in wanted]
-        hashes = await loop.run_in_executor(None, lambda: [s.state_hash for s in states])
+        hashes = await loop.run_in_executor(None, lambda: [s.sha256() for s in states])
         header = StateHeader(
             self.digest,
             snapshot.global_step,
             tuple(
-                StateEntry(p, s.version, s.params.numel(), bytes.fromhex(h))
+                StateEntry(p, s.version, s.outer.numel(), bytes.fromhex(h))
                 for p, s, h in zip(wanted, states, hashes, strict=True)
             ),
         )
         await wire.write_frame(writer, Kind.STATE_HDR, header.serialize())
         for state in states:
             await wire.write_frame(
-                writer, Kind.STATE_DAT, _as_bytes(state.params), _as_bytes(state.momentum)
+                writer, Kind.STATE_DAT, fp32_bytes(state.outer), fp32_bytes(state.momentum)
             )
 
 
@@ -214,9 +169,3 @@ async def _read_fragment(
     state = FragmentState(values[:numel].clone(), values[numel:].clone(), entry.version)
     state.check()
     return state
-
-
-def _as_bytes(x: torch.Tensor) -> bytes:
-    """FP32 little-endian bytes of a 1-D CPU tensor."""
-    array = x.detach().to(torch.float32).contiguous().numpy()
-    return array.astype("<f4", copy=False).tobytes()

@@ -47,6 +47,7 @@ from diloco.codecs import Codec
 from diloco.errors import ProtocolError, RoundFailed
 from diloco.protocol import processes
 from diloco.protocol.allreduce import AllReduceRunner, AllReduceService
+from diloco.protocol.fragment_state import OuterState
 from diloco.protocol.group import RoundTimeouts
 from diloco.protocol.matchmaking import Matchmaker
 from diloco.protocol.partition import butterfly_parts
@@ -59,7 +60,7 @@ from diloco.protocol.records import (
 )
 from diloco.protocol.reducer import Contribution, Reducer, RoundKey, RoundResult, weighted_mean
 from diloco.protocol.run_id import check_run_id, run_digest
-from diloco.protocol.state_transfer import OuterState, StateProvider, StateServer, fetch_state
+from diloco.protocol.state_transfer import StateProvider, StateServer, fetch_state
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

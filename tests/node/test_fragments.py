@@ -5,8 +5,10 @@ import pytest
 from diloco.node.fragments import (
     fragment_blocks,
     fragment_offset,
+    last_sent_round,
     max_in_flight,
     model_fragments,
+    next_send_step,
     send_round,
     send_step,
     sends_at,
@@ -77,3 +79,27 @@ def test_model_fragments_every_parameter_in_exactly_one(
         n for n, _ in fragments[-1 if embedding == "own" else 0] if not n.startswith("blocks.")
     ]
     assert sorted(outside) == ["head.weight", "norm.weight", "tok_emb.weight"]
+
+
+def test_last_sent_round_and_next_send_step_by_hand() -> None:
+    # H 10, 5 fragments: fragment 1 has offset 2 and sends rounds 1, 2 at steps 12, 22.
+    last = {0: 0, 1: 0, 11: 0, 12: 1, 21: 1, 22: 2, 31: 2}
+    assert {t: last_sent_round(t, 1, 10, 5) for t in last} == last
+    following = {0: 12, 1: 12, 12: 12, 13: 22, 22: 22, 23: 32}
+    assert {t: next_send_step(t, 1, 10, 5) for t in following} == following
+    assert {t: next_send_step(t, 0, 10, 5) for t in (1, 10, 11)} == {1: 10, 10: 10, 11: 20}
+
+
+@pytest.mark.parametrize("num_fragments,sync_every", [(5, 10), (7, 5), (3, 3)])
+def test_last_and_next_agree_with_the_sends(num_fragments: int, sync_every: int) -> None:
+    sends: dict[int, list[tuple[int, int]]] = {p: [] for p in range(num_fragments)}
+    total = 6 * sync_every
+    for step in range(1, total + 1):
+        for p, k in sends_at(step, sync_every, num_fragments):
+            sends[p].append((step, k))
+    for p, sent in sends.items():
+        for step in range(0, total - sync_every):
+            last = max((k for s, k in sent if s <= step), default=0)
+            assert last_sent_round(step, p, sync_every, num_fragments) == last
+            first = min(s for s, _ in sent if s >= step)
+            assert next_send_step(step, p, sync_every, num_fragments) == first

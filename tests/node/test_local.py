@@ -292,3 +292,13 @@ def test_cli_local_smoke_run_learns(tmp_path) -> None:
 def test_cli_local_bad_tau_is_usage_error() -> None:
     result = CliRunner().invoke(main, ["local", "--H", "5", "--tau", "5"])
     assert result.exit_code == 2 and "tau" in result.output
+
+
+def test_local_trainer_imports_no_hivemind() -> None:
+    """The in-process trainer runs without the swarm's dependencies (issue 10)."""
+    import subprocess
+    import sys
+
+    code = "import diloco.node.local, sys; assert 'hivemind' not in sys.modules, 'hivemind'"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -1,7 +1,10 @@
+import pytest
 import torch
 from torch import nn
 
+from diloco.errors import ConfigError
 from diloco.node.outer import FragmentSync, OuterConfig, merge, nesterov_step
+from diloco.protocol.reducer import RoundKey
 
 
 def test_nesterov_step_equals_torch_sgd_nesterov_over_several_rounds() -> None:
@@ -92,3 +95,94 @@ def test_fragment_sync_failed_round_keeps_state_and_carries_weight() -> None:
     sync.record_tokens(10)
     ((_, nxt),) = sync.contributions_due(4)
     assert nxt.weight == 30  # the failed round's tokens are carried into the next one
+
+
+def _sync_with_rounds_in_flight() -> tuple[nn.Linear, FragmentSync]:
+    """Two fragments (weight, bias); H 2, tau 1: both send round 1 at step 2 (offsets 0, 1:
+    the bias at step 3). Fragment 0's round succeeded, fragment 1's failed."""
+    from concurrent.futures import Future
+
+    from diloco.errors import RoundFailed
+    from diloco.protocol.reducer import RoundResult
+
+    layer = nn.Linear(3, 2)
+    weight, bias = list(layer.named_parameters())
+    sync = FragmentSync([[weight], [bias]], OuterConfig(sync_every=2), "me", tau=1)
+    sync.states[1].momentum.fill_(0.25)
+    sync.states[1].version = 4
+    sync.record_tokens(10)
+    sync.record_tokens(10)
+    ok: Future = Future()
+    ok.set_result(RoundResult(torch.arange(6, dtype=torch.float32), ("me", "you"), 11, 12, 0.5))
+    failed: Future = Future()
+    failed.set_exception(RoundFailed(1, 5, "nobody came"))
+    sync.submit(RoundKey(0, 1), ok, 2, 20.0)
+    sync.submit(RoundKey(1, 5), failed, 3, 7.0)
+    sync.carried_weight[1] = 3.0
+    return layer, sync
+
+
+def test_fragment_sync_state_dict_round_trip_applies_the_same_rounds() -> None:
+    layer, sync = _sync_with_rounds_in_flight()
+    saved = sync.state_dict()
+    twin_layer = nn.Linear(3, 2)
+    twin_layer.load_state_dict(layer.state_dict())
+    weight, bias = list(twin_layer.named_parameters())
+    twin = FragmentSync([[weight], [bias]], OuterConfig(sync_every=2), "twin", tau=1)
+    twin.load_state_dict(saved)
+    assert twin.tokens_since_send == [20.0, 20.0] and twin.carried_weight == [0.0, 3.0]
+    assert twin.states[1].version == 4 and torch.equal(
+        twin.states[1].momentum, torch.full((2,), 0.25)
+    )
+    for step in (3, 4):
+        a, b = sync.apply_due(step), twin.apply_due(step)
+        assert [(r.key, r.ok, r.members, r.bytes_sent) for r in a] == [
+            (r.key, r.ok, r.members, r.bytes_sent) for r in b
+        ]
+    assert [r.key for r in sync.pending] == [] and twin.failed_rounds == 1
+    assert twin.carried_weight == sync.carried_weight == [0.0, 10.0]
+    for mine, theirs in zip(sync.states, twin.states, strict=True):
+        assert mine.sha256() == theirs.sha256() and mine.version == theirs.version
+    assert twin.states[0].version == 1 and torch.equal(layer.weight, twin_layer.weight)
+
+
+def test_fragment_sync_state_dict_gives_up_on_a_round_still_in_flight() -> None:
+    from concurrent.futures import Future
+
+    layer = nn.Linear(2, 2)
+    sync = FragmentSync([list(layer.named_parameters())], OuterConfig(sync_every=2), "me", 1)
+    never: Future = Future()
+    sync.submit(RoundKey(0, 1), never, 2, 1.0)
+    (saved,) = sync.state_dict(timeout=0.0)["pending"]
+    assert "abandoned" in saved["failed"] and never.cancelled()
+
+
+def test_fragment_sync_load_state_dict_refuses_another_shape_and_changes_nothing() -> None:
+    _, sync = _sync_with_rounds_in_flight()
+    saved = sync.state_dict()
+    other = nn.Linear(3, 3)
+    weight, bias = list(other.named_parameters())
+    target = FragmentSync([[weight], [bias]], OuterConfig(sync_every=2), "x", tau=1)
+    before = [s.sha256() for s in target.states]
+    with pytest.raises(ValueError, match="shape"):
+        target.load_state_dict(saved)
+    broken = dict(saved)
+    del broken["carried_weight"]
+    with pytest.raises(ValueError, match="malformed"):
+        sync.load_state_dict(broken)
+    assert [s.sha256() for s in target.states] == before and target.pending == []
+    assert sync.carried_weight == [0.0, 3.0]
+
+
+def test_fragment_sync_adopt_loads_outer_into_theta_and_drops_carried_weight() -> None:
+    from diloco.protocol.fragment_state import FragmentState
+
+    layer, sync = _sync_with_rounds_in_flight()
+    peer = FragmentState(torch.tensor([9.0, 8.0]), torch.tensor([1.0, 2.0]), 7)
+    sync.adopt(1, peer)
+    assert torch.equal(layer.bias.detach(), peer.outer) and sync.states[1].version == 7
+    assert torch.equal(sync.states[1].momentum, peer.momentum) and sync.carried_weight[1] == 0.0
+    peer.outer.add_(1.0)  # the adopted state is a copy
+    assert torch.equal(sync.states[1].outer, torch.tensor([9.0, 8.0]))
+    with pytest.raises(ConfigError, match="shape"):
+        sync.adopt(0, peer)

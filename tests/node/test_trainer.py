@@ -77,7 +77,7 @@ def test_failed_disk_write_keeps_previous_checkpoint(corpus, tmp_path) -> None:
     (tmp_path / ".tmp-step_000000002-x").write_text("")
     manager = CheckpointManager(tmp_path / "missing" / "file-as-parent")
     (tmp_path / "missing").write_text("a file where a folder should be")
-    assert manager.save(2, {}, {}, {}) is None
+    assert manager.save(2, {}, {}) is None
     assert CheckpointManager(tmp_path).latest() == first
 
 
@@ -103,3 +103,23 @@ def test_export_outer_is_plain_safetensors(corpus, tmp_path) -> None:
     names = [n for n, _ in trainer.fragments[0]]
     exported = torch.cat([tensors[n].reshape(-1) for n in names])
     assert torch.equal(exported, trainer.sync.states[0].outer)
+
+
+def test_resume_latest_skips_a_checkpoint_that_does_not_fit(corpus, tmp_path) -> None:
+    import json
+
+    trainer = make(corpus, tmp_path)
+    for _ in range(3):
+        trainer.train_step()
+    older = trainer.save_checkpoint()
+    for _ in range(2):
+        trainer.train_step()
+    newer = trainer.save_checkpoint()
+    assert older is not None and newer is not None
+    state_file = newer / "state.json"
+    tree = json.loads(state_file.read_text())
+    tree["dict"]["sync"]["dict"]["fragments"] = []  # readable, but not this model's
+    state_file.write_text(json.dumps(tree))
+    resumed = make(corpus, tmp_path)
+    assert resumed.resume_latest() == older
+    assert resumed.step == 3

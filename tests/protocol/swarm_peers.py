@@ -28,12 +28,12 @@ from diloco.codecs import get_codec
 from diloco.errors import ProtocolError, RoundFailed
 from diloco.protocol import wire
 from diloco.protocol.allreduce import AllReduceRunner
+from diloco.protocol.fragment_state import FragmentState, OuterState
 from diloco.protocol.group import RoundTimeouts
 from diloco.protocol.matchmaking import Matchmaker
 from diloco.protocol.records import FragmentVersion, NodeRecord
 from diloco.protocol.reducer import Contribution, RoundKey
 from diloco.protocol.run_id import make_run_id
-from diloco.protocol.state_transfer import FragmentState, OuterState
 from diloco.protocol.swarm import Swarm, SwarmReducer
 from diloco.protocol.wire import Kind, PartHead, RoundTag
 
@@ -313,7 +313,7 @@ def peer_main(
                     tuple(swarm.maddrs),
                     state.global_step,
                     tuple(
-                        FragmentVersion(p, s.version, s.state_hash)
+                        FragmentVersion(p, s.version, s.sha256())
                         for p, s in state.fragments.items()
                     ),
                     100.0,
@@ -332,7 +332,7 @@ def peer_main(
                     (
                         "state",
                         state.global_step,
-                        {p: (s.version, s.state_hash) for p, s in state.fragments.items()},
+                        {p: (s.version, s.sha256()) for p, s in state.fragments.items()},
                     )
                 )
             elif command == "other_runs":
