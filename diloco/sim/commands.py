@@ -116,8 +116,8 @@ def _describe_model(model: ModelSpec, settings: SyncSettings) -> str:
         f"({model.params_per_layer:.3g} per layer, embedding folded in), "
         f"{model.step_seconds:g} s per step; H={settings.sync_every}, fragment size "
         f"{settings.fragment_size} ({settings.pattern}), tau={settings.tau}, "
-        f"M={settings.num_replicas} replicas; bits per value: dp {settings.dp_bits:g}, "
-        f"outer {settings.outer_bits:g}, fp4 {settings.fp4_bits:g}"
+        f"M={settings.num_replicas} replicas; bits per value dp/outer/fp4: "
+        f"{settings.dp_bits:g}/{settings.outer_bits:g}/{settings.fp4_bits:g}"
     )
 
 
@@ -302,4 +302,4 @@ def accounting_report(
     dp = data_parallel_bytes(
         num_params=run.num_params, steps=run.num_steps, num_replicas=num_replicas, bits=dp_bits
     )
-    return "\n".join([header, *table, note, f"dp bytes: {dp.assumption}"])
+    return "\n".join([header, *table, note, f"data-parallel bytes: {dp.assumption}"])

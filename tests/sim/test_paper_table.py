@@ -1,10 +1,7 @@
 """The simulator's default bit widths against the paper's own table of required bandwidths.
 
-Expected values are the paper's, not ours: Douillard et al., 2025, "Streaming DiLoCo with
-overlapping communication", arXiv:2501.18512v1, appendix Table 4 (Gbit/s to reach a CU of
-50/80/90/95/99%; H = 100, fragments of 3 layers, 1B / 10B / 100B with 24 / 48 / 108 layers and
-0.1 / 0.8 / 4.9 s per step). Its values sit on a log grid of ratio 1.2068 (390.7, 471.5 and
-569.0 are consecutive points), printed with one decimal.
+Expected values are the paper's (``diloco.sim.paper``: arXiv:2501.18512v1, appendix Table 4,
+transcribed), not computed by our code.
 """
 
 from __future__ import annotations
@@ -14,33 +11,9 @@ import itertools
 import pytest
 
 from diloco.sim.methods import METHODS, PRESETS, Method, SyncSettings
-from diloco.sim.sweep import DEFAULT_TARGETS, bandwidth_grid, cu_curves, required_bandwidth
+from diloco.sim.paper import PAPER_GRID_STEP, PAPER_TABLE4, PAPER_TARGETS
+from diloco.sim.sweep import bandwidth_grid, cu_curves, required_bandwidth
 
-PAPER_TABLE4: dict[str, dict[Method, tuple[float, ...]]] = {
-    "1B": {
-        "dp": (86.8, 152.6, 184.2, 222.3, 569.0),
-        "diloco": (1.4, 6.2, 13.3, 23.3, 86.8),
-        "streaming": (1.4, 5.2, 9.1, 16.0, 28.1),
-        "streaming-overlap": (1.4, 4.3, 6.2, 9.1, 11.0),
-        "streaming-overlap-fp4": (0.4, 0.9, 1.7, 2.0, 3.0),
-    },
-    "10B": {
-        "dp": (104.8, 222.3, 222.3, 268.3, 471.5),
-        "diloco": (1.7, 7.5, 16.0, 33.9, 104.8),
-        "streaming": (1.7, 5.2, 9.1, 13.3, 19.3),
-        "streaming-overlap": (1.7, 3.6, 5.2, 6.2, 7.5),
-        "streaming-overlap-fp4": (0.4, 0.9, 1.4, 1.4, 1.7),
-    },
-    "100B": {
-        "dp": (184.2, 323.8, 390.7, 390.7, 471.5),
-        "diloco": (3.0, 11.0, 23.3, 49.4, 184.2),
-        "streaming": (2.4, 6.2, 9.1, 11.0, 19.3),
-        "streaming-overlap": (1.7, 3.6, 4.3, 5.2, 5.2),
-        "streaming-overlap-fp4": (0.5, 0.9, 1.1, 1.1, 1.4),
-    },
-}
-PAPER_GRID_STEP = 1.2068
-"""Ratio of consecutive points of the paper's bandwidth grid (471.5 / 390.7)."""
 PAPER_ROUNDING = 0.05
 """Half of the last printed digit."""
 POINTS_PER_DECADE = 400
@@ -55,7 +28,7 @@ Table = dict[str, dict[Method, list[float | None]]]
 def _table(settings: SyncSettings) -> Table:
     return {
         name: {
-            method: required_bandwidth(GRID, cu, DEFAULT_TARGETS)
+            method: required_bandwidth(GRID, cu, PAPER_TARGETS)
             for method, cu in cu_curves(model, METHODS, settings, GRID).items()
         }
         for name, model in PRESETS.items()
@@ -69,7 +42,7 @@ def _ratio_mismatches(table: Table) -> list[str]:
     found = []
     for name, rows in table.items():
         for upper, lower in ADJACENT_ROWS:
-            for i, target in enumerate(DEFAULT_TARGETS):
+            for i, target in enumerate(PAPER_TARGETS):
                 ours_upper, ours_lower = rows[upper][i], rows[lower][i]
                 assert ours_upper is not None and ours_lower is not None
                 ours = ours_upper / ours_lower
