@@ -2,7 +2,7 @@
 
 Pure, sans-I/O: ``dag`` (the schedule), ``methods`` (presets and methods), ``sweep``
 (required bandwidths), ``accounting`` (bytes and peak rates), ``metrics`` (a node's JSON lines
-as a schedule). ``plots`` writes PNG files and ``commands`` backs the CLI; neither is
+as a schedule), ``paper`` (the paper's own table, to compare with). ``plots`` writes PNG files and ``commands`` backs the CLI; neither is
 imported here, so importing ``diloco.sim`` does not load matplotlib.
 """
 
