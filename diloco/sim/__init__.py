@@ -2,8 +2,9 @@
 
 Pure, sans-I/O: ``dag`` (the schedule), ``methods`` (presets and methods), ``sweep``
 (required bandwidths), ``accounting`` (bytes and peak rates), ``metrics`` (a node's JSON lines
-as a schedule), ``paper`` (the paper's own table, to compare with). ``plots`` writes PNG files and ``commands`` backs the CLI; neither is
-imported here, so importing ``diloco.sim`` does not load matplotlib.
+as a schedule), ``paper`` (the paper's own table, to compare with). ``plots`` writes PNG files
+and ``commands`` backs the CLI; neither is imported here, so importing ``diloco.sim`` does not
+load matplotlib.
 """
 
 from diloco.sim.accounting import CODEC_BITS, RunSpec, Traffic, account
