@@ -1,11 +1,14 @@
-"""Issue 5: the paper's required-bandwidth table, CU figures and the simulator's speed.
+"""Issues 5 and 14: the paper's required-bandwidth table, CU figures, the simulator's speed.
 
 For the 1B / 10B / 100B presets, sweeps every method over a log grid of bandwidths, prints a
-markdown table of the lowest Gbit/s that reaches each CU target (with the DP / FP4 ratio),
-writes one CU-against-bandwidth PNG per preset and a schedule Gantt chart, and times the
-sweeps.
+markdown table of the lowest Gbit/s that reaches each CU target next to the paper's value
+(arXiv:2501.18512v1, Table 4; ``diloco.sim.paper``) with the range of ours / paper per row,
+the ratios between rows against the paper's, writes one CU-against-bandwidth PNG per preset
+and a schedule Gantt chart, and times the sweeps. Bit widths default to the simulator's
+(dp 16, outer 16, fp4 4).
 
     python benchmarks/sim_paper_table.py --figures benchmarks/figures
+    python benchmarks/sim_paper_table.py --outer-bits 32     # the earlier FP32 rows
 """
 
 from __future__ import annotations
@@ -15,43 +18,92 @@ import statistics
 import time
 from pathlib import Path
 
+from diloco.node.traffic import DP_BITS
 from diloco.sim.commands import timeline
-from diloco.sim.methods import METHODS, PRESETS, ModelSpec, SyncSettings, step_compute, sync_plan
+from diloco.sim.methods import (
+    FP4_BITS,
+    METHODS,
+    OUTER_BITS,
+    PRESETS,
+    Method,
+    ModelSpec,
+    SyncSettings,
+    step_compute,
+    sync_plan,
+)
+from diloco.sim.paper import PAPER_TABLE4, PAPER_TARGETS
 from diloco.sim.plots import plot_cu_curves, plot_timeline
-from diloco.sim.sweep import DEFAULT_TARGETS, bandwidth_grid, cu_curves, required_bandwidth
+from diloco.sim.sweep import bandwidth_grid, cu_curves, required_bandwidth
+
+TABLE_GRID = bandwidth_grid(1e-4, 1e5, points_per_decade=100)
+"""Log grid of the tables: 2.3% steps, so a value is at most 2.3% above the exact threshold."""
+PAIRS: tuple[tuple[Method, Method], ...] = (
+    ("dp", "diloco"),
+    ("diloco", "streaming"),
+    ("streaming", "streaming-overlap"),
+    ("streaming-overlap", "streaming-overlap-fp4"),
+    ("dp", "streaming-overlap-fp4"),
+)
+SHORT = {
+    "dp": "dp",
+    "diloco": "diloco",
+    "streaming": "str",
+    "streaming-overlap": "ovl",
+    "streaming-overlap-fp4": "fp4",
+}
 
 
 def _cell(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g}"
 
 
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a / b
+
+
 def table(settings: SyncSettings, figures: Path | None) -> list[str]:
-    """Markdown rows of required Gbit/s for every preset and method."""
-    grid = bandwidth_grid(1e-4, 1e5)
+    """Markdown rows of required Gbit/s (ours / the paper's) for every preset and method, then
+    the ratios between rows, ours against the paper's."""
+    targets = PAPER_TARGETS
+    header = "| model | method | " + " | ".join(f"{t:.0%} CU" for t in targets)
     rows = [
-        "| model | method | " + " | ".join(f"{t:.0%} CU" for t in DEFAULT_TARGETS) + " |",
-        "| --- | --- |" + " --- |" * len(DEFAULT_TARGETS),
+        header + " | ours / paper |",
+        "| --- | --- |" + " --- |" * (len(targets) + 1),
+    ]
+    ratio_rows = [
+        "| model | rows | " + " | ".join(f"{t:.0%}" for t in targets) + " |",
+        "| --- | --- |" + " --- |" * len(targets),
     ]
     for name, model in PRESETS.items():
-        curves = cu_curves(model, METHODS, settings, grid)
-        needed = {m: required_bandwidth(grid, cu, DEFAULT_TARGETS) for m, cu in curves.items()}
+        curves = cu_curves(model, METHODS, settings, TABLE_GRID)
+        needed = {m: required_bandwidth(TABLE_GRID, cu, targets) for m, cu in curves.items()}
+        paper = PAPER_TABLE4[name]
         for method, values in needed.items():
-            rows.append(f"| {name} | {method} | " + " | ".join(map(_cell, values)) + " |")
-        ratios = [
-            _cell(dp / fp4) if dp is not None and fp4 is not None else "-"
-            for dp, fp4 in zip(needed["dp"], needed["streaming-overlap-fp4"], strict=True)
-        ]
-        rows.append(f"| {name} | **dp / fp4** | " + " | ".join(ratios) + " |")
+            cells = [f"{_cell(v)} / {p:g}" for v, p in zip(values, paper[method], strict=True)]
+            ratios = [r for v, p in zip(values, paper[method], strict=True) if (r := _ratio(v, p))]
+            spread = f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else "-"
+            rows.append(f"| {name} | {method} | " + " | ".join(cells) + f" | {spread} |")
+        for upper, lower in PAIRS:
+            cells = [
+                f"{_cell(_ratio(a, b))} / {pa / pb:.3g}"
+                for a, b, pa, pb in zip(
+                    needed[upper], needed[lower], paper[upper], paper[lower], strict=True
+                )
+            ]
+            label = f"{SHORT[upper]} / {SHORT[lower]}"
+            ratio_rows.append(f"| {name} | {label} | " + " | ".join(cells) + " |")
         if figures is not None:
             plot_cu_curves(
                 figures / f"sim_cu_{name}.png",
-                grid,
+                TABLE_GRID,
                 curves,
                 title=f"{name} ({model.num_layers} layers, {model.step_seconds:g} s/step), "
-                f"H={settings.sync_every}, tau={settings.tau}, M={settings.num_replicas}",
-                targets=DEFAULT_TARGETS,
+                f"H={settings.sync_every}, tau={settings.tau}, M={settings.num_replicas}, "
+                f"bits dp/outer/fp4 {settings.dp_bits:g}/{settings.outer_bits:g}/"
+                f"{settings.fp4_bits:g}",
+                targets=targets,
             )
-    return rows
+    return [*rows, "", "Ratios between rows, ours / the paper's:", "", *ratio_rows]
 
 
 def sweep_seconds(model: ModelSpec, settings: SyncSettings, repeats: int = 5) -> float:
@@ -69,8 +121,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--figures", type=Path, default=None, help="Folder for the PNG files.")
     parser.add_argument("--tau", type=int, default=1)
+    parser.add_argument("--dp-bits", type=float, default=DP_BITS, help="Data-parallel bits.")
+    parser.add_argument("--outer-bits", type=float, default=OUTER_BITS, help="Unquantised bits.")
+    parser.add_argument("--fp4-bits", type=float, default=FP4_BITS, help="Quantised bits.")
     args = parser.parse_args()
-    settings = SyncSettings(tau=args.tau)
+    settings = SyncSettings(
+        tau=args.tau, dp_bits=args.dp_bits, outer_bits=args.outer_bits, fp4_bits=args.fp4_bits
+    )
     print("\n".join(table(settings, args.figures)))
 
     if args.figures is not None:

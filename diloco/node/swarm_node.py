@@ -32,6 +32,7 @@ from diloco.codecs import get_codec
 from diloco.errors import ConfigError, DilocoError, ProtocolError
 from diloco.node.healing import SETTLE_TIMEOUT, Healer
 from diloco.node.outer import AppliedRound
+from diloco.node.traffic import data_parallel_bytes
 from diloco.node.trainer import NodeOptions, NodeTrainer, RunConfig
 from diloco.protocol.discovery import find_run_configs, publish_run_config
 from diloco.protocol.fragment_state import OuterState
@@ -409,6 +410,11 @@ class SwarmNode:
         interrupted = self.stop_event.is_set()
         checkpoint = t.save_checkpoint() if t.checkpoints else None
         num_params = sum(p.numel() for p in t.model.parameters())
+        # M = members of this node's last round (2 if none): what a data-parallel swarm of
+        # the same size would all-reduce, at the accountant's widths (diloco.node.traffic).
+        dp = data_parallel_bytes(
+            num_params=num_params, steps=t.step, num_replicas=max(2, t.last_round_members)
+        )
         summary = {
             "event": "summary",
             "run_id": self.run_id,
@@ -419,7 +425,8 @@ class SwarmNode:
             "cu": t.compute_utilisation,
             "bytes_sent": t.bytes_sent,
             "bytes_received": t.bytes_received,
-            "dp_bytes_estimate": 2 * 4 * num_params * t.step,
+            "dp_bytes_estimate": dp.bytes_sent,
+            "dp_bytes_assumption": dp.assumption,
             "failed_rounds": self.failed_rounds,
             "healed_fragments": self.healer.healed_fragments,
             "outer_sha256": [s.sha256() for s in t.sync.states],

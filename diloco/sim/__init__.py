@@ -2,9 +2,9 @@
 
 Pure, sans-I/O: ``dag`` (the schedule), ``methods`` (presets and methods), ``sweep``
 (required bandwidths), ``accounting`` (bytes and peak rates), ``metrics`` (a node's JSON lines
-as a schedule). ``plots`` writes PNG files and ``commands`` backs the CLI; neither is
-imported here. matplotlib (the optional extra ``plots``) is loaded only when a figure is
-drawn.
+as a schedule), ``paper`` (the paper's own table, to compare with). ``plots`` writes PNG files
+and ``commands`` backs the CLI; neither is imported here. matplotlib (the optional extra
+``plots``) is loaded only when a figure is drawn.
 """
 
 from diloco.sim.accounting import CODEC_BITS, RunSpec, Traffic, account

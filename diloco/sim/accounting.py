@@ -3,13 +3,15 @@
 For a run of ``D`` tokens with ``M`` replicas each taking ``B`` sequences of ``S`` tokens per
 inner step, there are ``T = ceil(D / (M * B * S))`` inner steps. A reduction of ``n`` values at
 ``b`` bits costs each replica ``n * b * 2(M - 1)/M`` bits sent (and as many received), the
-ring or butterfly all-reduce traffic (``diloco.protocol.partition``). Rounds per method:
+ring or butterfly all-reduce traffic (``diloco.node.traffic``, which the node's run summary
+uses too). Rounds per method, at the widths of ``RunSpec`` (defaults as in the simulator,
+``diloco.sim.methods``):
 
-- ``dp``: every step, all ``N`` parameters, bf16 gradients (16 bits);
-- ``diloco``: ``floor(T / H)`` rounds of all ``N`` parameters, FP32 outer gradients;
+- ``dp``: every step, all ``N`` parameters, ``dp_bits`` (bf16 gradients, 16);
+- ``diloco``: ``floor(T / H)`` rounds of all ``N`` parameters, ``outer_bits`` (16);
 - ``streaming`` and ``streaming-overlap``: fragment ``p`` sends at ``t_p + k*H <= T``
-  (``diloco.node.fragments``), FP32, ``N / L`` parameters per layer of the fragment;
-- ``streaming-overlap-fp4``: the same rounds encoded with the run's codec.
+  (``diloco.node.fragments``), ``outer_bits``, ``N / L`` parameters per layer of the fragment;
+- ``streaming-overlap-fp4``: the same rounds encoded with the run's codec (E3M0: 4.25 bits).
 
 Peak rate: the largest round's bits over the time it has before its result is needed, one
 step for the blocking methods (for ``dp`` the next step's forward) and ``tau + 1`` steps with
@@ -23,7 +25,8 @@ import math
 from dataclasses import dataclass
 
 from diloco.node.fragments import fragment_blocks, fragment_offset
-from diloco.sim.methods import METHODS, Method
+from diloco.node.traffic import DP_BITS, all_reduce_bytes, data_parallel_bytes
+from diloco.sim.methods import METHODS, OUTER_BITS, Method
 
 CODEC_BITS: dict[str, float] = {
     "none": 32.0,
@@ -61,8 +64,14 @@ class RunSpec:
     """Codec of ``streaming-overlap-fp4`` (a key of ``CODEC_BITS``)."""
     step_seconds: float
     """Compute seconds of one inner step, for rates."""
+    dp_bits: float = DP_BITS
+    """Bits per gradient value of ``dp``."""
+    outer_bits: float = OUTER_BITS
+    """Bits per outer-gradient value of ``diloco``, ``streaming`` and ``streaming-overlap``."""
 
     def __post_init__(self) -> None:
+        if not min(self.dp_bits, self.outer_bits) > 0:
+            raise ValueError("dp_bits and outer_bits must be > 0")
         if self.codec not in CODEC_BITS:
             raise ValueError(f"unknown codec {self.codec!r}; use one of {', '.join(CODEC_BITS)}")
         if self.num_replicas < 2:
@@ -104,7 +113,7 @@ class Traffic:
 
 def account(run: RunSpec) -> list[Traffic]:
     """Traffic of every method in ``METHODS`` order, ``dp`` first."""
-    factor = 2 * (run.num_replicas - 1) / run.num_replicas
+    m = run.num_replicas
     params_per_layer = run.num_params / run.num_layers
     steps = run.num_steps
     fragments = fragment_blocks(run.num_layers, run.fragment_size, "strided")
@@ -118,23 +127,28 @@ def account(run: RunSpec) -> list[Traffic]:
         for p, blocks in enumerate(fragments)
     ]
     schedules: dict[Method, tuple[list[tuple[float, int]], float, int]] = {
-        "dp": ([(run.num_params, steps)], 16.0, 0),
-        "diloco": (whole_model, 32.0, 0),
-        "streaming": (streaming, 32.0, 0),
-        "streaming-overlap": (streaming, 32.0, run.tau),
+        "dp": ([(run.num_params, steps)], run.dp_bits, 0),
+        "diloco": (whole_model, run.outer_bits, 0),
+        "streaming": (streaming, run.outer_bits, 0),
+        "streaming-overlap": (streaming, run.outer_bits, run.tau),
         "streaming-overlap-fp4": (streaming, CODEC_BITS[run.codec], run.tau),
     }
     raw = []
     for method in METHODS:
         rounds, bits, tau = schedules[method]
-        bits_per_replica = sum(n * bits * factor * k for n, k in rounds)
-        largest = max(n for n, _ in rounds) * bits * factor
+        if method == "dp":
+            sent = data_parallel_bytes(
+                num_params=run.num_params, steps=steps, num_replicas=m, bits=bits
+            ).bytes_sent
+        else:
+            sent = sum(all_reduce_bytes(n, bits, m) * k for n, k in rounds)
+        largest = all_reduce_bytes(max(n for n, _ in rounds), bits, m) * 8
         raw.append(
             (
                 method,
                 bits,
                 sum(k for _, k in rounds),
-                bits_per_replica / 8,
+                sent,
                 largest / ((tau + 1) * run.step_seconds),
             )
         )

@@ -15,11 +15,13 @@ from typing import Any
 import numpy as np
 
 from diloco.node.fragments import send_step
+from diloco.node.traffic import DP_BITS, data_parallel_bytes
 from diloco.sim import plots
 from diloco.sim.accounting import RunSpec, account
 from diloco.sim.dag import Interval, StepCompute, SyncPlan, compute_utilisation, simulate
 from diloco.sim.methods import (
     METHODS,
+    OUTER_BITS,
     PRESETS,
     Method,
     ModelSpec,
@@ -90,6 +92,7 @@ class SimulateRequest:
     """Overrides of the preset; all three required for ``custom``."""
     methods: tuple[Method, ...] = METHODS
     settings: SyncSettings = field(default_factory=SyncSettings)
+    """H, fragments, tau, M and the bit widths ``dp_bits``, ``outer_bits``, ``fp4_bits``."""
     bandwidth_gbps: float | None = None
     """CU at this one bandwidth (Gbit/s); also the bandwidth of the timeline."""
     targets: tuple[float, ...] | None = None
@@ -113,7 +116,8 @@ def _describe_model(model: ModelSpec, settings: SyncSettings) -> str:
         f"({model.params_per_layer:.3g} per layer, embedding folded in), "
         f"{model.step_seconds:g} s per step; H={settings.sync_every}, fragment size "
         f"{settings.fragment_size} ({settings.pattern}), tau={settings.tau}, "
-        f"M={settings.num_replicas} replicas"
+        f"M={settings.num_replicas} replicas; bits per value dp/outer/fp4: "
+        f"{settings.dp_bits:g}/{settings.outer_bits:g}/{settings.fp4_bits:g}"
     )
 
 
@@ -232,9 +236,12 @@ def accounting_report(
     num_layers: int | None = None,
     num_params: float | None = None,
     step_seconds: float | None = None,
+    dp_bits: float = DP_BITS,
+    outer_bits: float = OUTER_BITS,
 ) -> str:
     """The accountant's table for one run, as text; ``num_tokens=None`` means ``20 N``
-    (Chinchilla)."""
+    (Chinchilla). ``codec`` sets the quantised row's bits, ``dp_bits`` and ``outer_bits`` the
+    others'."""
     spec = resolve_model(
         model, num_layers=num_layers, num_params=num_params, step_seconds=step_seconds
     )
@@ -250,6 +257,8 @@ def accounting_report(
         tau=tau,
         codec=codec,
         step_seconds=spec.step_seconds,
+        dp_bits=dp_bits,
+        outer_bits=outer_bits,
     )
     header = (
         f"model {spec.name}: {run.num_params:.3g} parameters, {run.num_layers} layers; "
@@ -295,4 +304,7 @@ def accounting_report(
         "bytes are what one replica sends (it receives as many); peak = largest round over "
         "the steps it may take (1, or tau + 1 with overlap)"
     )
-    return "\n".join([header, *table, note])
+    dp = data_parallel_bytes(
+        num_params=run.num_params, steps=run.num_steps, num_replicas=num_replicas, bits=dp_bits
+    )
+    return "\n".join([header, *table, note, f"data-parallel bytes: {dp.assumption}"])

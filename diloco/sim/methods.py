@@ -10,9 +10,14 @@ weights ``f``, the usual "backward is twice the forward"), except layer 0 whose 
 gradient (weights only). One step is therefore ``(3L - 1) f`` seconds.
 
 Wire bits of one reduction of one layer with ``M`` replicas: ``n * b * 2(M - 1)/M``, the
-per-member traffic of a ring or butterfly all-reduce (``diloco.protocol.partition``), where
-``b`` is 16 for data-parallel bf16 gradients, 32 for FP32 outer gradients and 4 for the FP4
-ones.
+per-member traffic of a ring or butterfly all-reduce (``diloco.node.traffic``). The widths
+``b`` are settings; the defaults reproduce the paper's Table 4: 16 bits for data-parallel
+gradients and for unquantised outer gradients, 4 for the FP4 ones. The paper does not state
+the unquantised width, but its own rows give it: at every model size and CU target its
+overlapped-FP4 row needs about a quarter of the overlapped row's bandwidth (3.4-4.8x on its
+grid of 20.7% steps), where FP32 would make it an eighth. CU depends on the bits only through
+``bits / bandwidth``, so halving a width halves a row's required bandwidth exactly. Our own
+E3M0 codec sends 4.25 bits per value (``diloco.sim.accounting.CODEC_BITS``).
 """
 
 from __future__ import annotations
@@ -21,10 +26,16 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from diloco.node.fragments import Pattern, fragment_blocks
+from diloco.node.traffic import DP_BITS, all_reduce_factor
 from diloco.sim.dag import StepCompute, SyncPlan
 
 Method = Literal["dp", "diloco", "streaming", "streaming-overlap", "streaming-overlap-fp4"]
 METHODS: tuple[Method, ...] = get_args(Method)
+
+OUTER_BITS = 16.0
+"""Bits per unquantised outer-gradient value: 16, what the paper's rows imply (see above)."""
+FP4_BITS = 4.0
+"""Bits per outer-gradient value of ``streaming-overlap-fp4``: the paper's E3M0 without scales."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -74,12 +85,12 @@ class SyncSettings:
     """Overlap in steps for the ``*-overlap`` methods (0 <= tau < H)."""
     num_replicas: int = 2
     """M: replicas in the all-reduce."""
-    dp_bits: float = 16.0
+    dp_bits: float = DP_BITS
     """Bits per gradient value for data-parallel (bf16)."""
-    outer_bits: float = 32.0
-    """Bits per outer-gradient value without quantisation (FP32)."""
-    fp4_bits: float = 4.0
-    """Bits per outer-gradient value for ``streaming-overlap-fp4``."""
+    outer_bits: float = OUTER_BITS
+    """Bits per outer-gradient value of ``diloco``, ``streaming``, ``streaming-overlap``."""
+    fp4_bits: float = FP4_BITS
+    """Bits per outer-gradient value of ``streaming-overlap-fp4`` (4.25: our E3M0 codec)."""
 
     def __post_init__(self) -> None:
         if self.num_replicas < 2:
@@ -88,11 +99,13 @@ class SyncSettings:
             raise ValueError(f"need 0 <= tau < H, got tau={self.tau}, H={self.sync_every}")
         if self.fragment_size < 1:
             raise ValueError(f"fragment_size must be >= 1, got {self.fragment_size}")
+        if not min(self.dp_bits, self.outer_bits, self.fp4_bits) > 0:
+            raise ValueError("dp_bits, outer_bits and fp4_bits must be > 0")
 
     @property
     def all_reduce_factor(self) -> float:
         """``2(M - 1)/M``: what each member sends per value reduced (ring or butterfly)."""
-        return 2 * (self.num_replicas - 1) / self.num_replicas
+        return all_reduce_factor(self.num_replicas)
 
 
 def step_compute(model: ModelSpec) -> StepCompute:
@@ -109,10 +122,10 @@ def step_compute(model: ModelSpec) -> StepCompute:
 def sync_plan(model: ModelSpec, method: Method, settings: SyncSettings) -> SyncPlan:
     """The DAG's reductions for one method (SPEC 6).
 
-    ``dp``: every layer every step, bf16, the next forward waits. ``diloco``: the whole model
-    every ``H`` steps, FP32, blocking. ``streaming``: fragments of ``fragment_size`` layers at
-    their offsets, blocking. ``streaming-overlap``: the same, received ``tau`` steps later.
-    ``streaming-overlap-fp4``: the same with 4-bit outer gradients.
+    ``dp``: every layer every step at ``dp_bits``, the next forward waits. ``diloco``: the
+    whole model every ``H`` steps at ``outer_bits``, blocking. ``streaming``: fragments of
+    ``fragment_size`` layers at their offsets, blocking. ``streaming-overlap``: the same,
+    received ``tau`` steps later. ``streaming-overlap-fp4``: the same at ``fp4_bits``.
     """
     all_layers: tuple[tuple[int, ...], ...] = (tuple(range(model.num_layers)),)
     if method == "dp":

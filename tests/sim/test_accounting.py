@@ -7,10 +7,11 @@ import dataclasses
 import pytest
 
 from diloco.codecs import get_codec
-from diloco.sim.accounting import CODEC_BITS, RunSpec, account
+from diloco.sim.accounting import CODEC_BITS, RunSpec, Traffic, account
 
 # 4 layers of 0.6e6 parameters; 2 replicas x 4 sequences x 10 tokens = 80 tokens per step,
 # so 80,000 tokens are 1,000 steps of 0.5 s. Fragments of one layer: offsets 0, 25, 50, 75.
+# Outer gradients in FP32 here (the default is 16 bits, as in the paper's simulation).
 RUN = RunSpec(
     num_params=2.4e6,
     num_layers=4,
@@ -23,12 +24,13 @@ RUN = RunSpec(
     tau=1,
     codec="e3m0",
     step_seconds=0.5,
+    outer_bits=32.0,
 )
 
 
 def test_account_matches_hand_computation() -> None:
     assert RUN.num_steps == 1000
-    traffic = {t.method: t for t in account(RUN)}
+    traffic: dict[str, Traffic] = {t.method: t for t in account(RUN)}
     # (rounds, bytes per replica, peak Gbit/s); the all-reduce factor 2(M-1)/M is 1
     expected = {
         "dp": (1000, 1000 * 2.4e6 * 2, 2.4e6 * 16 / 0.5 / 1e9),
@@ -69,6 +71,29 @@ def test_account_codec_bits_are_what_the_codec_puts_on_the_wire(codec: str) -> N
     assert fp4.bits_per_value == 8 * (get_codec(codec).encoded_size(n) - 5) / n
 
 
+def test_account_default_widths_are_the_papers() -> None:
+    widths = {"dp_bits", "outer_bits"}
+    fields = {f.name: getattr(RUN, f.name) for f in dataclasses.fields(RUN) if f.name not in widths}
+    traffic = {t.method: t for t in account(RunSpec(**fields))}
+    # bf16 gradients, 16-bit outer gradients, the codec's 4.25 bits
+    assert {m: t.bits_per_value for m, t in traffic.items()} == {
+        "dp": 16,
+        "diloco": 16,
+        "streaming": 16,
+        "streaming-overlap": 16,
+        "streaming-overlap-fp4": 4.25,
+    }
+    assert traffic["diloco"].bytes_per_replica == pytest.approx(10 * 2.4e6 * 2)
+    assert traffic["diloco"].bytes_vs_dp == pytest.approx(100)
+
+
+def test_account_dp_bits_sets_data_parallel_row() -> None:
+    dp = account(dataclasses.replace(RUN, dp_bits=32.0))[0]
+    assert dp.bits_per_value == 32
+    assert dp.bytes_per_replica == pytest.approx(1000 * 2.4e6 * 4)
+    assert dp.peak_gbps == pytest.approx(2.4e6 * 32 / 0.5 / 1e9)
+
+
 def test_run_spec_bad_values_are_refused() -> None:
     with pytest.raises(ValueError, match="unknown codec"):
         dataclasses.replace(RUN, codec="fp3")
@@ -76,3 +101,5 @@ def test_run_spec_bad_values_are_refused() -> None:
         dataclasses.replace(RUN, tau=100)
     with pytest.raises(ValueError, match="2 replicas"):
         dataclasses.replace(RUN, num_replicas=1)
+    with pytest.raises(ValueError, match="bits"):
+        dataclasses.replace(RUN, outer_bits=0.0)

@@ -66,9 +66,9 @@ def test_step_compute_sums_to_step_time_with_backward_twice_forward() -> None:
     ("method", "bits", "sync_every", "tau", "num_fragments"),
     [
         ("dp", 16, 1, 0, 1),
-        ("diloco", 32, 100, 0, 1),
-        ("streaming", 32, 100, 0, 8),
-        ("streaming-overlap", 32, 100, 2, 8),
+        ("diloco", 16, 100, 0, 1),
+        ("streaming", 16, 100, 0, 8),
+        ("streaming-overlap", 16, 100, 2, 8),
         ("streaming-overlap-fp4", 4, 100, 2, 8),
     ],
 )
@@ -80,6 +80,22 @@ def test_sync_plan_follows_method(
     assert (plan.sync_every, plan.tau, len(plan.fragments)) == (sync_every, tau, num_fragments)
     # n/L parameters per layer, b bits, all-reduce factor 2(M-1)/M = 1.5 with M = 4
     assert plan.wire_bits[0] == pytest.approx(1e9 / 24 * bits * 1.5)
+
+
+@pytest.mark.parametrize(
+    ("method", "bits"),
+    [
+        ("dp", 32),
+        ("diloco", 8),
+        ("streaming", 8),
+        ("streaming-overlap", 8),
+        ("streaming-overlap-fp4", 4.25),
+    ],
+)
+def test_sync_plan_uses_the_bit_widths_asked(method: str, bits: float) -> None:
+    settings = SyncSettings(dp_bits=32, outer_bits=8, fp4_bits=4.25)
+    plan = sync_plan(PRESETS["1B"], method, settings)  # type: ignore[arg-type]
+    assert plan.wire_bits[0] == pytest.approx(1e9 / 24 * bits)  # M = 2: factor 1
 
 
 def test_sync_plan_strided_and_sequential_fragments() -> None:
@@ -106,3 +122,5 @@ def test_sync_settings_bad_values_are_refused() -> None:
         SyncSettings(sync_every=4, tau=4)
     with pytest.raises(ValueError, match="2 replicas"):
         SyncSettings(num_replicas=1)
+    with pytest.raises(ValueError, match="bits"):
+        SyncSettings(fp4_bits=0)

@@ -65,7 +65,7 @@ def test_measured_schedule_equals_method_plan_of_same_run() -> None:
     # per fragment, FP32, 2 replicas: both routes must give the same schedule and CU.
     compute, plan = measured_schedule(parse_metrics(_metrics()))
     model = ModelSpec(name="t", num_layers=4, num_params=4e6, step_seconds=0.2)
-    settings = SyncSettings(sync_every=8, fragment_size=1, tau=1)
+    settings = SyncSettings(sync_every=8, fragment_size=1, tau=1, outer_bits=32)
     expected_plan = sync_plan(model, "streaming-overlap", settings)
     assert plan.fragments == expected_plan.fragments
     assert plan.wire_bits == pytest.approx(expected_plan.wire_bits)
