@@ -12,9 +12,9 @@ Modules, one concern each (hivemind ``averaging/`` style)::
     matchmaking     DHT declaration per round key run_id/frag{p}/round{k}, leader, GROUP
     allreduce       butterfly all-reduce over p2pd streams, faults, report agreement
     state_transfer  serve/fetch outer params + momentum, validated
+    network         NetworkOptions: how a node reaches the swarm (one frozen record)
     swarm           Swarm (DHT + P2P + loop thread) and SwarmReducer (the Reducer)
     processes       the DHT process's p2pd held by pidfd, stopped if shutdown stalls
-    bench           ``diloco-node bench allreduce``
 
 The trainer uses ``Swarm`` and ``SwarmReducer`` (see ``swarm``) and never the rest.
 """
