@@ -52,55 +52,32 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--methods", nargs="+", default=["single", "dp", "diloco", "streaming"])
     parser.add_argument("--eval-batches", type=int, default=16)
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch threads (1 avoids OpenMP spinning on a shared machine)",
-    )
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (1 avoids OpenMP spinning on a shared machine)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
     corpus = load_corpus(None)
     base = LocalConfig(
-        preset=args.preset,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        seq_len=args.seq_len,
-        fragment_size=1,
-        taus=[1],
-        codec="e3m0",
-        eval_batches=args.eval_batches,
+        preset=args.preset, steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
+        fragment_size=1, taus=[1], codec="e3m0", eval_batches=args.eval_batches,
         log_every=10**9,
         inner=InnerConfig(lr=args.inner_lr, warmup_steps=args.warmup),
-        outer=OuterConfig(
-            sync_every=args.H,
-            outer_lr=args.outer_lr,
-            outer_momentum=args.outer_momentum,
-            fragment_sync_delay=1,
-            fragment_update_alpha=0.5,
-        ),
+        outer=OuterConfig(sync_every=args.H, outer_lr=args.outer_lr,
+                          outer_momentum=args.outer_momentum, fragment_sync_delay=1,
+                          fragment_update_alpha=0.5),
     )
     results = []
     for seed in args.seeds:
         for replicas in args.replicas:
             configs = {
-                "single": replace(
-                    base,
-                    replicas=1,
-                    seed=seed,
-                    outer=replace(base.outer, fragment_update_alpha=1.0),
-                ),
+                "single": replace(base, replicas=1, seed=seed, outer=replace(
+                    base.outer, fragment_update_alpha=1.0)),
                 "dp": replace(base, method="dp", replicas=replicas, seed=seed),
-                "diloco": replace(
-                    base,
-                    method="diloco",
-                    replicas=replicas,
-                    seed=seed,
-                    codec="none",
-                    outer=replace(base.outer, fragment_update_alpha=None),
-                ),
+                "diloco": replace(base, method="diloco", replicas=replicas, seed=seed,
+                                  codec="none", outer=replace(
+                                      base.outer, fragment_update_alpha=None)),
                 "streaming": replace(base, replicas=replicas, seed=seed),
             }
             for method in args.methods:
@@ -109,18 +86,14 @@ def main() -> None:
                 start = time.perf_counter()
                 result = run(configs[method], corpus) | {"seed": seed}
                 results.append(result)
-                print(
-                    f"{result['label']:<32} seed {seed}  eval {result['eval_loss']:.4f}  "
-                    f"replicas {result['eval_loss_replicas']:.4f}  "
-                    f"sent {result['bytes_sent_per_replica'] / 1e6:9.3f} MB  "
-                    f"peak {result['peak_bytes_per_step'] / 1e6:7.3f} MB  "
-                    f"({time.perf_counter() - start:.0f} s)",
-                    flush=True,
-                )
+                print(f"{result['label']:<32} seed {seed}  eval {result['eval_loss']:.4f}  "
+                      f"replicas {result['eval_loss_replicas']:.4f}  "
+                      f"sent {result['bytes_sent_per_replica'] / 1e6:9.3f} MB  "
+                      f"peak {result['peak_bytes_per_step'] / 1e6:7.3f} MB  "
+                      f"({time.perf_counter() - start:.0f} s)", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps({"args": vars(args) | {"out": str(args.out)}, "results": results}, indent=1)
-    )
+    args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)},
+                                    "results": results}, indent=1))
 
 
 if __name__ == "__main__":
