@@ -4,10 +4,10 @@ import torch
 from diloco.codecs import get_codec
 from diloco.errors import ConfigError
 from diloco.node.checkpoint import CheckpointManager
+from diloco.node.config import NodeOptions, RunConfig
 from diloco.node.data import load_corpus
 from diloco.node.inner import InnerConfig
 from diloco.node.outer import OuterConfig
-from diloco.node.config import NodeOptions, RunConfig
 from diloco.node.trainer import NodeTrainer
 from diloco.protocol.reducer import InProcessReducer
 
