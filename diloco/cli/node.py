@@ -25,6 +25,7 @@ from diloco.node.flags import (
     join_mismatch,
     run_config,
 )
+from diloco.node.outer import check_tau
 from diloco.protocol.network import NetworkOptions
 
 if TYPE_CHECKING:
@@ -113,9 +114,11 @@ def join(
         raise click.ClickException(str(error)) from error
     try:
         diffs = join_mismatch(run, toml, given)
+        if options.tau is not None:
+            check_tau(options.tau, run.outer.sync_every)
     except ConfigError as error:
         dht.shutdown()
-        raise click.ClickException(f"your run configuration cannot join: {error}") from error
+        raise click.UsageError(f"cannot join this swarm: {error}") from error
     if diffs:
         dht.shutdown()
         raise click.ClickException(
