@@ -190,7 +190,7 @@ class RoundOptions:
 
 def _at_least(name: str, value: int, low: int, unit: str) -> None:
     if value < low:
-        raise ConfigError(f"{name} must be >= {low} {unit}, got {value}".replace("  ", " "))
+        raise ConfigError(f"{name} must be >= {low} {unit}".rstrip() + f", got {value}")
 
 
 # -- building from plain data (TOML files, peers' JSON, flags) ---------------------------------
@@ -222,7 +222,7 @@ def from_mapping(cls: type[T], data: object, complete: bool = False, where: str 
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where[:-1] or 'configuration'}: expected a table, got {data!r}")
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    names = [f.name for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
     unknown = sorted(set(data) - set(names))
     if unknown:
         raise ConfigError(f"unknown keys {[where + str(k) for k in unknown]}; known: {names}")
@@ -271,6 +271,8 @@ def set_path(data: dict[str, Any], path: tuple[str, ...], value: object) -> None
     """``data[path[0]]...[path[-1]] = value``, making the tables on the way."""
     for key in path[:-1]:
         data = data.setdefault(key, {})
+        if not isinstance(data, dict):
+            raise ConfigError(f"{key}: expected a table, got {data!r}")
     data[path[-1]] = value
 
 

@@ -187,3 +187,12 @@ def test_config_mismatch_reads_nested_tables() -> None:
     a = RunConfig(inner=InnerConfig(lr=2e-3))
     assert config_mismatch(a, RunConfig()) == ["inner.lr: yours 0.002, swarm's 0.001"]
     assert config_mismatch(a, a) == []
+
+
+def test_a_toml_table_that_is_not_a_table_is_a_config_error(tmp_path: Path) -> None:
+    toml = tmp_path / "run.toml"
+    toml.write_text("outer = 3\n")
+    with pytest.raises(ConfigError, match="outer: expected a table"):
+        run_config(toml, {}, tau=2)
+    with pytest.raises(ConfigError, match="outer: expected a table"):
+        run_config(toml, {})
