@@ -1,6 +1,6 @@
 """All-reduce benchmark for RESULTS.md: ours (e3m0, none) against hivemind's averager (fp16).
 
-Runs ``diloco.protocol.bench.run_allreduce_bench`` for each configuration on loopback and,
+Runs ``diloco.bench.allreduce.run_allreduce_bench`` for each configuration on loopback and,
 with ``--bandwidth-mbit``, on throttled per-peer links, and writes one JSON with every
 result. Network namespaces need root.
 
@@ -14,7 +14,7 @@ import argparse
 import json
 import logging
 
-from diloco.protocol.bench import BenchConfig, run_allreduce_bench, summary
+from diloco.bench.allreduce import BenchConfig, run_allreduce_bench, summary
 
 logger = logging.getLogger(__name__)
 

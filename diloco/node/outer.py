@@ -39,8 +39,9 @@ class OuterConfig:
 
     sync_every: int = 30
     """H: inner steps between two syncs of one fragment."""
-    outer_lr: float = 0.4
-    """Learning rate of the outer SGD with Nesterov momentum."""
+    outer_lr: float = 0.7
+    """Learning rate of the outer SGD with Nesterov momentum (DiLoCo's 0.7; the Streaming
+    DiLoCo paper uses 0.4 for its larger models, SPEC 2.4)."""
     outer_momentum: float = 0.9
     """mu: Nesterov momentum of the outer optimizer (0 disables it)."""
     fragment_sync_delay: int = 1

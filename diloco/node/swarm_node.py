@@ -21,7 +21,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from hivemind import DHT
@@ -30,13 +29,14 @@ from hivemind.p2p import PeerID
 from diloco import __version__
 from diloco.codecs import get_codec
 from diloco.errors import ConfigError, DilocoError, ProtocolError
+from diloco.node.config import NodeOptions, RoundOptions, RunConfig
 from diloco.node.healing import SETTLE_TIMEOUT, Healer
 from diloco.node.outer import AppliedRound
 from diloco.node.traffic import data_parallel_bytes
-from diloco.node.trainer import NodeOptions, NodeTrainer, RunConfig
+from diloco.node.trainer import NodeTrainer
 from diloco.protocol.discovery import find_run_configs, publish_run_config
 from diloco.protocol.fragment_state import OuterState
-from diloco.protocol.group import RoundTimeouts
+from diloco.protocol.network import NetworkOptions
 from diloco.protocol.records import FragmentVersion, NodeRecord
 from diloco.protocol.run_id import make_run_id
 from diloco.protocol.swarm import Swarm, SwarmReducer, make_dht
@@ -53,52 +53,6 @@ JOIN_TIMEOUT = 60.0
 """Seconds a joiner keeps trying donors for the run's state."""
 
 
-@dataclass(kw_only=True, slots=True)
-class NetworkOptions:
-    """How this node reaches the swarm (local choices, not part of the run id)."""
-
-    initial_peers: list[str] = field(default_factory=list)
-    """Multiaddrs of running nodes; empty for the first node."""
-    host_maddrs: list[str] = field(default_factory=lambda: ["/ip4/127.0.0.1/tcp/0"])
-    """Addresses to listen on; loopback by default (``/ip4/0.0.0.0/tcp/PORT`` for others)."""
-    announce_maddrs: list[str] = field(default_factory=list)
-    identity_path: str | None = None
-    """Private key file for a stable peer id (created if missing)."""
-    use_relay: bool = False
-    nat_port_map: bool = False
-    auto_nat: bool = False
-    min_group_size: int = 2
-    """A round needs this many members, else it fails (1: a lone node averages alone)."""
-    matchmaking_window: float = 2.0
-    """Seconds a node waits for others to declare themselves for a round."""
-    round_timeout: float = 10.0
-    """Seconds a reducer waits for parts (and a member for averaged parts)."""
-    exit_timeout: float = 5.0
-    """On Ctrl-C, seconds to let rounds in flight finish before abandoning them."""
-
-    def timeouts(self) -> RoundTimeouts:
-        return RoundTimeouts(
-            matchmaking_window=self.matchmaking_window,
-            join_timeout=max(1.0, self.matchmaking_window),
-            sender_timeout=self.round_timeout,
-            reducer_timeout=self.round_timeout,
-            connect_timeout=min(5.0, self.round_timeout),
-        )
-
-
-def _node_dht(net: NetworkOptions) -> DHT:
-    """This node's DHT; a joiner starts it to read the run configuration, then trains on it."""
-    return make_dht(
-        net.initial_peers,
-        host_maddrs=net.host_maddrs,
-        announce_maddrs=net.announce_maddrs,
-        identity_path=net.identity_path,
-        use_relay=net.use_relay,
-        nat_port_map=net.nat_port_map,
-        auto_nat=net.auto_nat,
-    )
-
-
 def discover_run(net: NetworkOptions, run_name: str | None = None) -> tuple[RunConfig, DHT]:
     """Read the run configuration from the swarm at ``net.initial_peers``; returns it with
     the running DHT, which the node then keeps (shut it down if the node is not built).
@@ -108,7 +62,7 @@ def discover_run(net: NetworkOptions, run_name: str | None = None) -> tuple[RunC
     """
     for attempt in range(DISCOVERY_ATTEMPTS):
         try:
-            dht = _node_dht(net)
+            dht = make_dht(net)
             break
         except Exception as error:  # p2pd says why in its message; the user needs that line
             if attempt + 1 == DISCOVERY_ATTEMPTS:
@@ -142,22 +96,6 @@ def discover_run(net: NetworkOptions, run_name: str | None = None) -> tuple[RunC
         raise
 
 
-def config_mismatch(mine: RunConfig, theirs: RunConfig) -> list[str]:
-    """Human-readable differences between two run configurations (empty if equal)."""
-    a, b = mine.to_dict(), theirs.to_dict()
-    diffs = []
-    for key in sorted(set(a) | set(b)):
-        if isinstance(a.get(key), dict) and isinstance(b.get(key), dict):
-            for sub in sorted(set(a[key]) | set(b[key])):
-                if a[key].get(sub) != b[key].get(sub):
-                    diffs.append(
-                        f"{key}.{sub}: yours {a[key].get(sub)!r}, swarm's {b[key].get(sub)!r}"
-                    )
-        elif a.get(key) != b.get(key):
-            diffs.append(f"{key}: yours {a.get(key)!r}, swarm's {b.get(key)!r}")
-    return diffs
-
-
 EventCallback = Callable[[dict[str, Any]], None]
 
 
@@ -168,6 +106,7 @@ class SwarmNode:
         self,
         run: RunConfig,
         options: NodeOptions,
+        rounds: RoundOptions,
         net: NetworkOptions,
         *,
         metrics_out: str | None = None,
@@ -175,33 +114,23 @@ class SwarmNode:
         on_event: EventCallback | None = None,
         dht: DHT | None = None,
     ) -> None:
-        self.run, self.options, self.net = run, options, net
+        self.run, self.options, self.rounds = run, options, rounds
         self.run_id = make_run_id(run.name, run.to_dict())
         self.on_event = on_event or (lambda record: None)
         self.stop_event = threading.Event()
         # The DHT is a forked process: start it before the trainer builds anything.
-        self.swarm = Swarm(
-            self.run_id,
-            initial_peers=net.initial_peers,
-            host_maddrs=net.host_maddrs,
-            announce_maddrs=net.announce_maddrs,
-            identity_path=net.identity_path,
-            use_relay=net.use_relay,
-            nat_port_map=net.nat_port_map,
-            auto_nat=net.auto_nat,
-            dht=dht,
-        )
+        self.swarm = Swarm(self.run_id, net, dht=dht)
         try:
             codec_options = {"rounding": run.rounding} if run.codec == "e3m0" else {}
             self.reducer = SwarmReducer(
                 self.swarm,
                 get_codec(run.codec, **codec_options),
-                timeouts=net.timeouts(),
-                min_group_size=net.min_group_size,
+                timeouts=rounds.timeouts(),
+                min_group_size=rounds.min_group_size,
             )
             member = self.swarm.peer_id.to_base58()
             self.trainer = NodeTrainer(run, options, self.reducer, member)
-            self.trainer.round_timeout = net.exit_timeout
+            self.trainer.round_timeout = rounds.exit_timeout
             self.trainer.sync.should_abandon = self.stop_event.is_set
             self.worker = concurrent.futures.ThreadPoolExecutor(1, "diloco-node-dht")
             self.publish_future: concurrent.futures.Future[Any] | None = None
@@ -269,7 +198,7 @@ class SwarmNode:
             publish_run_config(self.swarm.dht, self.run_id, self.run.to_dict(), RECORD_TTL)
         )
         alive = len(self.swarm.read_records())
-        self.reducer.matchmaker.target_group_size = max(self.net.min_group_size, alive)
+        self.reducer.matchmaker.target_group_size = max(self.rounds.min_group_size, alive)
 
     def _in_background(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
         future = self.worker.submit(fn, *args)

@@ -14,109 +14,27 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from diloco.errors import CheckpointError, ConfigError
 from diloco.node.checkpoint import Checkpoint, CheckpointManager, export_weights
+from diloco.node.config import NodeOptions, RunConfig
 from diloco.node.data import BatchSampler, Corpus, eval_batches, held_out_loss, load_corpus
-from diloco.node.fragments import EmbeddingPlacement, Pattern, model_fragments
-from diloco.node.inner import InnerConfig, build_inner_optimizer, inner_step, lr_at
-from diloco.node.model import ModelConfig, Transformer, preset
-from diloco.node.outer import AppliedRound, FragmentSync, OuterConfig, check_tau
+from diloco.node.fragments import model_fragments
+from diloco.node.inner import build_inner_optimizer, inner_step, lr_at
+from diloco.node.model import Transformer
+from diloco.node.outer import AppliedRound, FragmentSync, check_tau
 from diloco.protocol.fragment_state import FragmentState
 from diloco.protocol.reducer import Reducer
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(kw_only=True, slots=True)
-class RunConfig:
-    """What every node of a run shares; its hash is part of the run id (SPEC 4)."""
-
-    name: str = "diloco"
-    """Human name of the run."""
-    preset: str = "tiny"
-    seq_len: int = 128
-    """Tokens per sequence."""
-    steps: int = 600
-    """T: total inner steps of the run (the learning-rate schedule spans them)."""
-    fragment_size: int = 1
-    pattern: Pattern = "strided"
-    embedding_fragment: EmbeddingPlacement = "own"
-    codec: str = "e3m0"
-    rounding: Literal["nearest", "stochastic"] = "nearest"
-    outer: OuterConfig = field(default_factory=OuterConfig)
-    inner: InnerConfig = field(default_factory=InnerConfig)
-    seed: int = 0
-    """Seed of the initial weights (every node starts from the same ones)."""
-    data: str | None = None
-    """Corpus path on every node; None is the embedded corpus."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return json.loads(json.dumps(asdict(self)))
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
-        """Strict inverse of ``to_dict``: unknown or missing keys are errors."""
-        data = dict(data)
-        known = {f.name for f in fields(cls)}
-        if set(data) - known:
-            raise ConfigError(f"unknown run configuration keys: {sorted(set(data) - known)}")
-        try:
-            data["outer"] = OuterConfig(**data.get("outer", {}))
-            inner = dict(data.get("inner", {}))
-            if "betas" in inner:
-                inner["betas"] = tuple(inner["betas"])
-            data["inner"] = InnerConfig(**inner)
-            return cls(**data)
-        except TypeError as error:
-            raise ConfigError(f"invalid run configuration: {error}") from error
-
-    @classmethod
-    def from_toml(cls, path: str | Path) -> RunConfig:
-        """A run configuration file: the keys of ``to_dict``, ``[outer]`` and ``[inner]``
-        as tables; keys left out take their defaults."""
-        try:
-            import tomllib
-        except ModuleNotFoundError:  # Python 3.10
-            import tomli as tomllib  # type: ignore[no-redef]
-        try:
-            with open(path, "rb") as f:
-                return cls.from_dict(tomllib.load(f))
-        except (OSError, tomllib.TOMLDecodeError) as error:
-            raise ConfigError(f"cannot read run configuration {path}: {error}") from error
-
-    def model_config(self) -> ModelConfig:
-        config = preset(self.preset)
-        config.max_seq_len = max(config.max_seq_len, self.seq_len)
-        return config
-
-
-@dataclass(kw_only=True, slots=True)
-class NodeOptions:
-    """What each volunteer chooses for their own node (not part of the run id)."""
-
-    batch_size: int = 16
-    """Sequences per inner step on this node."""
-    tau: int | None = None
-    """This node's tau; None uses the run's default."""
-    device: str = "cpu"
-    checkpoint_dir: str | None = None
-    checkpoint_every: int = 0
-    """Save every N steps (0: only on exit)."""
-    log_every: int = 25
-    eval_batches: int = 8
-    data_seed: int = 0
-    threads: int = 0
-    """torch CPU threads (0: torch's default). Several nodes on one machine want 1 each:
-    OpenMP threads spinning on oversubscribed cores slow every step many times over."""
-    """Seed of this node's data stream; nodes should differ."""
 
 
 RoundCallback = Callable[[AppliedRound], None]
@@ -139,18 +57,17 @@ class NodeTrainer:
         self.member = member
         tau = run.outer.fragment_sync_delay if options.tau is None else options.tau
         check_tau(tau, run.outer.sync_every)
-        if options.batch_size < 1:
-            raise ConfigError(f"batch size must be >= 1, got {options.batch_size}")
-        self.corpus = corpus or load_corpus(run.data)
+        self.corpus = corpus or load_corpus(options.data)
         self.device = torch.device(options.device)
         if options.threads:
             torch.set_num_threads(options.threads)
         torch.manual_seed(run.seed)
         self.model = Transformer(run.model_config()).to(self.device)
         self.optimizer = build_inner_optimizer(self.model.parameters(), run.inner)
-        self.sampler = BatchSampler(
-            self.corpus.train, options.batch_size, run.seq_len, seed=options.data_seed
-        )
+        data_seed = options.data_seed
+        if data_seed is None:
+            data_seed = int.from_bytes(os.urandom(4), "little")
+        self.sampler = BatchSampler(self.corpus.train, options.batch_size, run.seq_len, data_seed)
         self.fragments = model_fragments(
             self.model, self.model.blocks, run.fragment_size, run.pattern, run.embedding_fragment
         )

@@ -14,9 +14,9 @@ Modules, one concern each (hivemind ``averaging/`` style)::
     allreduce       butterfly all-reduce over p2pd streams, faults, report agreement
     fragment_state  FragmentState (outer params, momentum, version) and its one hash
     state_transfer  serve/fetch outer params + momentum, validated
+    network         NetworkOptions: how a node reaches the swarm (one frozen record)
     swarm           Swarm (DHT + P2P + loop thread) and SwarmReducer (the Reducer)
     processes       the DHT process's p2pd held by pidfd, stopped if shutdown stalls
-    bench           ``diloco-node bench allreduce``
 
 What the node layer imports from here: the outer loop and the in-process trainer
 (``node.outer``, ``node.local``, ``node.trainer``) the ``reducer`` interface (``Reducer``,

@@ -9,7 +9,7 @@ or block with a deadline.
 
 Interface for the node (stable)::
 
-    swarm = Swarm(run_id, initial_peers=[...])              # DHT + P2P + loop thread
+    swarm = Swarm(run_id, NetworkOptions(initial_peers=(...)))  # DHT + P2P + loop thread
     reducer = SwarmReducer(swarm, get_codec("e3m0"), timeouts=RoundTimeouts(...),
                            min_group_size=2)
     future = reducer.reduce(RoundKey(p, k), [Contribution(me, delta, weight)])
@@ -50,6 +50,7 @@ from diloco.protocol.allreduce import AllReduceRunner, AllReduceService
 from diloco.protocol.fragment_state import OuterState
 from diloco.protocol.group import RoundTimeouts
 from diloco.protocol.matchmaking import Matchmaker
+from diloco.protocol.network import NetworkOptions
 from diloco.protocol.partition import butterfly_parts
 from diloco.protocol.records import (
     NodeRecord,
@@ -66,18 +67,8 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def make_dht(
-    initial_peers: Sequence[str] = (),
-    *,
-    host_maddrs: Sequence[str] = ("/ip4/127.0.0.1/tcp/0",),
-    announce_maddrs: Sequence[str] = (),
-    identity_path: str | None = None,
-    use_relay: bool = False,
-    nat_port_map: bool = False,
-    auto_nat: bool = False,
-    startup_timeout: float = 60.0,
-) -> DHT:
-    """Start this node's ``hivemind.DHT`` (and its p2pd) with the network options of SPEC 5.
+def make_dht(net: NetworkOptions) -> DHT:
+    """Start this node's ``hivemind.DHT`` (and its p2pd) with the network options ``net``.
 
     NAT port mapping, AutoNAT and relays stay off unless asked for: the defaults would probe
     the local router. hivemind's check that a reused identity is free is off too: it starts
@@ -85,16 +76,16 @@ def make_dht(
     and reads only RSA keys.
     """
     return DHT(
-        initial_peers=list(initial_peers),
+        initial_peers=list(net.initial_peers),
         start=True,
-        host_maddrs=list(host_maddrs),
-        announce_maddrs=list(announce_maddrs) or None,
-        identity_path=identity_path,
-        use_relay=use_relay,
-        use_auto_relay=use_relay,
-        nat_port_map=nat_port_map,
-        auto_nat=auto_nat,
-        startup_timeout=startup_timeout,
+        host_maddrs=list(net.host_maddrs),
+        announce_maddrs=list(net.announce_maddrs) or None,
+        identity_path=net.identity_path,
+        use_relay=net.use_relay,
+        use_auto_relay=net.use_relay,
+        nat_port_map=net.nat_port_map,
+        auto_nat=net.auto_nat,
+        startup_timeout=net.startup_timeout,
         check_if_identity_free=False,
     )
 
@@ -105,39 +96,24 @@ class Swarm:
     def __init__(
         self,
         run_id: str,
+        net: NetworkOptions | None = None,
         *,
-        initial_peers: Sequence[str] = (),
-        host_maddrs: Sequence[str] = ("/ip4/127.0.0.1/tcp/0",),
-        announce_maddrs: Sequence[str] = (),
-        identity_path: str | None = None,
-        use_relay: bool = False,
-        nat_port_map: bool = False,
-        auto_nat: bool = False,
-        startup_timeout: float = 60.0,
         request_timeout: float = 30.0,
         dht: DHT | None = None,
     ) -> None:
         self.run_id = check_run_id(run_id)
         self.digest = run_digest(run_id)
         self.request_timeout = request_timeout
+        net = net or NetworkOptions()
         # A joiner that already read the run configuration through its own DHT hands it
         # over (one daemon per node); otherwise the swarm starts one.
-        self.dht = dht or make_dht(
-            initial_peers,
-            host_maddrs=host_maddrs,
-            announce_maddrs=announce_maddrs,
-            identity_path=identity_path,
-            use_relay=use_relay,
-            nat_port_map=nat_port_map,
-            auto_nat=auto_nat,
-            startup_timeout=startup_timeout,
-        )
+        self.dht = dht or make_dht(net)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name="diloco-swarm", daemon=True)
         self._thread.start()
         self._state_server: StateServer | None = None
         try:
-            self.p2p: P2P = self.call(self.dht.replicate_p2p(), startup_timeout)
+            self.p2p: P2P = self.call(self.dht.replicate_p2p(), net.startup_timeout)
         except BaseException:
             self.shutdown()
             raise

@@ -6,17 +6,17 @@ from pathlib import Path
 
 from hivemind.p2p import PeerID
 
-from diloco.node.swarm_node import NetworkOptions, _node_dht
+from diloco.protocol.network import NetworkOptions
 from diloco.protocol.run_id import make_run_id
-from diloco.protocol.swarm import Swarm
+from diloco.protocol.swarm import Swarm, make_dht
 
 
 def test_joiner_dht_takes_its_peer_id_from_the_identity_file(tmp_path: Path) -> None:
     path = tmp_path / "node.key"
-    net = NetworkOptions(identity_path=str(path), host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    net = NetworkOptions(identity_path=str(path))
     ids = []
     for _ in range(2):  # the first run creates the key, the second reuses it
-        dht = _node_dht(net)
+        dht = make_dht(net)
         try:
             ids.append(dht.peer_id)
         finally:
@@ -26,5 +26,5 @@ def test_joiner_dht_takes_its_peer_id_from_the_identity_file(tmp_path: Path) -> 
 
 def test_swarm_takes_its_peer_id_from_the_identity_file(tmp_path: Path) -> None:
     path = tmp_path / "node.key"
-    with Swarm(make_run_id("identity", {}), identity_path=str(path)) as swarm:
+    with Swarm(make_run_id("identity", {}), NetworkOptions(identity_path=str(path))) as swarm:
         assert swarm.peer_id == PeerID.from_identity(path.read_bytes())

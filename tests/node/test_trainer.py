@@ -4,10 +4,11 @@ import torch
 from diloco.codecs import get_codec
 from diloco.errors import ConfigError
 from diloco.node.checkpoint import CheckpointManager
+from diloco.node.config import NodeOptions, RunConfig
 from diloco.node.data import load_corpus
 from diloco.node.inner import InnerConfig
 from diloco.node.outer import OuterConfig
-from diloco.node.trainer import NodeOptions, NodeTrainer, RunConfig
+from diloco.node.trainer import NodeTrainer
 from diloco.protocol.reducer import InProcessReducer
 
 
@@ -25,7 +26,9 @@ def make(corpus, tmp_path, **options) -> NodeTrainer:
         codec="e3m0",
         rounding="stochastic",
     )
-    node = NodeOptions(batch_size=2, eval_batches=2, checkpoint_dir=str(tmp_path), **options)
+    node = NodeOptions(
+        batch_size=2, eval_batches=2, data_seed=0, checkpoint_dir=str(tmp_path), **options
+    )
     return NodeTrainer(run, node, InProcessReducer(get_codec("e3m0")), "me", corpus)
 
 

@@ -31,6 +31,7 @@ from diloco.protocol.allreduce import AllReduceRunner
 from diloco.protocol.fragment_state import FragmentState, OuterState
 from diloco.protocol.group import RoundTimeouts
 from diloco.protocol.matchmaking import Matchmaker
+from diloco.protocol.network import NetworkOptions
 from diloco.protocol.records import FragmentVersion, NodeRecord
 from diloco.protocol.reducer import Contribution, RoundKey
 from diloco.protocol.run_id import make_run_id
@@ -268,9 +269,10 @@ def peer_main(
     # Each peer on its own loopback address: libp2p limits connections per source IP.
     pid = os.getpid()
     host = f"/ip4/127.{(pid >> 16) & 255}.{(pid >> 8) & 255}.{pid % 254 + 1}/tcp/0"
-    swarm = Swarm(
-        run_id, initial_peers=initial_peers, host_maddrs=[host], identity_path=identity_path
+    net = NetworkOptions(
+        initial_peers=tuple(initial_peers), host_maddrs=(host,), identity_path=identity_path
     )
+    swarm = Swarm(run_id, net)
     sockets = [str(swarm.p2p._client_listen_maddr), *swarm.dht.run_coroutine(_daemon_sockets)]
     reducer = SwarmReducer(swarm, get_codec(codec), timeouts=TIMEOUTS)
     _notify(("ready", swarm.peer_id.to_base58(), swarm.maddrs, sockets))

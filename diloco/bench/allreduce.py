@@ -8,26 +8,23 @@ the sha256 of its result. Peer 0 also computes the max absolute error against th
 FP32 weighted mean of all inputs.
 
 With ``bandwidth_mbit`` each peer runs in its own network namespace, joined to a bridge by
-a veth pair throttled with ``tc tbf`` in both directions (root only). Namespaces, links and
-the bridge are removed in a ``finally`` block, so also on Ctrl-C; then the byte counts of
-the links (what really crossed the wire, libp2p framing and encryption included) are
-reported next to our own stream counters.
+a veth pair throttled with ``tc tbf`` in both directions (root only; ``netns``). Namespaces,
+links and the bridge are removed also on Ctrl-C; then the byte counts of the links (what
+really crossed the wire, libp2p framing and encryption included) are reported next to our
+own stream counters.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import glob
 import hashlib
 import logging
 import multiprocessing as mp
 import os
-import shutil
 import signal
 import socket
 import statistics
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -36,12 +33,10 @@ from typing import Any
 
 import torch
 
+from diloco.bench import netns
 from diloco.errors import ConfigError, RoundFailed
 
 logger = logging.getLogger(__name__)
-
-_CLONE_NEWNET = 0x40000000
-_SUBNET = "10.77.0"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -183,7 +178,7 @@ def _start_peers(
     for index in range(config.peers):
         parent, child = ctx.Pipe()
         namespace = namespaces[index] if namespaces else None
-        host = f"/ip4/{_SUBNET}.{index + 1}/tcp/0" if namespace else "/ip4/127.0.0.1/tcp/0"
+        host = f"/ip4/{netns.address(index)}/tcp/0" if namespace else "/ip4/127.0.0.1/tcp/0"
         process = ctx.Process(
             target=_peer_main, args=(child, index, config, initial, host, namespace)
         )
@@ -210,16 +205,6 @@ def _stop(conns: list[Connection], processes: list[mp.process.BaseProcess]) -> N
             process.join(5)
 
 
-def _enter_namespace(name: str) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
-    try:
-        if libc.setns(fd, _CLONE_NEWNET) != 0:
-            raise OSError(ctypes.get_errno(), f"setns into {name} failed")
-    finally:
-        os.close(fd)
-
-
 def _peer_main(
     conn: Connection,
     index: int,
@@ -235,7 +220,7 @@ def _peer_main(
     torch.set_num_threads(1)
     try:
         if namespace:
-            _enter_namespace(namespace)
+            netns.enter(namespace)
         peer = _HivemindPeer if config.compare_hivemind else _DilocoPeer
         runner = peer(index, config, initial, host)
     except Exception as exc:
@@ -255,7 +240,7 @@ def _peer_main(
                 conn.send({"ready": arg})
             elif command == "round":
                 if arg == 0 and namespace:
-                    link_start = _link_tx_bytes()
+                    link_start = netns.link_tx_bytes()
                 start = time.perf_counter()
                 try:
                     last, seconds = runner.round(arg, delta)
@@ -275,7 +260,7 @@ def _peer_main(
                         "max_abs_error": error,
                         "bytes_sent": runner.bytes_sent,
                         "bytes_received": runner.bytes_received,
-                        "link_tx": _link_tx_bytes() - link_start if namespace else 0,
+                        "link_tx": netns.link_tx_bytes() - link_start if namespace else 0,
                     }
                 )
     finally:
@@ -286,12 +271,14 @@ class _DilocoPeer:
     def __init__(self, index: int, config: BenchConfig, initial: list[str], host: str) -> None:
         from diloco.codecs import get_codec
         from diloco.protocol.group import RoundTimeouts
+        from diloco.protocol.network import NetworkOptions
         from diloco.protocol.run_id import make_run_id
         from diloco.protocol.swarm import Swarm, SwarmReducer
 
         self.config = config
         run_id = make_run_id("bench", {"numel": config.numel, "codec": config.codec})
-        self.swarm = Swarm(run_id, initial_peers=initial, host_maddrs=[host])
+        net = NetworkOptions(initial_peers=tuple(initial), host_maddrs=(host,))
+        self.swarm = Swarm(run_id, net)
         timeouts = RoundTimeouts(
             matchmaking_window=config.matchmaking_window,
             join_timeout=max(2.0, config.matchmaking_window),
@@ -323,20 +310,14 @@ class _HivemindPeer:
     """hivemind's own averager, FP16 on the wire, on the same peers and sizes."""
 
     def __init__(self, index: int, config: BenchConfig, initial: list[str], host: str) -> None:
-        from hivemind import DHT
         from hivemind.averaging import DecentralizedAverager
         from hivemind.compression import Float16Compression
 
+        from diloco.protocol.network import NetworkOptions
+        from diloco.protocol.swarm import make_dht
+
         self.config = config
-        self.dht = DHT(
-            initial_peers=initial,
-            start=True,
-            host_maddrs=[host],
-            use_relay=False,
-            use_auto_relay=False,
-            nat_port_map=False,
-            auto_nat=False,
-        )
+        self.dht = make_dht(NetworkOptions(initial_peers=tuple(initial), host_maddrs=(host,)))
         self.tensor = torch.zeros(config.numel)
         self.averager = DecentralizedAverager(
             [self.tensor],
@@ -373,74 +354,15 @@ class _HivemindPeer:
         self.dht.shutdown()
 
 
-def _link_tx_bytes() -> int:
-    """Bytes sent on this namespace's veth link (``/proc/self/net/dev`` follows setns)."""
-    with open("/proc/self/net/dev") as f:
-        for line in f:
-            name, _, counters = line.partition(":")
-            if name.strip().startswith("dlp"):
-                return int(counters.split()[8])
-    return 0
-
-
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True)
-
-
-def _tc_limit(device: str, mbit: float, namespace: str | None = None) -> None:
-    prefix = ["ip", "netns", "exec", namespace] if namespace else []
-    rate = f"{mbit}mbit"
-    command = f"tc qdisc add dev {device} root tbf rate {rate} burst 256kb latency 100ms"
-    subprocess.run([*prefix, *command.split()], check=True, capture_output=True)
-
-
 @contextlib.contextmanager
 def _network(config: BenchConfig) -> Iterator[list[str]]:
-    """Per-peer namespaces behind throttled veth links on a bridge; removed on exit."""
+    """Per-peer namespaces behind links throttled both ways; removed on exit."""
     if config.bandwidth_mbit is None:
         yield []
         return
-    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
-        raise ConfigError("--bandwidth-mbit needs root and the iproute2 tools (ip, tc)")
-    tag = f"{os.getpid() % 100000}"
-    bridge = f"dlbr{tag}"
-    namespaces: list[str] = []
-    links: list[str] = []
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
-        _ip("link", "add", bridge, "type", "bridge")
-        _ip("link", "set", bridge, "up")
-        for index in range(config.peers):
-            namespace = f"dlns{tag}-{index}"
-            host_end, peer_end = f"dlh{tag}-{index}", f"dlp{tag}-{index}"
-            _ip("netns", "add", namespace)
-            namespaces.append(namespace)
-            _ip("link", "add", host_end, "type", "veth", "peer", "name", peer_end)
-            links.append(host_end)
-            _ip("link", "set", peer_end, "netns", namespace)
-            _ip("link", "set", host_end, "master", bridge)
-            _ip("link", "set", host_end, "up")
-            address = f"{_SUBNET}.{index + 1}/24"
-            _ip(*f"netns exec {namespace} ip addr add {address} dev {peer_end}".split())
-            _ip("netns", "exec", namespace, "ip", "link", "set", peer_end, "up")
-            _ip("netns", "exec", namespace, "ip", "link", "set", "lo", "up")
-            _tc_limit(host_end, config.bandwidth_mbit)
-            _tc_limit(peer_end, config.bandwidth_mbit, namespace)
-        yield namespaces
-    finally:
-        for link in links:
-            with contextlib.suppress(subprocess.CalledProcessError):
-                _ip("link", "del", link)
-        for namespace in namespaces:
-            with contextlib.suppress(subprocess.CalledProcessError):
-                _ip("netns", "del", namespace)
-        with contextlib.suppress(subprocess.CalledProcessError):
-            _ip("link", "del", bridge)
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+    shaping = netns.Shaping(rate=f"{config.bandwidth_mbit}mbit")
+    with netns.hosts(f"{os.getpid() % 100000}", config.peers, shaping) as names:
+        yield names
 
 
 def summary(result: BenchResult) -> str:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from diloco.bench.allreduce import BenchConfig, exact_mean, make_input, run_allreduce_bench
 from diloco.errors import ConfigError
-from diloco.protocol.bench import BenchConfig, exact_mean, make_input, run_allreduce_bench
 
 
 def test_bench_config_invalid_rejected() -> None:

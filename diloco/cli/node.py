@@ -1,0 +1,281 @@
+"""Commands for volunteers: ``start`` a run, ``join`` one, ``status`` of a swarm, ``demo``.
+
+Bad flags or files are ``click.UsageError`` (exit 2), found before anything starts;
+failures while running (an unreachable swarm, a refused configuration) are
+``click.ClickException`` (exit 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+from diloco.cli.options import flag_options, typed_flags
+from diloco.errors import ConfigError, DilocoError
+from diloco.node.config import NodeOptions, RoundOptions, RunConfig
+from diloco.node.flags import (
+    NETWORK_FLAGS,
+    NODE_FLAGS,
+    ROUND_FLAGS,
+    RUN_FLAGS,
+    join_mismatch,
+    run_config,
+)
+from diloco.node.outer import check_tau
+from diloco.protocol.network import NetworkOptions
+
+if TYPE_CHECKING:
+    from hivemind import DHT
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _node_flags(f: F) -> F:
+    """Every flag of ``start`` and ``join``: the run's, then the node's own."""
+    f = click.option(
+        "--export",
+        "export_path",
+        type=click.Path(dir_okay=False),
+        default=None,
+        help="At the end, write the outer weights as plain safetensors here.",
+    )(f)
+    f = click.option("--resume", is_flag=True, help="Continue from the newest checkpoint.")(f)
+    f = click.option(
+        "--metrics-out",
+        type=click.Path(dir_okay=False),
+        default=None,
+        help="Append JSON lines: steps, rounds, progress, summary.",
+    )(f)
+    f = flag_options(RUN_FLAGS, NODE_FLAGS, ROUND_FLAGS, NETWORK_FLAGS)(f)
+    return click.option(
+        "--config",
+        "config_file",
+        type=click.Path(exists=True, dir_okay=False),
+        default=None,
+        help="TOML file of the run configuration (typed flags override it).",
+    )(f)
+
+
+def _local_choices(params: dict[str, Any]) -> tuple[NodeOptions, RoundOptions, NetworkOptions]:
+    return NODE_FLAGS.build(params), ROUND_FLAGS.build(params), NETWORK_FLAGS.build(params)
+
+
+@click.command()
+@_node_flags
+@click.pass_context
+def start(ctx: click.Context, /, **_: object) -> None:
+    """Start the first node of a run and print the addresses others join with.
+
+    e.g. `diloco-node start --name demo --steps 600 --checkpoint-dir ckpt`
+    """
+    try:
+        given = typed_flags(ctx, RUN_FLAGS)
+        run = run_config(ctx.params["config_file"], given, ctx.params["tau"])
+        options, rounds, net = _local_choices(ctx.params)
+    except ConfigError as error:
+        raise click.UsageError(str(error)) from error
+    _run_node(run, options, rounds, net, ctx.params, join=False)
+
+
+@click.command()
+@click.option(
+    "--initial-peers",
+    multiple=True,
+    required=True,
+    help="Multiaddr of a running node (repeatable, or several separated by spaces).",
+)
+@click.option("--run-name", default=None, help="Which run, if the swarm holds several.")
+@_node_flags
+@click.pass_context
+def join(
+    ctx: click.Context, /, initial_peers: tuple[str, ...], run_name: str | None, **_: object
+) -> None:
+    """Join a running swarm: its run configuration and state come from the peers.
+
+    e.g. `diloco-node join --initial-peers /ip4/1.2.3.4/tcp/31337/p2p/12D3KooW...`
+    """
+    from diloco.node.swarm_node import discover_run
+
+    toml, given = ctx.params["config_file"], typed_flags(ctx, RUN_FLAGS)
+    try:
+        run_config(toml, given)  # typed run flags must make sense before the swarm is asked
+        options, rounds, net = _local_choices(ctx.params)
+        peers = tuple(addr for value in initial_peers for addr in value.split())
+        net = dataclasses.replace(net, initial_peers=peers)
+    except ConfigError as error:
+        raise click.UsageError(str(error)) from error
+    try:
+        run, dht = discover_run(net, run_name)
+    except ConfigError as error:
+        raise click.ClickException(str(error)) from error
+    try:
+        diffs = join_mismatch(run, toml, given)
+        if options.tau is not None:
+            check_tau(options.tau, run.outer.sync_every)
+    except ConfigError as error:
+        dht.shutdown()
+        raise click.UsageError(f"cannot join this swarm: {error}") from error
+    if diffs:
+        dht.shutdown()
+        raise click.ClickException(
+            "your run configuration differs from the swarm's:\n  "
+            + "\n  ".join(diffs)
+            + "\ndrop these options (a joiner needs no training flags) or join another swarm"
+        )
+    _run_node(run, options, rounds, net, ctx.params, join=True, dht=dht)
+
+
+def _run_node(
+    run: RunConfig,
+    options: NodeOptions,
+    rounds: RoundOptions,
+    net: NetworkOptions,
+    params: dict[str, Any],
+    join: bool,
+    dht: DHT | None = None,
+) -> None:
+    """Build the node, train until the end or a signal, export; always leave the swarm."""
+    from diloco.node.swarm_node import SwarmNode
+
+    try:
+        node = SwarmNode(
+            run,
+            options,
+            rounds,
+            net,
+            metrics_out=params["metrics_out"],
+            resume=params["resume"],
+            on_event=_echo_node_event,
+            dht=dht,
+        )
+    except (DilocoError, ValueError) as error:
+        raise click.ClickException(str(error)) from error
+    interrupts = 0
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal interrupts
+        interrupts += 1
+        if interrupts > 1:
+            raise KeyboardInterrupt
+        click.echo("stopping: finishing rounds in flight, saving, leaving the swarm...", err=True)
+        node.stop_event.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        click.echo(f"run {node.run_id}, peer {node.swarm.peer_id.to_base58()}")
+        if node.resumed_from:
+            click.echo(f"resumed from {node.resumed_from} at step {node.trainer.step}")
+        elif join:
+            node.join_swarm()
+        click.echo(
+            "share one of these addresses; others join with "
+            "`diloco-node join --initial-peers ADDR`:"
+        )
+        for addr in node.maddrs:
+            click.echo(addr)
+        node.train()
+        if params["export_path"]:
+            node.trainer.export_outer(params["export_path"])
+            click.echo(f"outer weights written to {params['export_path']}")
+    except DilocoError as error:
+        raise click.ClickException(str(error)) from error
+    finally:
+        node.close()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _echo_node_event(record: dict[str, Any]) -> None:
+    event = record.get("event")
+    if event == "progress":
+        click.echo(
+            f"step {record['step']:>6}  loss {record['loss']:.4f}  "
+            f"{record['tokens_per_s']:,.0f} tok/s  CU {100 * record['cu']:.1f}%  "
+            f"sent {record['mb_sent']:.2f} MB  recv {record['mb_received']:.2f} MB  "
+            f"peers {record['peers_last_round']}"
+        )
+    elif event == "joined":
+        click.echo(f"joined at step {record['step']}, fragment versions {record['versions']}")
+    elif event == "healed":
+        click.echo(f"healed fragments {record['fragments']} at step {record['step']}")
+    elif event == "summary":
+        click.echo(
+            f"done at step {record['step']}: eval loss {record['eval_loss']:.4f} (outer), "
+            f"CU {100 * record['cu']:.1f}%, sent {record['bytes_sent'] / 1e6:.2f} MB "
+            f"(data-parallel: {record['dp_bytes_estimate'] / 1e6:.0f} MB), "
+            f"{record['failed_rounds']} failed rounds"
+        )
+
+
+@click.command()
+@click.option("--initial-peers", multiple=True, required=True, help="Multiaddr of a node.")
+def status(initial_peers: tuple[str, ...]) -> None:
+    """Show the swarm: runs, peers, their steps, fragment versions and state hashes."""
+    from diloco.node.swarm_status import read_status
+
+    peers = [addr for value in initial_peers for addr in value.split()]
+    try:
+        runs = read_status(peers)
+    except Exception as error:  # an unreachable swarm is the user's answer, not a crash
+        raise click.ClickException(f"could not read the swarm: {error}") from error
+    if not runs:
+        click.echo("no run found")
+    for run_id, records in runs.items():
+        click.echo(f"run {run_id}: {len(records)} node(s)")
+        for r in records:
+            versions = " ".join(
+                f"{f.fragment}:v{f.version}:{f.state_hash[:8]}" for f in r.fragments
+            )
+            click.echo(
+                f"  {r.peer_id[-12:]}  step {r.global_step:>7}  "
+                f"{r.throughput:,.0f} tok/s  v{r.software_version}  {versions}"
+            )
+
+
+@click.command()
+@click.option("--nodes", default=3, help="Nodes in the local swarm (separate processes).")
+@click.option("--steps", default=RunConfig().steps, help="T: inner steps of the run.")
+@click.option(
+    "--folder",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Where the nodes' metrics go [default: a new temporary folder].",
+)
+def demo(nodes: int, steps: int, folder: str | None) -> None:
+    """A local swarm: one `start`, the others `join` its address; tiny model, embedded data.
+
+    Each node is its own process with its own DHT and p2pd on loopback, training with
+    Streaming DiLoCo (E3M0 outer gradients); ends with a summary of the run.
+    """
+    from diloco.node.demo import run_demo
+
+    if nodes < 2:
+        raise click.UsageError("a swarm needs at least 2 nodes")
+    try:
+        result = run_demo(nodes=nodes, steps=steps, echo=click.echo, folder=folder)
+    except RuntimeError as error:
+        raise click.ClickException(str(error)) from error
+    if result["nodes_finished"] == 0:
+        raise click.ClickException(f"no node finished; see the logs in {result['folder']}")
+    sent = sum(result["bytes_sent"]) / len(result["bytes_sent"])
+    dp = sum(result["dp_bytes_estimate"]) / len(result["dp_bytes_estimate"])
+    losses = ", ".join(f"{x:.4f}" for x in result["eval_loss"])
+    cus = ", ".join(f"{100 * x:.1f}%" for x in result["cu"])
+    click.echo(
+        f"\nsummary ({result['nodes_finished']}/{nodes} nodes finished, metrics in "
+        f"{result['folder']}):"
+    )
+    click.echo(f"  eval loss of the outer weights: {losses}")
+    click.echo(f"  compute utilisation: {cus}")
+    click.echo(
+        f"  sent per node: {sent / 1e6:.2f} MB; data-parallel would send about "
+        f"{dp / 1e6:,.0f} MB ({dp / max(sent, 1):,.0f}x more)"
+    )
+    same = "yes" if result["identical_outer_states"] else "NO"
+    click.echo(f"  all nodes hold bit-identical outer states: {same}")
+    if not result["identical_outer_states"]:
+        raise click.ClickException("the nodes' outer states differ")

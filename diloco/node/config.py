@@ -1,0 +1,292 @@
+"""The node's configuration: what a run shares and what each volunteer chooses.
+
+``RunConfig`` is what every node of a run shares; its hash is part of the run id (SPEC 4).
+``NodeOptions`` and ``RoundOptions`` are each volunteer's own choices, and so is
+``diloco.protocol.network.NetworkOptions``: none of them is ever taken from the swarm
+(SPEC 4.1 "Local choices are never taken from the swarm"), so the data path lives in
+``NodeOptions``, never in the run configuration.
+
+Every default is written once, in these dataclasses (and in ``OuterConfig`` /
+``InnerConfig`` for the optimisers). ``diloco.node.flags`` names the command-line flag of
+a field and the CLI derives each option's type, choices and default from the field, so
+``diloco-node start``, ``start --config run.toml`` and the library agree by construction.
+
+Values from files and peers are built with ``from_mapping``: unknown keys, wrong types and
+non-finite numbers are ``ConfigError``s naming the key; ranges and cross-field rules are
+checked in each dataclass's ``__post_init__``, whose message names the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import torch
+
+from diloco.codecs import CODEC_NAMES
+from diloco.errors import ConfigError
+from diloco.node.fragments import EmbeddingPlacement, Pattern
+from diloco.node.inner import InnerConfig
+from diloco.node.model import PRESETS, ModelConfig, preset
+from diloco.node.outer import OuterConfig
+from diloco.protocol.group import RoundTimeouts
+from diloco.protocol.run_id import RUN_NAME_PATTERN
+
+T = TypeVar("T")
+
+
+@dataclass(kw_only=True, slots=True)
+class RunConfig:
+    """What every node of a run shares; its hash is part of the run id (SPEC 4)."""
+
+    name: str = "diloco"
+    """Human name of the run, ``[A-Za-z0-9_-]{1,64}``; the first part of the run id."""
+    preset: str = "tiny"
+    """Model preset (SPEC 7, ``diloco.node.model.PRESETS``)."""
+    seq_len: int = 128
+    """Tokens per sequence."""
+    steps: int = 600
+    """T: inner steps of the whole run (the learning-rate schedule spans them)."""
+    fragment_size: int = 1
+    """Transformer blocks per fragment (SPEC 2.2)."""
+    pattern: Pattern = "strided"
+    """Which blocks form a fragment: ``strided`` (p, p+P, ...) or ``sequential``."""
+    embedding_fragment: EmbeddingPlacement = "own"
+    """Embedding, final norm and head: a fragment of their ``own``, or in the ``first``."""
+    codec: str = "e3m0"
+    """Outer-gradient codec on the wire (SPEC 3)."""
+    rounding: Literal["nearest", "stochastic"] = "nearest"
+    """E3M0 rounding (SPEC 3)."""
+    outer: OuterConfig = field(default_factory=OuterConfig)
+    inner: InnerConfig = field(default_factory=InnerConfig)
+    seed: int = 0
+    """Seed of the initial weights (every node starts from the same ones)."""
+    dataset: str | None = None
+    """Name of the corpus the run trains on, for people (e.g. ``fineweb-edu``); never read
+    as a path: each node chooses its own data (``NodeOptions.data``)."""
+
+    def __post_init__(self) -> None:
+        if not RUN_NAME_PATTERN.match(self.name):
+            raise ConfigError(f"run name {self.name!r} must match {RUN_NAME_PATTERN.pattern}")
+        if self.preset not in PRESETS:
+            raise ConfigError(f"unknown preset {self.preset!r}; choose one of {', '.join(PRESETS)}")
+        _at_least("seq_len", self.seq_len, 2, "tokens per sequence")
+        _at_least("steps", self.steps, 1, "inner steps")
+        _at_least("fragment_size", self.fragment_size, 1, "blocks per fragment")
+        _at_least("seed", self.seed, 0, "")
+        if self.codec not in CODEC_NAMES:
+            raise ConfigError(
+                f"unknown codec {self.codec!r}; choose one of {', '.join(CODEC_NAMES)}"
+            )
+        if self.dataset is not None and not (0 < len(self.dataset) <= 100):
+            raise ConfigError("dataset must be a name of 1 to 100 characters")
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads(json.dumps(dataclasses.asdict(self)))
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunConfig:
+        """Strict inverse of ``to_dict`` (for configurations read from peers): unknown,
+        missing or mistyped keys are errors."""
+        return from_mapping(cls, data, complete=True)
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> RunConfig:
+        """A run configuration file: keys of ``to_dict``, ``[outer]`` and ``[inner]`` as
+        tables; keys left out take their defaults."""
+        return from_mapping(cls, read_toml(path))
+
+    def model_config(self) -> ModelConfig:
+        config = preset(self.preset)
+        config.max_seq_len = max(config.max_seq_len, self.seq_len)
+        return config
+
+
+@dataclass(kw_only=True, slots=True)
+class NodeOptions:
+    """What each volunteer chooses for their own node (never part of the run id)."""
+
+    batch_size: int = 8
+    """Sequences per inner step on this node (its share of a round's mean is its tokens)."""
+    tau: int | None = None
+    """tau: this node's steps between sending a fragment and applying its round (SPEC 2.4);
+    None takes the run's ``outer.fragment_sync_delay``."""
+    device: str = "cpu"
+    """torch device, e.g. ``cuda:0``."""
+    threads: int = 0
+    """torch CPU threads (0: torch's default). Several nodes on one machine want 1 each:
+    OpenMP threads spinning on oversubscribed cores slow every step many times over."""
+    data: str | None = None
+    """Corpus path on this machine (see ``diloco.node.data``); None: the embedded corpus."""
+    data_seed: int | None = None
+    """Seed of this node's data stream; None draws one at random (nodes should differ)."""
+    checkpoint_dir: str | None = None
+    """Folder for checkpoints (every ``checkpoint_every`` steps and on exit); None: none."""
+    checkpoint_every: int = 0
+    """Inner steps between two checkpoints (0: only on exit)."""
+    log_every: int = 25
+    """Inner steps between two progress lines."""
+    eval_batches: int = 8
+    """Held-out batches per evaluation."""
+
+    def __post_init__(self) -> None:
+        _at_least("batch_size", self.batch_size, 1, "sequences")
+        if self.tau is not None:
+            _at_least("tau", self.tau, 0, "steps")
+        _at_least("threads", self.threads, 0, "(0: torch's default)")
+        _at_least("checkpoint_every", self.checkpoint_every, 0, "steps (0: only on exit)")
+        _at_least("log_every", self.log_every, 1, "steps")
+        _at_least("eval_batches", self.eval_batches, 1, "batches")
+        if self.data_seed is not None:
+            _at_least("data_seed", self.data_seed, 0, "")
+        try:
+            torch.device(self.device)
+        except RuntimeError as error:
+            raise ConfigError(f"unknown device {self.device!r}, e.g. cpu or cuda:0") from error
+        if self.data is not None and not Path(self.data).exists():
+            raise ConfigError(f"data path {self.data} does not exist; check --data")
+        if self.checkpoint_dir is not None and Path(self.checkpoint_dir).is_file():
+            raise ConfigError(f"checkpoint dir {self.checkpoint_dir} is a file; name a folder")
+
+
+@dataclass(kw_only=True, slots=True)
+class RoundOptions:
+    """How long this node waits for others in a round (local choices, SPEC 4)."""
+
+    min_group_size: int = 2
+    """A round needs this many members, else it fails (1: a lone node averages alone)."""
+    matchmaking_window: float = 2.0
+    """Seconds a node waits for others to declare themselves for a round."""
+    round_timeout: float = 10.0
+    """Seconds a reducer waits for parts (and a member for averaged parts)."""
+    exit_timeout: float = 5.0
+    """On Ctrl-C, seconds to let rounds in flight finish before abandoning them."""
+
+    def __post_init__(self) -> None:
+        _at_least("min_group_size", self.min_group_size, 1, "members")
+        for name in ("matchmaking_window", "round_timeout"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+        if not self.exit_timeout >= 0:
+            raise ConfigError(f"exit_timeout must be >= 0 seconds, got {self.exit_timeout}")
+
+    def timeouts(self) -> RoundTimeouts:
+        return RoundTimeouts(
+            matchmaking_window=self.matchmaking_window,
+            join_timeout=max(1.0, self.matchmaking_window),
+            sender_timeout=self.round_timeout,
+            reducer_timeout=self.round_timeout,
+            connect_timeout=min(5.0, self.round_timeout),
+        )
+
+
+def _at_least(name: str, value: int, low: int, unit: str) -> None:
+    if value < low:
+        raise ConfigError(f"{name} must be >= {low} {unit}".rstrip() + f", got {value}")
+
+
+# -- building from plain data (TOML files, peers' JSON, flags) ---------------------------------
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """The tables of a TOML file, as plain data."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as error:
+        raise ConfigError(f"cannot read run configuration {path}: {error}") from error
+
+
+def from_mapping(cls: type[T], data: object, complete: bool = False, where: str = "") -> T:
+    """The dataclass ``cls`` built from plain data, strictly (nested dataclasses too).
+
+    Keys must be fields; values must have the field's type (an int for a float is taken;
+    a bool is never a number; floats must be finite). With ``complete`` every field must
+    be given, as in a peer's copy of ``to_dict``; else missing fields take their defaults.
+
+    Raises:
+        ConfigError: naming the key, for any of the above or a failed ``__post_init__``.
+    """
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where[:-1] or 'configuration'}: expected a table, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        raise ConfigError(f"unknown keys {[where + str(k) for k in unknown]}; known: {names}")
+    missing = sorted(set(names) - set(data)) if complete else []
+    if missing:
+        raise ConfigError(f"missing keys {[where + k for k in missing]}")
+    values = {k: _typed(hints[k], v, f"{where}{k}", complete) for k, v in data.items()}
+    try:
+        return cls(**values)
+    except ConfigError as error:
+        raise ConfigError(f"{where[:-1]}: {error}" if where else str(error)) from error
+
+
+def _typed(hint: Any, value: object, key: str, complete: bool) -> object:
+    """``value`` as a ``hint``, or a ConfigError that names ``key``."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if dataclasses.is_dataclass(hint):
+        return from_mapping(typing.cast(type[Any], hint), value, complete, f"{key}.")
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _typed(inner, value, key, complete)
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{key}: expected one of {list(args)}, got {value!r}")
+        return value
+    if origin is tuple and isinstance(value, list | tuple):
+        items = args[:1] * len(value) if args[-1:] == (...,) else args
+        if len(items) != len(value):
+            raise ConfigError(f"{key}: expected {len(items)} values, got {value!r}")
+        return tuple(_typed(t, v, key, complete) for t, v in zip(items, value, strict=True))
+    if origin is list and isinstance(value, list):
+        return [_typed(args[0], v, key, complete) for v in value]
+    if hint is float and isinstance(value, int | float) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise ConfigError(f"{key}: expected a finite number, got {value!r}")
+        return float(value)
+    if hint in (int, str, bool) and type(value) is hint:
+        return value
+    expected = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+    raise ConfigError(f"{key}: expected {expected.get(hint, hint)}, got {value!r}")
+
+
+def set_path(data: dict[str, Any], path: tuple[str, ...], value: object) -> None:
+    """``data[path[0]]...[path[-1]] = value``, making the tables on the way."""
+    for key in path[:-1]:
+        data = data.setdefault(key, {})
+        if not isinstance(data, dict):
+            raise ConfigError(f"{key}: expected a table, got {data!r}")
+    data[path[-1]] = value
+
+
+def config_mismatch(mine: RunConfig, theirs: RunConfig) -> list[str]:
+    """Human-readable differences between two run configurations (empty if equal)."""
+    a, b = mine.to_dict(), theirs.to_dict()
+    diffs = []
+    for key in sorted(set(a) | set(b)):
+        if isinstance(a.get(key), dict) and isinstance(b.get(key), dict):
+            for sub in sorted(set(a[key]) | set(b[key])):
+                if a[key].get(sub) != b[key].get(sub):
+                    diffs.append(
+                        f"{key}.{sub}: yours {a[key].get(sub)!r}, swarm's {b[key].get(sub)!r}"
+                    )
+        elif a.get(key) != b.get(key):
+            diffs.append(f"{key}: yours {a.get(key)!r}, swarm's {b.get(key)!r}")
+    return diffs

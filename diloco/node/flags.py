@@ -1,0 +1,202 @@
+"""Command-line flags of the node's configuration, and how typed flags override a run.
+
+A ``Flag`` names the command-line option of one dataclass field; ``Flags`` groups those of
+one dataclass. The CLI derives each option's type, choices and default from the field
+(``diloco.cli.options``), so a default is written once, in ``diloco.node.config``. Only
+flags typed on the command line override a run's TOML file (``run_config``), and a joiner's
+typed flags are compared with the swarm's run, never applied to it (``join_mismatch``).
+"""
+
+from __future__ import annotations
+
+import copy
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, Literal, TypeVar
+
+from diloco.codecs import CODEC_NAMES
+from diloco.node.config import (
+    NodeOptions,
+    RoundOptions,
+    RunConfig,
+    config_mismatch,
+    from_mapping,
+    read_toml,
+    set_path,
+)
+from diloco.node.model import PRESETS
+from diloco.protocol.network import NetworkOptions
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """A command-line flag that sets one field; type, choices and default come from it."""
+
+    name: str
+    """e.g. ``--outer-lr``."""
+    path: tuple[str, ...]
+    """The field, from the owner of the table, e.g. ``("outer", "outer_lr")``."""
+    help: str
+    kind: Literal["file", "dir", "existing"] | None = None
+    """A path: not a folder, not a file, or one that must exist."""
+
+    @property
+    def dest(self) -> str:
+        """The option's parameter name (``--outer-lr`` -> ``outer_lr``)."""
+        return self.name.lstrip("-").replace("-", "_").lower()
+
+
+@dataclass(frozen=True, slots=True)
+class Flags(Generic[T]):
+    """The flags of one dataclass ``owner``; its default instance holds their defaults."""
+
+    owner: type[T]
+    flags: tuple[Flag, ...]
+
+    def default(self, flag: Flag) -> object:
+        value: object = self.owner()
+        for key in flag.path:
+            value = getattr(value, key)
+        return value
+
+    def hint(self, flag: Flag) -> Any:
+        """The field's type, e.g. ``float`` or ``Literal['a', 'b']`` or ``str | None``."""
+        owner: Any = self.owner
+        for key in flag.path:
+            hint = typing.get_type_hints(owner)[key]
+            owner = hint
+        return hint
+
+    def build(self, values: Mapping[str, object], base: Mapping[str, Any] | None = None) -> T:
+        """``owner`` from ``base`` (plain data) with every flag's value in ``values``."""
+        data = copy.deepcopy(dict(base)) if base else {}
+        for flag in self.flags:
+            if flag.dest in values:
+                set_path(data, flag.path, values[flag.dest])
+        return from_mapping(self.owner, data)
+
+
+RUN_FLAGS = Flags(
+    RunConfig,
+    (
+        Flag("--name", ("name",), "Human name of the run."),
+        Flag("--preset", ("preset",), f"Model preset (SPEC 7): {', '.join(PRESETS)}."),
+        Flag("--seq-len", ("seq_len",), "Tokens per sequence."),
+        Flag("--steps", ("steps",), "T: inner steps of the whole run."),
+        Flag("--H", ("outer", "sync_every"), "H: inner steps between two syncs of a fragment."),
+        Flag("--fragment-size", ("fragment_size",), "Transformer blocks per fragment."),
+        Flag("--pattern", ("pattern",), "Which blocks form a fragment."),
+        Flag(
+            "--embedding-fragment",
+            ("embedding_fragment",),
+            "Embedding, final norm and head: a fragment of their own, or in fragment 0.",
+        ),
+        Flag("--codec", ("codec",), f"Outer-gradient codec: {', '.join(CODEC_NAMES)}."),
+        Flag("--rounding", ("rounding",), "E3M0 rounding."),
+        Flag("--outer-lr", ("outer", "outer_lr"), "Outer Nesterov learning rate."),
+        Flag("--outer-momentum", ("outer", "outer_momentum"), "mu: outer Nesterov momentum."),
+        Flag(
+            "--alpha",
+            ("outer", "fragment_update_alpha"),
+            "Merge factor alpha: share of local weights kept [default: 0.5 if tau > 0 else 0].",
+        ),
+        Flag("--inner-lr", ("inner", "lr"), "Peak AdamW learning rate."),
+        Flag("--warmup", ("inner", "warmup_steps"), "Learning-rate warm-up, in inner steps."),
+        Flag("--seed", ("seed",), "Seed of the initial weights."),
+        Flag("--dataset", ("dataset",), "Name of the corpus, for people (never a path)."),
+    ),
+)
+NODE_FLAGS = Flags(
+    NodeOptions,
+    (
+        Flag("--tau", ("tau",), "This node's overlap tau in steps [default: the run's tau]."),
+        Flag("--batch-size", ("batch_size",), "Sequences per inner step."),
+        Flag("--device", ("device",), "torch device, e.g. cuda:0."),
+        Flag(
+            "--threads",
+            ("threads",),
+            "torch CPU threads (0: torch's default; use 1 per node when several nodes share "
+            "a machine).",
+        ),
+        Flag(
+            "--data",
+            ("data",),
+            "This node's corpus: text file, folder, or nanoGPT .bin tokens [default: the "
+            "embedded Python sources].",
+            kind="existing",
+        ),
+        Flag("--data-seed", ("data_seed",), "Seed of this node's data stream [default: random]."),
+        Flag(
+            "--checkpoint-dir",
+            ("checkpoint_dir",),
+            "Save checkpoints here (every N steps and on Ctrl-C).",
+            kind="dir",
+        ),
+        Flag("--checkpoint-every", ("checkpoint_every",), "Checkpoint every N steps (0: on exit)."),
+        Flag("--log-every", ("log_every",), "A progress line every N steps."),
+    ),
+)
+ROUND_FLAGS = Flags(
+    RoundOptions,
+    (
+        Flag("--min-group-size", ("min_group_size",), "Fewest members for a round."),
+        Flag(
+            "--matchmaking-window",
+            ("matchmaking_window",),
+            "Seconds to wait for peers at a round's send step.",
+        ),
+        Flag("--round-timeout", ("round_timeout",), "Seconds to wait for parts."),
+    ),
+)
+NETWORK_FLAGS = Flags(
+    NetworkOptions,
+    (
+        Flag(
+            "--listen",
+            ("host_maddrs",),
+            "Multiaddr to listen on (repeatable); /ip4/0.0.0.0/tcp/31337 accepts peers from "
+            "other machines.",
+        ),
+        Flag("--announce", ("announce_maddrs",), "Public multiaddr to announce (repeatable)."),
+        Flag(
+            "--identity",
+            ("identity_path",),
+            "Private key file for a stable peer id (created if missing).",
+            kind="file",
+        ),
+        Flag("--use-relay", ("use_relay",), "Reach and be reached through relays (behind NAT)."),
+        Flag("--nat-port-map", ("nat_port_map",), "Ask the router for a port mapping (UPnP)."),
+    ),
+)
+
+TAU_PATH = ("outer", "fragment_sync_delay")
+
+
+def run_config(
+    toml: str | Path | None, given: Mapping[str, object], tau: int | None = None
+) -> RunConfig:
+    """The run a ``start`` describes: ``--config`` (else the defaults), then the run flags
+    typed on the command line (``given``, by parameter name); a starter's ``--tau`` is also
+    the run's default tau (what joiners take unless they choose their own).
+    """
+    base = read_toml(toml) if toml is not None else {}
+    if tau is not None:
+        set_path(base, TAU_PATH, tau)
+    return RUN_FLAGS.build(given, base)
+
+
+def join_mismatch(
+    swarm: RunConfig, toml: str | Path | None, given: Mapping[str, object]
+) -> list[str]:
+    """What a joiner's ``--config`` and typed run flags contradict in the swarm's run.
+
+    Without ``--config`` the swarm's configuration is the base, so only typed flags can
+    differ. tau is each node's own choice and never compared.
+    """
+    base = read_toml(toml) if toml is not None else swarm.to_dict()
+    set_path(base, TAU_PATH, swarm.outer.fragment_sync_delay)
+    return config_mismatch(RUN_FLAGS.build(given, base), swarm)

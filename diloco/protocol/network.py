@@ -1,0 +1,52 @@
+"""How a node reaches the swarm: the network options of its DHT and p2pd, as one record.
+
+The node builds ``NetworkOptions`` from its flags (SPEC 5 "Local options": listen and
+announce addresses, identity file, relay options) and hands it whole to ``Swarm``, which
+hands it whole to ``make_dht``. Nothing probes the local router unless asked: NAT port
+mapping, AutoNAT and relays are off by default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from diloco.errors import ConfigError
+
+LOOPBACK = "/ip4/127.0.0.1/tcp/0"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NetworkOptions:
+    """This node's way into the swarm (local choices: never part of the run id)."""
+
+    initial_peers: tuple[str, ...] = ()
+    """Multiaddrs of running nodes to bootstrap from; empty for the first node."""
+    host_maddrs: tuple[str, ...] = (LOOPBACK,)
+    """Multiaddrs to listen on; loopback by default (``/ip4/0.0.0.0/tcp/PORT`` for others)."""
+    announce_maddrs: tuple[str, ...] = ()
+    """Public multiaddrs announced instead of the listening ones (port forwarding)."""
+    identity_path: str | None = None
+    """Private key file for a stable peer id (created if missing); None: a new id per start."""
+    use_relay: bool = False
+    """Reach and be reached through libp2p relays (peers behind NAT)."""
+    nat_port_map: bool = False
+    """Ask the router for a port mapping (UPnP)."""
+    auto_nat: bool = False
+    """Ask peers whether this node is reachable (AutoNAT)."""
+    startup_timeout: float = 60.0
+    """Seconds to wait for the DHT process and its p2pd to start."""
+
+    def __post_init__(self) -> None:
+        for name in ("initial_peers", "host_maddrs", "announce_maddrs"):
+            value = getattr(self, name)
+            if not isinstance(value, tuple) or not all(
+                isinstance(a, str) and a.startswith("/") for a in value
+            ):
+                raise ConfigError(
+                    f"{name} must be a tuple of multiaddrs like /ip4/1.2.3.4/tcp/31337, "
+                    f"got {value!r}"
+                )
+        if not self.host_maddrs:
+            raise ConfigError(f"a node needs an address to listen on, e.g. --listen {LOOPBACK}")
+        if not self.startup_timeout > 0:
+            raise ConfigError(f"startup_timeout must be > 0 s, got {self.startup_timeout}")

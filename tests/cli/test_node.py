@@ -1,0 +1,213 @@
+"""``start`` and ``join`` through click's CliRunner, with the node itself replaced.
+
+``_run_node`` (which starts the swarm) is swapped for a recorder, so these tests see
+exactly the configuration each command line produces, and that bad ones stop before it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from diloco.cli import main
+from diloco.cli import node as cli_node
+from diloco.node.config import NodeOptions, RoundOptions, RunConfig
+from diloco.node.flags import NETWORK_FLAGS, NODE_FLAGS, ROUND_FLAGS, RUN_FLAGS
+from diloco.node.outer import OuterConfig
+from diloco.protocol.network import NetworkOptions
+from diloco.protocol.run_id import make_run_id
+
+FLAGS_BEFORE_THE_SPLIT = {
+    "--config", "--name", "--preset", "--seq-len", "--steps", "--H", "--fragment-size",
+    "--pattern", "--embedding-fragment", "--codec", "--rounding", "--outer-lr",
+    "--outer-momentum", "--alpha", "--inner-lr", "--warmup", "--seed", "--data", "--tau",
+    "--batch-size", "--device", "--threads", "--checkpoint-dir", "--checkpoint-every",
+    "--resume", "--export", "--data-seed", "--log-every", "--metrics-out", "--listen",
+    "--announce", "--identity", "--use-relay", "--nat-port-map", "--min-group-size",
+    "--matchmaking-window", "--round-timeout",
+}  # fmt: skip
+
+
+@pytest.fixture
+def started(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """What ``_run_node`` was called with, instead of a node."""
+    calls: list[dict[str, Any]] = []
+
+    def record(
+        run: RunConfig,
+        options: NodeOptions,
+        rounds: RoundOptions,
+        net: NetworkOptions,
+        params: dict[str, Any],
+        join: bool,
+        dht: object = None,
+    ) -> None:
+        calls.append({"run": run, "options": options, "rounds": rounds, "net": net, "dht": dht})
+
+    monkeypatch.setattr(cli_node, "_run_node", record)
+    return calls
+
+
+def invoke(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.output
+
+
+def test_start_without_config_equals_start_with_a_name_only_toml(
+    started: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    toml = tmp_path / "run.toml"
+    for name, flags in (("diloco", []), ("demo", ["--name", "demo"])):
+        toml.write_text(f'name = "{name}"\n')
+        assert invoke("start", *flags) == (0, "")
+        assert invoke("start", "--config", str(toml)) == (0, "")
+    runs = [call["run"] for call in started]
+    assert runs[0] == runs[1] == RunConfig()
+    assert runs[2] == runs[3] == RunConfig(name="demo")
+    ids = [make_run_id(run.name, run.to_dict()) for run in runs]
+    assert ids[0] == ids[1] and ids[2] == ids[3]
+
+
+def test_start_flags_reach_every_part(started: list[dict[str, Any]], tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("hello")
+    code, output = invoke(
+        "start", "--H", "10", "--outer-lr", "0.5", "--tau", "2", "--batch-size", "4",
+        "--data", str(corpus), "--min-group-size", "1", "--listen", "/ip4/127.0.0.2/tcp/0",
+        "--listen", "/ip4/127.0.0.3/tcp/0", "--nat-port-map",
+    )  # fmt: skip
+    assert code == 0, output
+    (call,) = started
+    assert call["run"].outer == OuterConfig(sync_every=10, outer_lr=0.5, fragment_sync_delay=2)
+    assert (call["options"].batch_size, call["options"].tau) == (4, 2)
+    assert call["options"].data == str(corpus)
+    assert call["rounds"].min_group_size == 1
+    assert call["net"].host_maddrs == ("/ip4/127.0.0.2/tcp/0", "/ip4/127.0.0.3/tcp/0")
+    assert call["net"].nat_port_map and not call["net"].auto_nat and not call["net"].use_relay
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--steps", "-5"], "steps must be >= 1"),
+        (["--steps", "abc"], "'abc' is not a valid integer"),
+        (["--seq-len", "0"], "seq_len must be >= 2"),
+        (["--log-every", "0"], "log_every must be >= 1"),
+        (["--threads", "-1"], "threads must be >= 0"),
+        (["--data", "/missing/corpus"], "'/missing/corpus' does not exist"),
+        (["--codec", "zip"], "unknown codec 'zip'"),
+        (["--listen", "localhost"], "multiaddrs like"),
+        (["--round-timeout", "0"], "round_timeout must be > 0"),
+    ],
+)
+@pytest.mark.parametrize("command", ["start", "join"])
+def test_bad_values_exit_2_before_anything_starts(
+    started: list[dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+    args: list[str],
+    message: str,
+) -> None:
+    import diloco.node.swarm_node
+
+    def no_swarm(*args: object) -> None:
+        raise AssertionError("the swarm was asked")
+
+    monkeypatch.setattr(diloco.node.swarm_node, "discover_run", no_swarm)
+    peers = ["--initial-peers", "/ip4/127.0.0.1/tcp/1"] if command == "join" else []
+    code, output = invoke(command, *peers, *args)
+    assert code == 2, output
+    assert message in output
+    assert started == []
+
+
+def test_start_tau_must_be_below_h(started: list[dict[str, Any]]) -> None:
+    code, output = invoke("start", "--H", "4", "--tau", "4")
+    assert code == 2 and "tau must satisfy 0 <= tau < H=4" in output
+    assert started == []
+
+
+def test_a_toml_of_the_wrong_type_exits_2(started: list[dict[str, Any]], tmp_path: Path) -> None:
+    toml = tmp_path / "run.toml"
+    toml.write_text('steps = "abc"\n')
+    code, output = invoke("start", "--config", str(toml))
+    assert code == 2 and "steps: expected an integer, got 'abc'" in output
+    assert started == []
+
+
+def test_every_option_default_is_the_dataclass_default() -> None:
+    tables = (RUN_FLAGS, NODE_FLAGS, ROUND_FLAGS, NETWORK_FLAGS)
+    for command in (main.commands["start"], main.commands["join"]):
+        params = {p.name: p for p in command.params if isinstance(p, click.Option)}
+        assert FLAGS_BEFORE_THE_SPLIT <= {o for p in params.values() for o in p.opts}
+        for table in tables:
+            for flag in table.flags:
+                assert params[flag.dest].default == table.default(flag), flag.name
+    start = {p.name: p.default for p in main.commands["start"].params}
+    # The values `start` has always had (they were also the demo's and `local`'s).
+    assert (start["outer_lr"], start["outer_momentum"], start["inner_lr"]) == (0.7, 0.9, 1e-3)
+    assert (start["warmup"], start["seq_len"], start["steps"], start["h"]) == (30, 128, 600, 30)
+    assert (start["fragment_size"], start["batch_size"], start["log_every"]) == (1, 8, 25)
+    assert start["listen"] == ("/ip4/127.0.0.1/tcp/0",) and start["nat_port_map"] is False
+
+
+class FakeDHT:
+    def __init__(self) -> None:
+        self.stopped = False
+
+    def shutdown(self) -> None:
+        self.stopped = True
+
+
+@pytest.fixture
+def swarm_run(monkeypatch: pytest.MonkeyPatch) -> tuple[RunConfig, FakeDHT]:
+    """A swarm whose run trains 300 steps with H 10, found without a network."""
+    import diloco.node.swarm_node
+
+    run, dht = RunConfig(name="t", steps=300, outer=OuterConfig(sync_every=10)), FakeDHT()
+
+    def discover(net: NetworkOptions, run_name: str | None) -> tuple[RunConfig, FakeDHT]:
+        assert net.initial_peers == ("/ip4/127.0.0.1/tcp/1/p2p/a", "/ip4/127.0.0.2/tcp/1/p2p/b")
+        return run, dht
+
+    monkeypatch.setattr(diloco.node.swarm_node, "discover_run", discover)
+    return run, dht
+
+
+PEERS = ["--initial-peers", "/ip4/127.0.0.1/tcp/1/p2p/a /ip4/127.0.0.2/tcp/1/p2p/b"]
+
+
+def test_join_trains_the_swarms_run_with_its_own_local_choices(
+    started: list[dict[str, Any]], swarm_run: tuple[RunConfig, FakeDHT], tmp_path: Path
+) -> None:
+    corpus = tmp_path / "mine.txt"
+    corpus.write_text("my own data")
+    assert invoke("join", *PEERS, "--batch-size", "3")[0] == 0
+    assert invoke("join", *PEERS, "--data", str(corpus), "--steps", "300")[0] == 0
+    first, second = started
+    assert first["run"] == second["run"] == swarm_run[0]
+    assert first["dht"] is second["dht"] is swarm_run[1]
+    assert (first["options"].data, first["options"].batch_size) == (None, 3)
+    assert second["options"].data == str(corpus)
+
+
+def test_join_refuses_flags_that_contradict_the_swarm(
+    started: list[dict[str, Any]], swarm_run: tuple[RunConfig, FakeDHT]
+) -> None:
+    code, output = invoke("join", *PEERS, "--H", "7", "--steps", "999")
+    assert code == 1
+    assert "differs from the swarm" in output
+    assert "sync_every: yours 7, swarm's 10" in output and "steps: yours 999, swarm's 300" in output
+    assert started == [] and swarm_run[1].stopped
+
+
+def test_join_tau_must_be_below_the_swarms_h(
+    started: list[dict[str, Any]], swarm_run: tuple[RunConfig, FakeDHT]
+) -> None:
+    code, output = invoke("join", *PEERS, "--tau", "10")
+    assert code == 2 and "tau must satisfy 0 <= tau < H=10" in output
+    assert started == [] and swarm_run[1].stopped
