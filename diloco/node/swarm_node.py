@@ -64,6 +64,8 @@ def discover_run(net: NetworkOptions, run_name: str | None = None) -> tuple[RunC
         try:
             dht = make_dht(net)
             break
+        except ConfigError:  # e.g. an identity file that is not an Ed25519 key
+            raise
         except Exception as error:  # p2pd says why in its message; the user needs that line
             if attempt + 1 == DISCOVERY_ATTEMPTS:
                 where = " ".join(net.initial_peers)

@@ -7,7 +7,7 @@ import asyncio
 from hivemind import DHT
 
 from diloco.protocol.discovery import find_run_configs
-from diloco.protocol.records import NodeRecord, read_records
+from diloco.protocol.records import NodeRecord, read_records, record_validator
 
 
 def read_status(initial_peers: list[str], timeout: float = 30.0) -> dict[str, list[NodeRecord]]:
@@ -17,6 +17,7 @@ def read_status(initial_peers: list[str], timeout: float = 30.0) -> dict[str, li
         initial_peers=initial_peers,
         start=True,
         client_mode=True,
+        record_validators=[record_validator()],  # a peer's forged entries void its answer
         host_maddrs=["/ip4/127.0.0.1/tcp/0"],
         nat_port_map=False,
         auto_nat=False,

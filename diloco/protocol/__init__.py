@@ -7,7 +7,10 @@ needs only hivemind's ``PeerID``.
 Modules, one concern each (hivemind ``averaging/`` style)::
 
     run_id          run identity: name + hash of the configuration, 16-byte wire digest
-    records         per-node DHT records (validated), donor ranking, divergence check
+    identity        the node's Ed25519 key (libp2p file), peer id <-> public key, signatures
+    signed_records  signed envelopes under the author's peer id, their DHT validator
+    records         per-node DHT records and round declarations, donor ranking, divergence
+    discovery       run configurations in the DHT (size- and depth-bounded JSON)
     wire            framing of every stream message, size limits, reject codes
     group           GroupInfo (frozen, passed from matchmaking to the all-reduce), timeouts
     matchmaking     DHT declaration per round key run_id/frag{p}/round{k}, leader, GROUP

@@ -40,9 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import secrets
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from hivemind import DHT
@@ -53,6 +51,7 @@ from hivemind.utils import get_dht_time
 from diloco.errors import ProtocolError, RoundFailed
 from diloco.protocol import wire
 from diloco.protocol.group import GroupInfo, RoundTimeouts
+from diloco.protocol.records import declare_round, read_declarations
 from diloco.protocol.reducer import RoundKey
 from diloco.protocol.wire import Group, Join, Kind, Reject, RejectCode, RoundTag
 
@@ -145,13 +144,7 @@ class Matchmaker:
             start = loop.time()
             expiration = get_dht_time() + t.matchmaking + t.allreduce
             await asyncio.wait_for(
-                self.dht.store(
-                    round_key(self.run_id, key),
-                    weight,
-                    expiration,
-                    subkey=self.p2p.peer_id.to_base58(),
-                    return_future=True,
-                ),
+                declare_round(self.dht, round_key(self.run_id, key), weight, expiration),
                 t.join_timeout,
             )
             declared = loop.time()
@@ -208,21 +201,8 @@ class Matchmaker:
                 await asyncio.wait_for(lobby.knock.wait(), min(poll, remaining))
 
     async def _read_view(self, key: RoundKey) -> dict[PeerID, float]:
-        """Peers declared under the round key; malformed entries are logged and skipped."""
-        found = await self.dht.get(round_key(self.run_id, key), latest=True, return_future=True)
-        view: dict[PeerID, float] = {}
-        if found is None or not isinstance(found.value, Mapping):
-            return view
-        for subkey, item in found.value.items():
-            value = getattr(item, "value", None)
-            try:
-                peer = PeerID.from_base58(str(subkey))
-            except Exception:
-                logger.warning("round %s: ignoring malformed declaration %r", key, subkey)
-                continue
-            if isinstance(value, float | int) and math.isfinite(value) and value > 0:
-                view[peer] = float(value)
-        return view
+        """Peers declared under the round key; invalid declarations are logged and skipped."""
+        return await read_declarations(self.dht, round_key(self.run_id, key))
 
     async def _lead(
         self, key: RoundKey, lobby: _Lobby, view: set[PeerID], wait: float

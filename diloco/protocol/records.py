@@ -1,15 +1,19 @@
 """Per-node DHT records (SPEC 4): who is in the run, how far it is, what state it holds.
 
-Layout in the DHT (all keys namespaced by the run id, all values with expiration)::
+Layout in the DHT (all keys namespaced by the run id, all values with expiration; every
+value is a signed envelope of ``signed_records``, subkey = the author's peer id)::
 
-    key "{run_id}/nodes"        subkey = peer id (base58)   value = NodeRecord.to_wire()
-    key "diloco-runs/{name}"    subkey = run id             value = True
+    key "{run_id}/nodes"                subkey = author   payload = NodeRecord.to_wire()
+    key "diloco-runs/{name}"            subkey = author   payload = run id
+    key "{run_id}/frag{p}/round{k}"     subkey = author   payload = weight (float > 0)
 
 The second key lets a node whose configuration differs (same name, other hash) say so
-clearly instead of silently waiting alone. Records come from untrusted peers: ``from_wire``
-validates them strictly and rejects rather than coerces (hivemind's ``SchemaValidator``
-spirit); ``read_records`` skips and logs invalid ones. Nothing here is signed: a peer can
-write another peer's subkey, so records are hints (donor lists, status), never proof.
+clearly instead of silently waiting alone; the third is the matchmaking declaration of
+round ``(p, k)``. Records are owned: only the author's key can write its subkey, so a
+record says what its author claims, nothing more (healing must still check claims).
+Payloads come from untrusted peers: ``from_wire`` validates them strictly and rejects
+rather than coerces (hivemind's ``SchemaValidator`` spirit); readers skip and log invalid
+ones. ``record_validator`` gives every DHT node these schemas (and discovery's).
 """
 
 from __future__ import annotations
@@ -22,10 +26,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from hivemind import DHT
+from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
 
-from diloco.errors import ProtocolError
-from diloco.protocol.run_id import check_run_id, run_name
+from diloco.errors import ConfigError, ProtocolError
+from diloco.protocol import discovery
+from diloco.protocol.run_id import RUN_ID_PATTERN, check_run_id, run_name
+from diloco.protocol.signed_records import (
+    MAX_RECORD_TTL,
+    SignedRecordValidator,
+    pack_payload,
+    read_signed,
+    signer,
+    store_signed,
+    unpack_payload,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +51,15 @@ MAX_FRAGMENTS = 4096
 MAX_VERSION_CHARS = 64
 HASH_PATTERN = re.compile(r"^[0-9a-f]{64}$")
 PEER_ID_PATTERN = re.compile(r"^[1-9A-HJ-NP-Za-km-z]{30,64}$")  # base58 multihash
+MAX_NODE_RECORD_BYTES = 64 * 1024
+MAX_DECLARATION_BYTES = 16
+MAX_RUN_MARKER_BYTES = 128
+
+_RUN_ID = RUN_ID_PATTERN.pattern.strip("^$")
+NODES_KEY_PATTERN = re.compile(rf"{_RUN_ID}/nodes")
+RUNS_KEY_PATTERN = re.compile(r"diloco-runs/[A-Za-z0-9_-]{1,64}")
+ROUND_KEY_PATTERN = re.compile(rf"{_RUN_ID}/frag[0-9]{{1,9}}/round[0-9]{{1,12}}")
+"""Forms of the keys above (``matchmaking.round_key`` builds the last), matched in full."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +162,15 @@ class NodeRecord:
         record.check()
         return record
 
+    @classmethod
+    def from_payload(cls, peer_id: str, payload: bytes) -> NodeRecord:
+        """Parse a signed record's payload (msgpack of ``to_wire``).
+
+        Raises:
+            ProtocolError: oversize, undecodable, or failing ``from_wire``.
+        """
+        return cls.from_wire(peer_id, unpack_payload(payload, MAX_NODE_RECORD_BYTES))
+
     def fragment(self, index: int) -> FragmentVersion | None:
         """This node's entry for fragment ``index``, if it published one."""
         return next((f for f in self.fragments if f.fragment == index), None)
@@ -154,29 +187,28 @@ def runs_key(run_id: str) -> str:
 
 
 async def publish_record(dht: DHT, run_id: str, record: NodeRecord, ttl: float) -> bool:
-    """Store ``record`` for ``ttl`` seconds and refresh the run-name marker.
+    """Store ``record`` (signed by this node) for ``ttl`` seconds and refresh the run-name
+    marker. Returns whether the record was stored; the marker's result is ignored.
 
-    Returns whether the record was stored. The marker's result is ignored: every node of
-    the run writes the same subkey, and the DHT refuses a write that does not extend the
-    expiration another node already set.
+    Raises:
+        ValueError: ``record`` is another peer's (its peer id is not the DHT's identity).
     """
+    if record.peer_id != (author := signer(dht).peer_id):
+        raise ValueError(f"cannot publish the record of {record.peer_id} as {author}")
     expiration = get_dht_time() + ttl
-    stored = await dht.store(
-        nodes_key(run_id), record.to_wire(), expiration, subkey=record.peer_id, return_future=True
-    )
-    await dht.store(runs_key(run_id), True, expiration, subkey=run_id, return_future=True)
-    return bool(stored)
+    payload = pack_payload(record.to_wire())
+    stored = await store_signed(dht, nodes_key(run_id), payload, expiration)
+    await store_signed(dht, runs_key(run_id), pack_payload(run_id), expiration)
+    return stored
 
 
 async def read_records(dht: DHT, run_id: str) -> list[NodeRecord]:
-    """Every valid, unexpired record of the run, sorted by peer id; invalid ones are logged."""
-    found = await dht.get(nodes_key(run_id), latest=True, return_future=True)
-    if found is None or not isinstance(found.value, Mapping):
-        return []
+    """Every valid, unexpired, correctly signed record of the run, sorted by peer id;
+    invalid ones are logged with the peer id they claim."""
     records = []
-    for peer_id, item in found.value.items():
+    for peer_id, signed in (await read_signed(dht, nodes_key(run_id))).items():
         try:
-            records.append(NodeRecord.from_wire(str(peer_id), getattr(item, "value", None)))
+            records.append(NodeRecord.from_payload(peer_id, signed.payload))
         except ProtocolError as exc:
             logger.warning("ignoring invalid record from %s: %s", peer_id, exc)
     return sorted(records, key=lambda r: r.peer_id)
@@ -188,10 +220,85 @@ async def other_run_ids(dht: DHT, run_id: str) -> list[str]:
     A node that finds no peers of its own run but some here should tell the user that its
     configuration differs from theirs.
     """
-    found = await dht.get(runs_key(run_id), latest=True, return_future=True)
-    if found is None or not isinstance(found.value, Mapping):
-        return []
-    return sorted(str(other) for other in found.value if other != run_id)
+    key = runs_key(run_id)
+    others = set()
+    for peer_id, signed in (await read_signed(dht, key)).items():
+        try:
+            other = parse_run_marker(key, signed.payload)
+        except (ProtocolError, ConfigError) as exc:
+            logger.warning("ignoring run marker from %s: %s", peer_id, exc)
+            continue
+        if other != run_id:
+            others.add(other)
+    return sorted(others)
+
+
+def parse_run_marker(key: str, payload: bytes) -> str:
+    """The run id in a run-name marker stored under ``key``.
+
+    Raises:
+        ProtocolError: not a run id string, or a run of another name than the key's.
+    """
+    run_id = unpack_payload(payload, MAX_RUN_MARKER_BYTES)
+    if not isinstance(run_id, str) or not RUN_ID_PATTERN.match(run_id) or runs_key(run_id) != key:
+        raise ProtocolError(f"run marker {run_id!r:.80} does not belong under {key}")
+    return run_id
+
+
+async def declare_round(dht: DHT, key: str, weight: float, expiration: float) -> bool:
+    """Declare this node for the round of DHT key ``key`` (``matchmaking.round_key``) with
+    its ``weight`` until ``expiration``, cut to ``MAX_RECORD_TTL`` (a declaration is read
+    only while the round matches)."""
+    expiration = min(expiration, get_dht_time() + MAX_RECORD_TTL)
+    return await store_signed(dht, key, pack_payload(float(weight)), expiration)
+
+
+async def read_declarations(dht: DHT, key: str) -> dict[PeerID, float]:
+    """Peers declared under the round key ``key`` with their weights; invalid declarations
+    are logged with the peer id they claim and skipped."""
+    view: dict[PeerID, float] = {}
+    for peer_id, signed in (await read_signed(dht, key)).items():
+        try:
+            view[PeerID.from_base58(peer_id)] = parse_declaration(signed.payload)
+        except ProtocolError as exc:
+            logger.warning("ignoring declaration of %s under %s: %s", peer_id, key, exc)
+    return view
+
+
+def parse_declaration(payload: bytes) -> float:
+    """The weight in a round declaration.
+
+    Raises:
+        ProtocolError: anything but a finite float > 0.
+    """
+    weight = unpack_payload(payload, MAX_DECLARATION_BYTES)
+    if not isinstance(weight, float) or not math.isfinite(weight) or weight <= 0:
+        raise ProtocolError(f"declared weight {weight!r:.80} is not a finite float > 0")
+    return weight
+
+
+def record_validator() -> SignedRecordValidator:
+    """The DHT validator of every record kind the protocol writes (``make_dht`` installs it)."""
+    return SignedRecordValidator(
+        [
+            (NODES_KEY_PATTERN, _check_node_record),
+            (RUNS_KEY_PATTERN, _check_run_marker),
+            (ROUND_KEY_PATTERN, _check_declaration),
+            (discovery.RUN_CONFIGS_KEY_PATTERN, discovery.check_config_payload),
+        ]
+    )
+
+
+def _check_node_record(key: str, author: str, payload: bytes) -> None:
+    NodeRecord.from_payload(author, payload)
+
+
+def _check_run_marker(key: str, author: str, payload: bytes) -> None:
+    parse_run_marker(key, payload)
+
+
+def _check_declaration(key: str, author: str, payload: bytes) -> None:
+    parse_declaration(payload)
 
 
 def newest_donors(records: Sequence[NodeRecord], fragments: Sequence[int]) -> list[NodeRecord]:

@@ -58,9 +58,11 @@ from diloco.protocol.records import (
     other_run_ids,
     publish_record,
     read_records,
+    record_validator,
 )
 from diloco.protocol.reducer import Contribution, Reducer, RoundKey, RoundResult, weighted_mean
 from diloco.protocol.run_id import check_run_id, run_digest
+from diloco.protocol.signed_records import SigningDHT
 from diloco.protocol.state_transfer import StateProvider, StateServer, fetch_state
 
 logger = logging.getLogger(__name__)
@@ -73,11 +75,13 @@ def make_dht(net: NetworkOptions) -> DHT:
     NAT port mapping, AutoNAT and relays stay off unless asked for: the defaults would probe
     the local router. hivemind's check that a reused identity is free is off too: it starts
     a second daemon with NAT port mapping and AutoNAT on (it does not forward these options)
-    and reads only RSA keys.
+    and reads only RSA keys. Every node signs its records with its Ed25519 identity (a fresh
+    one without ``identity_path``) and its DHT stores and returns only signed, owned records.
     """
-    return DHT(
+    return SigningDHT(
         initial_peers=list(net.initial_peers),
         start=True,
+        record_validators=[record_validator()],
         host_maddrs=list(net.host_maddrs),
         announce_maddrs=list(net.announce_maddrs) or None,
         identity_path=net.identity_path,

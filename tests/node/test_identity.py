@@ -6,6 +6,7 @@ from pathlib import Path
 
 from hivemind.p2p import PeerID
 
+from diloco.protocol.identity import load_identity
 from diloco.protocol.network import NetworkOptions
 from diloco.protocol.run_id import make_run_id
 from diloco.protocol.swarm import Swarm, make_dht
@@ -21,10 +22,10 @@ def test_joiner_dht_takes_its_peer_id_from_the_identity_file(tmp_path: Path) -> 
             ids.append(dht.peer_id)
         finally:
             dht.shutdown()
-    assert ids[0] == ids[1] == PeerID.from_identity(path.read_bytes())
+    assert ids[0] == ids[1] == PeerID.from_base58(load_identity(path).peer_id)
 
 
 def test_swarm_takes_its_peer_id_from_the_identity_file(tmp_path: Path) -> None:
     path = tmp_path / "node.key"
     with Swarm(make_run_id("identity", {}), NetworkOptions(identity_path=str(path))) as swarm:
-        assert swarm.peer_id == PeerID.from_identity(path.read_bytes())
+        assert swarm.peer_id == PeerID.from_base58(load_identity(path).peer_id)

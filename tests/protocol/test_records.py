@@ -5,14 +5,23 @@ from __future__ import annotations
 import pytest
 
 from diloco.errors import ProtocolError
+from diloco.protocol.matchmaking import round_key
 from diloco.protocol.records import (
+    MAX_NODE_RECORD_BYTES,
+    NODES_KEY_PATTERN,
+    ROUND_KEY_PATTERN,
+    RUNS_KEY_PATTERN,
     FragmentVersion,
     NodeRecord,
     divergent_peers,
     newest_donors,
     nodes_key,
+    parse_declaration,
+    parse_run_marker,
     runs_key,
 )
+from diloco.protocol.reducer import RoundKey
+from diloco.protocol.signed_records import pack_payload
 
 PEER = "12D3KooWLrRGEqt4uZwLBrUdd4763UK5hmFfmv15Eu8CATkuN8CM"
 H = "ab" * 32
@@ -84,3 +93,40 @@ def test_divergent_peers_finds_ahead_and_conflicting() -> None:
         "0.1.0",
     )
     assert divergent_peers([same, ahead, other], 0, 3, H) == ([ahead], [other])
+
+
+def test_record_payload_round_trip_and_bounds() -> None:
+    record = _record()
+    assert NodeRecord.from_payload(PEER, pack_payload(record.to_wire())) == record
+    with pytest.raises(ProtocolError, match="larger than"):
+        NodeRecord.from_payload(PEER, bytes(MAX_NODE_RECORD_BYTES + 1))
+    with pytest.raises(ProtocolError, match="invalid msgpack"):
+        NodeRecord.from_payload(PEER, b"\x91" * 2000 + b"\xc0")  # deeper than msgpack allows
+
+
+def test_key_forms_match_the_keys_built() -> None:
+    run = "demo-0123456789abcdef"
+    assert NODES_KEY_PATTERN.fullmatch(nodes_key(run))
+    assert RUNS_KEY_PATTERN.fullmatch(runs_key(run))
+    assert ROUND_KEY_PATTERN.fullmatch(round_key(run, RoundKey(12, 345)))
+    for other in ("demo/nodes", "demo-0123456789abcdef/nodes/x", "demo-0123456789abcdef/frag1"):
+        assert not any(p.fullmatch(other) for p in (NODES_KEY_PATTERN, ROUND_KEY_PATTERN))
+    assert not RUNS_KEY_PATTERN.fullmatch("diloco-runs/a/b")
+
+
+@pytest.mark.parametrize("weight", [0.0, -1.0, float("inf"), float("nan"), 3, True, "1.0", None])
+def test_declaration_weight_must_be_finite_positive_float(weight: object) -> None:
+    with pytest.raises(ProtocolError, match="declared weight"):
+        parse_declaration(pack_payload(weight))
+
+
+def test_declaration_weight_accepted() -> None:
+    assert parse_declaration(pack_payload(0.25)) == 0.25
+
+
+def test_run_marker_names_a_run_of_its_key() -> None:
+    run = "demo-0123456789abcdef"
+    assert parse_run_marker(runs_key(run), pack_payload(run)) == run
+    for bad in ("other-0123456789abcdef", "demo", 7, ["demo-0123456789abcdef"]):
+        with pytest.raises(ProtocolError, match="run marker"):
+            parse_run_marker(runs_key(run), pack_payload(bad))

@@ -1,0 +1,464 @@
+"""Signed, owned DHT records: the validator every DHT node runs, the readers' re-check, and
+a hostile peer on a real 3-node DHT that forges, leaves unsigned and pins records."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import glob
+import logging
+import os
+import pickle
+import tempfile
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+from hivemind import DHT
+from hivemind.dht.routing import DHTID
+from hivemind.dht.validation import DHTRecord
+from hivemind.utils import MSGPackSerializer, ValueWithExpiration, get_dht_time
+from test_identity_keys import SEED_KEY_FILE, SEED_PEER_ID
+
+from diloco.protocol.discovery import (
+    RUN_CONFIGS_KEY,
+    encode_config,
+    find_run_configs,
+    publish_run_config,
+)
+from diloco.protocol.identity import Identity
+from diloco.protocol.matchmaking import round_key
+from diloco.protocol.network import NetworkOptions
+from diloco.protocol.records import (
+    FragmentVersion,
+    NodeRecord,
+    nodes_key,
+    other_run_ids,
+    publish_record,
+    read_declarations,
+    read_records,
+    record_validator,
+    runs_key,
+)
+from diloco.protocol.reducer import RoundKey
+from diloco.protocol.run_id import make_run_id
+from diloco.protocol.signed_records import (
+    MAX_PAYLOAD_BYTES,
+    SignedRecordValidator,
+    pack_payload,
+    seal,
+    signer,
+)
+from diloco.protocol.swarm import make_dht
+
+CONFIG = {"model": "tiny", "steps": 10}
+RUN = make_run_id("owned", CONFIG)
+ALICE, BOB, MALLORY = Identity.generate(), Identity.generate(), Identity.generate()
+H = "ab" * 32
+
+
+def _node(identity: Identity, step: int = 10) -> NodeRecord:
+    frags = (FragmentVersion(0, 1, H), FragmentVersion(1, 2, H))
+    return NodeRecord(identity.peer_id, ("/ip4/127.0.0.1/tcp/1",), step, frags, 12.5, "0.1.0")
+
+
+def _record(key: str, subkey: object, value: object, expiration: float) -> DHTRecord:
+    """The record hivemind hands a validator for ``dht.store(key, value, subkey=subkey)``."""
+    return DHTRecord(
+        DHTID.generate(source=key).to_bytes(),
+        MSGPackSerializer.dumps(subkey),
+        MSGPackSerializer.dumps(value),
+        expiration,
+    )
+
+
+def _sealed(
+    key: str, payload: bytes, by: Identity = ALICE, ttl: float = 30.0
+) -> tuple[DHTRecord, float]:
+    expiration = get_dht_time() + ttl
+    return _record(key, by.peer_id, seal(by, key, payload, expiration), expiration), expiration
+
+
+def test_validator_accepts_envelope_built_by_the_documented_layout() -> None:
+    key, payload = nodes_key(RUN), pack_payload(_node(ALICE).to_wire())
+    expiration = get_dht_time() + 30.0
+    message = msgpack.packb(["diloco-record/1", key, ALICE.peer_id, payload, expiration])
+    envelope = [key, payload, ALICE.private_key.sign(message)]
+    assert record_validator().validate(_record(key, ALICE.peer_id, envelope, expiration))
+
+
+@pytest.mark.parametrize(
+    ("key", "payload"),
+    [
+        (nodes_key(RUN), pack_payload(_node(ALICE).to_wire())),
+        (runs_key(RUN), pack_payload(RUN)),
+        (round_key(RUN, RoundKey(3, 7)), pack_payload(2.5)),
+        (RUN_CONFIGS_KEY, pack_payload([RUN, encode_config(CONFIG)])),
+    ],
+    ids=["node", "run marker", "declaration", "run config"],
+)
+def test_validator_accepts_every_kind_signed_by_its_author(key: str, payload: bytes) -> None:
+    record, _ = _sealed(key, payload)
+    assert record_validator().validate(record)
+
+
+def _case_unsigned() -> DHTRecord:
+    return _record(nodes_key(RUN), ALICE.peer_id, _node(ALICE).to_wire(), get_dht_time() + 30)
+
+
+def _case_signed_by_other_key() -> DHTRecord:
+    key, payload, expiration = nodes_key(RUN), pack_payload(_node(ALICE).to_wire()), time.time()
+    message = msgpack.packb(["diloco-record/1", key, ALICE.peer_id, payload, expiration + 30])
+    envelope = [key, payload, MALLORY.private_key.sign(message)]
+    return _record(key, ALICE.peer_id, envelope, expiration + 30)
+
+
+def _case_subkey_of_another_peer() -> DHTRecord:
+    key, payload = nodes_key(RUN), pack_payload(_node(ALICE, step=10**9).to_wire())
+    expiration = get_dht_time() + 30
+    return _record(key, ALICE.peer_id, seal(MALLORY, key, payload, expiration), expiration)
+
+
+def _case_tampered_payload() -> DHTRecord:
+    record, expiration = _sealed(nodes_key(RUN), pack_payload(_node(ALICE).to_wire()))
+    key, _, signature = msgpack.unpackb(record.value)
+    forged = [key, pack_payload(_node(ALICE, step=10**9).to_wire()), signature]
+    return _record(nodes_key(RUN), ALICE.peer_id, forged, expiration)
+
+
+def _case_extended_expiration() -> DHTRecord:
+    record, expiration = _sealed(nodes_key(RUN), pack_payload(_node(ALICE).to_wire()))
+    return DHTRecord(record.key, record.subkey, record.value, expiration + 60)
+
+
+def _case_replayed_under_another_key() -> DHTRecord:
+    other = make_run_id("owned", {"other": 1})
+    record, _ = _sealed(nodes_key(other), pack_payload(_node(ALICE).to_wire()))
+    return dataclasses.replace(record, key=DHTID.generate(source=nodes_key(RUN)).to_bytes())
+
+
+def _case_envelope_names_another_key() -> DHTRecord:
+    key, payload = nodes_key(RUN), pack_payload(_node(ALICE).to_wire())
+    expiration = get_dht_time() + 30
+    envelope = seal(ALICE, key, payload, expiration)
+    return _record(round_key(RUN, RoundKey(0, 1)), ALICE.peer_id, envelope, expiration)
+
+
+def _case(key: str, payload: bytes, **kwargs: Any) -> Callable[[], DHTRecord]:
+    return lambda: _sealed(key, payload, **kwargs)[0]
+
+
+NODE = pack_payload(_node(ALICE).to_wire())
+DEEP_MSGPACK = b"\x91" * 5000 + b"\xc0"  # 5,000 nested arrays
+BOMB = "[" * 40_000  # json.loads recurses into it and raises RecursionError
+
+REJECTED: dict[str, Callable[[], DHTRecord]] = {
+    "unsigned": _case_unsigned,
+    "signed by another key": _case_signed_by_other_key,
+    "subkey of another peer": _case_subkey_of_another_peer,
+    "tampered payload": _case_tampered_payload,
+    "extended expiration": _case_extended_expiration,
+    "replayed under another key": _case_replayed_under_another_key,
+    "envelope names another key": _case_envelope_names_another_key,
+    "node record under a round key": _case(round_key(RUN, RoundKey(0, 1)), NODE),
+    "declaration under the nodes key": _case(nodes_key(RUN), pack_payload(1.0)),
+    "key of no known form": _case("somebody-elses-key", NODE),
+    "expiration beyond the bound": _case(nodes_key(RUN), NODE, ttl=10**6),
+    "oversize payload": _case(RUN_CONFIGS_KEY, bytes(MAX_PAYLOAD_BYTES + 1)),
+    "too deep msgpack": _case(nodes_key(RUN), DEEP_MSGPACK),
+    "deep but decodable msgpack": _case(nodes_key(RUN), b"\x91" * 100 + b"\xc0"),
+    "JSON depth bomb config": _case(RUN_CONFIGS_KEY, pack_payload([RUN, BOMB])),
+    "config not hashing to its run": _case(
+        RUN_CONFIGS_KEY, pack_payload([RUN, encode_config({"x": 1})])
+    ),
+    "run marker of another name": _case(runs_key(RUN), pack_payload("other-0123456789abcdef")),
+    "node record with a string step": _case(
+        nodes_key(RUN), pack_payload({**_node(ALICE).to_wire(), "step": "abc"})
+    ),
+    "declared weight NaN": _case(round_key(RUN, RoundKey(0, 1)), pack_payload(float("nan"))),
+    "declared weight int": _case(round_key(RUN, RoundKey(0, 1)), pack_payload(2)),
+    "payload not bytes": lambda: _record(
+        nodes_key(RUN), ALICE.peer_id, [nodes_key(RUN), "text", bytes(64)], get_dht_time() + 30
+    ),
+    "short signature": lambda: _record(
+        nodes_key(RUN), ALICE.peer_id, [nodes_key(RUN), NODE, bytes(63)], get_dht_time() + 30
+    ),
+    "envelope of four fields": lambda: _record(
+        nodes_key(RUN), ALICE.peer_id, [nodes_key(RUN), NODE, bytes(64), 1], get_dht_time() + 30
+    ),
+    "envelope as a tuple": lambda: _record(
+        nodes_key(RUN), ALICE.peer_id, (nodes_key(RUN), NODE, bytes(64)), get_dht_time() + 30
+    ),
+    "no subkey": lambda: _record(
+        nodes_key(RUN), None, seal(ALICE, nodes_key(RUN), NODE, 1e9), get_dht_time() + 30
+    ),
+    "RSA peer id subkey": lambda: _record(
+        nodes_key(RUN),
+        "QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N",
+        seal(ALICE, nodes_key(RUN), NODE, get_dht_time() + 30),
+        get_dht_time() + 30,
+    ),
+    "NaN expiration": lambda: _record(
+        nodes_key(RUN), ALICE.peer_id, seal(ALICE, nodes_key(RUN), NODE, 0.0), float("nan")
+    ),
+    "garbage value bytes": lambda: DHTRecord(
+        DHTID.generate(source=nodes_key(RUN)).to_bytes(),
+        MSGPackSerializer.dumps(ALICE.peer_id),
+        b"\xc1\xff",
+        get_dht_time() + 30,
+    ),
+}
+
+
+REASONS = {
+    "unsigned": "not a signed envelope",
+    "signed by another key": "bad signature",
+    "subkey of another peer": "bad signature",
+    "tampered payload": "bad signature",
+    "extended expiration": "bad signature",
+    "replayed under another key": "not the record's",
+    "envelope names another key": "not the record's",
+    "node record under a round key": "larger than 16 bytes",
+    "declaration under the nodes key": "record of type float",
+    "key of no known form": "no record kind",
+    "expiration beyond the bound": "too far ahead",
+    "oversize payload": "not bytes of at most",
+    "too deep msgpack": "StackError",
+    "deep but decodable msgpack": "record of type list",
+    "JSON depth bomb config": "nested deeper",
+    "config not hashing to its run": "does not hash",
+    "run marker of another name": "does not belong",
+    "node record with a string step": "global step",
+    "declared weight NaN": "declared weight",
+    "declared weight int": "declared weight",
+    "payload not bytes": "not bytes of at most",
+    "short signature": "not 64 bytes",
+    "envelope of four fields": "not a signed envelope",
+    "envelope as a tuple": "extension type",
+    "no subkey": "is not a peer id",
+    "RSA peer id subkey": "not an Ed25519 peer id",
+    "NaN expiration": "expiration nan",
+    "garbage value bytes": "invalid msgpack",
+}
+"""The refusal each case must meet (the validator logs it), not an incidental one."""
+
+
+@pytest.mark.parametrize("case", list(REJECTED))
+def test_validator_rejects(case: str, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.DEBUG, logger="diloco.protocol.signed_records"):
+        assert record_validator().validate(REJECTED[case]()) is False
+    assert REASONS[case] in caplog.text
+
+
+def test_validator_survives_pickling() -> None:
+    validator = pickle.loads(pickle.dumps(record_validator()))
+    assert isinstance(validator, SignedRecordValidator)
+    assert validator.validate(_sealed(nodes_key(RUN), NODE)[0])
+    assert not validator.validate(_case_subkey_of_another_peer())
+
+
+class _StubDHT:
+    """What a hostile or validator-less DHT may return to ``dht.get``: anything."""
+
+    def __init__(self, entries: dict[str, dict[object, tuple[object, float]]]) -> None:
+        self.entries = entries
+
+    async def get(self, key: str, latest: bool = False, return_future: bool = False) -> Any:
+        items = self.entries.get(key)
+        if not items:
+            return None
+        value = {
+            sub: ValueWithExpiration(MSGPackSerializer.loads(MSGPackSerializer.dumps(v)), e)
+            for sub, (v, e) in items.items()
+        }
+        return ValueWithExpiration(value, max(e for _, e in items.values()))
+
+
+def _entry(identity: Identity, key: str, payload: bytes, ttl: float = 30.0) -> tuple[Any, float]:
+    expiration = get_dht_time() + ttl
+    return seal(identity, key, payload, expiration), expiration
+
+
+def test_read_records_verifies_what_the_dht_returns(caplog: pytest.LogCaptureFixture) -> None:
+    key = nodes_key(RUN)
+    forged = pack_payload(_node(ALICE, step=10**9).to_wire())
+    dht = _StubDHT(
+        {
+            key: {
+                ALICE.peer_id: _entry(MALLORY, key, forged),
+                BOB.peer_id: _entry(BOB, key, pack_payload(_node(BOB).to_wire())),
+                MALLORY.peer_id: (_node(MALLORY).to_wire(), get_dht_time() + 30),
+                "not-a-peer": _entry(MALLORY, key, NODE),
+            }
+        }
+    )
+    with caplog.at_level(logging.WARNING, logger="diloco"):
+        records = asyncio.run(read_records(dht, RUN))  # type: ignore[arg-type]
+    assert records == [_node(BOB)]
+    assert ALICE.peer_id in caplog.text and MALLORY.peer_id in caplog.text
+
+
+def test_readers_skip_far_expiration_and_wrong_kinds() -> None:
+    nodes, marker = nodes_key(RUN), runs_key(RUN)
+    rkey, other = round_key(RUN, RoundKey(1, 2)), make_run_id("owned", {"x": 2})
+    dht = _StubDHT(
+        {
+            nodes: {MALLORY.peer_id: _entry(MALLORY, nodes, NODE, ttl=10**6)},
+            marker: {
+                ALICE.peer_id: _entry(ALICE, marker, pack_payload(RUN)),
+                BOB.peer_id: _entry(BOB, marker, pack_payload(other)),
+                MALLORY.peer_id: _entry(MALLORY, marker, NODE),
+            },
+            rkey: {
+                ALICE.peer_id: _entry(ALICE, rkey, pack_payload(1.5)),
+                MALLORY.peer_id: _entry(MALLORY, rkey, pack_payload(float("inf"))),
+                BOB.peer_id: _entry(BOB, rkey, pack_payload(2.0), ttl=10**6),
+            },
+            RUN_CONFIGS_KEY: {
+                ALICE.peer_id: _entry(
+                    ALICE, RUN_CONFIGS_KEY, pack_payload([RUN, encode_config(CONFIG)])
+                ),
+                MALLORY.peer_id: _entry(MALLORY, RUN_CONFIGS_KEY, pack_payload([RUN, BOMB])),
+            },
+        }
+    )
+    assert asyncio.run(read_records(dht, RUN)) == []  # type: ignore[arg-type]
+    assert asyncio.run(other_run_ids(dht, RUN)) == [other]  # type: ignore[arg-type]
+    declared = asyncio.run(read_declarations(dht, rkey))  # type: ignore[arg-type]
+    assert {peer.to_base58(): w for peer, w in declared.items()} == {ALICE.peer_id: 1.5}
+    assert asyncio.run(find_run_configs(dht)) == {RUN: CONFIG}  # type: ignore[arg-type]
+
+
+def test_only_a_signing_dht_can_store() -> None:
+    with pytest.raises(TypeError, match="SigningDHT"):
+        signer(_StubDHT({}))  # type: ignore[arg-type]
+
+
+# --- real processes: 2 honest DHT nodes and a hostile one on loopback ----------------------
+
+
+async def _local_entries(key: str, _dht: Any, node: Any) -> dict[str, tuple[bytes, float]]:
+    """What one DHT node holds under ``key`` in its own storage (runs in its process)."""
+    item = node.protocol.storage.get(DHTID.generate(source=key))
+    if item is None:
+        return {}
+    return {sub: (entry.value, entry.expiration_time) for sub, entry in item.value.items()}
+
+
+def _stored(dht: DHT, key: str) -> dict[str, bytes]:
+    """Subkey -> signed payload that ``dht`` holds under ``key`` (raw bytes for others)."""
+    entries: dict[str, tuple[bytes, float]] = dht.run_coroutine(partial(_local_entries, key))
+    found = {}
+    for subkey, (value, _) in entries.items():
+        envelope = MSGPackSerializer.loads(value)
+        found[subkey] = envelope[1] if isinstance(envelope, list) else value
+    return found
+
+
+@pytest.mark.swarm
+def test_hostile_peer_cannot_forge_hide_or_pin_records(tmp_path: Path) -> None:
+    seed_file = tmp_path / "seed.key"
+    seed_file.write_bytes(SEED_KEY_FILE)
+    leftovers_before = set(glob.glob(os.path.join(tempfile.gettempdir(), "diloco-id-*")))
+    dhts: list[DHT] = []
+    try:
+        alice = make_dht(
+            NetworkOptions(host_maddrs=("/ip4/127.0.0.2/tcp/0",), identity_path=str(seed_file))
+        )
+        dhts.append(alice)
+        peers = [str(a) for a in alice.get_visible_maddrs()]
+        bob = make_dht(
+            NetworkOptions(initial_peers=tuple(peers), host_maddrs=("/ip4/127.0.0.3/tcp/0",))
+        )
+        dhts.append(bob)
+        hostile = DHT(
+            initial_peers=peers,
+            start=True,
+            host_maddrs=["/ip4/127.0.0.4/tcp/0"],
+            use_relay=False,
+            use_auto_relay=False,
+            nat_port_map=False,
+            auto_nat=False,
+        )
+        dhts.append(hostile)
+        # Every node runs p2pd with the key it signs with; a fresh one leaves no key file.
+        assert alice.peer_id.to_base58() == SEED_PEER_ID == signer(alice).peer_id
+        assert bob.peer_id.to_base58() == signer(bob).peer_id
+        leftovers = set(glob.glob(os.path.join(tempfile.gettempdir(), "diloco-id-*")))
+        assert leftovers - leftovers_before == set()
+
+        a_id, b_id, m_id = SEED_PEER_ID, signer(bob).peer_id, MALLORY.peer_id
+        record_a, record_b = _node_of(a_id), _node_of(b_id)
+        assert asyncio.run(publish_record(alice, RUN, record_a, 30.0))
+        assert asyncio.run(publish_record(bob, RUN, record_b, 30.0))
+        assert asyncio.run(publish_run_config(alice, RUN, CONFIG, 30.0))
+        with pytest.raises(ValueError, match="cannot publish the record of"):
+            asyncio.run(publish_record(alice, RUN, record_b, 30.0))
+
+        # The attacker writes with hivemind's own DHT.store, bypassing our helpers.
+        key, now = nodes_key(RUN), get_dht_time()
+        claim = pack_payload(_node_of(a_id, step=10**9).to_wire())
+        honest_envelope = hostile.get(key, latest=True).value[a_id].value
+        attacks: list[tuple[str, str, object, float]] = [
+            (key, a_id, seal(MALLORY, key, claim, now + 60), now + 60),  # forged
+            (key, a_id, [key, claim, honest_envelope[2]], now + 90),  # tampered copy
+            (key, m_id, _node_of(m_id).to_wire(), now + 60),  # unsigned
+            (key, m_id, seal(MALLORY, key, NODE, now + 10**6), now + 10**6),  # pinned
+            (RUN_CONFIGS_KEY, m_id, _seal_bomb(now + 60), now + 60),  # JSON depth bomb
+        ]
+        for akey, subkey, value, expiration in attacks:
+            hostile.store(akey, value, expiration, subkey=subkey)
+        # Its own record, signed by its own key, is what it may write: it reaches honest
+        # nodes, which shows that the forgeries above reached them too.
+        record_m = _node_of(m_id)
+        own = seal(MALLORY, key, pack_payload(record_m.to_wire()), now + 30)
+        hostile.store(key, own, now + 30, subkey=m_id)
+
+        # The attack happened: the hostile node holds its forgeries itself.
+        assert _stored(hostile, key)[a_id] == claim
+        assert m_id in _stored(hostile, RUN_CONFIGS_KEY)
+        honest = {
+            a_id: pack_payload(record_a.to_wire()),
+            b_id: pack_payload(record_b.to_wire()),
+            m_id: pack_payload(record_m.to_wire()),
+        }
+        for dht in (alice, bob):
+            # Honest nodes refused to store every forgery ...
+            stored = _stored(dht, key)
+            assert stored[m_id] == honest[m_id] and stored.items() <= honest.items()
+            assert set(_stored(dht, RUN_CONFIGS_KEY)) == {a_id}
+            # ... and their readers see the records unchanged, none of the forged.
+            expected = sorted([record_a, record_b, record_m], key=lambda r: r.peer_id)
+            assert asyncio.run(read_records(dht, RUN)) == expected
+            assert asyncio.run(find_run_configs(dht)) == {RUN: CONFIG}
+        # A reader whose DHT validates nothing can be shown forgeries, and its own check
+        # drops them: it may miss records, never take a forged one.
+        raw = DHT(
+            initial_peers=peers,
+            start=True,
+            client_mode=True,
+            host_maddrs=["/ip4/127.0.0.5/tcp/0"],
+            use_relay=False,
+            use_auto_relay=False,
+            nat_port_map=False,
+            auto_nat=False,
+        )
+        dhts.append(raw)
+        assert set(asyncio.run(read_records(raw, RUN))) <= {record_a, record_b, record_m}
+        assert asyncio.run(find_run_configs(raw)) == {RUN: CONFIG}
+    finally:
+        for dht in dhts:
+            dht.shutdown()
+
+
+def _node_of(peer_id: str, step: int = 10) -> NodeRecord:
+    frags = (FragmentVersion(0, 1, H),)
+    return NodeRecord(peer_id, ("/ip4/127.0.0.1/tcp/1",), step, frags, 1.0, "0.1.0")
+
+
+def _seal_bomb(expiration: float) -> list[Any]:
+    return seal(MALLORY, RUN_CONFIGS_KEY, pack_payload([RUN, BOMB]), expiration)
