@@ -60,9 +60,17 @@ from diloco.protocol.records import (
 from diloco.protocol.reducer import Contribution, Reducer, RoundKey, RoundResult, weighted_mean
 from diloco.protocol.run_id import check_run_id, run_digest
 from diloco.protocol.state_transfer import OuterState, StateProvider, StateServer, fetch_state
+from diloco.protocol.streams import TRANSPORT_ERRORS
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+
+_DONOR_FAILURES: tuple[type[Exception], ...] = (
+    ProtocolError,
+    asyncio.TimeoutError,
+    *TRANSPORT_ERRORS,
+)
+"""What makes ``fetch_state`` try the next donor: an invalid, vanished or slow donor."""
 
 
 def make_dht(
@@ -243,7 +251,7 @@ class Swarm:
                     ),
                     timeout,
                 )
-            except Exception as exc:
+            except _DONOR_FAILURES as exc:
                 logger.warning("state from %s rejected: %r", donor, exc)
                 errors.append(f"{donor}: {exc!r}")
         raise ProtocolError(f"no donor delivered a valid state ({len(errors)} tried): {errors}")
