@@ -5,7 +5,7 @@ Our streams carry opaque codec bytes, so they use p2pd binary streams with this 
 
     magic b"DL" (2) | protocol version (uint8) | kind (uint8) | body length (uint64) | body
 
-All integers are big-endian (``!``). ``parse_frame_header`` checks magic, version and kind,
+All integers are big-endian (``!``). ``Frame.parse`` checks magic, version and kind,
 so a reader checks the body length against its limit *before* it reads the body: an
 oversize or unexpected frame costs the receiver nothing. Each body kind is a frozen
 dataclass with ``parse``/``serialize``/``check`` (websockets' ``frames.py`` shape);
