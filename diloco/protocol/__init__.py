@@ -1,8 +1,8 @@
 """The swarm protocol: DHT records, matchmaking, butterfly all-reduce, state transfer.
 
-Pure pieces (``partition``, ``reducer``, ``run_id``, ``wire``, ``fragment_state``) import
-nothing of hivemind, so the in-process trainer can use them without starting it; ``group``
-needs only hivemind's ``PeerID``.
+Pure pieces (``partition``, ``reducer``, ``reduction``, ``agreement``, ``run_id``, ``wire``,
+``state_wire``, ``fragment_state``) import nothing of hivemind, so the in-process trainer can
+use them without starting it; ``group`` needs only hivemind's ``PeerID``.
 
 Modules, one concern each (hivemind ``averaging/`` style)::
 
@@ -11,10 +11,15 @@ Modules, one concern each (hivemind ``averaging/`` style)::
     signed_records  signed envelopes under the author's peer id, their DHT validator
     records         per-node DHT records and round declarations, donor ranking, divergence
     discovery       run configurations in the DHT (size- and depth-bounded JSON)
-    wire            framing of every stream message, size limits, reject codes
+    wire            frame and message formats (sans-I/O), size limits, reject codes
+    state_wire      STATE_REQ / STATE_HDR bodies
+    streams         frames over streams, transport errors, the shared handler wrapper
     group           GroupInfo (frozen, passed from matchmaking to the all-reduce), timeouts
     matchmaking     DHT declaration per round key run_id/frag{p}/round{k}, leader, GROUP
-    allreduce       butterfly all-reduce over p2pd streams, faults, report agreement
+    reduction       pure core of a round: who sent what, who counts, average, assembly
+    agreement       pure: whether a member applies a round, from the REPORTs
+    part_server     reducer side of a round over streams (PART in, AVERAGED out)
+    allreduce       member side of a round over streams, reports; stream routing
     fragment_state  FragmentState (outer params, momentum, version) and its one hash
     state_transfer  serve/fetch outer params + momentum, validated
     network         NetworkOptions: how a node reaches the swarm (one frozen record)

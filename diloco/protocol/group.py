@@ -64,6 +64,12 @@ class RoundTimeouts:
         return self.sender_timeout + self.reducer_timeout + self.report_timeout
 
     @property
+    def reply_timeout(self) -> float:
+        """Writing one small frame (ACK, REJECT, GROUP) to a stream that is open: bounded
+        like opening one, a round trip at most."""
+        return self.connect_timeout
+
+    @property
     def total(self) -> float:
         """Upper bound of a whole round, with a second of slack for local work."""
         return self.matchmaking + self.allreduce + 1.0

@@ -41,15 +41,15 @@ import asyncio
 import contextlib
 import logging
 import secrets
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from hivemind import DHT
 from hivemind.p2p import P2P, PeerID
-from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 from hivemind.utils import get_dht_time
 
 from diloco.errors import ProtocolError, RoundFailed
-from diloco.protocol import wire
+from diloco.protocol import streams, wire
 from diloco.protocol.group import GroupInfo, RoundTimeouts
 from diloco.protocol.records import declare_round, read_declarations
 from diloco.protocol.reducer import RoundKey
@@ -61,6 +61,14 @@ logger = logging.getLogger(__name__)
 def round_key(run_id: str, key: RoundKey) -> str:
     """The DHT key nodes declare under for round ``key`` (SPEC 4)."""
     return f"{run_id}/frag{key.fragment}/round{key.round}"
+
+
+def choose_leader(view: Collection[PeerID]) -> PeerID:
+    """The leader of a round as a node with this view sees it: the lowest peer id (bytes).
+
+    Every node applies the same rule, so nodes whose views agree choose the same leader.
+    """
+    return min(view, key=lambda peer: peer.to_bytes())
 
 
 @dataclass
@@ -120,7 +128,14 @@ class Matchmaker:
 
     async def start(self) -> None:
         """Register the JOIN handler on the shared P2P daemon."""
-        await self.p2p.add_binary_stream_handler(self.handler_name, self._handle_join)
+        t = self.timeouts
+        handler = streams.stream_handler(
+            "JOIN",
+            self._serve_join,
+            timeout=t.matchmaking + t.join_timeout,
+            reply_timeout=t.reply_timeout,
+        )
+        await self.p2p.add_binary_stream_handler(self.handler_name, handler)
 
     async def form_group(
         self, key: RoundKey, numel: int, codec_id: int, return_codec_id: int, weight: float
@@ -156,7 +171,7 @@ class Matchmaker:
                 len(view),
                 loop.time() - start,
             )
-            leader = min(view, key=lambda peer: peer.to_bytes())
+            leader = choose_leader(view)
             if leader == self.p2p.peer_id:
                 lobby.decided.set()
                 return await self._lead(key, lobby, view, t.join_timeout)
@@ -183,13 +198,13 @@ class Matchmaker:
         loop = asyncio.get_running_loop()
         t = self.timeouts
         deadline = loop.time() + t.matchmaking_window
-        me = self.p2p.peer_id.to_bytes()
+        me = self.p2p.peer_id
         while True:
             lobby.knock.clear()
             view = await asyncio.wait_for(self._read_view(key), t.join_timeout)
             view.update(lobby.knockers)
-            known = len(view.keys() | {self.p2p.peer_id})
-            if any(peer.to_bytes() < me for peer in view):
+            known = len(view.keys() | {me})
+            if choose_leader(view.keys() | {me}) != me:
                 return view
             if self.target_group_size is not None and known >= self.target_group_size:
                 return view
@@ -268,7 +283,7 @@ class Matchmaker:
                 ) from exc
             except ProtocolError as exc:
                 raise RoundFailed(key.fragment, key.round, f"leader {target}: {exc}") from exc
-            except Exception as exc:  # the stream was refused or cut: retry, then fail over
+            except streams.TRANSPORT_ERRORS as exc:  # refused or cut: retry, then fail over
                 failures += 1
                 logger.info("round %s: JOIN to %s failed: %r", key, target, exc)
                 if failures <= _TRANSPORT_RETRIES:
@@ -277,7 +292,7 @@ class Matchmaker:
                 dead.add(target)
                 failures = 0
                 alive = view - dead
-                target = min(alive, key=lambda peer: peer.to_bytes())
+                target = choose_leader(alive)
                 if target == self.p2p.peer_id:
                     logger.warning("round %s: leader unreachable, leading instead", key)
                     lobby.leader = None
@@ -307,8 +322,8 @@ class Matchmaker:
             self.timeouts.connect_timeout,
         )
         try:
-            await wire.write_frame(writer, Kind.JOIN, request.serialize())
-            kind, body = await wire.read_frame(reader, (Kind.GROUP,), wire.MAX_SMALL_BODY)
+            await streams.write_frame(writer, Kind.JOIN, request.serialize())
+            kind, body = await streams.read_frame(reader, (Kind.GROUP,), wire.MAX_SMALL_BODY)
             return kind, bytes(body)
         finally:
             writer.close()
@@ -346,28 +361,15 @@ class Matchmaker:
             group.return_codec_id,
         )
 
-    async def _handle_join(
-        self, info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    async def _serve_join(
+        self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        """Answer one JOIN; any peer error is logged and answered, never raised."""
-        try:
-            budget = self.timeouts.matchmaking
-            reply = await asyncio.wait_for(self._answer_join(info.peer_id, reader), budget)
-            await asyncio.wait_for(wire.write_frame(writer, *reply), self.timeouts.join_timeout)
-        except ProtocolError as exc:
-            logger.warning("JOIN from %s rejected: %s", info.peer_id, exc)
-            with contextlib.suppress(Exception):
-                reject = Reject(RejectCode.MALFORMED, reason=str(exc)[:200])
-                await asyncio.wait_for(
-                    wire.write_frame(writer, Kind.REJECT, reject.serialize()), 1.0
-                )
-        except Exception as exc:
-            logger.debug("JOIN from %s ended: %r", info.peer_id, exc)
-        finally:
-            writer.close()
+        """Answer one JOIN with GROUP or a refusal (``streams.stream_handler`` wraps it)."""
+        reply = await asyncio.wait_for(self._answer_join(peer, reader), self.timeouts.matchmaking)
+        await asyncio.wait_for(streams.write_frame(writer, *reply), self.timeouts.join_timeout)
 
     async def _answer_join(self, peer: PeerID, reader: asyncio.StreamReader) -> tuple[Kind, bytes]:
-        _, body = await wire.read_frame(reader, (Kind.JOIN,), wire.MAX_SMALL_BODY)
+        _, body = await streams.read_frame(reader, (Kind.JOIN,), wire.MAX_SMALL_BODY)
         request = Join.parse(body)
 
         def reject(code: RejectCode, reason: str = "", redirect: bytes = b"") -> tuple[Kind, bytes]:

@@ -12,7 +12,6 @@ check is skipped and the next one is tried.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -20,12 +19,12 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 import torch
 from hivemind.p2p import P2P, PeerID
-from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 
 from diloco.errors import ProtocolError
-from diloco.protocol import wire
+from diloco.protocol import streams
 from diloco.protocol.fragment_state import FragmentState, OuterState, fp32_bytes
-from diloco.protocol.wire import Kind, Reject, RejectCode, StateEntry, StateHeader, StateRequest
+from diloco.protocol.state_wire import StateEntry, StateHeader, StateRequest
+from diloco.protocol.wire import Kind, Reject, RejectCode
 
 logger = logging.getLogger(__name__)
 
@@ -46,38 +45,24 @@ class StateServer:
         self.handler_name = state_handler_name(run_id)
 
     async def start(self) -> None:
-        await self.p2p.add_binary_stream_handler(self.handler_name, self._handle)
+        handler = streams.stream_handler(
+            "STATE_REQ", self._serve, timeout=self.timeout, reply_timeout=self.timeout
+        )
+        await self.p2p.add_binary_stream_handler(self.handler_name, handler)
 
-    async def _handle(
-        self, info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        try:
-            await asyncio.wait_for(self._serve(reader, writer), self.timeout)
-        except ProtocolError as exc:
-            logger.warning("state request from %s refused: %s", info.peer_id, exc)
-            with contextlib.suppress(Exception):
-                reject = Reject(RejectCode.MALFORMED, reason=str(exc)[:200]).serialize()
-                await asyncio.wait_for(wire.write_frame(writer, Kind.REJECT, reject), 1.0)
-        except Exception as exc:
-            logger.info("state transfer to %s ended: %r", info.peer_id, exc)
-        finally:
-            writer.close()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        _, body = await wire.read_frame(reader, (Kind.STATE_REQ,))
+    async def _serve(
+        self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> Reject | None:
+        _, body = await streams.read_frame(reader, (Kind.STATE_REQ,))
         request = StateRequest.parse(body)
         if request.digest != self.digest:
-            reject = Reject(RejectCode.WRONG_RUN, reason="different run configuration")
-            await wire.write_frame(writer, Kind.REJECT, reject.serialize())
-            return
+            return Reject(RejectCode.WRONG_RUN, reason="different run configuration")
         loop = asyncio.get_running_loop()
         snapshot = await loop.run_in_executor(None, self.provider)
         wanted = request.fragments or tuple(sorted(snapshot.fragments))
         missing = [p for p in wanted if p not in snapshot.fragments]
         if missing:
-            reject = Reject(RejectCode.NO_STATE, reason=f"no state for fragments {missing}")
-            await wire.write_frame(writer, Kind.REJECT, reject.serialize())
-            return
+            return Reject(RejectCode.NO_STATE, reason=f"no state for fragments {missing}")
         states = [snapshot.fragments[p] for p in wanted]
         hashes = await loop.run_in_executor(None, lambda: [s.sha256() for s in states])
         header = StateHeader(
@@ -88,11 +73,12 @@ class StateServer:
                 for p, s, h in zip(wanted, states, hashes, strict=True)
             ),
         )
-        await wire.write_frame(writer, Kind.STATE_HDR, header.serialize())
+        await streams.write_frame(writer, Kind.STATE_HDR, header.serialize())
         for state in states:
-            await wire.write_frame(
+            await streams.write_frame(
                 writer, Kind.STATE_DAT, fp32_bytes(state.outer), fp32_bytes(state.momentum)
             )
+        return None
 
 
 def state_handler_name(run_id: str) -> str:
@@ -115,13 +101,13 @@ async def fetch_state(
 
     Raises:
         ProtocolError: any validation failure (the state must not be used).
-        OSError, asyncio.IncompleteReadError: the donor vanished. The caller bounds the time.
+        streams.TRANSPORT_ERRORS: the donor vanished. The caller bounds the time.
     """
     _, reader, writer = await p2p.call_binary_stream_handler(peer, state_handler_name(run_id))
     try:
         request = StateRequest(digest, tuple(fragments or ()))
-        await wire.write_frame(writer, Kind.STATE_REQ, request.serialize())
-        kind, body = await wire.read_frame(reader, (Kind.STATE_HDR,))
+        await streams.write_frame(writer, Kind.STATE_REQ, request.serialize())
+        kind, body = await streams.read_frame(reader, (Kind.STATE_HDR,))
         if kind == Kind.REJECT:
             reject = Reject.parse(body)
             raise ProtocolError(f"donor refused: {reject.code.name} {reject.reason}")
@@ -155,10 +141,10 @@ async def _read_fragment(
         raise ProtocolError(f"fragment {entry.fragment}: {numel} values, expected {expected}")
     if numel > MAX_STATE_NUMEL:
         raise ProtocolError(f"fragment {entry.fragment}: {numel} values is over the limit")
-    frame = await wire.read_frame_header(reader)
+    frame = await streams.read_frame_header(reader)
     if frame.kind != Kind.STATE_DAT or frame.body_len != 8 * numel:
         raise ProtocolError(f"{frame.kind.name} of {frame.body_len} bytes, expected {8 * numel}")
-    raw = await wire.read_body(reader, frame.body_len)
+    raw = await streams.read_body(reader, frame.body_len)
     if hashlib.sha256(raw).digest() != entry.sha256:
         raise ProtocolError(f"fragment {entry.fragment}: bytes do not match the header's sha256")
     if expected_hashes is not None and entry.fragment in expected_hashes:

@@ -64,9 +64,17 @@ from diloco.protocol.reducer import Contribution, Reducer, RoundKey, RoundResult
 from diloco.protocol.run_id import check_run_id, run_digest
 from diloco.protocol.signed_records import SigningDHT
 from diloco.protocol.state_transfer import StateProvider, StateServer, fetch_state
+from diloco.protocol.streams import TRANSPORT_ERRORS
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+
+_DONOR_FAILURES: tuple[type[Exception], ...] = (
+    ProtocolError,
+    asyncio.TimeoutError,
+    *TRANSPORT_ERRORS,
+)
+"""What makes ``fetch_state`` try the next donor: an invalid, vanished or slow donor."""
 
 
 def make_dht(net: NetworkOptions) -> DHT:
@@ -224,7 +232,7 @@ class Swarm:
                     ),
                     timeout,
                 )
-            except Exception as exc:
+            except _DONOR_FAILURES as exc:
                 logger.warning("state from %s rejected: %r", donor, exc)
                 errors.append(f"{donor}: {exc!r}")
         raise ProtocolError(f"no donor delivered a valid state ({len(errors)} tried): {errors}")

@@ -1,14 +1,13 @@
-"""Message framing and validation for every stream of the protocol.
+"""Frame and message formats of every stream of the protocol; no I/O (``streams`` does it).
 
 Our streams carry opaque codec bytes, so they use p2pd binary streams with this framing
 (not hivemind's protobuf enum of compression types). Every frame::
 
     magic b"DL" (2) | protocol version (uint8) | kind (uint8) | body length (uint64) | body
 
-All integers are big-endian (``!``). A reader checks magic, version, kind and the body
-length against the caller's limit *before* it reads the body, so an oversize or unexpected
-frame costs the receiver nothing. Bodies are written in ``CHUNK_BYTES`` pieces with a drain
-after each, which streams large parts with bounded buffering. Each body kind is a frozen
+All integers are big-endian (``!``). ``Frame.parse`` checks magic, version and kind,
+so a reader checks the body length against its limit *before* it reads the body: an
+oversize or unexpected frame costs the receiver nothing. Each body kind is a frozen
 dataclass with ``parse``/``serialize``/``check`` (websockets' ``frames.py`` shape);
 ``check`` runs on both paths and raises ``ProtocolError``.
 
@@ -27,19 +26,16 @@ Body layouts (``digest`` is the 16-byte run digest, ``gid`` the 16-byte group id
     REPORT    digest | fragment u32 | round u32 | gid | mask length u16 | parts mask
               | result sha256 (32)
     ACK       (empty)
-    STATE_REQ digest | count u16 | count x fragment u32   (count 0: every fragment)
-    STATE_HDR digest | global step u64 | count u16 | count x (fragment u32 | version u64
-              | numel u64 | sha256 (32))
-    STATE_DAT raw little-endian float32 values: params then momentum of one fragment
+
+The bodies of STATE_REQ, STATE_HDR and STATE_DAT are in ``state_wire``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import IntEnum
 
 from diloco.errors import ProtocolError
@@ -48,7 +44,6 @@ from diloco.protocol.run_id import DIGEST_BYTES
 MAGIC = b"DL"
 PROTOCOL_VERSION = 1
 FRAME_HEADER = struct.Struct("!2sBBQ")
-CHUNK_BYTES = 1 << 20
 GROUP_ID_BYTES = 16
 SHA256_BYTES = 32
 MAX_GROUP_SIZE = 256
@@ -66,8 +61,6 @@ _U16 = struct.Struct("!H")
 _U32 = struct.Struct("!I")
 _F64 = struct.Struct("!d")
 _REJECT_HEAD = struct.Struct("!BH")
-_STATE_HDR_HEAD = struct.Struct(f"!{DIGEST_BYTES}sQH")
-_STATE_ENTRY = struct.Struct(f"!IQQ{SHA256_BYTES}s")
 
 
 class Kind(IntEnum):
@@ -110,10 +103,33 @@ class ByteCounter:
 
 @dataclass(frozen=True, slots=True)
 class Frame:
-    """A frame header as read from a stream; the body is read separately."""
+    """A frame header; the body travels after it and is read separately."""
 
     kind: Kind
     body_len: int
+
+    SIZE = FRAME_HEADER.size
+
+    def check(self) -> None:
+        _require(0 <= self.body_len < 2**64, "body length range")
+
+    def serialize(self) -> bytes:
+        self.check()
+        return FRAME_HEADER.pack(MAGIC, PROTOCOL_VERSION, self.kind, self.body_len)
+
+    @classmethod
+    def parse(cls, raw: Buffer) -> Frame:
+        """Check magic, version and kind; the caller checks ``body_len`` against its limit."""
+        _require(len(raw) == FRAME_HEADER.size, "frame header length")
+        magic, version, kind, body_len = FRAME_HEADER.unpack(raw)
+        _require(magic == MAGIC, "bad frame magic")
+        _require(
+            version == PROTOCOL_VERSION, f"protocol version {version}, expected {PROTOCOL_VERSION}"
+        )
+        _require(kind in Kind._value2member_map_, f"unknown frame kind {kind}")
+        msg = cls(Kind(kind), body_len)
+        msg.check()
+        return msg
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,6 +350,51 @@ def unpack_mask(data: Buffer, num_members: int) -> tuple[bool, ...]:
 
 
 @dataclass(frozen=True, slots=True)
+class Averaged:
+    """A reducer's averaged chunk and the mask of members it counted in its part.
+
+    The reducer sends the same bytes to every member; it always counts itself.
+    """
+
+    head: PartHead
+    mask: tuple[bool, ...]
+    payload: Buffer
+
+    def check(self) -> None:
+        self.head.check()
+        _require(0 < len(self.mask) <= MAX_GROUP_SIZE, "counted mask size")
+        _require(self.head.part < len(self.mask), f"part {self.head.part} outside the mask")
+        _require(self.mask[self.head.part], "counted mask without the reducer")
+
+    @staticmethod
+    def body_size(num_members: int, payload_bytes: int) -> int:
+        """Body length of an AVERAGED frame, known before it is read."""
+        return PartHead.SIZE + _U16.size + mask_bytes(num_members) + payload_bytes
+
+    def prefix(self) -> bytes:
+        """The body up to the payload (sent ahead of it, so the payload is never copied)."""
+        self.check()
+        return self.head.serialize() + _U16.pack(len(self.mask)) + pack_mask(self.mask)
+
+    def serialize(self) -> bytes:
+        return self.prefix() + bytes(self.payload)
+
+    @classmethod
+    def parse(cls, body: Buffer) -> Averaged:
+        """Parse without copying the payload (a view into ``body``)."""
+        start = PartHead.SIZE + _U16.size
+        _require(len(body) >= start, "AVERAGED length")
+        head = PartHead.parse(body[: PartHead.SIZE])
+        (count,) = _U16.unpack_from(body, PartHead.SIZE)
+        _require(0 < count <= MAX_GROUP_SIZE, "counted mask size")
+        end = start + mask_bytes(count)
+        _require(len(body) >= end, "AVERAGED mask truncated")
+        msg = cls(head, unpack_mask(body[start:end], count), memoryview(body)[end:])
+        msg.check()
+        return msg
+
+
+@dataclass(frozen=True, slots=True)
 class Report:
     """A member's view after the gather phase: which parts it holds, and their sha256."""
 
@@ -372,162 +433,6 @@ class Report:
         msg = cls(RoundTag(digest, frag, rnd), gid, parts, bytes(body[start + size :]))
         msg.check()
         return msg
-
-
-@dataclass(frozen=True, slots=True)
-class StateRequest:
-    """Ask a donor for the outer state of ``fragments`` (empty: all of them)."""
-
-    digest: bytes
-    fragments: tuple[int, ...] = ()
-
-    def check(self) -> None:
-        _require(len(self.digest) == DIGEST_BYTES, "run digest length")
-        _require(len(self.fragments) < 2**16, "too many fragments")
-        _require(len(set(self.fragments)) == len(self.fragments), "duplicate fragments")
-        for p in self.fragments:
-            _require(0 <= p < 2**32, f"fragment {p}")
-
-    def serialize(self) -> bytes:
-        self.check()
-        return (
-            self.digest
-            + _U16.pack(len(self.fragments))
-            + b"".join(_U32.pack(p) for p in self.fragments)
-        )
-
-    @classmethod
-    def parse(cls, body: Buffer) -> StateRequest:
-        _require(len(body) >= DIGEST_BYTES + _U16.size, "STATE_REQ length")
-        (count,) = _U16.unpack_from(body, DIGEST_BYTES)
-        start = DIGEST_BYTES + _U16.size
-        _require(len(body) == start + count * _U32.size, "STATE_REQ length")
-        frags = tuple(_U32.unpack_from(body, start + i * _U32.size)[0] for i in range(count))
-        msg = cls(bytes(body[:DIGEST_BYTES]), frags)
-        msg.check()
-        return msg
-
-
-@dataclass(frozen=True, slots=True)
-class StateEntry:
-    """One fragment in a state header: its version, length and sha256 of params+momentum."""
-
-    fragment: int
-    version: int
-    numel: int
-    sha256: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class StateHeader:
-    """What a donor is about to send: global step and one entry per fragment, in order."""
-
-    digest: bytes
-    global_step: int
-    entries: tuple[StateEntry, ...] = field(default_factory=tuple)
-
-    def check(self) -> None:
-        _require(len(self.digest) == DIGEST_BYTES, "run digest length")
-        _require(0 <= self.global_step < 2**63, "global step range")
-        _require(len(self.entries) < 2**16, "too many fragments")
-        _require(len({e.fragment for e in self.entries}) == len(self.entries), "duplicates")
-        for e in self.entries:
-            _require(0 <= e.fragment < 2**32 and 0 <= e.version < 2**63, "entry range")
-            _require(0 <= e.numel < 2**40 and len(e.sha256) == SHA256_BYTES, "entry size")
-
-    def serialize(self) -> bytes:
-        self.check()
-        head = _STATE_HDR_HEAD.pack(self.digest, self.global_step, len(self.entries))
-        return head + b"".join(
-            _STATE_ENTRY.pack(e.fragment, e.version, e.numel, e.sha256) for e in self.entries
-        )
-
-    @classmethod
-    def parse(cls, body: Buffer) -> StateHeader:
-        _require(len(body) >= _STATE_HDR_HEAD.size, "STATE_HDR length")
-        digest, step, count = _STATE_HDR_HEAD.unpack_from(body)
-        _require(len(body) == _STATE_HDR_HEAD.size + count * _STATE_ENTRY.size, "STATE_HDR size")
-        entries = tuple(
-            StateEntry(
-                *_STATE_ENTRY.unpack_from(body, _STATE_HDR_HEAD.size + i * _STATE_ENTRY.size)
-            )
-            for i in range(count)
-        )
-        msg = cls(digest, step, entries)
-        msg.check()
-        return msg
-
-
-async def write_frame(
-    writer: asyncio.StreamWriter, kind: Kind, *pieces: bytes, counter: ByteCounter | None = None
-) -> None:
-    """Write one frame whose body is the concatenation of ``pieces``, in bounded chunks."""
-    body_len = sum(len(p) for p in pieces)
-    writer.write(FRAME_HEADER.pack(MAGIC, PROTOCOL_VERSION, kind, body_len))
-    for piece in pieces:
-        view = memoryview(piece)
-        for offset in range(0, len(view), CHUNK_BYTES):
-            writer.write(view[offset : offset + CHUNK_BYTES])
-            await writer.drain()
-    await writer.drain()
-    if counter is not None:
-        counter.sent += FRAME_HEADER.size + body_len
-
-
-async def read_frame_header(
-    reader: asyncio.StreamReader, counter: ByteCounter | None = None
-) -> Frame:
-    """Read and check one frame header (not the body).
-
-    Raises:
-        ProtocolError: for a bad magic, version or kind.
-        asyncio.IncompleteReadError: when the peer closed the stream.
-    """
-    raw = await reader.readexactly(FRAME_HEADER.size)
-    if counter is not None:
-        counter.received += FRAME_HEADER.size
-    magic, version, kind, body_len = FRAME_HEADER.unpack(raw)
-    _require(magic == MAGIC, "bad frame magic")
-    _require(
-        version == PROTOCOL_VERSION, f"protocol version {version}, expected {PROTOCOL_VERSION}"
-    )
-    _require(kind in Kind._value2member_map_, f"unknown frame kind {kind}")
-    return Frame(Kind(kind), body_len)
-
-
-async def read_body(
-    reader: asyncio.StreamReader, size: int, counter: ByteCounter | None = None
-) -> bytearray:
-    """Read exactly ``size`` body bytes in bounded chunks (the caller checked ``size``)."""
-    buffer = bytearray(size)
-    view = memoryview(buffer)
-    offset = 0
-    while offset < size:
-        chunk = await reader.readexactly(min(CHUNK_BYTES, size - offset))
-        view[offset : offset + len(chunk)] = chunk
-        offset += len(chunk)
-        if counter is not None:
-            counter.received += len(chunk)
-    return buffer
-
-
-async def read_frame(
-    reader: asyncio.StreamReader,
-    expected: Sequence[Kind],
-    max_body: int = MAX_SMALL_BODY,
-    counter: ByteCounter | None = None,
-) -> tuple[Kind, bytearray]:
-    """Read one whole frame of one of the ``expected`` kinds (REJECT is always allowed).
-
-    Raises:
-        ProtocolError: for an unexpected kind or a body over ``max_body`` bytes.
-        asyncio.IncompleteReadError: when the peer closed the stream.
-    """
-    frame = await read_frame_header(reader, counter)
-    _require(frame.kind in expected or frame.kind == Kind.REJECT, f"unexpected {frame.kind.name}")
-    limit = MAX_SMALL_BODY if frame.kind == Kind.REJECT else max_body
-    _require(frame.body_len <= limit, f"{frame.kind.name} of {frame.body_len} bytes > {limit}")
-    return frame.kind, await read_body(reader, frame.body_len, counter)
 
 
 def _require(condition: bool, what: str) -> None:

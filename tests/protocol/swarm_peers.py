@@ -2,15 +2,14 @@
 
 Each peer is a ``spawn``-context process in its own session (so SIGKILL of its process
 group takes its DHT process and p2pd along, like a machine that dies). Faults are
-``AllReduceRunner`` subclasses chosen by the ``Fault`` enum; they corrupt only what a peer
-*sends* as contributions, so a faulty peer still reduces its own part honestly.
+``AllReduceRunner`` and ``Matchmaker`` subclasses chosen by the ``Fault`` enum (``faults``
+holds those the in-process tests share).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import multiprocessing as mp
 import os
@@ -22,21 +21,23 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
+from faults import CutPartStreams, Fault, corrupt_sender
 from hivemind.p2p import PeerID
 
 from diloco.codecs import get_codec
 from diloco.errors import ProtocolError, RoundFailed
-from diloco.protocol import wire
 from diloco.protocol.allreduce import AllReduceRunner
 from diloco.protocol.fragment_state import FragmentState, OuterState
 from diloco.protocol.group import RoundTimeouts
 from diloco.protocol.matchmaking import Matchmaker
 from diloco.protocol.network import NetworkOptions
+from diloco.protocol.part_server import PartServer
 from diloco.protocol.records import FragmentVersion, NodeRecord
 from diloco.protocol.reducer import Contribution, RoundKey
 from diloco.protocol.run_id import make_run_id
+from diloco.protocol.streams import write_frame
 from diloco.protocol.swarm import Swarm, SwarmReducer
-from diloco.protocol.wire import Kind, PartHead, RoundTag
+from diloco.protocol.wire import Kind
 
 UNIT = float(os.environ.get("DILOCO_TEST_TIME_UNIT", "1.0"))
 """One scaled time unit (seconds); raise it on a slow machine."""
@@ -52,22 +53,6 @@ TIMEOUTS = RoundTimeouts(
 RUN_ID = make_run_id("test", {"purpose": "protocol tests"})
 
 
-class Fault(enum.Enum):
-    NONE = "none"
-    GARBAGE_RANDOM = "garbage_random"
-    WRONG_LENGTH = "wrong_length"
-    WRONG_RUN = "wrong_run"
-    WRONG_CODEC = "wrong_codec"
-    OVERSIZE = "oversize"
-    NAN = "nan"
-    HUGE_NORM = "huge_norm"
-    STALL_SENDER = "stall_sender"
-    STALL_REDUCER = "stall_reducer"
-    DIE_AS_LEADER = "die_as_leader"
-    CUT_FIRST_JOIN = "cut_first_join"
-    CUT_PART_STREAMS = "cut_part_streams"
-
-
 _notify_lock = threading.Lock()
 _conn: Connection | None = None
 
@@ -78,75 +63,29 @@ def _notify(message: tuple[Any, ...]) -> None:
         _conn.send(message)
 
 
-class CorruptSender(AllReduceRunner):
-    """Sends corrupted chunks to every other reducer (``fault`` picks how)."""
-
-    fault = Fault.NONE
-
-    def _encode_chunk(self, j: int, c: int) -> bytes:
-        payload = super()._encode_chunk(j, c)
-        a, b = self.chunks[j][c]
-        if self.fault == Fault.GARBAGE_RANDOM:
-            return bytes([255]) + os.urandom(len(payload) - 1)
-        if self.fault == Fault.WRONG_LENGTH:
-            return payload[:-3]
-        if self.fault == Fault.WRONG_CODEC:
-            other = 2 if payload[0] != 2 else 1
-            return bytes([other]) + payload[1:]
-        if self.fault == Fault.OVERSIZE:
-            return payload + bytes(8 << 20)
-        if self.fault == Fault.NAN:
-            assert self.codec.name == "none", "NaN payloads are built for the none codec"
-            return payload[:5] + torch.full((b - a,), float("nan")).numpy().tobytes()
-        if self.fault == Fault.HUGE_NORM:
-            return self.codec.encode((self.delta[a:b] * 1e6).contiguous())
-        return payload
-
-    def _part_head(self, j: int, c: int) -> PartHead:
-        head = super()._part_head(j, c)
-        if self.fault == Fault.WRONG_RUN:
-            tag = RoundTag(bytes(16), head.tag.fragment, head.tag.round)
-            return PartHead(tag, head.group_id, head.part, head.chunk)
-        return head
-
-
-class CutPartStreams(AllReduceRunner):
-    """Its first PART stream to every reducer is cut right after the first chunk went out
-    (a stream lost in transit); it then opens the stream again, as any member does."""
-
-    async def _exchange_inner(self, j: int, peer: PeerID) -> Any:
-        cut: set[int] = self.__dict__.setdefault("_cut", set())
-        if j in cut:
-            return await super()._exchange_inner(j, peer)
-        cut.add(j)
-        _, _, writer = await self.p2p.call_binary_stream_handler(peer, self.part_handler)
-        payload = await asyncio.get_running_loop().run_in_executor(None, self._encode_chunk, j, 0)
-        head = self._part_head(j, 0).serialize()
-        await wire.write_frame(writer, Kind.PART, head, payload, counter=self.counter)
-        await asyncio.sleep(0.05)
-        writer.close()
-        raise ConnectionResetError("test fault: PART stream cut")
-
-
 class StallSender(AllReduceRunner):
     """Delivers its averaged part to everyone, then never sends its own contributions."""
 
     async def _exchange(self, j: int) -> Any:
-        while self.delivered < self.num_members - 1:
+        while self.server.delivered < self.num_members - 1:
             await asyncio.sleep(0.02)
         if j == min(i for i in range(self.num_members) if i != self.index):
             _notify(("stalled", "sender"))
         await asyncio.sleep(1e6)
 
 
-class StallReducer(AllReduceRunner):
-    """Sends its contributions, receives everyone's part, then never averages its own."""
-
-    async def _reduce_own_part(self) -> Any:
-        while len(self._started) < self.num_members - 1:
+class _StallingServer(PartServer):
+    async def reduce(self) -> None:
+        while len(self.reducer.received) < self.plan.num_members - 1:
             await asyncio.sleep(0.02)
         _notify(("stalled", "reducer"))
         await asyncio.sleep(1e6)
+
+
+class StallReducer(AllReduceRunner):
+    """Sends its contributions, receives everyone's part, then never averages its own."""
+
+    server_type = _StallingServer
 
 
 class DyingLeader(Matchmaker):
@@ -168,7 +107,7 @@ class CutFirstJoin(Matchmaker):
             return await super()._call_join(leader, request)
         cut.add(request.tag)
         _, _, writer = await self.p2p.call_binary_stream_handler(leader, self.handler_name)
-        await wire.write_frame(writer, Kind.JOIN, request.serialize())
+        await write_frame(writer, Kind.JOIN, request.serialize())
         await asyncio.sleep(0.05)
         writer.close()
         raise ConnectionResetError("test fault: JOIN stream cut")
@@ -214,7 +153,7 @@ def runner_type(fault: Fault) -> type[AllReduceRunner]:
         return StallReducer
     if fault == Fault.CUT_PART_STREAMS:
         return CutPartStreams
-    return type(f"Corrupt_{fault.value}", (CorruptSender,), {"fault": fault})
+    return corrupt_sender(fault)
 
 
 def make_delta(numel: int, seed: int) -> torch.Tensor:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hivemind.p2p import PeerID
 from swarm_expected import group_order, in_process_sha
 from swarm_peers import (
     TIMEOUTS,
@@ -18,12 +19,36 @@ from swarm_peers import (
     write_low_identity,
 )
 
-from diloco.protocol.matchmaking import round_key
+from diloco.protocol.matchmaking import choose_leader, round_key
 from diloco.protocol.reducer import RoundKey
 
 
 def test_round_key_namespaced_by_run_and_round() -> None:
     assert round_key("run-0123456789abcdef", RoundKey(3, 7)) == "run-0123456789abcdef/frag3/round7"
+
+
+def test_choose_leader_lowest_peer_id_bytes() -> None:
+    low, mid, high = PeerID(b"\x00\x24\x01"), PeerID(b"\x00\x24\x02\x00"), PeerID(b"\x00\x25")
+    assert choose_leader({high, low, mid}) == low
+    assert choose_leader([mid, high]) == mid
+    assert choose_leader({high}) == high
+
+
+def test_choose_leader_orders_by_bytes_not_base58() -> None:
+    # base58 text sorts otherwise: the high bytes encode to "2UzHL", the low ones to "LZN"
+    a, b = PeerID(b"\x01" * 3), PeerID(b"\xff" * 3)
+    assert a.to_base58() > b.to_base58()
+    assert choose_leader({a, b}) == a
+
+
+def test_choose_leader_views_that_agree_choose_alike() -> None:
+    peers = [PeerID(bytes([0x00, 0x24, i])) for i in (9, 3, 7, 5)]
+    assert choose_leader(peers) == choose_leader(peers[::-1]) == peers[1]
+
+
+def test_choose_leader_empty_view_is_an_error() -> None:
+    with pytest.raises(ValueError):
+        choose_leader(set())
 
 
 @pytest.mark.swarm

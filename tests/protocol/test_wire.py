@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import struct
 
 import pytest
@@ -10,7 +9,9 @@ import pytest
 from diloco.errors import ProtocolError
 from diloco.protocol import wire
 from diloco.protocol.wire import (
-    ByteCounter,
+    FRAME_HEADER,
+    Averaged,
+    Frame,
     Group,
     Join,
     Kind,
@@ -19,9 +20,6 @@ from diloco.protocol.wire import (
     RejectCode,
     Report,
     RoundTag,
-    StateEntry,
-    StateHeader,
-    StateRequest,
 )
 
 TAG = RoundTag(bytes(range(16)), 3, 9)
@@ -78,61 +76,49 @@ def test_report_round_trip_and_padding_bits_rejected() -> None:
         Report.parse(bytes(tampered))
 
 
-def test_state_messages_round_trip() -> None:
-    request = StateRequest(TAG.digest, (0, 5))
-    assert StateRequest.parse(request.serialize()) == request
-    header = StateHeader(TAG.digest, 77, (StateEntry(0, 3, 10, bytes(32)),))
-    assert StateHeader.parse(header.serialize()) == header
-    with pytest.raises(ProtocolError, match="duplicate"):
-        StateRequest(TAG.digest, (1, 1)).serialize()
-
-
 def test_mask_round_trip() -> None:
     bits = tuple(i % 3 == 0 for i in range(19))
     assert wire.unpack_mask(wire.pack_mask(bits), 19) == bits
 
 
-class _Sink:
-    """An asyncio.StreamWriter stand-in that feeds a StreamReader (same process)."""
-
-    def __init__(self, reader: asyncio.StreamReader) -> None:
-        self.reader = reader
-
-    def write(self, data: bytes | memoryview) -> None:
-        self.reader.feed_data(bytes(data))
-
-    async def drain(self) -> None:
-        return None
+def test_averaged_round_trip_keeps_payload_and_mask() -> None:
+    msg = Averaged(PartHead(TAG, GID, 2, 5), (False, True, True), b"\x04payload")
+    body = msg.serialize()
+    assert len(body) == Averaged.body_size(3, len(b"\x04payload"))
+    parsed = Averaged.parse(body)
+    assert (parsed.head, parsed.mask, bytes(parsed.payload)) == (msg.head, msg.mask, msg.payload)
 
 
-def test_frame_round_trip_counts_bytes() -> None:
-    async def main() -> None:
-        reader = asyncio.StreamReader()
-        sent, received = ByteCounter(), ByteCounter()
-        body = bytes(range(256)) * 9000  # over one chunk
-        await wire.write_frame(_Sink(reader), Kind.PART, body[:10], body[10:], counter=sent)  # type: ignore[arg-type]
-        kind, got = await wire.read_frame(reader, (Kind.PART,), len(body), received)
-        assert (kind, got) == (Kind.PART, body)
-        assert sent.sent == received.received == wire.FRAME_HEADER.size + len(body)
+def test_averaged_mask_without_its_reducer_rejected() -> None:
+    with pytest.raises(ProtocolError, match="without the reducer"):
+        Averaged(PartHead(TAG, GID, 0), (False, True), b"").serialize()
+    body = bytearray(Averaged(PartHead(TAG, GID, 0), (True, True), b"").serialize())
+    body[PartHead.SIZE + 2] = 0b10  # member 0, the reducer, no longer counted
+    with pytest.raises(ProtocolError, match="without the reducer"):
+        Averaged.parse(bytes(body))
 
-    asyncio.run(main())
+
+def test_averaged_truncated_mask_rejected() -> None:
+    body = PartHead(TAG, GID, 0).serialize() + struct.pack("!H", 9)  # 9 members, no mask
+    with pytest.raises(ProtocolError, match="truncated"):
+        Averaged.parse(body)
+
+
+def test_frame_header_round_trip() -> None:
+    raw = Frame(Kind.AVERAGED, 123).serialize()
+    assert raw == b"DL\x01\x05" + (123).to_bytes(8, "big")
+    assert Frame.parse(raw) == Frame(Kind.AVERAGED, 123)
 
 
 @pytest.mark.parametrize(
-    ("header", "match"),
+    ("raw", "match"),
     [
-        (wire.FRAME_HEADER.pack(b"XX", 1, 1, 0), "magic"),
-        (wire.FRAME_HEADER.pack(b"DL", 9, 1, 0), "version"),
-        (wire.FRAME_HEADER.pack(b"DL", 1, 99, 0), "kind"),
-        (wire.FRAME_HEADER.pack(b"DL", 1, Kind.GROUP, 0), "unexpected"),
-        (wire.FRAME_HEADER.pack(b"DL", 1, Kind.JOIN, 1 << 40), "bytes"),
+        (FRAME_HEADER.pack(b"XX", 1, 1, 0), "magic"),
+        (FRAME_HEADER.pack(b"DL", 9, 1, 0), "version"),
+        (FRAME_HEADER.pack(b"DL", 1, 99, 0), "kind"),
+        (FRAME_HEADER.pack(b"DL", 1, 1, 0)[:-1], "length"),
     ],
 )
-def test_read_frame_bad_header_rejected_before_body(header: bytes, match: str) -> None:
-    async def main() -> None:
-        reader = asyncio.StreamReader()
-        reader.feed_data(header)  # no body: the check must not wait for one
-        with pytest.raises(ProtocolError, match=match):
-            await wire.read_frame(reader, (Kind.JOIN,))
-
-    asyncio.run(main())
+def test_frame_header_malformed_rejected(raw: bytes, match: str) -> None:
+    with pytest.raises(ProtocolError, match=match):
+        Frame.parse(raw)

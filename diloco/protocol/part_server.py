@@ -1,0 +1,270 @@
+"""The reducer side of one all-reduce round over streams (SPEC 4 "Butterfly all-reduce").
+
+Member ``j`` reduces part ``j``: every other member opens a PART stream to it, sends its
+chunks of the part and reads the averaged chunks back on the same stream. ``PartServer``
+serves those streams for one round: it reads chunks by their deadlines into the
+``PartReducer`` (which decides what counts), closes the gather, averages chunk by chunk in
+an executor, and streams every averaged chunk, with the counted mask, to every member.
+A stream cut in transport is not an offence: the member may open it again, and the
+chunks it already delivered are skipped. An invalid or late chunk excludes its sender,
+which is told so (REJECT BAD_PART); a failed part is announced the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from hivemind.p2p import PeerID
+
+from diloco.errors import ProtocolError
+from diloco.protocol.group import GroupInfo, RoundTimeouts
+from diloco.protocol.reduction import Assembly, PartReducer
+from diloco.protocol.streams import (
+    TRANSPORT_ERRORS,
+    read_body,
+    read_frame_header,
+    send_reject,
+    stop_sending,
+    write_frame,
+)
+from diloco.protocol.wire import ByteCounter, Frame, Kind, PartHead, Reject, RejectCode
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Deadlines:
+    """Loop times at which the phases of one all-reduce end, from its start."""
+
+    gather: float
+    """A reducer stops waiting for members' first chunks (``sender_timeout``)."""
+    part: float
+    """Reducers stop waiting for chunks; members for averaged parts (``reducer_timeout``)."""
+    report: float
+    """Members stop waiting for reports (``report_timeout``)."""
+
+    @classmethod
+    def starting(cls, t0: float, timeouts: RoundTimeouts) -> Deadlines:
+        gather = t0 + timeouts.sender_timeout
+        part = gather + timeouts.reducer_timeout
+        return cls(gather, part, part + timeouts.report_timeout)
+
+
+class PartServer:
+    """Serves this member's part of one round: PART streams in, AVERAGED chunks out."""
+
+    def __init__(
+        self,
+        *,
+        reducer: PartReducer,
+        group: GroupInfo,
+        me: PeerID,
+        deadlines: Deadlines,
+        timeouts: RoundTimeouts,
+        counter: ByteCounter,
+        own_chunks: Sequence[asyncio.Future[torch.Tensor]],
+        assembly: Assembly,
+    ) -> None:
+        self.reducer, self.group, self.me = reducer, group, me
+        self.deadlines, self.timeouts, self.counter = deadlines, timeouts, counter
+        self.own_chunks, self.assembly = own_chunks, assembly
+        self.plan = reducer.plan
+        self._changed = asyncio.Event()
+        self._live: set[int] = set()
+        """Members with a PART stream open to this reducer (at most one each)."""
+        self._serving = 0
+        self.idle = asyncio.Event()
+        """Set while no PART stream is being served."""
+        self.idle.set()
+        self.delivered = 0
+        """Members this reducer wrote its whole averaged part to so far."""
+
+    def _touch(self) -> None:
+        """Wake every ``_wait``: some state they look at changed."""
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def _wait(self, predicate: Callable[[], bool], deadline: float) -> bool:
+        """Wait until ``predicate()`` holds or ``deadline`` (loop time); return it."""
+        loop = asyncio.get_running_loop()
+        while not predicate():
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), remaining)
+        return True
+
+    async def reduce(self) -> None:
+        """Fix who counts once chunk 0 is in from all (or the deadline), then average and
+        publish chunk by chunk; the part joins the assembly unless a counted member
+        stopped mid-part."""
+        loop = asyncio.get_running_loop()
+        reducer, key, index = self.reducer, self.group.key, self.plan.index
+        await self._wait(reducer.gather_complete, self.deadlines.gather)
+        absent = reducer.close_gather()
+        self._touch()
+        if absent:
+            logger.warning(
+                "round %s part %d: averaging without members %s (%s)",
+                key,
+                index,
+                list(absent),
+                absent,
+            )
+        decoded: list[torch.Tensor] = []
+        for c in range(reducer.num_chunks):
+            await self._wait(functools.partial(reducer.chunk_ready, c), self.deadlines.part)
+            stopped = reducer.stopped(c)
+            if stopped:
+                reducer.fail(f"members {stopped} stopped sending mid-part")
+                self._touch()
+                logger.warning("round %s part %d failed: %s", key, index, reducer.failed)
+                return
+            values, weights = reducer.inputs(c, await self.own_chunks[c])
+            encoded, mean = await loop.run_in_executor(None, reducer.average, values, weights)
+            reducer.add_average(c, encoded)
+            self._touch()
+            decoded.append(mean)
+        assert reducer.mask is not None
+        self.assembly.add(index, reducer.mask, torch.cat(decoded), reducer.digest())
+
+    async def accept_part(
+        self,
+        sender: PeerID,
+        frame: Frame,
+        head: PartHead,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> Reject | None:
+        """Serve one member's PART stream (the handler already read its first frame header
+        and part head): read its chunks while streaming the averaged chunks back.
+
+        Returns the refusal to send when the sender is not served (any more).
+        """
+        self._serving += 1
+        self.idle.clear()
+        try:
+            return await self._accept_part(sender, frame, head, reader, writer)
+        finally:
+            self._serving -= 1
+            if self._serving == 0:
+                self.idle.set()
+
+    async def _accept_part(
+        self,
+        sender: PeerID,
+        frame: Frame,
+        head: PartHead,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> Reject | None:
+        self.counter.received += Frame.SIZE + PartHead.SIZE
+        if sender not in self.group.members or sender == self.me:
+            logger.warning("round %s: PART from non-member %s", self.group.key, sender)
+            return Reject(RejectCode.NOT_MEMBER, reason="not a member of this group")
+        j = self.group.index(sender)
+        if j in self.reducer.excluded:
+            return _bad_part(f"excluded: {self.reducer.excluded[j]}")
+        if j in self._live:
+            logger.warning("round %s: second PART stream from member %d", self.group.key, j)
+            return None
+        self._live.add(j)
+        try:
+            return await self._serve_member(j, frame, head, reader, writer)
+        finally:
+            self._live.discard(j)
+
+    async def _serve_member(
+        self,
+        j: int,
+        frame: Frame,
+        head: PartHead,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> Reject | None:
+        loop = asyncio.get_running_loop()
+        sending = asyncio.create_task(self._send_averages(j, writer))
+        try:
+            await self._read_chunks(j, frame, head, reader)
+        except TRANSPORT_ERRORS as exc:
+            # Cut in transport: the member may open the stream again (until the deadlines).
+            logger.info("round %s: PART stream of member %d cut: %r", self.group.key, j, exc)
+            stop_sending(sending)
+            return None
+        except (ProtocolError, asyncio.TimeoutError) as exc:  # bad input, or too slow
+            self.exclude(j, str(exc) if isinstance(exc, ProtocolError) else repr(exc))
+            stop_sending(sending)
+            return _bad_part(f"excluded: {self.reducer.excluded[j]}")
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(sending, max(0.0, self.deadlines.report - loop.time()))
+        return None
+
+    async def _read_chunks(
+        self, j: int, frame: Frame, head: PartHead, reader: asyncio.StreamReader
+    ) -> None:
+        """Read member ``j``'s chunks of this part into the reducer, each by its deadline.
+
+        Raises:
+            ProtocolError: an invalid chunk (the caller excludes ``j``).
+            asyncio.TimeoutError: a chunk came too late (likewise).
+        """
+        loop = asyncio.get_running_loop()
+        reducer, index = self.reducer, self.plan.index
+        for c, (a, b) in enumerate(reducer.chunks):
+            counting = reducer.counting(j, c)
+            deadline = self.deadlines.gather if c == 0 and counting else self.deadlines.part
+            if c > 0:
+                frame = await asyncio.wait_for(
+                    read_frame_header(reader, self.counter), max(0.0, deadline - loop.time())
+                )
+                if frame.kind != Kind.PART or frame.body_len < PartHead.SIZE:
+                    raise ProtocolError(f"{frame.kind.name} where chunk {c} was due")
+                head = PartHead.parse(await read_body(reader, PartHead.SIZE, self.counter))
+            if head != self.plan.head(index, c):
+                raise ProtocolError(f"chunk {head.part}/{head.chunk}, expected {index}/{c}")
+            size = self.plan.codec.encoded_size(b - a)
+            if frame.body_len != PartHead.SIZE + size:
+                raise ProtocolError(
+                    f"chunk of {frame.body_len - PartHead.SIZE} bytes, expected {size}"
+                )
+            payload = await asyncio.wait_for(
+                read_body(reader, size, self.counter), max(0.0, deadline - loop.time())
+            )
+            if not counting or not reducer.wants(j, c):
+                continue  # late, or sent again after a cut: read to keep the stream flowing
+            values = await loop.run_in_executor(None, reducer.check_chunk, c, payload)
+            if reducer.add_chunk(j, c, values):
+                self._touch()
+
+    async def _send_averages(self, j: int, writer: asyncio.StreamWriter) -> None:
+        """Stream the averaged chunks to member ``j`` as the reduction produces them."""
+        reducer = self.reducer
+        for c in range(reducer.num_chunks):
+            ready = functools.partial(reducer.averaged_ready, c)
+            if not await self._wait(ready, self.deadlines.part) or reducer.failed:
+                reason = f"part failed: {reducer.failed or 'deadline'}"
+                await send_reject(writer, _bad_part(reason), self.timeouts.reply_timeout)
+                writer.close()  # the member sees the part missing
+                return
+            msg = reducer.averaged_message(c)
+            await write_frame(
+                writer, Kind.AVERAGED, msg.prefix(), msg.payload, counter=self.counter
+            )
+        self.delivered += 1
+
+    def exclude(self, j: int, reason: str) -> None:
+        """Count nothing more from member ``j`` (logged once)."""
+        if self.reducer.exclude(j, reason):
+            logger.warning("round %s: excluding member %d: %s", self.group.key, j, reason)
+            self._touch()
+
+
+def _bad_part(reason: str) -> Reject:
+    return Reject(RejectCode.BAD_PART, reason=reason[:200])

@@ -1,0 +1,106 @@
+"""Members that send what a broken or hostile peer sends (fault injection by subclass).
+
+Shared by the real-process tests (``swarm_peers``) and the in-process ones: the faults
+corrupt only what a member *sends* as contributions, so a faulty member still reduces its
+own part honestly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import os
+from typing import Any
+
+import torch
+from hivemind.p2p import PeerID
+
+from diloco.protocol.allreduce import AllReduceRunner
+from diloco.protocol.streams import write_frame
+from diloco.protocol.wire import Kind, PartHead, RoundTag
+
+
+class Fault(enum.Enum):
+    NONE = "none"
+    GARBAGE_RANDOM = "garbage_random"
+    WRONG_LENGTH = "wrong_length"
+    WRONG_RUN = "wrong_run"
+    WRONG_CODEC = "wrong_codec"
+    OVERSIZE = "oversize"
+    NAN = "nan"
+    HUGE_NORM = "huge_norm"
+    STALL_SENDER = "stall_sender"
+    STALL_REDUCER = "stall_reducer"
+    DIE_AS_LEADER = "die_as_leader"
+    CUT_FIRST_JOIN = "cut_first_join"
+    CUT_PART_STREAMS = "cut_part_streams"
+
+
+GARBAGE = [
+    Fault.GARBAGE_RANDOM,
+    Fault.WRONG_LENGTH,
+    Fault.WRONG_RUN,
+    Fault.WRONG_CODEC,
+    Fault.OVERSIZE,
+    Fault.NAN,
+    Fault.HUGE_NORM,
+]
+"""Faults of a sender whose every chunk must be refused (codec ``none``: NAN needs it)."""
+
+
+class CorruptSender(AllReduceRunner):
+    """Sends corrupted chunks to every other reducer (``fault`` picks how)."""
+
+    fault = Fault.NONE
+
+    def _encode_chunk(self, j: int, c: int) -> bytes:
+        payload = super()._encode_chunk(j, c)
+        a, b = self.plan.chunks[j][c]
+        if self.fault == Fault.GARBAGE_RANDOM:
+            return bytes([255]) + os.urandom(len(payload) - 1)
+        if self.fault == Fault.WRONG_LENGTH:
+            return payload[:-3]
+        if self.fault == Fault.WRONG_CODEC:
+            other = 2 if payload[0] != 2 else 1
+            return bytes([other]) + payload[1:]
+        if self.fault == Fault.OVERSIZE:
+            return payload + bytes(8 << 20)
+        if self.fault == Fault.NAN:
+            assert self.plan.codec.name == "none", "NaN payloads are built for the none codec"
+            return payload[:5] + torch.full((b - a,), float("nan")).numpy().tobytes()
+        if self.fault == Fault.HUGE_NORM:
+            return self.plan.codec.encode((self.delta[a:b] * 1e6).contiguous())
+        return payload
+
+    def _part_head(self, j: int, c: int) -> PartHead:
+        head = super()._part_head(j, c)
+        if self.fault == Fault.WRONG_RUN:
+            tag = RoundTag(bytes(16), head.tag.fragment, head.tag.round)
+            return PartHead(tag, head.group_id, head.part, head.chunk)
+        return head
+
+
+def corrupt_sender(fault: Fault) -> type[AllReduceRunner]:
+    """A ``CorruptSender`` class for one of the ``GARBAGE`` faults."""
+    return type(f"Corrupt_{fault.value}", (CorruptSender,), {"fault": fault})
+
+
+class CutPartStreams(AllReduceRunner):
+    """Its first PART stream to every reducer is cut right after the first two chunks went
+    out (a stream lost in transit); it then opens the stream again, as any member does,
+    and sends every chunk again: the reducer must skip the two it holds."""
+
+    async def _exchange_inner(self, j: int, peer: PeerID) -> Any:
+        cut: set[int] = self.__dict__.setdefault("_cut", set())
+        if j in cut:
+            return await super()._exchange_inner(j, peer)
+        cut.add(j)
+        loop = asyncio.get_running_loop()
+        _, _, writer = await self.p2p.call_binary_stream_handler(peer, self.part_handler)
+        for c in range(min(2, len(self.plan.chunks[j]))):
+            payload = await loop.run_in_executor(None, self._encode_chunk, j, c)
+            head = self._part_head(j, c).serialize()
+            await write_frame(writer, Kind.PART, head, payload, counter=self.counter)
+        await asyncio.sleep(0.05)
+        writer.close()
+        raise ConnectionResetError("test fault: PART stream cut")

@@ -1,0 +1,246 @@
+"""The pure core of the all-reduce: who counts, the average, the member-side assembly.
+
+No streams, no loop: events are fed by hand, as ``AllReduceRunner`` feeds them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+import torch
+
+from diloco.codecs import get_codec
+from diloco.errors import ProtocolError
+from diloco.protocol.reduction import (
+    CHUNK_VALUES,
+    Assembly,
+    AveragedPart,
+    PartReducer,
+    RoundPlan,
+    check_values,
+    chunk_spans,
+    part_digest,
+)
+from diloco.protocol.wire import Averaged, PartHead, RoundTag
+
+NONE = get_codec("none")
+TAG = RoundTag(bytes(range(16)), 2, 5)
+GID = b"g" * 16
+
+
+def _plan(index: int = 0, weights: tuple[float, ...] = (1.0, 3.0, 1.0)) -> RoundPlan:
+    """Three members; part 0 is two chunks of 4 values, parts 1 and 2 one chunk each."""
+    return RoundPlan(
+        tag=TAG,
+        group_id=GID,
+        index=index,
+        weights=weights,
+        spans=((0, 8), (8, 12), (12, 16)),
+        chunks=(((0, 4), (4, 8)), ((8, 12),), ((12, 16),)),
+        chunk_norms=((2.0, 2.0), (2.0,), (2.0,)),
+        codec=NONE,
+        return_codec=NONE,
+        max_norm_ratio=10.0,
+    )
+
+
+def _full(value: float, n: int = 4) -> torch.Tensor:
+    return torch.full((n,), value)
+
+
+def test_check_values_nan_rejected() -> None:
+    with pytest.raises(ProtocolError, match="finite"):
+        check_values(torch.tensor([1.0, float("nan")]), 1.0, 10.0)
+
+
+def test_check_values_norm_over_bound_rejected() -> None:
+    check_values(torch.full((4,), 4.0), 1.0, 8.0)  # norm 8: at the bound
+    with pytest.raises(ProtocolError, match="norm"):
+        check_values(torch.full((4,), 4.01), 1.0, 8.0)
+
+
+def test_check_values_zero_reference_checks_only_finiteness() -> None:
+    check_values(torch.full((4,), 1e30), 0.0, 8.0)
+
+
+def test_chunk_spans_cover_part_and_keep_alignment() -> None:
+    spans = chunk_spans(512, 512 + 2 * 1024 + 7, chunk_values=1024)
+    assert spans == [(512, 1536), (1536, 2560), (2560, 2567)]
+    assert chunk_spans(256, 256) == [(256, 256)]
+    with pytest.raises(ValueError, match="multiple"):
+        chunk_spans(0, 10, chunk_values=100)
+
+
+def test_round_plan_build_cuts_parts_into_chunks_with_own_norms() -> None:
+    delta = torch.zeros(2 * CHUNK_VALUES + 512)
+    delta[0] = 3.0
+    delta[1] = 4.0
+    plan = RoundPlan.build(
+        tag=TAG,
+        group_id=GID,
+        index=1,
+        weights=[1.0, 1.0],
+        delta=delta,
+        codec=NONE,
+        return_codec=NONE,
+        max_norm_ratio=10.0,
+    )
+    half = CHUNK_VALUES + 256
+    assert plan.spans == ((0, half), (half, 2 * CHUNK_VALUES + 512))
+    assert plan.chunks[0] == ((0, CHUNK_VALUES), (CHUNK_VALUES, half))
+    assert plan.chunk_norms[0] == (5.0, 0.0)
+    assert plan.numel == delta.numel() and plan.num_members == 2
+
+
+def test_part_reducer_counts_only_first_chunks_in_before_the_gather_closed() -> None:
+    reducer = PartReducer(_plan())
+    assert reducer.counting(1, 0) and not reducer.counting(1, 1)
+    assert reducer.add_chunk(1, 0, _full(1.0))
+    assert not reducer.gather_complete()  # member 2 has not sent
+    assert reducer.close_gather() == {2: "nothing sent"}
+    assert reducer.mask == (True, True, False) and reducer.counted == [0, 1]
+    assert not reducer.counting(2, 0) and not reducer.add_chunk(2, 0, _full(1.0))
+    assert reducer.counting(1, 1) and not reducer.counting(2, 1)
+
+
+def test_part_reducer_excluded_member_stops_counting_and_is_not_awaited() -> None:
+    reducer = PartReducer(_plan())
+    reducer.add_chunk(1, 0, _full(1.0))
+    assert reducer.exclude(2, "garbage") and not reducer.exclude(2, "again")
+    assert not reducer.wants(2, 0)
+    assert reducer.gather_complete()
+    assert reducer.close_gather() == {2: "garbage"}
+
+
+def test_part_reducer_skips_chunks_held_before_a_cut() -> None:
+    reducer = PartReducer(_plan())
+    reducer.add_chunk(1, 0, _full(1.0))
+    assert not reducer.wants(1, 0) and reducer.wants(1, 1)
+    reducer.add_chunk(1, 1, _full(1.0))
+    assert not reducer.wants(1, 1)
+
+
+def test_part_reducer_counted_member_that_stops_fails_the_chunk() -> None:
+    reducer = PartReducer(_plan())
+    reducer.add_chunk(1, 0, _full(1.0))
+    reducer.add_chunk(2, 0, _full(1.0))
+    reducer.close_gather()
+    reducer.add_chunk(2, 1, _full(1.0))
+    assert reducer.chunk_ready(0) and not reducer.chunk_ready(1)
+    assert reducer.stopped(0) == [] and reducer.stopped(1) == [1]
+    reducer.exclude(1, "invalid chunk 1")
+    assert reducer.chunk_ready(1) and reducer.stopped(1) == [1]
+
+
+def test_part_reducer_average_weights_counted_members_in_group_order() -> None:
+    reducer = PartReducer(_plan(weights=(1.0, 3.0, 4.0)))
+    reducer.add_chunk(1, 0, _full(3.0))
+    reducer.close_gather()  # member 2 absent: weights renormalised over 1 + 3
+    values, weights = reducer.inputs(0, own=_full(1.0))
+    assert weights == [1.0, 3.0]
+    encoded, decoded = reducer.average(values, weights)
+    assert torch.equal(decoded, _full(2.5))  # 1/4 * 1 + 3/4 * 3
+    assert encoded == NONE.encode(_full(2.5))
+    assert not reducer.averaged_ready(0)
+    reducer.add_average(0, encoded)
+    assert reducer.averaged_ready(0)
+    msg = reducer.averaged_message(0)
+    assert msg.head == PartHead(TAG, GID, 0, 0) and msg.mask == (True, True, False)
+
+
+def test_part_reducer_failed_part_releases_the_senders() -> None:
+    reducer = PartReducer(_plan())
+    reducer.fail("members [1] stopped sending mid-part")
+    assert reducer.averaged_ready(0) and reducer.failed
+
+
+def test_part_reducer_digest_is_payloads_then_mask() -> None:
+    reducer = PartReducer(_plan())
+    reducer.add_chunk(1, 0, _full(1.0))
+    reducer.close_gather()
+    reducer.add_average(0, b"first")
+    reducer.add_average(1, b"second")
+    assert reducer.digest() == hashlib.sha256(b"firstsecond" + bytes([0b011])).digest()
+
+
+@pytest.mark.parametrize(
+    ("payload", "match"),
+    [
+        (get_codec("bf16").encode(_full(1.0)), "codec id"),
+        (b"\x00" + b"\xff" * 20, "does not decode"),
+        (NONE.encode(_full(1.0, 5)), "5 values, expected 4"),
+        (NONE.encode(_full(0.0))[:5] + _full(float("nan")).numpy().tobytes(), "finite"),
+        (NONE.encode(_full(1e3)), "norm"),
+    ],
+)
+def test_part_reducer_invalid_chunk_rejected(payload: bytes, match: str) -> None:
+    with pytest.raises(ProtocolError, match=match):
+        PartReducer(_plan()).check_chunk(0, payload)
+
+
+def test_part_reducer_valid_chunk_decoded() -> None:
+    values = torch.tensor([1.0, -2.0, 0.5, 0.0])
+    assert torch.equal(PartReducer(_plan()).check_chunk(1, NONE.encode(values)), values)
+
+
+def _averaged(part: int, chunk: int, mask: tuple[bool, ...], value: float) -> Averaged:
+    return Averaged(PartHead(TAG, GID, part, chunk), mask, NONE.encode(_full(value)))
+
+
+def test_averaged_part_assembles_chunks_and_digest_matches_the_reducer() -> None:
+    part = AveragedPart(_plan(index=1), 0)
+    mask = (True, True, False)
+    assert part.body_size(0) == len(_averaged(0, 0, mask, 1.0).serialize())
+    for c, value in enumerate((1.0, 2.0)):
+        msg = _averaged(0, c, mask, value)
+        part.check(c, msg)
+        part.add(c, msg, part.decode(c, msg.payload))
+    assert part.complete and part.mask == mask
+    assert torch.equal(torch.cat(part.values), torch.tensor([1.0] * 4 + [2.0] * 4))
+    payloads = [NONE.encode(_full(1.0)), NONE.encode(_full(2.0))]
+    assert part.digest() == part_digest(mask, payloads)
+    assert part.digest() == hashlib.sha256(b"".join(payloads) + bytes([0b011])).digest()
+
+
+@pytest.mark.parametrize(
+    ("msg", "match"),
+    [
+        (_averaged(0, 1, (True, True, True), 1.0), "another round, group, part or chunk"),
+        (_averaged(1, 0, (True, True, True), 1.0), "another round, group, part or chunk"),
+        (_averaged(0, 0, (True, True), 1.0), "mask of 2 members"),
+    ],
+)
+def test_averaged_part_wrong_chunk_rejected(msg: Averaged, match: str) -> None:
+    with pytest.raises(ProtocolError, match=match):
+        AveragedPart(_plan(index=1), 0).check(0, msg)
+
+
+def test_averaged_part_mask_changed_mid_part_rejected() -> None:
+    part = AveragedPart(_plan(index=1), 0)
+    first = _averaged(0, 0, (True, True, True), 1.0)
+    part.add(0, first, part.decode(0, first.payload))
+    with pytest.raises(ProtocolError, match="changed"):
+        part.check(1, _averaged(0, 1, (True, False, True), 1.0))
+
+
+def test_averaged_part_values_over_the_norm_bound_rejected() -> None:
+    part = AveragedPart(_plan(index=1), 0)  # own norm 2, ratio 10: norm 20 at most
+    part.decode(0, NONE.encode(_full(10.0)))  # norm 20
+    with pytest.raises(ProtocolError, match="norm"):
+        part.decode(0, NONE.encode(_full(10.01)))
+    with pytest.raises(ProtocolError, match="does not decode"):
+        part.decode(0, b"\x00\x01")
+
+
+def test_assembly_result_zero_where_missing_and_full_contributors() -> None:
+    assembly = Assembly(_plan())
+    assembly.add(0, (True, True, False), torch.arange(8.0), b"d0")
+    assembly.add(2, (True, True, True), torch.full((4,), 7.0), b"d2")
+    result = assembly.result()
+    assert result.held == (True, False, True)
+    assert torch.equal(result.delta, torch.tensor([*range(8), 0, 0, 0, 0, 7, 7, 7, 7.0]))
+    assert result.full == (True, True, False)
+    assert result.digest == hashlib.sha256(b"d0d2").digest()
+    with pytest.raises(ValueError, match="values"):
+        assembly.add(1, (True, True, True), torch.zeros(5), b"d1")
