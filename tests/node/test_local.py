@@ -63,7 +63,9 @@ def test_streaming_with_one_fragment_tau0_none_equals_diloco(corpus) -> None:
 
 @pytest.mark.parametrize("fragment_size", [1, 4])
 def test_h1_outer_lr1_mu0_sgd_equals_data_parallel(corpus, fragment_size: int) -> None:
-    inner = InnerConfig(optimizer="sgd", lr=0.5, warmup_steps=0, grad_clip=0)
+    # lr 0.1: the loss falls steadily, so float rounding is not amplified (at 0.5 the tied
+    # embedding makes plain SGD unstable and the two float paths part by 2e-3 in 6 steps).
+    inner = InnerConfig(optimizer="sgd", lr=0.1, warmup_steps=0, grad_clip=0)
     outer = OuterConfig(sync_every=1, outer_lr=1.0, outer_momentum=0.0, fragment_sync_delay=0)
     streaming = LocalTrainer(
         small(
