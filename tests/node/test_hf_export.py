@@ -34,8 +34,8 @@ def _model() -> Transformer:
 def _logits_in_transformers(folder) -> tuple[torch.Tensor, torch.Tensor]:
     torch.manual_seed(1)
     tokens = torch.randint(0, CONFIG.vocab_size, (2, 40))
-    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    assert type(hf).__name__ == "Qwen3ForCausalLM"
+    hf = AutoModelForCausalLM.from_pretrained(folder).eval()
+    assert type(hf).__name__ == "Qwen3ForCausalLM" and hf.dtype == torch.float32
     assert hf.lm_head.weight.data_ptr() == hf.model.embed_tokens.weight.data_ptr()
     with torch.no_grad():
         return tokens, hf(tokens).logits
