@@ -26,6 +26,7 @@ import multiprocessing
 import multiprocessing.pool
 import os
 import zlib
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,7 +65,8 @@ class PrepareConfig:
     """One preparation run (the options of ``diloco-node prepare-data``)."""
 
     inputs: list[str]
-    """Files or folders (searched recursively for the suffixes of ``SUFFIX_FORMATS``)."""
+    """Files or folders (searched recursively for the suffixes of ``SUFFIX_FORMATS``);
+    unused by ``prepare_hf_dataset``."""
     output: str
     """Folder to write ``train.bin``, ``val.bin`` and ``manifest.json`` into."""
     tokenizer: str | None = None
@@ -81,8 +83,6 @@ class PrepareConfig:
     """Bytes of a JSONL or text file per unit of work."""
 
     def __post_init__(self) -> None:
-        if not self.inputs:
-            raise ConfigError("give at least one input file or folder")
         if not 0 <= self.val_fraction < 1:
             raise ConfigError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
         if self.processes < 0 or self.shard_bytes < 1:
@@ -270,6 +270,8 @@ def plan_shards(path: Path, name: str, text_field: str, shard_bytes: int) -> lis
 
 def prepare(config: PrepareConfig, on_progress: ProgressCallback | None = None) -> Manifest:
     """Tokenize the files of ``config`` into ``config.output``; returns the manifest."""
+    if not config.inputs:
+        raise ConfigError("give at least one input file or folder")
     files = find_inputs(config.inputs)
     shards = [
         s
@@ -277,7 +279,7 @@ def prepare(config: PrepareConfig, on_progress: ProgressCallback | None = None) 
         for s in plan_shards(path, name, config.text_field, config.shard_bytes)
     ]
     processes = min(config.processes or os.cpu_count() or 1, max(1, len(shards)))
-    with _workers(config, processes) as pool:
+    with _Workers(config, processes) as pool:
         hashes = pool.map(file_sha256, [p for p, _ in files]) if pool else None
         records = [
             InputRecord(
@@ -289,7 +291,7 @@ def prepare(config: PrepareConfig, on_progress: ProgressCallback | None = None) 
             for i, (path, name) in enumerate(files)
         ]
         total = sum(s.size_bytes for s in shards)
-        return _write(config, shards, lambda: records, total, pool, on_progress)
+        return _write(config, shards, lambda: records, total, pool, processes, on_progress)
 
 
 def prepare_hf_dataset(
@@ -321,11 +323,12 @@ def prepare_hf_dataset(
     def inputs() -> list[InputRecord]:
         return [InputRecord(name=label, format="dataset", bytes=size, sha256=None)]
 
-    with _workers(config, config.processes or os.cpu_count() or 1) as pool:
-        return _write(config, shards(), inputs, 0, pool, on_progress)
+    processes = config.processes or os.cpu_count() or 1
+    with _Workers(config, processes) as pool:
+        return _write(config, shards(), inputs, 0, pool, processes, on_progress)
 
 
-class _workers:
+class _Workers:
     """A spawn-context pool of ``processes`` encoders, or None to encode in this process."""
 
     def __init__(self, config: PrepareConfig, processes: int) -> None:
@@ -350,12 +353,27 @@ class _workers:
             self.pool.join()
 
 
+def _in_order(
+    pool: multiprocessing.pool.Pool, shards: Iterable[Shard], window: int
+) -> Iterator[ShardTokens]:
+    """Encoded shards in input order, at most ``window`` in flight: unlike ``Pool.imap``,
+    which queues its whole input at once, this keeps a streamed dataset out of memory."""
+    pending: deque[multiprocessing.pool.AsyncResult[ShardTokens]] = deque()
+    for shard in shards:
+        pending.append(pool.apply_async(_encode_in_worker, (shard,)))
+        if len(pending) >= window:
+            yield pending.popleft().get()
+    while pending:
+        yield pending.popleft().get()
+
+
 def _write(
     config: PrepareConfig,
     shards: Iterable[Shard],
     inputs: Callable[[], list[InputRecord]],
     total_bytes: int,
     pool: multiprocessing.pool.Pool | None,
+    processes: int,
     on_progress: ProgressCallback | None,
 ) -> Manifest:
     tokenizer = load_tokenizer(config.tokenizer, config.eos_token)
@@ -366,7 +384,7 @@ def _write(
         encoder = _Encoder(tokenizer, config.text_field, config.val_fraction)
         results: Iterable[ShardTokens] = map(encoder.encode, shards)
     else:
-        results = pool.imap(_encode_in_worker, shards)
+        results = _in_order(pool, shards, window=2 * processes)
     splits = {"train": _SplitWriter(out / "train.bin"), "val": _SplitWriter(out / "val.bin")}
     skipped = done = 0
     try:
