@@ -2,6 +2,8 @@
 
 import hashlib
 import json
+import sys
+import types
 import zlib
 
 import numpy as np
@@ -14,7 +16,7 @@ from diloco.errors import ConfigError
 from diloco.node.data import load_corpus
 from diloco.node.local import LocalConfig, LocalTrainer
 from diloco.node.manifest import read_manifest
-from diloco.node.prepare_data import PrepareConfig, prepare
+from diloco.node.prepare_data import PrepareConfig, prepare, prepare_hf_dataset
 
 WORDS = ["the", "a", "swarm", "of", "nodes", "trains", "model", "café", "naïve", "東京", "42"]
 
@@ -188,3 +190,41 @@ def test_prepare_names_the_fix_for_bad_inputs(files, tmp_path) -> None:
         _config(root, tmp_path, val_fraction=1.0)
     with pytest.raises(ConfigError, match="not in"):
         prepare(_config(root, tmp_path, eos_token="<eos>"))
+
+
+def test_prepare_hf_dataset_streams_records_like_a_jsonl_file(files, tmp_path, monkeypatch) -> None:
+    """``datasets`` replaced by a stand-in (no network here): the streamed records give the
+    tokens that the same records in a JSONL file give."""
+    root, _ = files
+    records = [json.loads(line) for line in _good_lines(root / "docs.jsonl")]
+    calls = []
+
+    def load_dataset(name, subset, split, streaming):
+        calls.append((name, subset, split, streaming))
+        return iter(records)
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    config = _config(root, tmp_path / "hf", inputs=[], val_fraction=0.2)
+    streamed = prepare_hf_dataset(config, "org/corpus", documents_per_shard=7)
+    from_file = prepare(
+        _config(root, tmp_path / "file", inputs=[str(root / "docs.jsonl")], val_fraction=0.2)
+    )
+    assert calls == [("org/corpus", None, "train", True)]
+    for name in ("train.bin", "val.bin"):
+        assert (tmp_path / "hf" / name).read_bytes() == (tmp_path / "file" / name).read_bytes()
+    assert streamed.train == from_file.train and streamed.skipped_documents == 2
+    assert [(i.name, i.format, i.sha256) for i in streamed.inputs] == [
+        ("org/corpus/:train", "dataset", None)
+    ]
+
+
+def _good_lines(path) -> list[str]:
+    """The JSONL lines that parse as JSON (the stand-in dataset yields parsed records)."""
+    lines = []
+    for line in path.read_text().splitlines():
+        try:
+            json.loads(line)
+        except ValueError:
+            continue
+        lines.append(line)
+    return lines
