@@ -10,13 +10,25 @@ from hivemind.p2p import PeerID
 from swarm_peers import make_delta
 
 from diloco.codecs import get_codec
+from diloco.protocol.aggregation import CLIP_FACTOR, robust_mean
+from diloco.protocol.matchmaking import leader_rank, round_key
 from diloco.protocol.partition import butterfly_parts
-from diloco.protocol.reducer import Contribution, InProcessReducer, RoundKey, weighted_mean
+from diloco.protocol.reducer import Contribution, InProcessReducer, RoundKey
+from diloco.protocol.reduction import chunk_spans
 
 
 def group_order(peer_ids: Sequence[str]) -> list[int]:
     """Indices of ``peer_ids`` in group order (sorted peer id bytes)."""
     return sorted(range(len(peer_ids)), key=lambda i: PeerID.from_base58(peer_ids[i]).to_bytes())
+
+
+def leader_order(peer_ids: Sequence[str], run_id: str, key: RoundKey) -> list[int]:
+    """Indices of ``peer_ids`` in line to lead round ``key`` (``leader_rank``), first first."""
+    dht_key = round_key(run_id, key)
+    return sorted(
+        range(len(peer_ids)),
+        key=lambda i: leader_rank(dht_key, PeerID.from_base58(peer_ids[i])),
+    )
 
 
 def in_process_sha(
@@ -54,6 +66,11 @@ def partial_sha(
         parts = [
             c.decode(c.encode(make_delta(numel, seeds[i])[lo:hi].contiguous())) for i in members
         ]
-        mean = weighted_mean(parts, [weights[i] for i in members])
+        mean = torch.empty(hi - lo)
+        for a, b in chunk_spans(lo, hi):
+            chunk = [part[a - lo : b - lo] for part in parts]
+            mean[a - lo : b - lo] = robust_mean(
+                chunk, [weights[i] for i in members], CLIP_FACTOR
+            ).mean
         result[lo:hi] = c.decode(c.encode(mean))
     return hashlib.sha256(result.numpy().tobytes()).hexdigest()
