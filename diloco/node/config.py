@@ -104,7 +104,7 @@ class RunConfig:
         try:
             check_clip_factor(self.clip_factor)
         except ValueError as error:
-            raise ConfigError(f"{error}; e.g. 2") from error
+            raise ConfigError(f"{error}, e.g. 3") from error
 
     def round_token_cap(self) -> int:
         """A member's largest weight in one round, in tokens (``max_round_tokens``)."""

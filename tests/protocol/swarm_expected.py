@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Sequence
 
 import torch
@@ -31,21 +32,42 @@ def leader_order(peer_ids: Sequence[str], run_id: str, key: RoundKey) -> list[in
     )
 
 
+def in_process_delta(
+    peer_ids: Sequence[str],
+    numel: int,
+    seeds: Sequence[int],
+    weights: Sequence[float],
+    codec: str,
+    *,
+    scales: Sequence[float] | None = None,
+    max_weight: float = math.inf,
+) -> torch.Tensor:
+    """The in-process reducer's result on the same inputs, in group order.
+
+    ``codec`` is a codec name, or ``"send/return"`` for a different return codec; peer
+    ``i`` contributes ``scales[i]`` times its delta; weights are capped at ``max_weight``.
+    """
+    order = group_order(peer_ids)
+    scales = scales or [1.0] * len(peer_ids)
+    contributions = [
+        Contribution(peer_ids[i], make_delta(numel, seeds[i]) * scales[i], weights[i])
+        for i in order
+    ]
+    send, _, back = codec.partition("/")
+    reducer = InProcessReducer(get_codec(send), get_codec(back or send), max_weight=max_weight)
+    return reducer.reduce(RoundKey(0, 1), contributions).result().delta
+
+
+def sha(delta: torch.Tensor) -> str:
+    """sha256 of a result's FP32 bytes, as the test peers report it."""
+    return hashlib.sha256(delta.numpy().tobytes()).hexdigest()
+
+
 def in_process_sha(
     peer_ids: Sequence[str], numel: int, seeds: Sequence[int], weights: Sequence[float], codec: str
 ) -> str:
-    """sha256 of the in-process reducer's result on the same inputs, in group order.
-
-    ``codec`` is a codec name, or ``"send/return"`` for a different return codec.
-    """
-    order = group_order(peer_ids)
-    contributions = [
-        Contribution(peer_ids[i], make_delta(numel, seeds[i]), weights[i]) for i in order
-    ]
-    send, _, back = codec.partition("/")
-    reducer = InProcessReducer(get_codec(send), get_codec(back or send))
-    result = reducer.reduce(RoundKey(0, 1), contributions).result()
-    return hashlib.sha256(result.delta.numpy().tobytes()).hexdigest()
+    """sha256 of ``in_process_delta`` (no scales, no cap)."""
+    return sha(in_process_delta(peer_ids, numel, seeds, weights, codec))
 
 
 def partial_sha(

@@ -21,7 +21,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
-from faults import CutPartStreams, Fault, corrupt_sender
+from faults import CutPartStreams, Fault, LyingReporter, ScaledContribution, corrupt_sender
 from hivemind.p2p import PeerID
 
 from diloco.codecs import get_codec
@@ -154,6 +154,10 @@ def runner_type(fault: Fault) -> type[AllReduceRunner]:
         return StallReducer
     if fault == Fault.CUT_PART_STREAMS:
         return CutPartStreams
+    if fault == Fault.LIE_IN_REPORT:
+        return LyingReporter
+    if fault == Fault.SCALED_CONTRIBUTION:
+        return ScaledContribution
     return corrupt_sender(fault)
 
 
@@ -229,6 +233,14 @@ def peer_main(
             elif command == "fault":
                 reducer.runner_type = runner_type(Fault(args))
                 reducer.matchmaker.__class__ = matchmaker_type(Fault(args))
+                _notify(("ok",))
+            elif command == "cap":  # the run's weight cap (a hostile peer ignores it: inf)
+                reducer.max_weight = reducer.matchmaker.max_weight = args
+                _notify(("ok",))
+            elif command == "banned":
+                _notify(("banned", swarm.bans.banned(PeerID.from_base58(args))))
+            elif command == "forgive":  # a fresh start between tests of the shared pool
+                swarm.bans._peers.clear()
                 _notify(("ok",))
             elif command == "reduce":
                 futures = [

@@ -8,14 +8,13 @@ The runners, services and stream handlers are the production ones; only the tran
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import math
 from collections.abc import Sequence
 
 import pytest
 import torch
-from faults import GARBAGE, CutPartStreams, Fault, corrupt_sender
+from faults import GARBAGE, CutPartStreams, Fault, LyingReporter, corrupt_sender
 from memory_p2p import MemoryNetwork, make_peer_id
 
 from diloco.codecs import get_codec
@@ -27,7 +26,7 @@ from diloco.protocol.group import GroupInfo, RoundTimeouts
 from diloco.protocol.part_server import PartServer
 from diloco.protocol.partition import butterfly_parts
 from diloco.protocol.reducer import Contribution, InProcessReducer, RoundKey, RoundResult
-from diloco.protocol.reduction import CHUNK_VALUES, Assembled
+from diloco.protocol.reduction import CHUNK_VALUES
 
 TIMEOUTS = RoundTimeouts(
     matchmaking_window=1.0,
@@ -233,13 +232,6 @@ def test_cut_part_streams_duplicate_chunks_skipped_round_completes() -> None:
     assert all(torch.equal(_delta(o), expected) for o in outcomes)
 
 
-class _LyingReporter(AllReduceRunner):
-    """Reduces honestly, then reports a result digest nobody assembled."""
-
-    async def _exchange_reports(self, assembled: Assembled) -> None:
-        await super()._exchange_reports(dataclasses.replace(assembled, digest=b"\x00" * 32))
-
-
 def run_rounds(
     rounds: int,
     deltas: Sequence[torch.Tensor],
@@ -261,7 +253,7 @@ def test_disagreeing_report_does_not_fail_the_round_for_the_majority(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     types: list[type[AllReduceRunner]] = [AllReduceRunner] * 4
-    types[3] = _LyingReporter
+    types[3] = LyingReporter
     deltas = _deltas(2_000, 4)
     bans = [BanList() for _ in range(4)]
     with caplog.at_level(logging.WARNING, logger="diloco.protocol"):
@@ -277,7 +269,7 @@ def test_repeated_disagreeing_reports_ban_the_liar_then_it_is_not_counted(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     types: list[type[AllReduceRunner]] = [AllReduceRunner] * 4
-    types[3] = _LyingReporter
+    types[3] = LyingReporter
     deltas, weights = _deltas(2_000, 4), [1.0, 2.0, 1.0, 1.0]
     bans = [BanList() for _ in range(4)]
     liar = make_peer_id(3)
