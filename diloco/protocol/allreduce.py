@@ -39,8 +39,8 @@ Faults and agreement (the rule every member applies):
   must be the one a strict majority holds. If not, it raises ``RoundFailed`` and its outer
   state stays unchanged. A dissenting member is logged; one that reported another result
   against the majority, like a sender excluded for invalid input, commits an offence
-  (``bans``). ``RoundResult.members`` are
-  the full contributors, identical on every member because the masks travel with the parts.
+  (``bans``). ``RoundResult.members`` are the full contributors, identical on every
+  member because the masks travel with the parts.
 * In a butterfly every member is a reducer, so a member that dies before delivering its
   averaged part fails the round for all (SPEC 4 allows "all treat the round as failed");
   one that dies after delivering it, before its own contributions arrived, is simply not
