@@ -35,7 +35,8 @@ from diloco.errors import ConfigError
 from diloco.node.fragments import EmbeddingPlacement, Pattern
 from diloco.node.inner import InnerConfig
 from diloco.node.model import PRESETS, ModelConfig, preset
-from diloco.node.outer import OuterConfig
+from diloco.node.outer import OuterConfig, round_token_cap
+from diloco.protocol.aggregation import CLIP_FACTOR, check_clip_factor
 from diloco.protocol.group import RoundTimeouts
 from diloco.protocol.run_id import RUN_NAME_PATTERN
 
@@ -71,6 +72,17 @@ class RunConfig:
     dataset: str | None = None
     """Name of the corpus the run trains on, for people (e.g. ``fineweb-edu``); never read
     as a path: each node chooses its own data (``NodeOptions.data``)."""
+    max_round_tokens: int | None = None
+    """Cap on a member's weight in one round, in tokens (its weight is the tokens it
+    processed since its last sync of the fragment plus those carried from failed rounds,
+    SPEC 2.4 step 3); a member counts at most this much, so no peer owns a mean by
+    claiming a huge weight (``diloco.protocol.aggregation``). None: ``outer.CAP_SEQUENCES`` x
+    ``seq_len`` x H, the tokens of four rounds of a node with the default batch of 8
+    sequences; raise it for runs whose nodes take bigger batches."""
+    clip_factor: float = CLIP_FACTOR
+    """C of the reducers' norm clipping: per chunk, a contribution whose norm exceeds C
+    times the lower median of the members' norms is scaled down to it (0: plain weighted
+    mean). Honest runs are never clipped at the default (benchmarks/RESULTS.md, "Trust")."""
 
     def __post_init__(self) -> None:
         if not RUN_NAME_PATTERN.match(self.name):
@@ -87,6 +99,16 @@ class RunConfig:
             )
         if self.dataset is not None and not (0 < len(self.dataset) <= 100):
             raise ConfigError("dataset must be a name of 1 to 100 characters")
+        if self.max_round_tokens is not None:
+            _at_least("max_round_tokens", self.max_round_tokens, 1, "tokens")
+        try:
+            check_clip_factor(self.clip_factor)
+        except ValueError as error:
+            raise ConfigError(f"{error}, e.g. 3") from error
+
+    def round_token_cap(self) -> int:
+        """A member's largest weight in one round, in tokens (``max_round_tokens``)."""
+        return round_token_cap(self.max_round_tokens, self.seq_len, self.outer.sync_every)
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = json.loads(json.dumps(dataclasses.asdict(self)))

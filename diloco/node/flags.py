@@ -108,6 +108,17 @@ RUN_FLAGS = Flags(
         Flag("--warmup", ("inner", "warmup_steps"), "Learning-rate warm-up, in inner steps."),
         Flag("--seed", ("seed",), "Seed of the initial weights."),
         Flag("--dataset", ("dataset",), "Name of the corpus, for people (never a path)."),
+        Flag(
+            "--max-round-tokens",
+            ("max_round_tokens",),
+            "Cap on a member's weight in one round, in tokens, e.g. 491520 [default: 32 "
+            "sequences x seq-len x H].",
+        ),
+        Flag(
+            "--clip-factor",
+            ("clip_factor",),
+            "C: per chunk, clip contributions to C x the lower median norm (0: plain mean).",
+        ),
     ),
 )
 NODE_FLAGS = Flags(

@@ -129,6 +129,8 @@ class SwarmNode:
                 get_codec(run.codec, **codec_options),
                 timeouts=rounds.timeouts(),
                 min_group_size=rounds.min_group_size,
+                max_weight=run.round_token_cap(),
+                clip_factor=run.clip_factor,
             )
             member = self.swarm.peer_id.to_base58()
             self.trainer = NodeTrainer(run, options, self.reducer, member)

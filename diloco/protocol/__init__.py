@@ -1,8 +1,9 @@
 """The swarm protocol: DHT records, matchmaking, butterfly all-reduce, state transfer.
 
-Pure pieces (``partition``, ``reducer``, ``reduction``, ``agreement``, ``run_id``, ``wire``,
-``state_wire``, ``fragment_state``) import nothing of hivemind, so the in-process trainer can
-use them without starting it; ``group`` needs only hivemind's ``PeerID``.
+Pure pieces (``partition``, ``aggregation``, ``reducer``, ``reduction``, ``agreement``,
+``run_id``, ``wire``, ``state_wire``, ``fragment_state``) import nothing of hivemind, so the
+in-process trainer can use them without starting it; ``group`` and ``bans`` need only
+hivemind's ``PeerID``.
 
 Modules, one concern each (hivemind ``averaging/`` style)::
 
@@ -16,8 +17,10 @@ Modules, one concern each (hivemind ``averaging/`` style)::
     streams         frames over streams, transport errors, the shared handler wrapper
     group           GroupInfo (frozen, passed from matchmaking to the all-reduce), timeouts
     matchmaking     DHT declaration per round key run_id/frag{p}/round{k}, leader, GROUP
+    aggregation     pure: how contributions combine (weight cap, norm clipping, the mean)
     reduction       pure core of a round: who sent what, who counts, average, assembly
-    agreement       pure: whether a member applies a round, from the REPORTs
+    agreement       pure: whether a member applies a round, from the REPORTs (majority)
+    bans            offences per peer; repeated ones ban the peer for a while
     part_server     reducer side of a round over streams (PART in, AVERAGED out)
     allreduce       member side of a round over streams, reports; stream routing
     fragment_state  FragmentState (outer params, momentum, version) and its one hash

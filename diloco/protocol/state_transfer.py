@@ -22,6 +22,7 @@ from hivemind.p2p import P2P, PeerID
 
 from diloco.errors import ProtocolError
 from diloco.protocol import streams
+from diloco.protocol.bans import BanList
 from diloco.protocol.fragment_state import FragmentState, OuterState, fp32_bytes
 from diloco.protocol.state_wire import StateEntry, StateHeader, StateRequest
 from diloco.protocol.wire import Kind, Reject, RejectCode
@@ -36,17 +37,28 @@ StateProvider = Callable[[], OuterState]
 
 
 class StateServer:
-    """Answers STATE_REQ streams from the provider's snapshot."""
+    """Answers STATE_REQ streams from the provider's snapshot; banned peers get nothing."""
 
     def __init__(
-        self, p2p: P2P, run_id: str, digest: bytes, provider: StateProvider, timeout: float
+        self,
+        p2p: P2P,
+        run_id: str,
+        digest: bytes,
+        provider: StateProvider,
+        timeout: float,
+        bans: BanList,
     ) -> None:
         self.p2p, self.digest, self.provider, self.timeout = p2p, digest, provider, timeout
+        self.bans = bans
         self.handler_name = state_handler_name(run_id)
 
     async def start(self) -> None:
         handler = streams.stream_handler(
-            "STATE_REQ", self._serve, timeout=self.timeout, reply_timeout=self.timeout
+            "STATE_REQ",
+            self._serve,
+            timeout=self.timeout,
+            reply_timeout=self.timeout,
+            admit=self.bans.admit,
         )
         await self.p2p.add_binary_stream_handler(self.handler_name, handler)
 

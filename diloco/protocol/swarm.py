@@ -33,6 +33,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import logging
+import math
 import os
 import threading
 import time
@@ -46,7 +47,9 @@ from hivemind.p2p import P2P, PeerID
 from diloco.codecs import Codec
 from diloco.errors import ProtocolError, RoundFailed
 from diloco.protocol import processes
+from diloco.protocol.aggregation import CLIP_FACTOR, check_clip_factor, weighted_mean
 from diloco.protocol.allreduce import AllReduceRunner, AllReduceService
+from diloco.protocol.bans import BanList
 from diloco.protocol.fragment_state import OuterState
 from diloco.protocol.group import RoundTimeouts
 from diloco.protocol.matchmaking import Matchmaker
@@ -60,7 +63,7 @@ from diloco.protocol.records import (
     read_records,
     record_validator,
 )
-from diloco.protocol.reducer import Contribution, Reducer, RoundKey, RoundResult, weighted_mean
+from diloco.protocol.reducer import Contribution, Reducer, RoundKey, RoundResult
 from diloco.protocol.run_id import check_run_id, run_digest
 from diloco.protocol.signed_records import SigningDHT
 from diloco.protocol.state_transfer import StateProvider, StateServer, fetch_state
@@ -116,6 +119,9 @@ class Swarm:
         self.run_id = check_run_id(run_id)
         self.digest = run_digest(run_id)
         self.request_timeout = request_timeout
+        self.bans = BanList()
+        """Peers this node refuses for a while (``bans``): every part of the protocol, and
+        whoever else catches a peer lying, reports offences here."""
         net = net or NetworkOptions()
         # A joiner that already read the run configuration through its own DHT hands it
         # over (one daemon per node); otherwise the swarm starts one.
@@ -172,7 +178,9 @@ class Swarm:
         """Answer state requests from now on with snapshots from ``provider``."""
         if self._state_server is not None:
             raise RuntimeError("serve_state was already called")
-        server = StateServer(self.p2p, self.run_id, self.digest, provider, self.request_timeout)
+        server = StateServer(
+            self.p2p, self.run_id, self.digest, provider, self.request_timeout, self.bans
+        )
         self.call(server.start())
         self._state_server = server
 
@@ -188,7 +196,8 @@ class Swarm:
 
         Donors default to the peers whose records hold the newest versions of
         ``fragments`` (all fragments in ``expected_numel`` when None), best first; at most
-        ``max_donors`` are tried, each for ``timeout`` seconds (default ``request_timeout``).
+        ``max_donors`` are tried (banned peers never), each for ``timeout`` seconds (default
+        ``request_timeout``).
 
         Raises:
             ProtocolError: no donor delivered a valid state (the reasons are logged).
@@ -218,7 +227,7 @@ class Swarm:
                     f.fragment: (f.version, f.state_hash) for f in record.fragments
                 }
         errors = []
-        for donor in list(donors)[:max_donors]:
+        for donor in [d for d in donors if not self.bans.banned(d)][:max_donors]:
             try:
                 return await asyncio.wait_for(
                     fetch_state(
@@ -308,7 +317,9 @@ class SwarmReducer(Reducer):
     ``reduce`` returns at once; matchmaking and the all-reduce run on the swarm's loop and
     the future resolves within ``timeouts.total`` seconds. With ``target_group_size`` (e.g.
     the number of live node records) matchmaking ends as soon as that many peers declared,
-    instead of after the whole window. ``runner_type`` is the class that
+    instead of after the whole window. ``max_weight`` caps every member's weight (tokens,
+    the run's cap) and ``clip_factor`` is the C of the reducers' norm clipping
+    (``aggregation``; 0: off). ``bans`` is the swarm's. ``runner_type`` is the class that
     runs one all-reduce (tests substitute faulty subclasses).
     """
 
@@ -324,10 +335,14 @@ class SwarmReducer(Reducer):
         min_group_size: int = 2,
         target_group_size: int | None = None,
         max_norm_ratio: float = 100.0,
+        max_weight: float = math.inf,
+        clip_factor: float = CLIP_FACTOR,
     ) -> None:
         if not max_norm_ratio > 1:
             raise ValueError(f"max_norm_ratio must be > 1, got {max_norm_ratio}")
+        check_clip_factor(clip_factor)
         self.swarm, self.codec, self.return_codec = swarm, codec, return_codec or codec
+        self.bans, self.max_weight, self.clip_factor = swarm.bans, max_weight, clip_factor
         self.timeouts = timeouts or RoundTimeouts()
         self.min_group_size, self.max_norm_ratio = min_group_size, max_norm_ratio
         self.matchmaker = Matchmaker(
@@ -336,10 +351,14 @@ class SwarmReducer(Reducer):
             swarm.run_id,
             swarm.digest,
             self.timeouts,
+            self.bans,
             min_group_size,
             target_group_size,
+            max_weight,
         )
-        self.service = AllReduceService(swarm.p2p, swarm.run_id, swarm.digest, self.timeouts)
+        self.service = AllReduceService(
+            swarm.p2p, swarm.run_id, swarm.digest, self.timeouts, self.bans
+        )
         self.timings: collections.OrderedDict[RoundKey, tuple[float, float]] = (
             collections.OrderedDict()
         )
@@ -417,6 +436,9 @@ class SwarmReducer(Reducer):
                     delta=delta,
                     timeouts=self.timeouts,
                     max_norm_ratio=self.max_norm_ratio,
+                    max_weight=self.max_weight,
+                    clip_factor=self.clip_factor,
+                    bans=self.bans,
                     part_handler=self.service.part_handler,
                     report_handler=self.service.report_handler,
                 )

@@ -91,6 +91,7 @@ class RejectCode(IntEnum):
     GROUP_TOO_SMALL = 8
     NO_STATE = 9
     MALFORMED = 10
+    BANNED = 11
 
 
 @dataclass

@@ -93,12 +93,21 @@ def test_typed_flags_override_the_toml_and_tau_sets_the_runs(tmp_path: Path) -> 
         ({"name": "a b"}, "run name 'a b'"),
         ({"evil": 1}, "unknown keys ['evil']"),
         ({"outer": {"evil": 1}}, "unknown keys ['outer.evil']"),
+        ({"max_round_tokens": 0}, "max_round_tokens must be >= 1 tokens"),
+        ({"clip_factor": 0.5}, "clip_factor must be 0 (off) or >= 1"),
+        ({"clip_factor": -1}, "clip_factor must be 0 (off) or >= 1"),
     ],
 )
 def test_bad_run_values_are_config_errors(data: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError) as error:
         from_mapping(RunConfig, data)
     assert message in str(error.value)
+
+
+def test_weight_cap_defaults_to_32_sequences_per_step_of_a_round() -> None:
+    run = from_mapping(RunConfig, {"seq_len": 64, "outer": {"sync_every": 10}})
+    assert run.round_token_cap() == 32 * 64 * 10
+    assert from_mapping(RunConfig, {"max_round_tokens": 5000}).round_token_cap() == 5000
 
 
 def test_floats_take_integers_and_lists_become_tuples() -> None:
