@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -31,15 +32,17 @@ from typing import Any, Literal, TypeVar
 import torch
 
 from diloco.codecs import CODEC_NAMES
-from diloco.errors import ConfigError
+from diloco.errors import ConfigError, ProtocolError
 from diloco.node.fragments import EmbeddingPlacement, Pattern
 from diloco.node.inner import InnerConfig
 from diloco.node.model import PRESETS, ModelConfig, preset
 from diloco.node.outer import OuterConfig
 from diloco.protocol.group import RoundTimeouts
+from diloco.protocol.identity import public_key_of
 from diloco.protocol.run_id import RUN_NAME_PATTERN
 
 T = TypeVar("T")
+KEY_ID_PATTERN = re.compile(r"[0-9a-f]{16}")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -71,6 +74,13 @@ class RunConfig:
     dataset: str | None = None
     """Name of the corpus the run trains on, for people (e.g. ``fineweb-edu``); never read
     as a path: each node chooses its own data (``NodeOptions.data``)."""
+    creator: str | None = None
+    """Peer id (base58) of the node that started the run; its key signs this configuration
+    (SPEC 4.1), so another configuration with the same name has another run id. ``start``
+    sets it from its identity."""
+    swarm_key_id: str | None = None
+    """Closed swarms: ``SwarmKey.key_id`` of the run's key (a hash, never the key); None:
+    an open swarm. ``start --swarm-key FILE`` sets it."""
 
     def __post_init__(self) -> None:
         if not RUN_NAME_PATTERN.match(self.name):
@@ -87,6 +97,13 @@ class RunConfig:
             )
         if self.dataset is not None and not (0 < len(self.dataset) <= 100):
             raise ConfigError("dataset must be a name of 1 to 100 characters")
+        if self.creator is not None:
+            try:
+                public_key_of(self.creator)
+            except ProtocolError as error:
+                raise ConfigError(f"creator: {error}") from error
+        if self.swarm_key_id is not None and not KEY_ID_PATTERN.fullmatch(self.swarm_key_id):
+            raise ConfigError(f"swarm_key_id {self.swarm_key_id!r} is not 16 hex digits")
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = json.loads(json.dumps(dataclasses.asdict(self)))

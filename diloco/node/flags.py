@@ -168,6 +168,13 @@ NETWORK_FLAGS = Flags(
             "Private key file for a stable peer id (created if missing).",
             kind="file",
         ),
+        Flag(
+            "--swarm-key",
+            ("swarm_key_path",),
+            "Closed swarm: file with the run's shared key (make one with `diloco-node keygen "
+            "--swarm-key FILE`); only holders of the key take part.",
+            kind="existing",
+        ),
         Flag("--use-relay", ("use_relay",), "Reach and be reached through relays (behind NAT)."),
         Flag("--nat-port-map", ("nat_port_map",), "Ask the router for a port mapping (UPnP)."),
     ),

@@ -45,7 +45,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from hivemind import DHT
-from hivemind.p2p import P2P, PeerID
+from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
 
 from diloco.errors import ProtocolError, RoundFailed
@@ -53,6 +53,7 @@ from diloco.protocol import streams, wire
 from diloco.protocol.group import GroupInfo, RoundTimeouts
 from diloco.protocol.records import declare_round, read_declarations
 from diloco.protocol.reducer import RoundKey
+from diloco.protocol.swarm_key import ClosedSwarm
 from diloco.protocol.wire import Group, Join, Kind, Reject, RejectCode, RoundTag
 
 logger = logging.getLogger(__name__)
@@ -101,13 +102,14 @@ class Matchmaker:
 
     def __init__(
         self,
-        p2p: P2P,
+        p2p: streams.StreamTransport,
         dht: DHT,
         run_id: str,
         digest: bytes,
         timeouts: RoundTimeouts,
         min_group_size: int = 2,
         target_group_size: int | None = None,
+        closed: ClosedSwarm | None = None,
     ) -> None:
         if min_group_size < 1:
             raise ValueError(f"min_group_size must be >= 1, got {min_group_size}")
@@ -116,6 +118,8 @@ class Matchmaker:
         self.target_group_size = target_group_size
         self.p2p, self.dht, self.run_id, self.digest = p2p, dht, run_id, digest
         self.timeouts, self.min_group_size = timeouts, min_group_size
+        self.closed = closed
+        """A closed swarm's proofs: declarations carry ours, views drop outsiders."""
         self.handler_name = f"/diloco/{run_id}/join/1"
         self._lobbies: dict[RoundKey, _Lobby] = {}
         self._formed: dict[RoundKey, tuple[frozenset[PeerID], bytes]] = {}
@@ -159,7 +163,9 @@ class Matchmaker:
             start = loop.time()
             expiration = get_dht_time() + t.matchmaking + t.allreduce
             await asyncio.wait_for(
-                declare_round(self.dht, round_key(self.run_id, key), weight, expiration),
+                declare_round(
+                    self.dht, round_key(self.run_id, key), weight, expiration, self.closed
+                ),
                 t.join_timeout,
             )
             declared = loop.time()
@@ -217,7 +223,7 @@ class Matchmaker:
 
     async def _read_view(self, key: RoundKey) -> dict[PeerID, float]:
         """Peers declared under the round key; invalid declarations are logged and skipped."""
-        return await read_declarations(self.dht, round_key(self.run_id, key))
+        return await read_declarations(self.dht, round_key(self.run_id, key), self.closed)
 
     async def _lead(
         self, key: RoundKey, lobby: _Lobby, view: set[PeerID], wait: float

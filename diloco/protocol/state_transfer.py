@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
-from hivemind.p2p import P2P, PeerID
+from hivemind.p2p import PeerID
 
 from diloco.errors import ProtocolError
 from diloco.protocol import streams
@@ -39,7 +39,12 @@ class StateServer:
     """Answers STATE_REQ streams from the provider's snapshot."""
 
     def __init__(
-        self, p2p: P2P, run_id: str, digest: bytes, provider: StateProvider, timeout: float
+        self,
+        p2p: streams.StreamTransport,
+        run_id: str,
+        digest: bytes,
+        provider: StateProvider,
+        timeout: float,
     ) -> None:
         self.p2p, self.digest, self.provider, self.timeout = p2p, digest, provider, timeout
         self.handler_name = state_handler_name(run_id)
@@ -86,7 +91,7 @@ def state_handler_name(run_id: str) -> str:
 
 
 async def fetch_state(
-    p2p: P2P,
+    p2p: streams.StreamTransport,
     peer: PeerID,
     run_id: str,
     digest: bytes,

@@ -18,6 +18,8 @@ from diloco.node.config import (
 from diloco.node.flags import join_mismatch, run_config
 from diloco.node.inner import InnerConfig
 from diloco.node.outer import OuterConfig
+from diloco.protocol.identity import Identity
+from diloco.protocol.network import NetworkOptions
 from diloco.protocol.run_id import make_run_id
 
 
@@ -93,6 +95,10 @@ def test_typed_flags_override_the_toml_and_tau_sets_the_runs(tmp_path: Path) -> 
         ({"name": "a b"}, "run name 'a b'"),
         ({"evil": 1}, "unknown keys ['evil']"),
         ({"outer": {"evil": 1}}, "unknown keys ['outer.evil']"),
+        ({"creator": "abc"}, "creator: peer id abc is not an Ed25519 peer id"),
+        ({"creator": 5}, "creator: expected a string"),
+        ({"swarm_key_id": "0123456789ABCDEF"}, "is not 16 hex digits"),
+        ({"swarm_key_id": "0123"}, "is not 16 hex digits"),
     ],
 )
 def test_bad_run_values_are_config_errors(data: dict[str, object], message: str) -> None:
@@ -115,11 +121,27 @@ def test_a_peers_configuration_must_be_complete() -> None:
         RunConfig.from_dict(data)
 
 
-def test_a_data_path_is_never_part_of_the_run() -> None:
-    assert "data" not in {f.name for f in dataclasses.fields(RunConfig)}
-    published = RunConfig().to_dict() | {"data": "/home/victim/.ssh"}
-    with pytest.raises(ConfigError, match=r"unknown keys \['data'\]"):
+LOCAL_CHOICES = sorted(
+    {f.name for f in dataclasses.fields(NodeOptions)}
+    | {f.name for f in dataclasses.fields(NetworkOptions)}
+    | {"metrics_out", "export_path", "config_file", "resume"}
+)
+
+
+@pytest.mark.parametrize("key", LOCAL_CHOICES)
+def test_a_local_choice_is_never_read_from_a_swarms_run(key: str) -> None:
+    """A run configuration from a peer naming a path (or any local choice) is refused."""
+    assert key not in {f.name for f in dataclasses.fields(RunConfig)}
+    published = RunConfig().to_dict() | {key: "/home/victim/.ssh"}
+    with pytest.raises(ConfigError, match=rf"unknown keys \['{key}'\]"):
         RunConfig.from_dict(published)
+
+
+def test_creator_and_swarm_key_id_are_part_of_the_run() -> None:
+    creator = Identity.generate().peer_id
+    run = RunConfig(creator=creator, swarm_key_id="0123456789abcdef")
+    assert RunConfig.from_dict(run.to_dict()) == run
+    assert make_run_id(run.name, run.to_dict()) != make_run_id(run.name, RunConfig().to_dict())
 
 
 @pytest.mark.parametrize(
