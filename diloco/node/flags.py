@@ -202,8 +202,11 @@ def join_mismatch(
     """What a joiner's ``--config`` and typed run flags contradict in the swarm's run.
 
     Without ``--config`` the swarm's configuration is the base, so only typed flags can
-    differ. tau is each node's own choice and never compared.
+    differ. tau is each node's own choice and never compared; the creator and the swarm
+    key id come from the swarm unless the file names them (the starter's file does not).
     """
     base = read_toml(toml) if toml is not None else swarm.to_dict()
     set_path(base, TAU_PATH, swarm.outer.fragment_sync_delay)
+    base.setdefault("creator", swarm.creator)
+    base.setdefault("swarm_key_id", swarm.swarm_key_id)
     return config_mismatch(RUN_FLAGS.build(given, base), swarm)

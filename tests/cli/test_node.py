@@ -255,4 +255,3 @@ def test_join_pins_the_run_id_it_is_given(
     code, output = invoke("join", *PEERS, "--run-id", "t")
     assert code == 2 and "is not of the form NAME-<16 hex digits>" in output
     assert len(started) == 1
-

@@ -191,7 +191,14 @@ def test_inner_config_rejects_out_of_range_values() -> None:
 
 
 def test_joiner_flags_that_contradict_the_swarm_are_listed(tmp_path: Path) -> None:
-    swarm = RunConfig(name="t", steps=600, outer=OuterConfig(fragment_sync_delay=2))
+    creator = Identity.generate().peer_id
+    swarm = RunConfig(
+        name="t",
+        steps=600,
+        outer=OuterConfig(fragment_sync_delay=2),
+        creator=creator,
+        swarm_key_id="0123456789abcdef",
+    )
     assert join_mismatch(swarm, None, {}) == []
     assert join_mismatch(swarm, None, {"steps": 600}) == []
     assert join_mismatch(swarm, None, {"h": 7, "steps": 999}) == [
@@ -203,6 +210,8 @@ def test_joiner_flags_that_contradict_the_swarm_are_listed(tmp_path: Path) -> No
     assert join_mismatch(swarm, toml, {}) == []  # tau is each node's own
     toml.write_text('name = "u"\n')
     assert join_mismatch(swarm, toml, {}) == ["name: yours 'u', swarm's 't'"]
+    toml.write_text(f'name = "t"\ncreator = "{Identity.generate().peer_id}"\n')
+    assert [d.split(":")[0] for d in join_mismatch(swarm, toml, {})] == ["creator"]
 
 
 def test_config_mismatch_reads_nested_tables() -> None:
