@@ -165,7 +165,8 @@ NETWORK_FLAGS = Flags(
         Flag(
             "--identity",
             ("identity_path",),
-            "Private key file for a stable peer id (created if missing).",
+            "Private key file for a stable peer id (created if missing) [default for "
+            "`start`: CHECKPOINT_DIR/identity.key, so a resumed run keeps its creator].",
             kind="file",
         ),
         Flag(
