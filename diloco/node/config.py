@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -31,16 +32,18 @@ from typing import Any, Literal, TypeVar
 import torch
 
 from diloco.codecs import CODEC_NAMES
-from diloco.errors import ConfigError
+from diloco.errors import ConfigError, ProtocolError
 from diloco.node.fragments import EmbeddingPlacement, Pattern
 from diloco.node.inner import InnerConfig
 from diloco.node.model import PRESETS, ModelConfig, preset
 from diloco.node.outer import OuterConfig, round_token_cap
 from diloco.protocol.aggregation import CLIP_FACTOR, check_clip_factor
 from diloco.protocol.group import RoundTimeouts
+from diloco.protocol.identity import public_key_of
 from diloco.protocol.run_id import RUN_NAME_PATTERN
 
 T = TypeVar("T")
+KEY_ID_PATTERN = re.compile(r"[0-9a-f]{16}")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -83,6 +86,13 @@ class RunConfig:
     """C of the reducers' norm clipping: per chunk, a contribution whose norm exceeds C
     times the lower median of the members' norms is scaled down to it (0: plain weighted
     mean). Honest runs are never clipped at the default (benchmarks/RESULTS.md, "Trust")."""
+    creator: str | None = None
+    """Peer id (base58) of the node that started the run; its key signs this configuration
+    (SPEC 4.1), so another configuration with the same name has another run id. ``start``
+    sets it from its identity."""
+    swarm_key_id: str | None = None
+    """Closed swarms: ``SwarmKey.key_id`` of the run's key (a hash, never the key); None:
+    an open swarm. ``start --swarm-key FILE`` sets it."""
 
     def __post_init__(self) -> None:
         if not RUN_NAME_PATTERN.match(self.name):
@@ -99,6 +109,13 @@ class RunConfig:
             )
         if self.dataset is not None and not (0 < len(self.dataset) <= 100):
             raise ConfigError("dataset must be a name of 1 to 100 characters")
+        if self.creator is not None:
+            try:
+                public_key_of(self.creator)
+            except ProtocolError as error:
+                raise ConfigError(f"creator: {error}") from error
+        if self.swarm_key_id is not None and not KEY_ID_PATTERN.fullmatch(self.swarm_key_id):
+            raise ConfigError(f"swarm_key_id {self.swarm_key_id!r} is not 16 hex digits")
         if self.max_round_tokens is not None:
             _at_least("max_round_tokens", self.max_round_tokens, 1, "tokens")
         try:

@@ -10,11 +10,13 @@ Healing (SPEC 4 "State transfer"; the decisions in ``diloco.node.healing``): aft
 of fragment ``p`` fails, and every ``H`` steps, the node reads the run's records; if a peer
 holds a newer version of ``p`` (or the same version with another hash, held by more peers
 than ours), it downloads ``p`` and adopts it before ``p`` is sent again.
+
+Every node answers RUN_INFO with its run's creator-signed configuration (how a joiner
+learns the run: ``diloco.node.pinned_run``) and republishes it in the DHT for ``status``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import json
 import logging
@@ -28,18 +30,20 @@ from hivemind.p2p import PeerID
 
 from diloco import __version__
 from diloco.codecs import get_codec
-from diloco.errors import ConfigError, DilocoError, ProtocolError
+from diloco.errors import DilocoError, ProtocolError
 from diloco.node.config import NodeOptions, RoundOptions, RunConfig
 from diloco.node.healing import SETTLE_TIMEOUT, Healer
 from diloco.node.outer import AppliedRound
 from diloco.node.traffic import data_parallel_bytes
 from diloco.node.trainer import NodeTrainer
-from diloco.protocol.discovery import find_run_configs, publish_run_config
+from diloco.protocol.discovery import SignedRunConfig, publish_run_config
 from diloco.protocol.fragment_state import OuterState
 from diloco.protocol.network import NetworkOptions
 from diloco.protocol.records import FragmentVersion, NodeRecord
-from diloco.protocol.run_id import make_run_id
-from diloco.protocol.swarm import Swarm, SwarmReducer, make_dht
+from diloco.protocol.run_id import make_run_id, run_digest
+from diloco.protocol.run_info import serve_run_info
+from diloco.protocol.swarm import Swarm, SwarmReducer
+from diloco.protocol.swarm_key import ClosedSwarm, check_swarm_key, load_swarm_key
 
 logger = logging.getLogger(__name__)
 
@@ -47,55 +51,8 @@ RECORD_TTL = 30.0
 """Seconds a node's DHT records live unless refreshed (they expire after a clean exit)."""
 PUBLISH_EVERY = 5.0
 """Seconds between two refreshes of a node's records (sooner after a round)."""
-DISCOVERY_ATTEMPTS = 3
-"""Tries to reach the bootstrap peers before ``join`` gives up (p2pd's first dial can fail)."""
 JOIN_TIMEOUT = 60.0
 """Seconds a joiner keeps trying donors for the run's state."""
-
-
-def discover_run(net: NetworkOptions, run_name: str | None = None) -> tuple[RunConfig, DHT]:
-    """Read the run configuration from the swarm at ``net.initial_peers``; returns it with
-    the running DHT, which the node then keeps (shut it down if the node is not built).
-
-    Raises:
-        ConfigError: no run found, or several and no ``run_name`` to choose.
-    """
-    for attempt in range(DISCOVERY_ATTEMPTS):
-        try:
-            dht = make_dht(net)
-            break
-        except ConfigError:  # e.g. an identity file that is not an Ed25519 key
-            raise
-        except Exception as error:  # p2pd says why in its message; the user needs that line
-            if attempt + 1 == DISCOVERY_ATTEMPTS:
-                where = " ".join(net.initial_peers)
-                raise ConfigError(f"cannot reach the swarm at {where}: {error}") from error
-            logger.warning("cannot reach the swarm yet (%s); retrying", error)
-            time.sleep(2.0)
-    try:
-        configs = asyncio.run(asyncio.wait_for(find_run_configs(dht), 30.0))
-    except BaseException:
-        dht.shutdown()
-        raise
-    if run_name is not None:
-        configs = {k: v for k, v in configs.items() if v.get("name") == run_name}
-    if len(configs) != 1:
-        dht.shutdown()
-    if not configs:
-        raise ConfigError(
-            "no run found in the swarm at "
-            + " ".join(net.initial_peers)
-            + (f" with name {run_name!r}" if run_name else "")
-            + "; is a node started there, and is its address complete?"
-        )
-    if len(configs) > 1:
-        names = ", ".join(sorted(str(c.get("name")) for c in configs.values()))
-        raise ConfigError(f"the swarm runs several runs ({names}); choose one with --run-name")
-    try:
-        return RunConfig.from_dict(next(iter(configs.values()))), dht
-    except ConfigError:
-        dht.shutdown()
-        raise
 
 
 EventCallback = Callable[[dict[str, Any]], None]
@@ -111,18 +68,30 @@ class SwarmNode:
         rounds: RoundOptions,
         net: NetworkOptions,
         *,
+        signed: SignedRunConfig,
+        dht: DHT,
         metrics_out: str | None = None,
         resume: bool = False,
         on_event: EventCallback | None = None,
-        dht: DHT | None = None,
     ) -> None:
-        self.run, self.options, self.rounds = run, options, rounds
+        self.run, self.options, self.rounds, self.signed = run, options, rounds, signed
         self.run_id = make_run_id(run.name, run.to_dict())
         self.on_event = on_event or (lambda record: None)
         self.stop_event = threading.Event()
-        # The DHT is a forked process: start it before the trainer builds anything.
-        self.swarm = Swarm(self.run_id, net, dht=dht)
+        # The DHT is a forked process (``start_run``, ``discover_run``): it was started
+        # before the trainer builds anything.
         try:
+            if signed.run_id != self.run_id:
+                raise ValueError(f"the signed run {signed.run_id} is not run {self.run_id}")
+            key = load_swarm_key(net.swarm_key_path) if net.swarm_key_path else None
+            check_swarm_key(self.run_id, run.swarm_key_id, key)
+            closed = None if key is None else ClosedSwarm(key, run_digest(self.run_id))
+        except BaseException:
+            dht.shutdown()
+            raise
+        self.swarm = Swarm(self.run_id, net, dht=dht, closed=closed)
+        try:
+            self.swarm.call(serve_run_info(self.swarm.p2p, signed))
             codec_options = {"rounding": run.rounding} if run.codec == "e3m0" else {}
             self.reducer = SwarmReducer(
                 self.swarm,
@@ -198,9 +167,7 @@ class SwarmNode:
         instead of always waiting out the window.
         """
         self.swarm.publish_record(record, ttl=RECORD_TTL)
-        self.swarm.call(
-            publish_run_config(self.swarm.dht, self.run_id, self.run.to_dict(), RECORD_TTL)
-        )
+        self.swarm.call(publish_run_config(self.swarm.dht, self.signed, RECORD_TTL))
         alive = len(self.swarm.read_records())
         self.reducer.matchmaker.target_group_size = max(self.rounds.min_group_size, alive)
 
@@ -275,6 +242,7 @@ class SwarmNode:
             {
                 "event": "config",
                 "run_id": self.run_id,
+                "creator": self.run.creator,
                 "peer_id": self.swarm.peer_id.to_base58(),
                 "sync_every": self.run.outer.sync_every,
                 "num_fragments": t.sync.num_fragments,

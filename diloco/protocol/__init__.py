@@ -11,7 +11,9 @@ Modules, one concern each (hivemind ``averaging/`` style)::
     identity        the node's Ed25519 key (libp2p file), peer id <-> public key, signatures
     signed_records  signed envelopes under the author's peer id, their DHT validator
     records         per-node DHT records and round declarations, donor ranking, divergence
-    discovery       run configurations in the DHT (size- and depth-bounded JSON)
+    discovery       run configurations signed by the run's creator, in the DHT (bounded JSON)
+    run_info        RUN_INFO: a joiner asks the peer it was given which run it trains
+    swarm_key       closed swarms: the key, AUTH on every stream, declaration proofs
     wire            frame and message formats (sans-I/O), size limits, reject codes
     state_wire      STATE_REQ / STATE_HDR bodies
     streams         frames over streams, transport errors, the shared handler wrapper
@@ -33,8 +35,9 @@ What the node layer imports from here: the outer loop and the in-process trainer
 (``node.outer``, ``node.local``, ``node.trainer``) the ``reducer`` interface (``Reducer``,
 ``InProcessReducer``, ``Contribution``, ``RoundKey``, ``RoundResult``) and the state hash of
 ``state_transfer``; the swarm node and ``status`` (``node.swarm_node``,
-``node.swarm_status``) also ``swarm`` (``Swarm``, ``SwarmReducer``, ``make_dht``),
-``records``, ``discovery``, ``group`` (``RoundTimeouts``), ``run_id`` and
-``state_transfer`` (``OuterState``). ``matchmaking``, ``allreduce``, ``wire``, ``partition``
-and ``processes`` serve the protocol itself.
+``node.pinned_run``, ``node.swarm_status``) also ``swarm`` (``Swarm``, ``SwarmReducer``,
+``make_dht``), ``records``, ``discovery``, ``run_info``, ``swarm_key``, ``identity``,
+``group`` (``RoundTimeouts``), ``run_id`` and ``state_transfer`` (``OuterState``).
+``matchmaking``, ``allreduce``, ``wire``, ``partition`` and ``processes`` serve the
+protocol itself.
 """

@@ -54,7 +54,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from hivemind import DHT
-from hivemind.p2p import P2P, PeerID
+from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
 
 from diloco.errors import ProtocolError, RoundFailed
@@ -63,6 +63,7 @@ from diloco.protocol.bans import BanList
 from diloco.protocol.group import GroupInfo, RoundTimeouts
 from diloco.protocol.records import declare_round, read_declarations
 from diloco.protocol.reducer import RoundKey
+from diloco.protocol.swarm_key import ClosedSwarm
 from diloco.protocol.wire import Group, Join, Kind, Reject, RejectCode, RoundTag
 
 logger = logging.getLogger(__name__)
@@ -124,7 +125,7 @@ class Matchmaker:
 
     def __init__(
         self,
-        p2p: P2P,
+        p2p: streams.StreamTransport,
         dht: DHT,
         run_id: str,
         digest: bytes,
@@ -133,6 +134,7 @@ class Matchmaker:
         min_group_size: int = 2,
         target_group_size: int | None = None,
         max_weight: float = math.inf,
+        closed: ClosedSwarm | None = None,
     ) -> None:
         if not max_weight > 0:
             raise ValueError(f"max_weight must be > 0 tokens, got {max_weight!r}")
@@ -144,6 +146,8 @@ class Matchmaker:
         self.p2p, self.dht, self.run_id, self.digest = p2p, dht, run_id, digest
         self.timeouts, self.min_group_size = timeouts, min_group_size
         self.bans, self.max_weight = bans, max_weight
+        self.closed = closed
+        """A closed swarm's proofs: declarations carry ours, views drop outsiders."""
         self.handler_name = f"/diloco/{run_id}/join/1"
         self._lobbies: dict[RoundKey, _Lobby] = {}
         self._formed: dict[RoundKey, tuple[frozenset[PeerID], bytes]] = {}
@@ -189,7 +193,9 @@ class Matchmaker:
             start = loop.time()
             expiration = get_dht_time() + t.matchmaking + t.allreduce
             await asyncio.wait_for(
-                declare_round(self.dht, round_key(self.run_id, key), weight, expiration),
+                declare_round(
+                    self.dht, round_key(self.run_id, key), weight, expiration, self.closed
+                ),
                 t.join_timeout,
             )
             declared = loop.time()
@@ -255,7 +261,7 @@ class Matchmaker:
     async def _read_view(self, key: RoundKey) -> dict[PeerID, float]:
         """Peers declared under the round key; invalid declarations are logged and skipped
         (declarations are signed: a peer can declare only itself, ``records``)."""
-        return await read_declarations(self.dht, round_key(self.run_id, key))
+        return await read_declarations(self.dht, round_key(self.run_id, key), self.closed)
 
     async def _lead(
         self, key: RoundKey, lobby: _Lobby, view: set[PeerID], wait: float

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
-from hivemind.p2p import P2P, PeerID
+from hivemind.p2p import PeerID
 
 from diloco.errors import ProtocolError
 from diloco.protocol import streams
@@ -41,7 +41,7 @@ class StateServer:
 
     def __init__(
         self,
-        p2p: P2P,
+        p2p: streams.StreamTransport,
         run_id: str,
         digest: bytes,
         provider: StateProvider,
@@ -98,7 +98,7 @@ def state_handler_name(run_id: str) -> str:
 
 
 async def fetch_state(
-    p2p: P2P,
+    p2p: streams.StreamTransport,
     peer: PeerID,
     run_id: str,
     digest: bytes,

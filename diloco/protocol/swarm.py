@@ -10,6 +10,7 @@ or block with a deadline.
 Interface for the node (stable)::
 
     swarm = Swarm(run_id, NetworkOptions(initial_peers=(...)))  # DHT + P2P + loop thread
+    # a closed swarm: Swarm(run_id, net, closed=ClosedSwarm(key, run_digest(run_id)))
     reducer = SwarmReducer(swarm, get_codec("e3m0"), timeouts=RoundTimeouts(...),
                            min_group_size=2)
     future = reducer.reduce(RoundKey(p, k), [Contribution(me, delta, weight)])
@@ -58,7 +59,6 @@ from diloco.protocol.partition import butterfly_parts
 from diloco.protocol.records import (
     NodeRecord,
     newest_donors,
-    other_run_ids,
     publish_record,
     read_records,
     record_validator,
@@ -67,7 +67,8 @@ from diloco.protocol.reducer import Contribution, Reducer, RoundKey, RoundResult
 from diloco.protocol.run_id import check_run_id, run_digest
 from diloco.protocol.signed_records import SigningDHT
 from diloco.protocol.state_transfer import StateProvider, StateServer, fetch_state
-from diloco.protocol.streams import TRANSPORT_ERRORS
+from diloco.protocol.streams import TRANSPORT_ERRORS, StreamTransport
+from diloco.protocol.swarm_key import AUTH_TIMEOUT, ClosedSwarm, ClosedTransport
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -115,9 +116,11 @@ class Swarm:
         *,
         request_timeout: float = 30.0,
         dht: DHT | None = None,
+        closed: ClosedSwarm | None = None,
     ) -> None:
         self.run_id = check_run_id(run_id)
         self.digest = run_digest(run_id)
+        self.closed = closed
         self.request_timeout = request_timeout
         self.bans = BanList()
         """Peers this node refuses for a while (``bans``): every part of the protocol, and
@@ -135,6 +138,10 @@ class Swarm:
         except BaseException:
             self.shutdown()
             raise
+        self.streams: StreamTransport = self.p2p
+        """The run's streams: in a closed swarm every one starts with the AUTH exchange."""
+        if closed is not None:
+            self.streams = ClosedTransport(self.p2p, closed, AUTH_TIMEOUT)
 
     def _run_loop(self) -> None:
         asyncio.set_event_loop(self._loop)
@@ -170,16 +177,12 @@ class Swarm:
         """Every valid unexpired node record of the run."""
         return self.call(read_records(self.dht, self.run_id))
 
-    def other_run_ids(self) -> list[str]:
-        """Run ids with this run's name and another configuration (a user mistake to report)."""
-        return self.call(other_run_ids(self.dht, self.run_id))
-
     def serve_state(self, provider: StateProvider) -> None:
         """Answer state requests from now on with snapshots from ``provider``."""
         if self._state_server is not None:
             raise RuntimeError("serve_state was already called")
         server = StateServer(
-            self.p2p, self.run_id, self.digest, provider, self.request_timeout, self.bans
+            self.streams, self.run_id, self.digest, provider, self.request_timeout, self.bans
         )
         self.call(server.start())
         self._state_server = server
@@ -231,7 +234,7 @@ class Swarm:
             try:
                 return await asyncio.wait_for(
                     fetch_state(
-                        self.p2p,
+                        self.streams,
                         donor,
                         self.run_id,
                         self.digest,
@@ -346,7 +349,7 @@ class SwarmReducer(Reducer):
         self.timeouts = timeouts or RoundTimeouts()
         self.min_group_size, self.max_norm_ratio = min_group_size, max_norm_ratio
         self.matchmaker = Matchmaker(
-            swarm.p2p,
+            swarm.streams,
             swarm.dht,
             swarm.run_id,
             swarm.digest,
@@ -355,9 +358,10 @@ class SwarmReducer(Reducer):
             min_group_size,
             target_group_size,
             max_weight,
+            swarm.closed,
         )
         self.service = AllReduceService(
-            swarm.p2p, swarm.run_id, swarm.digest, self.timeouts, self.bans
+            swarm.streams, swarm.run_id, swarm.digest, self.timeouts, self.bans
         )
         self.timings: collections.OrderedDict[RoundKey, tuple[float, float]] = (
             collections.OrderedDict()
@@ -428,7 +432,7 @@ class SwarmReducer(Reducer):
                 result = await loop.run_in_executor(None, self._alone, delta, group.names)
             else:
                 runner = self.runner_type(
-                    p2p=self.swarm.p2p,
+                    p2p=self.swarm.streams,
                     group=group,
                     digest=self.swarm.digest,
                     codec=self.codec,

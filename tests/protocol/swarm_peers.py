@@ -289,8 +289,6 @@ def peer_main(
                         {p: (s.version, s.sha256()) for p, s in state.fragments.items()},
                     )
                 )
-            elif command == "other_runs":
-                _notify(("other_runs", swarm.other_run_ids()))
             elif command == "records":
                 _notify(("records", [r.peer_id for r in swarm.read_records()]))
     finally:
