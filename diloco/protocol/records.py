@@ -6,6 +6,7 @@ value is a signed envelope of ``signed_records``, subkey = the author's peer id)
     key "{run_id}/nodes"                subkey = author   payload = NodeRecord.to_wire()
     key "diloco-runs/{name}"            subkey = author   payload = run id
     key "{run_id}/frag{p}/round{k}"     subkey = author   payload = weight (float > 0)
+    key "{run_id}/metrics"              subkey = author   payload = ``metrics_records``
 
 The second key lets a node whose configuration differs (same name, other hash) say so
 clearly instead of silently waiting alone; the third is the matchmaking declaration of
@@ -30,7 +31,7 @@ from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
 
 from diloco.errors import ConfigError, ProtocolError
-from diloco.protocol import discovery
+from diloco.protocol import discovery, metrics_records
 from diloco.protocol.run_id import RUN_ID_PATTERN, check_run_id, run_name
 from diloco.protocol.signed_records import (
     MAX_RECORD_TTL,
@@ -285,6 +286,7 @@ def record_validator() -> SignedRecordValidator:
             (RUNS_KEY_PATTERN, _check_run_marker),
             (ROUND_KEY_PATTERN, _check_declaration),
             (discovery.RUN_CONFIGS_KEY_PATTERN, discovery.check_config_payload),
+            (metrics_records.METRICS_KEY_PATTERN, metrics_records.check_metrics_payload),
         ]
     )
 

@@ -47,6 +47,7 @@ from diloco.codecs import Codec
 from diloco.errors import ProtocolError, RoundFailed
 from diloco.protocol import processes
 from diloco.protocol.allreduce import AllReduceRunner, AllReduceService
+from diloco.protocol.event_loop import new_event_loop
 from diloco.protocol.fragment_state import OuterState
 from diloco.protocol.group import RoundTimeouts
 from diloco.protocol.matchmaking import Matchmaker
@@ -120,7 +121,7 @@ class Swarm:
         # A joiner that already read the run configuration through its own DHT hands it
         # over (one daemon per node); otherwise the swarm starts one.
         self.dht = dht or make_dht(net)
-        self._loop = asyncio.new_event_loop()
+        self._loop = new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name="diloco-swarm", daemon=True)
         self._thread.start()
         self._state_server: StateServer | None = None
