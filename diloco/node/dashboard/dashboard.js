@@ -181,11 +181,13 @@ function renderTimeline(rounds, run) {
     return;
   }
   const fragments = [...new Set(rounds.map((r) => r.fragment))].sort((a, b) => a - b);
-  const W = 1300, L = 70, R = 12, ROW = 22, T = 8, B = 30;
+  const W = 1300, L = 80, R = 12, ROW = 22, T = 8, B = 30;
   const H = T + ROW * fragments.length + B;
-  const [x0, x1] = extent(rounds.map((r) => r.step));
+  const pad = (run.sync_every || 10) / 2;  // a round is drawn H/2 steps wide
+  const [lo, hi] = extent(rounds.map((r) => r.step));
+  const x0 = lo - pad / 2, x1 = hi + pad / 2;
   const x = (v) => L + (v - x0) / (x1 - x0) * (W - L - R);
-  const width = Math.max(3, (run.sync_every || 10) / (x1 - x0) * (W - L - R) * 0.5);
+  const width = Math.max(3, pad / (x1 - x0) * (W - L - R));
   const root = svg("svg", {width: W, height: H, viewBox: `0 0 ${W} ${H}`, class: "timeline"});
   const fill = {ok: "#2ca02c", partial: "#ff9f1c", failed: "#d62728"};
   fragments.forEach((f, i) => {
@@ -204,7 +206,7 @@ function renderTimeline(rounds, run) {
     root.append(rect);
   }
   for (let i = 0; i <= 4; i++) {
-    const v = x0 + (x1 - x0) * i / 4;
+    const v = lo + (hi - lo) * i / 4;
     const t = svg("text", {x: x(v), y: H - 10, "text-anchor": "middle"});
     t.textContent = num(v);
     root.append(t);
@@ -213,7 +215,7 @@ function renderTimeline(rounds, run) {
 }
 
 function renderRounds(rounds) {
-  const newest = rounds.slice(-20).reverse();
+  const newest = rounds.slice(-12).reverse();
   table("rounds", ["fragment", "round", "step", "outcome", "members", "seconds",
     "bytes sent (all)", "reported by", "failed for"],
   newest.map((r) => el("tr", {class: r.outcome}, [
