@@ -48,15 +48,15 @@ def _node_flags(f: F) -> F:
     )(f)
     f = click.option("--resume", is_flag=True, help="Continue from the newest checkpoint.")(f)
     f = click.option(
+        "--prometheus-host",
+        default="127.0.0.1",
+        help="Address of the Prometheus endpoint; 0.0.0.0 for scrapers on other machines.",
+    )(f)
+    f = click.option(
         "--prometheus-port",
         type=int,
         default=None,
         help="Serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port).",
-    )(f)
-    f = click.option(
-        "--prometheus-host",
-        default="127.0.0.1",
-        help="Address of the Prometheus endpoint; 0.0.0.0 for scrapers on other machines.",
     )(f)
     f = click.option(
         "--metrics-out",

@@ -199,13 +199,13 @@ class SwarmNode:
         instead of always waiting out the window.
         """
         self.swarm.publish_record(record, ttl=RECORD_TTL)
-        metrics = self.recent.record()
-        self.swarm.call(publish_metrics(self.swarm.dht, self.run_id, metrics, RECORD_TTL))
         self.swarm.call(
             publish_run_config(self.swarm.dht, self.run_id, self.run.to_dict(), RECORD_TTL)
         )
         alive = len(self.swarm.read_records())
         self.reducer.matchmaker.target_group_size = max(self.rounds.min_group_size, alive)
+        metrics = self.recent.record()  # for dashboards: last, it decides nothing
+        self.swarm.call(publish_metrics(self.swarm.dht, self.run_id, metrics, RECORD_TTL))
 
     def _in_background(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
         future = self.worker.submit(fn, *args)
