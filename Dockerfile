@@ -23,10 +23,12 @@ COPY diloco ./diloco
 RUN --mount=type=secret,id=ca \
     if [ -f /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \
     pip install . && pip uninstall -y -q pip
-# Slimmer: headers and CMake files serve extensions built against torch, bin/ and test/
-# hold its C++ test programs; a node needs none of them (about 200 MB). Bytecode stays:
-# without it every container start would compile torch's modules again.
-RUN cd /opt/venv/lib/python3*/site-packages/torch && rm -rf include share bin test
+# Slimmer: headers and CMake files serve extensions built against torch, test/ and bin/
+# hold its C++ test programs (bin/torch_shm_manager excepted: torch needs it); a node
+# needs none of them (about 200 MB). Bytecode stays: without it every container start
+# would compile torch's modules again.
+RUN cd /opt/venv/lib/python3*/site-packages/torch && rm -rf include share test \
+    && find bin -type f ! -name torch_shm_manager -delete
 
 FROM ${BASE}
 ENV PYTHONUNBUFFERED=1 PATH=/opt/venv/bin:$PATH

@@ -38,7 +38,7 @@ base_done=$(date +%s)
 echo "== the torch CPU wheel pip resolves on this host"
 wheel=$(find "$WORK/wheels" -name "torch-${TORCH_VERSION}*.whl" | head -1)
 if [ -z "$wheel" ]; then
-    python3 -m pip download -q "torch==${TORCH_VERSION}" --no-deps -d "$WORK/wheels"
+    python3 -m pip download -q --disable-pip-version-check "torch==${TORCH_VERSION}" --no-deps -d "$WORK/wheels"
     wheel=$(find "$WORK/wheels" -name "torch-${TORCH_VERSION}*.whl" | head -1)
 fi
 torch_pin=$(basename "$wheel" | cut -d- -f2)  # e.g. 2.13.0+cpu
