@@ -34,6 +34,8 @@ from diloco.protocol.swarm_key import SwarmKey, load_swarm_key
 if TYPE_CHECKING:
     from hivemind import DHT
 
+    from diloco.node.metrics_exporter import NodeMetrics
+    from diloco.node.swarm_node import SwarmNode
     from diloco.protocol.discovery import SignedRunConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -49,6 +51,17 @@ def _node_flags(f: F) -> F:
         help="At the end, write the outer weights as plain safetensors here.",
     )(f)
     f = click.option("--resume", is_flag=True, help="Continue from the newest checkpoint.")(f)
+    f = click.option(
+        "--prometheus-host",
+        default="127.0.0.1",
+        help="Address of the Prometheus endpoint; 0.0.0.0 for scrapers on other machines.",
+    )(f)
+    f = click.option(
+        "--prometheus-port",
+        type=int,
+        default=None,
+        help="Serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port).",
+    )(f)
     f = click.option(
         "--metrics-out",
         type=click.Path(dir_okay=False),
@@ -177,6 +190,7 @@ def _run_node(
         )
     except (DilocoError, ValueError) as error:
         raise click.ClickException(str(error)) from error
+    exporter = _serve_prometheus(node, params["prometheus_host"], params["prometheus_port"])
     interrupts = 0
 
     def on_signal(signum: int, frame: object) -> None:
@@ -208,8 +222,32 @@ def _run_node(
         raise click.ClickException(str(error)) from error
     finally:
         node.close()
+        if exporter is not None:
+            exporter.close()
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def _serve_prometheus(node: SwarmNode, host: str, port: int | None) -> NodeMetrics | None:
+    """With ``--prometheus-port``: a metrics endpoint fed by the node's events."""
+    if port is None:
+        return None
+    from diloco.node.metrics_exporter import NodeMetrics
+
+    exporter = NodeMetrics()
+    try:
+        bound = exporter.serve(port, host)
+    except OSError as error:
+        node.close()
+        raise click.ClickException(f"cannot serve metrics on {host}:{port}: {error}") from error
+    click.echo(f"Prometheus metrics at http://{host}:{bound}/metrics")
+
+    def both(record: dict[str, Any]) -> None:
+        _echo_node_event(record)
+        exporter.observe(record)
+
+    node.on_event = both
+    return exporter
 
 
 def _echo_node_event(record: dict[str, Any]) -> None:

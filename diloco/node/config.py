@@ -175,6 +175,9 @@ class NodeOptions:
     """Inner steps between two progress lines."""
     eval_batches: int = 8
     """Held-out batches per evaluation."""
+    eval_every: int = 0
+    """Inner steps between two held-out evaluations of the outer weights, published for
+    dashboards (0: only at the end)."""
 
     def __post_init__(self) -> None:
         _at_least("batch_size", self.batch_size, 1, "sequences")
@@ -184,6 +187,7 @@ class NodeOptions:
         _at_least("checkpoint_every", self.checkpoint_every, 0, "steps (0: only on exit)")
         _at_least("log_every", self.log_every, 1, "steps")
         _at_least("eval_batches", self.eval_batches, 1, "batches")
+        _at_least("eval_every", self.eval_every, 0, "steps (0: only at the end)")
         if self.data_seed is not None:
             _at_least("data_seed", self.data_seed, 0, "")
         try:

@@ -149,6 +149,7 @@ NODE_FLAGS = Flags(
         ),
         Flag("--checkpoint-every", ("checkpoint_every",), "Checkpoint every N steps (0: on exit)."),
         Flag("--log-every", ("log_every",), "A progress line every N steps."),
+        Flag("--eval-every", ("eval_every",), "Evaluate the outer weights every N steps."),
     ),
 )
 ROUND_FLAGS = Flags(

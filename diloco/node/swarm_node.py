@@ -34,10 +34,12 @@ from diloco.errors import DilocoError, ProtocolError
 from diloco.node.config import NodeOptions, RoundOptions, RunConfig
 from diloco.node.healing import SETTLE_TIMEOUT, Healer
 from diloco.node.outer import AppliedRound
+from diloco.node.recent_metrics import RecentMetrics
 from diloco.node.traffic import data_parallel_bytes
 from diloco.node.trainer import NodeTrainer
 from diloco.protocol.discovery import SignedRunConfig, publish_run_config
 from diloco.protocol.fragment_state import OuterState
+from diloco.protocol.metrics_records import publish_metrics
 from diloco.protocol.network import NetworkOptions
 from diloco.protocol.records import FragmentVersion, NodeRecord
 from diloco.protocol.run_id import make_run_id, run_digest
@@ -77,6 +79,7 @@ class SwarmNode:
         self.run, self.options, self.rounds, self.signed = run, options, rounds, signed
         self.run_id = make_run_id(run.name, run.to_dict())
         self.on_event = on_event or (lambda record: None)
+        self.recent = RecentMetrics()  # what the node's DHT metrics record says
         self.stop_event = threading.Event()
         # The DHT is a forked process (``start_run``, ``discover_run``): it was started
         # before the trainer builds anything.
@@ -170,6 +173,8 @@ class SwarmNode:
         self.swarm.call(publish_run_config(self.swarm.dht, self.signed, RECORD_TTL))
         alive = len(self.swarm.read_records())
         self.reducer.matchmaker.target_group_size = max(self.rounds.min_group_size, alive)
+        metrics = self.recent.record()  # for dashboards: last, it decides nothing
+        self.swarm.call(publish_metrics(self.swarm.dht, self.run_id, metrics, RECORD_TTL))
 
     def _in_background(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
         future = self.worker.submit(fn, *args)
@@ -206,6 +211,7 @@ class SwarmNode:
     # -- the loop ----------------------------------------------------------------------------
 
     def _emit(self, record: dict[str, Any]) -> None:
+        self.recent.observe(record)
         if self.metrics:
             self.metrics.write(json.dumps(record) + "\n")
             self.metrics.flush()
@@ -238,6 +244,7 @@ class SwarmNode:
         t = self.trainer
         self.swarm.serve_state(self._provide)
         self._publish(self._record(0.0))
+        tokens_per_step = self.options.batch_size * self.run.seq_len
         self._emit(
             {
                 "event": "config",
@@ -250,9 +257,9 @@ class SwarmNode:
                 "codec": self.run.codec,
                 "fragment_numel": [s.outer.numel() for s in t.sync.states],
                 "start_step": t.step,
+                "tokens_per_step": tokens_per_step,
             }
         )
-        tokens_per_step = self.options.batch_size * self.run.seq_len
         start, start_step = time.perf_counter(), t.step
         losses: list[float] = []
         while t.step < self.run.steps and not self.stop_event.is_set():
@@ -272,6 +279,8 @@ class SwarmNode:
             for round_ in applied:
                 self._emit(self._round_record(round_))
                 self.failed_rounds += not round_.ok
+            if self.options.eval_every and t.step % self.options.eval_every == 0:
+                self._emit({"event": "eval", "step": t.step, "loss_outer": t.evaluate()})
             if applied:
                 self._refresh_snapshot()
             else:

@@ -6,6 +6,7 @@ value is a signed envelope of ``signed_records``, subkey = the author's peer id)
     key "{run_id}/nodes"                subkey = author   payload = NodeRecord.to_wire()
     key "{run_id}/frag{p}/round{k}"     subkey = author   payload = weight (float > 0),
                                                           or [weight, proof] (closed swarm)
+    key "{run_id}/metrics"              subkey = author   payload = ``metrics_records``
 
 The second key is the matchmaking declaration of round ``(p, k)``. Records are owned: only
 the author's key can write its subkey, so a record says what its author claims, nothing
@@ -29,7 +30,7 @@ from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
 
 from diloco.errors import ProtocolError
-from diloco.protocol import discovery
+from diloco.protocol import discovery, metrics_records
 from diloco.protocol.run_id import RUN_ID_PATTERN, check_run_id
 from diloco.protocol.signed_records import (
     MAX_RECORD_TTL,
@@ -262,6 +263,7 @@ def record_validator() -> SignedRecordValidator:
             (NODES_KEY_PATTERN, _check_node_record),
             (ROUND_KEY_PATTERN, _check_declaration),
             (discovery.RUN_CONFIGS_KEY_PATTERN, discovery.check_config_payload),
+            (metrics_records.METRICS_KEY_PATTERN, metrics_records.check_metrics_payload),
         ]
     )
 

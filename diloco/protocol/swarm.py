@@ -51,6 +51,7 @@ from diloco.protocol import processes
 from diloco.protocol.aggregation import CLIP_FACTOR, check_clip_factor, weighted_mean
 from diloco.protocol.allreduce import AllReduceRunner, AllReduceService
 from diloco.protocol.bans import BanList
+from diloco.protocol.event_loop import new_event_loop
 from diloco.protocol.fragment_state import OuterState
 from diloco.protocol.group import RoundTimeouts
 from diloco.protocol.matchmaking import Matchmaker
@@ -129,7 +130,7 @@ class Swarm:
         # A joiner that already read the run configuration through its own DHT hands it
         # over (one daemon per node); otherwise the swarm starts one.
         self.dht = dht or make_dht(net)
-        self._loop = asyncio.new_event_loop()
+        self._loop = new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name="diloco-swarm", daemon=True)
         self._thread.start()
         self._state_server: StateServer | None = None
