@@ -91,6 +91,8 @@ class RejectCode(IntEnum):
     GROUP_TOO_SMALL = 8
     NO_STATE = 9
     MALFORMED = 10
+    BUSY = 11
+    """Over a server's caps (``limits``): try another peer, or later."""
 
 
 @dataclass

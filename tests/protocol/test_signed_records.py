@@ -43,6 +43,7 @@ from diloco.protocol.records import (
     read_records,
     record_validator,
     runs_key,
+    vouch_key,
 )
 from diloco.protocol.reducer import RoundKey
 from diloco.protocol.run_id import make_run_id
@@ -59,6 +60,7 @@ CONFIG = {"model": "tiny", "steps": 10}
 RUN = make_run_id("owned", CONFIG)
 ALICE, BOB, MALLORY = Identity.generate(), Identity.generate(), Identity.generate()
 H = "ab" * 32
+ALICE_BOB = [ALICE.peer_id, BOB.peer_id]
 
 
 def _node(identity: Identity, step: int = 10) -> NodeRecord:
@@ -98,8 +100,9 @@ def test_validator_accepts_envelope_built_by_the_documented_layout() -> None:
         (runs_key(RUN), pack_payload(RUN)),
         (round_key(RUN, RoundKey(3, 7)), pack_payload(2.5)),
         (RUN_CONFIGS_KEY, pack_payload([RUN, encode_config(CONFIG)])),
+        (vouch_key(RUN, 2), pack_payload({"v": 1, "rounds": [[3, H, sorted(ALICE_BOB)]]})),
     ],
-    ids=["node", "run marker", "declaration", "run config"],
+    ids=["node", "run marker", "declaration", "run config", "vouch"],
 )
 def test_validator_accepts_every_kind_signed_by_its_author(key: str, payload: bytes) -> None:
     record, _ = _sealed(key, payload)
@@ -181,6 +184,13 @@ REJECTED: dict[str, Callable[[], DHTRecord]] = {
     ),
     "declared weight NaN": _case(round_key(RUN, RoundKey(0, 1)), pack_payload(float("nan"))),
     "declared weight int": _case(round_key(RUN, RoundKey(0, 1)), pack_payload(2)),
+    "vouch from outside its members": _case(
+        vouch_key(RUN, 0),
+        pack_payload({"v": 1, "rounds": [[3, H, sorted([BOB.peer_id, MALLORY.peer_id])]]}),
+    ),
+    "vouch for round 0": _case(
+        vouch_key(RUN, 0), pack_payload({"v": 1, "rounds": [[0, H, sorted(ALICE_BOB)]]})
+    ),
     "payload not bytes": lambda: _record(
         nodes_key(RUN), ALICE.peer_id, [nodes_key(RUN), "text", bytes(64)], get_dht_time() + 30
     ),
@@ -234,6 +244,8 @@ REASONS = {
     "run marker of another name": "does not belong",
     "node record with a string step": "global step",
     "declared weight NaN": "declared weight",
+    "vouch from outside its members": "outside the round's members",
+    "vouch for round 0": "vouched round 0",
     "declared weight int": "declared weight",
     "payload not bytes": "not bytes of at most",
     "short signature": "not 64 bytes",

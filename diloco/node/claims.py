@@ -1,0 +1,256 @@
+"""What healing and joining may believe of other nodes' claims (SPEC 4 "State transfer", 4.1).
+
+A node record is a claim (its author signed it, nothing more): "I am at step s, I hold
+fragment p at version k with hash h". One hostile peer could claim the run's last step or
+versions a thousand rounds ahead and serve zeros (issue 11, attack 1), or publish under many
+identities to crowd the honest donors out (attack 6). Two rules, pure functions of the
+records and vouches read in one check, bound what such claims can make a node do:
+
+**Claims bounded by the schedule** (``schedule_offence``, ``assess``). A record is
+*plausible* iff
+
+- its global step is at most the run's end ``T`` (``RunConfig.steps``);
+- every fragment version is at most ``last_sent_round(step, p)``: an honest node applies
+  round ``k`` of ``p`` at its receive step, never before the send step of ``k``, and it
+  adopts a peer's newer state only once its own step has reached that round's send step
+  (``healing.fragments_to_adopt``), so its records keep this bound too;
+- its global step is at most the swarm's *pace* plus ``PACE_SLACK_ROUNDS * H``. The pace
+  is the send step of the newest round vouched for by a majority of its members: evidence,
+  signed by the members, that the honest swarm reached that step. Every fragment syncs once
+  per ``H`` steps, so an honest node is about ``H / F + tau`` steps past the newest vouched
+  round, plus what it trains while vouches are published (a few seconds): ``2H`` leaves room
+  for that. Before any round is vouched (the run's first ``H`` steps, or a node that trained
+  alone), the pace is the lower median of the steps of the records that pass the two rules
+  above: one peer cannot move it (one record among several honest ones is never the median).
+  Known limit: an honest node that trains alone for more than ``2H`` steps after its last
+  vouched round (its partners left less than a record lifetime ago) looks implausible to
+  others until their vouches expire; it is then only ignored as a donor.
+
+Implausible records are ignored by healing, joining and catch-up; ``Offences`` logs each
+offender once, with its peer id and the rule it broke.
+
+**Vouched states** (``vouched``). After applying round ``(p, k)`` each member publishes a
+signed vouch: (``k``, its outer hash after applying, the round's sorted members). A state
+``(p, k, h)`` is *vouched* iff the vouches for exactly ``(p, k, h)`` that sign one and the
+same member list ``L``, from authors in ``L``, number a strict majority of ``L`` and at
+least ``MIN_VOUCHERS``. Vouches signing another list for the same state do not count for
+``L`` (so members that disagree on who took part vouch for nothing), and do not veto it
+either (one member could otherwise make every state of its rounds unusable). Version 0
+needs no vouch: it must be the node's own initial state (same seed), compared by hash.
+
+Bounds and limits of the vouch rule: one peer (or any minority of a round's members)
+cannot make a state vouched, whatever it claims; a hash a majority of the members did not
+reach is never adopted. A round of one member (``min_group_size`` 1) cannot be vouched by a
+majority of at least two: its state is adopted by no joiner or healer until the run's
+creator's vouch counts, which comes with the pinned run (the creator signs the run
+configuration; ``vouched`` is the one place that will take that vouch). With two members
+both must vouch: one of them can withhold its vouch and keep joiners off that round's
+state (they wait for the next round). A state whose round's majority has left the swarm
+(their vouches expire with their records) is no longer vouched. Several identities of one
+person that form a round's majority, or a round of their own, can vouch: in an open swarm
+they are several peers (SPEC 4.1); a closed swarm bounds them.
+
+**Robust step**: a lagging node skips ahead, and a joiner starts, at the lower median of
+the steps of the plausible records whose authors vouched for a vouched round (Sybil records
+that never took part in a round do not count), or of all plausible records while no round
+is vouched; never at one donor's claim.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from statistics import median_low
+
+from diloco.node.fragments import last_sent_round, send_step
+from diloco.protocol.records import NodeRecord, Vouch
+
+logger = logging.getLogger(__name__)
+
+MIN_VOUCHERS = 2
+"""Vouches a state needs at the least (a strict majority of one member is that member)."""
+PACE_SLACK_ROUNDS = 2
+"""A record's step may run this many times ``H`` past the swarm's pace (module docstring)."""
+MAX_OFFENDERS_LOGGED = 10_000
+"""Offenders remembered as logged; beyond, the memory is cleared (Sybils are unbounded)."""
+
+Claim = tuple[int, int, str]
+"""A fragment state as records and vouches name it: (fragment, version, state hash)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """What the run's schedule allows: ``steps`` is T, ``sync_every`` H, ``num_fragments`` F."""
+
+    steps: int
+    sync_every: int
+    num_fragments: int
+
+    @property
+    def pace_slack(self) -> int:
+        return PACE_SLACK_ROUNDS * self.sync_every
+
+    def last_round(self, step: int, fragment: int) -> int:
+        """The last round of ``fragment`` sent by ``step`` (0: none)."""
+        return last_sent_round(step, fragment, self.sync_every, self.num_fragments)
+
+    def send_step(self, fragment: int, round: int) -> int:
+        return send_step(fragment, round, self.sync_every, self.num_fragments)
+
+
+def vouchers(
+    vouches: Iterable[Vouch], fragment: int, round: int, state_hash: str
+) -> frozenset[str]:
+    """The members whose vouches make ``(fragment, round, state_hash)`` vouched; empty when
+    it is not vouched (the rule is in the module docstring). With several member lists that
+    each reach a majority (a round split into two groups that reached one state), the
+    largest set of vouchers."""
+    by_members: dict[tuple[str, ...], set[str]] = defaultdict(set)
+    for v in vouches:
+        same = (v.fragment, v.round, v.state_hash) == (fragment, round, state_hash)
+        if same and v.author in v.members:
+            by_members[v.members].add(v.author)
+    counted: frozenset[str] = frozenset()
+    for members, authors in by_members.items():
+        majority = len(authors) >= MIN_VOUCHERS and 2 * len(authors) > len(members)
+        if majority and len(authors) > len(counted):
+            counted = frozenset(authors)
+    return counted
+
+
+def vouched(vouches: Iterable[Vouch], fragment: int, round: int, state_hash: str) -> bool:
+    """Whether a majority of round ``(fragment, round)``'s members vouch for ``state_hash``."""
+    return bool(vouchers(vouches, fragment, round, state_hash))
+
+
+def schedule_offence(record: NodeRecord, schedule: Schedule) -> str | None:
+    """Why ``record``'s claims break the schedule (end of the run, versions its step
+    allows), or None when they do not."""
+    step = record.global_step
+    if step > schedule.steps:
+        return f"global step {step} is beyond the run's end (step {schedule.steps})"
+    for entry in record.fragments:
+        if entry.fragment >= schedule.num_fragments:
+            return f"fragment {entry.fragment} does not exist ({schedule.num_fragments} in the run)"
+        allowed = schedule.last_round(step, entry.fragment)
+        if entry.version > allowed:
+            return (
+                f"fragment {entry.fragment} at version {entry.version} is beyond round "
+                f"{allowed}, the last its step {step} allows"
+            )
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class SwarmView:
+    """What one check of the records and vouches may believe (``assess``)."""
+
+    records: tuple[NodeRecord, ...]
+    """The plausible records (other nodes'), in the order read."""
+    vouched: Mapping[Claim, frozenset[str]]
+    """Vouched states with the members that vouched for them, and version 0 of each
+    fragment with this node's initial hash (no vouchers)."""
+    step: int | None
+    """The robust step of the swarm (None: no plausible record)."""
+    pace: int | None = None
+    """The pace the records' steps were bounded by (None: no evidence at all)."""
+    offences: Mapping[str, str] = field(default_factory=dict)
+    """Peer id -> why its record is ignored."""
+
+    def holds_vouched(self, record: NodeRecord, fragment: int) -> bool:
+        """Whether ``record``'s state of ``fragment`` is vouched (or the initial one)."""
+        entry = record.fragment(fragment)
+        return entry is not None and (fragment, entry.version, entry.state_hash) in self.vouched
+
+    def vouched_by(self, record: NodeRecord, fragment: int) -> bool:
+        """Whether ``record``'s author vouched for the state of ``fragment`` it holds: a
+        member of the round that made it (no Sybil that merely copies a vouched claim)."""
+        entry = record.fragment(fragment)
+        if entry is None:
+            return False
+        claim = (fragment, entry.version, entry.state_hash)
+        return record.peer_id in self.vouched.get(claim, frozenset())
+
+    def newest_vouched(self, fragment: int) -> int:
+        """The newest vouched version of ``fragment`` (0: none)."""
+        return max((k for p, k, _ in self.vouched if p == fragment), default=0)
+
+
+def vouched_claims(
+    vouches: Sequence[Vouch], schedule: Schedule, initial_hashes: Sequence[str]
+) -> dict[Claim, frozenset[str]]:
+    """Every vouched state with its vouchers, and version 0 of each fragment at this node's
+    initial hash (no vouchers). Vouches for rounds that the run never sends are dropped."""
+    claims: dict[Claim, frozenset[str]] = {
+        (p, 0, h): frozenset() for p, h in enumerate(initial_hashes)
+    }
+    by_claim: dict[Claim, list[Vouch]] = defaultdict(list)
+    for v in vouches:
+        if v.fragment < schedule.num_fragments and v.round <= schedule.last_round(
+            schedule.steps, v.fragment
+        ):
+            by_claim[(v.fragment, v.round, v.state_hash)].append(v)
+    for claim, same in by_claim.items():
+        if counted := vouchers(same, *claim):
+            claims[claim] = counted
+    return claims
+
+
+def assess(
+    records: Sequence[NodeRecord],
+    vouches: Sequence[Vouch],
+    schedule: Schedule,
+    initial_hashes: Sequence[str],
+) -> SwarmView:
+    """Bound ``records`` (other nodes') by the schedule and the swarm's pace, find the
+    vouched states in ``vouches`` and the robust step (rules in the module docstring)."""
+    claims = vouched_claims(vouches, schedule, initial_hashes)
+    rounds = [(p, k) for p, k, _ in claims if k > 0]
+    counted = frozenset().union(*claims.values())
+    offences: dict[str, str] = {}
+    in_schedule = []
+    for record in records:
+        if why := schedule_offence(record, schedule):
+            offences[record.peer_id] = why
+        else:
+            in_schedule.append(record)
+    pace: int | None = None
+    if rounds:
+        pace = max(schedule.send_step(p, k) for p, k in rounds)
+    elif in_schedule:
+        pace = median_low(r.global_step for r in in_schedule)
+    plausible = []
+    for record in in_schedule:
+        if pace is not None and record.global_step > pace + schedule.pace_slack:
+            offences[record.peer_id] = (
+                f"global step {record.global_step} runs ahead of the swarm's pace "
+                f"(step {pace} + {schedule.pace_slack})"
+            )
+        else:
+            plausible.append(record)
+    steps = [r.global_step for r in plausible if r.peer_id in counted]
+    steps = steps or [r.global_step for r in plausible]
+    step = median_low(steps) if steps else None
+    return SwarmView(tuple(plausible), claims, step, pace, offences)
+
+
+class Offences:
+    """Peers caught making implausible claims or serving unvouched states, each logged once
+    with its peer id and offence (records are read again at every check)."""
+
+    def __init__(self) -> None:
+        self.logged: set[str] = set()
+
+    def report(self, peer: str, offence: str) -> None:
+        if peer in self.logged:
+            return
+        if len(self.logged) >= MAX_OFFENDERS_LOGGED:
+            self.logged.clear()
+        self.logged.add(peer)
+        logger.warning("ignoring peer %s: %s", peer, offence)
+
+    def report_all(self, offences: Mapping[str, str]) -> None:
+        for peer, offence in offences.items():
+            self.report(peer, offence)
