@@ -101,27 +101,28 @@ class StateServer:
     async def _serve(
         self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> Reject | None:
+        # The request is read before the caps are checked: a refusal sent before it would
+        # cut the stream under the fetcher's write, which then never reads the REJECT.
+        _, body = await streams.read_frame(reader, (Kind.STATE_REQ,))
+        request = StateRequest.parse(body)
+        if request.digest != self.digest:
+            return Reject(RejectCode.WRONG_RUN, reason="different run configuration")
         name = peer.to_base58()
         refusal = self.limiter.admit(name, time.monotonic())
         if refusal is not None:
             # Answered here rather than returned: the stream wrapper would log every one.
             self._log_refusal(name, refusal)
-            await streams.send_reject(
-                writer, Reject(RejectCode.BUSY, reason=refusal), REJECT_TIMEOUT
-            )
+            reject = Reject(RejectCode.BUSY, reason=refusal)
+            await streams.send_reject(writer, reject, REJECT_TIMEOUT)
             return None
         try:
-            return await self._serve_admitted(reader, writer)
+            return await self._send_state(request, writer)
         finally:
             self.limiter.release(name)
 
-    async def _serve_admitted(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    async def _send_state(
+        self, request: StateRequest, writer: asyncio.StreamWriter
     ) -> Reject | None:
-        _, body = await streams.read_frame(reader, (Kind.STATE_REQ,))
-        request = StateRequest.parse(body)
-        if request.digest != self.digest:
-            return Reject(RejectCode.WRONG_RUN, reason="different run configuration")
         loop = asyncio.get_running_loop()
         snapshot = await loop.run_in_executor(None, self.provider)
         wanted = request.fragments or tuple(sorted(snapshot.fragments))
