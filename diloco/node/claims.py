@@ -15,16 +15,20 @@ records and vouches read in one check, bound what such claims can make a node do
   adopts a peer's newer state only once its own step has reached that round's send step
   (``healing.fragments_to_adopt``), so its records keep this bound too;
 - its global step is at most the swarm's *pace* plus ``PACE_SLACK_ROUNDS * H``. The pace
-  is the send step of the newest round vouched for by a majority of its members: evidence,
-  signed by the members, that the honest swarm reached that step. Every fragment syncs once
-  per ``H`` steps, so an honest node is about ``H / F + tau`` steps past the newest vouched
-  round, plus what it trains while vouches are published (a few seconds): ``2H`` leaves room
-  for that. Before any round is vouched (the run's first ``H`` steps, or a node that trained
-  alone), the pace is the lower median of the steps of the records that pass the two rules
-  above: one peer cannot move it (one record among several honest ones is never the median).
-  Known limit: an honest node that trains alone for more than ``2H`` steps after its last
-  vouched round (its partners left less than a record lifetime ago) looks implausible to
-  others until their vouches expire; it is then only ignored as a donor.
+  is the lower median of the steps of the records that pass the two rules above and whose
+  authors vouched for a vouched round (members of rounds a majority signed). While no
+  such record exists (before the first vouched round, or after every member left), it is
+  the lower median of the node's *anchors*, the peers its user gave it to join through
+  (``--initial-peers``: a joiner follows the run of the peer it was given), and for a node
+  without anchors (the run's first) of all those records. Records that never took part in
+  a round (Sybils) do not move it, nor does one member among several (with two, the lower
+  median is the lower step). Every fragment syncs once per ``H`` steps and rounds hold
+  members within about ``tau`` steps of each other, so ``2H`` leaves honest nodes room.
+  Not the newest vouched round: a node whose rounds fail (its partners left or lag) trains
+  on without producing vouches, and must stay believable. Known limit: a member that runs
+  more than ``2H`` ahead of the median of the others is ignored as a donor (and logged
+  once) until they catch up; before any round is vouched, Sybil records can move the
+  first node's pace (so it uses no pace for its own step, below).
 
 Implausible records are ignored by healing, joining and catch-up; ``Offences`` logs each
 offender once, with its peer id and the rule it broke.
@@ -45,15 +49,18 @@ majority of at least two: its state is adopted by no joiner or healer until the 
 creator's vouch counts, which comes with the pinned run (the creator signs the run
 configuration; ``vouched`` is the one place that will take that vouch). With two members
 both must vouch: one of them can withhold its vouch and keep joiners off that round's
-state (they wait for the next round). A state whose round's majority has left the swarm
-(their vouches expire with their records) is no longer vouched. Several identities of one
+state (they wait for the next round). A vouch outlives its author by its lifetime (a
+node publishes its vouches to live 5 minutes: a fact about the past stays true), so the
+members left can still heal a node that missed the round; a state whose round's majority
+left longer ago is no longer vouched. Several identities of one
 person that form a round's majority, or a round of their own, can vouch: in an open swarm
 they are several peers (SPEC 4.1); a closed swarm bounds them.
 
-**Robust step**: a lagging node skips ahead, and a joiner starts, at the lower median of
-the steps of the plausible records whose authors vouched for a vouched round (Sybil records
-that never took part in a round do not count), or of all plausible records while no round
-is vouched; never at one donor's claim.
+**Robust step**: a lagging node skips ahead, and a joiner starts, at the pace (the lower
+median above) computed over the plausible records only; never at one donor's claim. A node
+without anchors has no robust step until a round is vouched: the run's first node is the
+swarm's clock then, and Sybil records claiming steps ahead would make it skip ahead again
+and again (records are free; rounds are not).
 """
 
 from __future__ import annotations
@@ -155,7 +162,7 @@ class SwarmView:
     step: int | None
     """The robust step of the swarm (None: no plausible record)."""
     pace: int | None = None
-    """The pace the records' steps were bounded by (None: no evidence at all)."""
+    """The pace the records' steps were bounded by (None: no record passed the schedule)."""
     offences: Mapping[str, str] = field(default_factory=dict)
     """Peer id -> why its record is ignored."""
 
@@ -203,11 +210,12 @@ def assess(
     vouches: Sequence[Vouch],
     schedule: Schedule,
     initial_hashes: Sequence[str],
+    anchors: frozenset[str] = frozenset(),
 ) -> SwarmView:
     """Bound ``records`` (other nodes') by the schedule and the swarm's pace, find the
-    vouched states in ``vouches`` and the robust step (rules in the module docstring)."""
+    vouched states in ``vouches`` and the robust step (rules in the module docstring).
+    ``anchors`` are the peer ids this node joined through."""
     claims = vouched_claims(vouches, schedule, initial_hashes)
-    rounds = [(p, k) for p, k, _ in claims if k > 0]
     counted = frozenset().union(*claims.values())
     offences: dict[str, str] = {}
     in_schedule = []
@@ -216,11 +224,7 @@ def assess(
             offences[record.peer_id] = why
         else:
             in_schedule.append(record)
-    pace: int | None = None
-    if rounds:
-        pace = max(schedule.send_step(p, k) for p, k in rounds)
-    elif in_schedule:
-        pace = median_low(r.global_step for r in in_schedule)
+    pace = _median_step(in_schedule, counted, anchors, anyone=True)
     plausible = []
     for record in in_schedule:
         if pace is not None and record.global_step > pace + schedule.pace_slack:
@@ -230,10 +234,20 @@ def assess(
             )
         else:
             plausible.append(record)
-    steps = [r.global_step for r in plausible if r.peer_id in counted]
-    steps = steps or [r.global_step for r in plausible]
-    step = median_low(steps) if steps else None
+    step = _median_step(plausible, counted, anchors, anyone=bool(anchors))
     return SwarmView(tuple(plausible), claims, step, pace, offences)
+
+
+def _median_step(
+    records: Sequence[NodeRecord], vouchers: frozenset[str], anchors: frozenset[str], anyone: bool
+) -> int | None:
+    """The lower median step of the records of ``vouchers``; without any, of ``anchors``;
+    without any, of all ``records`` if ``anyone`` (None when it comes to nobody)."""
+    for group in (vouchers, anchors):
+        if steps := [r.global_step for r in records if r.peer_id in group]:
+            return median_low(steps)
+    steps = [r.global_step for r in records] if anyone else []
+    return median_low(steps) if steps else None
 
 
 class Offences:

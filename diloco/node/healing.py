@@ -225,7 +225,7 @@ class Healer:
     Everything but ``check_and_fetch`` runs in the training thread, between steps;
     ``check_and_fetch`` runs on ``worker`` and touches no trainer state. ``initial_hashes``
     are the hashes of this node's fragments before any training (version 0, the run's seed):
-    the only version-0 state it adopts.
+    the only version-0 state it adopts. ``anchors`` are the peer ids of its initial peers.
     """
 
     def __init__(
@@ -237,10 +237,13 @@ class Healer:
         emit: Callable[[dict[str, Any]], None],
         on_adopted: Callable[[], None],
         initial_hashes: Sequence[str],
+        anchors: Collection[str] = (),
     ) -> None:
         self.trainer, self.source, self.me, self.worker = trainer, source, me, worker
         self.emit, self.on_adopted = emit, on_adopted
         self.initial_hashes = tuple(initial_hashes)
+        self.anchors = frozenset(anchors)
+        """Peer ids this node joined through (``claims``: its clock before rounds vouch)."""
         self.numel = {p: s.outer.numel() for p, s in enumerate(trainer.sync.states)}
         self.schedule = Schedule(
             trainer.run.steps, trainer.run.outer.sync_every, trainer.sync.num_fragments
@@ -272,7 +275,7 @@ class Healer:
         logged once each."""
         records = [r for r in self.source.read_records() if r.peer_id != self.me]
         vouches = self.source.read_vouches(range(self.schedule.num_fragments))
-        view = assess(records, vouches, self.schedule, self.initial_hashes)
+        view = assess(records, vouches, self.schedule, self.initial_hashes, self.anchors)
         self.offences.report_all(view.offences)
         return view
 

@@ -50,6 +50,7 @@ from diloco.protocol.records import (
     read_vouches,
 )
 from diloco.protocol.run_id import make_run_id
+from diloco.protocol.signed_records import MAX_RECORD_TTL
 from diloco.protocol.swarm import Swarm, SwarmReducer, make_dht
 
 logger = logging.getLogger(__name__)
@@ -62,7 +63,11 @@ DISCOVERY_ATTEMPTS = 3
 """Tries to reach the bootstrap peers before ``join`` gives up (p2pd's first dial can fail)."""
 JOIN_TIMEOUT = 60.0
 """Seconds a joiner keeps trying donors for the run's state."""
-VOUCH_REFRESH = RECORD_TTL / 3
+VOUCH_TTL = MAX_RECORD_TTL
+"""Seconds a node's vouches live unless refreshed: longer than its records, since a vouch
+stays true after its author leaves, and the members left need it to heal a node that
+missed that round (``diloco.node.claims``)."""
+VOUCH_REFRESH = VOUCH_TTL / 3
 """Seconds after which unchanged vouches are stored again (before they expire)."""
 
 
@@ -172,6 +177,7 @@ class SwarmNode:
                 self._emit,
                 self._refresh_snapshot,
                 initial_hashes,
+                anchors=[a.rsplit("/p2p/", 1)[1] for a in net.initial_peers if "/p2p/" in a],
             )
             self.failed_rounds = 0
         except BaseException:
@@ -249,7 +255,7 @@ class SwarmNode:
 
     async def _store_vouches(self, due: Sequence[Sequence[Vouch]]) -> None:
         dht = self.swarm.dht
-        await asyncio.gather(*(publish_vouches(dht, self.run_id, v, RECORD_TTL) for v in due))
+        await asyncio.gather(*(publish_vouches(dht, self.run_id, v, VOUCH_TTL) for v in due))
 
     def _vouches(self) -> dict[int, tuple[Vouch, ...]]:
         return {p: tuple(v) for p, v in self.vouches.items()}
@@ -267,7 +273,8 @@ class SwarmNode:
         Raises:
             DilocoError: no vouched state within ``timeout`` seconds.
         """
-        deadline = time.monotonic() + timeout
+        start = time.monotonic()
+        deadline = start + timeout
         self.healer.join(deadline)
         self.healer.settle_rounds_in_flight(min(deadline, time.monotonic() + SETTLE_TIMEOUT))
         self._emit(
@@ -275,6 +282,7 @@ class SwarmNode:
                 "event": "joined",
                 "step": self.trainer.step,
                 "versions": [s.version for s in self.trainer.sync.states],
+                "seconds": time.monotonic() - start,
             }
         )
 

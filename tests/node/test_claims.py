@@ -58,15 +58,25 @@ def test_a_fragment_the_run_does_not_have_is_an_offence() -> None:
     )
 
 
-def test_a_step_far_ahead_of_the_vouched_pace_is_ignored() -> None:
-    # Round 2 of fragment 1 (sent at 66) is vouched: the pace is 66, plausible up to 126.
+def test_a_step_far_ahead_of_the_members_pace_is_ignored() -> None:
+    # a and b vouched for round 2 of fragment 1: the pace is their lower median step (95).
     vouches = [vouch(m, 1, 2, H1, ABC) for m in ("a", "b")]
-    near = record("near", 126, (1, 2, H1))
-    far = record("far", 127, (1, 2, H1))
-    view = assess([near, far], vouches, SCHEDULE, INITIAL)
-    assert [r.peer_id for r in view.records] == ["near"]
-    assert view.pace == 66
-    assert view.offences == {"far": "global step 127 runs ahead of the swarm's pace (step 66 + 60)"}
+    members = [record("a", 95, (1, 2, H1)), record("b", 100, (1, 2, H1))]
+    near = record("near", 155, (1, 2, H1))
+    far = record("far", 156, (1, 2, H1))
+    view = assess([*members, near, far], vouches, SCHEDULE, INITIAL)
+    assert [r.peer_id for r in view.records] == ["a", "b", "near"]
+    assert view.pace == 95
+    assert view.offences == {"far": "global step 156 runs ahead of the swarm's pace (step 95 + 60)"}
+
+
+def test_a_member_training_on_alone_stays_plausible() -> None:
+    # Its partner left after round 2 of fragment 1 (sent at step 66); its rounds fail since,
+    # so no newer round is vouched, and it is far past that round: still the swarm's pace.
+    vouches = [vouch(m, 1, 2, H1, ("a", "b")) for m in ("a", "b")]
+    alone = record("a", 200, (1, 2, H1))
+    view = assess([alone], vouches, SCHEDULE, INITIAL)
+    assert view.records == (alone,) and view.step == 200 and not view.offences
 
 
 def test_without_vouches_the_pace_is_the_median_one_peer_cannot_move() -> None:
@@ -74,7 +84,7 @@ def test_without_vouches_the_pace_is_the_median_one_peer_cannot_move() -> None:
     liar = record("liar", 300)  # the run's last step: within the end, not the pace
     view = assess([*honest, liar], [], SCHEDULE, INITIAL)
     assert view.pace == 100 and sorted(r.peer_id for r in view.records) == ["a", "b", "c"]
-    assert "liar" in view.offences and view.step == 100
+    assert "liar" in view.offences and view.step is None  # no anchors: no robust step
     # A record that breaks the schedule does not count toward the median either.
     forged = record("forged", 300, (0, 1000, H1))
     view = assess([honest[0], forged, record("f2", 300, (0, 1000, H1))], [], SCHEDULE, INITIAL)
@@ -150,10 +160,21 @@ def test_robust_step_counts_the_members_that_vouched_not_sybils() -> None:
     assert view.holds_vouched(sybils[0], 0)  # a copied claim is still a vouched state
 
 
-def test_robust_step_is_the_median_of_plausible_records_before_any_vouch() -> None:
-    view = assess([record("a", 10), record("b", 14), record("c", 12)], [], SCHEDULE, INITIAL)
-    assert view.step == 12
-    assert assess([], [], SCHEDULE, INITIAL).step is None
+def test_before_any_vouch_a_joiner_follows_its_anchors_not_sybils() -> None:
+    anchor = record("anchor", 10)
+    sybils = [record(f"s{i}", 40, (0, 1, H1)) for i in range(5)]  # step 40 allows round 1
+    view = assess([anchor, *sybils], [], SCHEDULE, INITIAL, anchors=frozenset({"anchor"}))
+    assert view.pace == 10 and view.step == 10
+    assert len(view.records) == 6  # 40 is within the pace's slack: plausible, not followed
+    # The run's first node (no anchors) has no robust step until a round is vouched.
+    alone = assess([anchor, *sybils], [], SCHEDULE, INITIAL)
+    assert alone.step is None and alone.pace == 40
+    assert assess([], [], SCHEDULE, INITIAL, anchors=frozenset({"anchor"})).step is None
+
+
+def test_without_vouchers_or_anchor_records_a_joiner_takes_the_median() -> None:
+    others = [record("a", 10), record("b", 14), record("c", 12)]
+    assert assess(others, [], SCHEDULE, INITIAL, anchors=frozenset({"gone"})).step == 12
 
 
 def test_offences_are_logged_once_per_peer(caplog: pytest.LogCaptureFixture) -> None:

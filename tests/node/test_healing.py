@@ -245,11 +245,13 @@ def make_trainer(corpus: Any) -> NodeTrainer:
     return NodeTrainer(run, options, InProcessReducer(get_codec("none")), "me", corpus)
 
 
-def make_healer(trainer: NodeTrainer, swarm: FakeSwarm) -> tuple[Healer, list[dict[str, Any]]]:
+def make_healer(
+    trainer: NodeTrainer, swarm: FakeSwarm, anchors: Sequence[str] = ()
+) -> tuple[Healer, list[dict[str, Any]]]:
     events: list[dict[str, Any]] = []
     worker = ThreadPoolExecutor(1)
     initial = [s.sha256() for s in trainer.sync.states]
-    healer = Healer(trainer, swarm, "me", worker, events.append, lambda: None, initial)
+    healer = Healer(trainer, swarm, "me", worker, events.append, lambda: None, initial, anchors)
     return healer, events
 
 
@@ -340,15 +342,15 @@ def test_healer_failed_round_makes_a_suspect_checked_without_waiting_for_h(corpu
     assert healer.suspects == {}
 
 
-def test_healer_lagging_node_skips_to_the_median_step(corpus: Any) -> None:
+def test_healer_lagging_node_skips_to_its_anchors_step_before_any_vouch(corpus: Any) -> None:
     trainer = make_trainer(corpus)
     trainer.step = 12
     mine = initial_entries(trainer)
-    swarm = FakeSwarm([record("fast", 30, *mine), record("faster", 31, *mine)], {})
-    healer, events = make_healer(trainer, swarm)
+    swarm = FakeSwarm([record("fast", 30, *mine), record("faster", 36, *mine)], {})
+    healer, events = make_healer(trainer, swarm, anchors=["fast"])
     healer.maybe_heal([])
     assert finish_check(healer, swarm) == []  # in line on every fragment: nothing to fetch
-    assert trainer.step == 30  # the lower median
+    assert trainer.step == 30  # the peer it joined through, not the furthest claim
     assert {"event": "caught_up", "from_step": 12, "to_step": 30} in events
     # Version 0 after step 30: every fragment missed its rounds, all suspect now.
     assert set(healer.suspects) == set(range(trainer.sync.num_fragments))
@@ -357,8 +359,8 @@ def test_healer_lagging_node_skips_to_the_median_step(corpus: Any) -> None:
 def test_healer_lagging_node_takes_the_vouchers_step_not_the_sybils(corpus: Any) -> None:
     trainer = make_trainer(corpus)
     trainer.step = 12
-    # H 6, 5 fragments: round 4 of fragment 0 was sent at step 24 (the pace); steps up to
-    # 24 + 2H = 36 are plausible, so five Sybils at 36 outnumber the two vouching members.
+    # H 6: the two members that vouched are at step 30 (the pace); steps up to 30 + 2H = 42
+    # are plausible, so five Sybils at 36 outnumber them among the plausible records.
     served = donor_state(trainer, 30, 4)
     h = served.fragments[0].sha256()
     others = initial_entries(trainer, skip=0)
@@ -407,7 +409,7 @@ def test_healer_join_skips_a_donor_whose_initial_state_is_not_ours(
         [record("forger", 5, *entries), record("honest", 5, *entries)],
         {"forger": zeros, "honest": honest},
     )
-    healer, _ = make_healer(trainer, swarm)
+    healer, _ = make_healer(trainer, swarm, anchors=["honest"])
     with caplog.at_level("WARNING"):
         healer.join(deadline=time.monotonic() + 30)
     assert [donors for _, donors in swarm.asked] == [["forger"], ["honest"]]
