@@ -30,8 +30,11 @@ records and vouches read in one check, bound what such claims can make a node do
   once) until they catch up; before any round is vouched, Sybil records can move the
   first node's pace (so it uses no pace for its own step, below).
 
-Implausible records are ignored by healing, joining and catch-up; ``Offences`` logs each
-offender once, with its peer id and the rule it broke.
+A record that breaks the schedule is ignored altogether. A record whose step runs ahead
+of the pace is not followed (the robust step leaves it out), but it stays a donor of what
+it holds: a state is taken only when vouched and hashed anyway (below), so an honest node
+that ran ahead can still heal the others. ``Offences`` logs each offender once, with its
+peer id, the rule it broke and what is ignored.
 
 **Vouched states** (``vouched``). After applying round ``(p, k)`` each member publishes a
 signed vouch: (``k``, its outer hash after applying, the round's sorted members). A state
@@ -155,16 +158,17 @@ class SwarmView:
     """What one check of the records and vouches may believe (``assess``)."""
 
     records: tuple[NodeRecord, ...]
-    """The plausible records (other nodes'), in the order read."""
+    """The records (other nodes') whose claims fit the schedule, in the order read: the
+    donors to choose from (their states still have to be vouched)."""
     vouched: Mapping[Claim, frozenset[str]]
     """Vouched states with the members that vouched for them, and version 0 of each
     fragment with this node's initial hash (no vouchers)."""
     step: int | None
-    """The robust step of the swarm (None: no plausible record)."""
+    """The robust step of the swarm, from the records within the pace (None: nobody's)."""
     pace: int | None = None
     """The pace the records' steps were bounded by (None: no record passed the schedule)."""
     offences: Mapping[str, str] = field(default_factory=dict)
-    """Peer id -> why its record is ignored."""
+    """Peer id -> what of its record is ignored, and why."""
 
     def holds_vouched(self, record: NodeRecord, fragment: int) -> bool:
         """Whether ``record``'s state of ``fragment`` is vouched (or the initial one)."""
@@ -221,21 +225,21 @@ def assess(
     in_schedule = []
     for record in records:
         if why := schedule_offence(record, schedule):
-            offences[record.peer_id] = why
+            offences[record.peer_id] = f"record ignored: {why}"
         else:
             in_schedule.append(record)
     pace = _median_step(in_schedule, counted, anchors, anyone=True)
-    plausible = []
+    paced = []
     for record in in_schedule:
         if pace is not None and record.global_step > pace + schedule.pace_slack:
             offences[record.peer_id] = (
-                f"global step {record.global_step} runs ahead of the swarm's pace "
-                f"(step {pace} + {schedule.pace_slack})"
+                f"step not followed: global step {record.global_step} runs ahead of the "
+                f"swarm's pace (step {pace} + {schedule.pace_slack})"
             )
         else:
-            plausible.append(record)
-    step = _median_step(plausible, counted, anchors, anyone=bool(anchors))
-    return SwarmView(tuple(plausible), claims, step, pace, offences)
+            paced.append(record)
+    step = _median_step(paced, counted, anchors, anyone=bool(anchors))
+    return SwarmView(tuple(in_schedule), claims, step, pace, offences)
 
 
 def _median_step(
@@ -263,7 +267,7 @@ class Offences:
         if len(self.logged) >= MAX_OFFENDERS_LOGGED:
             self.logged.clear()
         self.logged.add(peer)
-        logger.warning("ignoring peer %s: %s", peer, offence)
+        logger.warning("peer %s: %s", peer, offence)
 
     def report_all(self, offences: Mapping[str, str]) -> None:
         for peer, offence in offences.items():

@@ -96,7 +96,7 @@ def choose_donors(
 ) -> list[NodeRecord]:
     """Peers to fetch ``fragment`` from, best first; empty when ours is in line.
 
-    Only plausible records whose state of ``fragment`` is vouched count (``claims``): a
+    Only records within the schedule whose state of ``fragment`` is vouched count: a
     version or hash a peer merely claims is not evidence. ``version`` and ``state_hash``
     are ours. In order: peers with a newer version (newest first); else, when the majority
     at our version holds another state, its holders.
@@ -118,8 +118,8 @@ def choose_donors(
 
 
 def join_donors(view: SwarmView, num_fragments: int) -> list[NodeRecord]:
-    """Peers a joiner fetches every fragment from: plausible records whose state of every
-    fragment is vouched, the most up to date first."""
+    """Peers a joiner fetches every fragment from: records within the schedule whose state
+    of every fragment is vouched, the most up to date first."""
     fragments = range(num_fragments)
     vouched = [r for r in view.records if all(view.holds_vouched(r, p) for p in fragments)]
 
@@ -315,7 +315,7 @@ class Healer:
             why = f"fragment {p} at version {k} with hash {h[:16]}... is not vouched"
             last = self.schedule.last_round(self.schedule.steps, p)
             if not all(view.newest_vouched(q) < v <= last for q, (v, _) in pending.items()):
-                self.offences.report(donor, f"served a forged state: {why}")
+                self.offences.report(donor, f"download refused: a forged state: {why}")
                 raise ProtocolError(f"{why} by a majority of its round's members")
             if time.monotonic() > deadline:
                 raise ProtocolError(f"{why} after {VOUCH_WAIT:.0f} s")

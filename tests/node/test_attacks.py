@@ -126,9 +126,9 @@ def test_forged_versions_last_step_and_state_spam_change_nothing(tmp_path, proce
     assert not set(a.summary()["outer_sha256"]) & set(zeros)
 
     # The offender is named with its offence, by the joiner and by the node it spammed.
-    offence = f"ignoring peer {forger}: fragment 0 at version 1000 is beyond round"
+    offence = f"peer {forger}: record ignored: fragment 0 at version 1000 is beyond round"
     assert offence in b.output(), b.output()
-    assert f"ignoring peer {forger}:" in a.output(), a.output()
+    assert f"peer {forger}: record ignored:" in a.output(), a.output()
     assert f"state requests from {forger} refused (BUSY)" in a.output()
     counts = [line for line in hostile.lines() if "refused" in line]
     assert counts and counts[-1]["refused"] > counts[-1]["served"] >= 1, counts[-1:]
@@ -139,7 +139,7 @@ def assert_no_honest_offender(nodes: list[Node]) -> None:
     """No honest node took another for an offender (the bounds leave honest claims room)."""
     ids = [next(r for r in n.records() if r["event"] == "config")["peer_id"] for n in nodes]
     for node in nodes:
-        assert not [i for i in ids if f"ignoring peer {i}" in node.output()], node.output()
+        assert not [i for i in ids if f"peer {i}: " in node.output()], node.output()
 
 
 def test_sybil_records_do_not_crowd_out_a_late_joiners_honest_donors(tmp_path, processes) -> None:
@@ -168,5 +168,5 @@ def test_sybil_records_do_not_crowd_out_a_late_joiners_honest_donors(tmp_path, p
     assert a.summary()["outer_sha256"] == c.summary()["outer_sha256"]
     # The Sybils that claim the run's last step (every third) are named with the offence.
     for sybil in sybils[2::3]:
-        assert f"ignoring peer {sybil}: global step {STEPS} runs ahead" in c.output()
+        assert f"peer {sybil}: step not followed: global step {STEPS} runs ahead" in c.output()
     assert_no_honest_offender([a, b, c])

@@ -58,16 +58,20 @@ def test_a_fragment_the_run_does_not_have_is_an_offence() -> None:
     )
 
 
-def test_a_step_far_ahead_of_the_members_pace_is_ignored() -> None:
-    # a and b vouched for round 2 of fragment 1: the pace is their lower median step (95).
-    vouches = [vouch(m, 1, 2, H1, ABC) for m in ("a", "b")]
+def test_a_step_far_ahead_of_the_members_pace_is_not_followed() -> None:
+    # a, b and far vouched for round 2 of fragment 1: the pace is their lower median (100).
+    vouches = [vouch(m, 1, 2, H1, ("a", "b", "far")) for m in ("a", "b", "far")]
     members = [record("a", 95, (1, 2, H1)), record("b", 100, (1, 2, H1))]
-    near = record("near", 155, (1, 2, H1))
-    far = record("far", 156, (1, 2, H1))
+    near = record("near", 160, (1, 2, H1))
+    far = record("far", 161, (1, 2, H1))
     view = assess([*members, near, far], vouches, SCHEDULE, INITIAL)
-    assert [r.peer_id for r in view.records] == ["a", "b", "near"]
-    assert view.pace == 95
-    assert view.offences == {"far": "global step 156 runs ahead of the swarm's pace (step 95 + 60)"}
+    assert view.pace == 100
+    assert view.offences == {
+        "far": "step not followed: global step 161 runs ahead of the swarm's pace (step 100 + 60)"
+    }
+    assert view.step == 95  # the lower median of a and b; with far's 161 it would be 100
+    # What it holds is still on offer (a state is taken only when vouched and hashed).
+    assert far in view.records and view.holds_vouched(far, 1)
 
 
 def test_a_member_training_on_alone_stays_plausible() -> None:
@@ -82,13 +86,18 @@ def test_a_member_training_on_alone_stays_plausible() -> None:
 def test_without_vouches_the_pace_is_the_median_one_peer_cannot_move() -> None:
     honest = [record("a", 100), record("b", 104), record("c", 98)]
     liar = record("liar", 300)  # the run's last step: within the end, not the pace
-    view = assess([*honest, liar], [], SCHEDULE, INITIAL)
-    assert view.pace == 100 and sorted(r.peer_id for r in view.records) == ["a", "b", "c"]
-    assert "liar" in view.offences and view.step is None  # no anchors: no robust step
+    view = assess([*honest, liar], [], SCHEDULE, INITIAL, anchors=frozenset({"a", "b", "liar"}))
+    # Pace: the anchors' lower median (100, 104, 300 -> 104); step: without the liar (100).
+    assert view.pace == 104 and view.step == 100
+    assert view.offences["liar"].startswith("step not followed: global step 300 runs ahead")
     # A record that breaks the schedule does not count toward the median either.
     forged = record("forged", 300, (0, 1000, H1))
     view = assess([honest[0], forged, record("f2", 300, (0, 1000, H1))], [], SCHEDULE, INITIAL)
     assert view.pace == 100 and [r.peer_id for r in view.records] == ["a"]
+    assert view.offences["forged"] == (
+        "record ignored: fragment 0 at version 1000 is beyond round 10, the last its step 300 "
+        "allows"
+    )
 
 
 # -- vouched states ----------------------------------------------------------------------------
@@ -182,8 +191,8 @@ def test_offences_are_logged_once_per_peer(caplog: pytest.LogCaptureFixture) -> 
     with caplog.at_level(logging.WARNING):
         offences.report_all({"p": "global step 301 is beyond the run's end (step 300)"})
         offences.report_all({"p": "something else"})
-        offences.report("q", "served a forged state")
+        offences.report("q", "download refused: a forged state")
     assert caplog.messages == [
-        "ignoring peer p: global step 301 is beyond the run's end (step 300)",
-        "ignoring peer q: served a forged state",
+        "peer p: global step 301 is beyond the run's end (step 300)",
+        "peer q: download refused: a forged state",
     ]

@@ -323,7 +323,7 @@ def test_healer_refuses_bytes_that_do_not_hash_to_the_vouched_state(
     with caplog.at_level("WARNING"):
         assert finish_check(healer, swarm) == [([0], ["donor"])]
     assert trainer.sync.states[0].sha256() == before.sha256() and not events
-    assert "ignoring peer donor: served a forged state: fragment 0 at version 1" in caplog.text
+    assert "peer donor: download refused: a forged state: fragment 0 at version 1" in caplog.text
     assert 0 in healer.diverged  # checked again soon
 
 
@@ -415,4 +415,4 @@ def test_healer_join_skips_a_donor_whose_initial_state_is_not_ours(
     assert [donors for _, donors in swarm.asked] == [["forger"], ["honest"]]
     assert [s.sha256() for s in trainer.sync.states] == [h for _, _, h in entries]
     assert trainer.step == 5
-    assert "ignoring peer forger: served a forged state: fragment 0 at version 0" in caplog.text
+    assert "peer forger: download refused: a forged state: fragment 0 at version 0" in caplog.text
