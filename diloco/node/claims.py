@@ -11,9 +11,9 @@ records and vouches read in one check, bound what such claims can make a node do
 
 - its global step is at most the run's end ``T`` (``RunConfig.steps``);
 - every fragment version is at most ``last_sent_round(step, p)``: an honest node applies
-  round ``k`` of ``p`` at its receive step, never before the send step of ``k``, and it
-  adopts a peer's newer state only once its own step has reached that round's send step
-  (``healing.fragments_to_adopt``), so its records keep this bound too;
+  round ``k`` of ``p`` at its receive step, never before the send step of ``k``, and when
+  it adopts a peer's newer vouched state it moves on to that round's send step at least
+  (``healing.catch_up_step``), so its records keep this bound too;
 - its global step is at most the swarm's *pace* plus ``PACE_SLACK_ROUNDS * H``. The pace
   is the lower median of the steps of the records that pass the two rules above and whose
   authors vouched for a vouched round (members of rounds a majority signed). While no

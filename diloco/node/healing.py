@@ -150,29 +150,35 @@ def heal_plan(
 
 
 def fragments_to_adopt(
-    fetched: Mapping[int, FragmentState],
-    mine: Sequence[FragmentState],
-    in_flight: Collection[int],
-    step: int,
-    sync_every: int,
+    fetched: Mapping[int, FragmentState], mine: Sequence[FragmentState], in_flight: Collection[int]
 ) -> list[int]:
     """Fetched fragments that replace ours: newer, or at our version with another hash
     (``choose_donors`` fetched it from the majority).
 
     A fragment with a round in flight is left for a later check: that round's result is
-    about to change it anyway. So is a version whose round is sent after our ``step`` (a
-    peer a step or two ahead applied it): our own record would claim a version beyond what
-    our step allows (``claims.schedule_offence``); we take it once we are there.
+    about to change it anyway.
     """
     adopted = []
     for p, theirs in sorted(fetched.items()):
         ours = mine[p]
         newer = theirs.version > ours.version
         conflict = theirs.version == ours.version and theirs.sha256() != ours.sha256()
-        allowed = theirs.version <= last_sent_round(step, p, sync_every, len(mine))
-        if p not in in_flight and allowed and (newer or conflict):
+        if p not in in_flight and (newer or conflict):
             adopted.append(p)
     return adopted
+
+
+def catch_up_step(
+    states: Mapping[int, FragmentState], step: int, sync_every: int, num_fragments: int
+) -> int:
+    """The step a node moves to when it adopts ``states``: ``step``, or the send step of the
+    newest adopted round if that is later. A vouched state is evidence that a majority of
+    that round's members got there; and a node's record must not claim a version beyond
+    what its step allows (``claims.schedule_offence``)."""
+    sends = [
+        send_step(p, s.version, sync_every, num_fragments) for p, s in states.items() if s.version
+    ]
+    return max([step, *sends])
 
 
 def missed_rounds(step: int, versions: Sequence[int], sync_every: int) -> dict[int, int]:
@@ -349,15 +355,8 @@ class Healer:
                     raise DilocoError(f"could not download the run's state: {error}") from error
                 logger.warning("no state yet (%s); retrying", error)
                 time.sleep(JOIN_RETRY)
-        floor = max(
-            (
-                self.schedule.send_step(p, s.version)
-                for p, s in state.fragments.items()
-                if s.version
-            ),
-            default=0,
-        )
-        self.trainer.adopt_outer_state(dict(state.fragments), max(view.step or 0, floor))
+        step = catch_up_step(state.fragments, view.step or 0, self.sync_every, len(self.numel))
+        self.trainer.adopt_outer_state(dict(state.fragments), step)
         self.on_adopted()
 
     def settle_rounds_in_flight(self, deadline: float) -> None:
@@ -371,11 +370,9 @@ class Healer:
                 return
             view = self.read_view()
             for p, k in missed.items():
-                donors = [
-                    r.peer_id
-                    for r in view.records
-                    if version_of(r, p) >= k and view.holds_vouched(r, p)
-                ]
+                state = self.trainer.sync.states[p]
+                ahead = choose_donors(view, p, state.version, state.sha256())
+                donors = [r.peer_id for r in ahead if version_of(r, p) >= k]
                 if donors:
                     try:
                         self.adopt(self.fetch_vouched([p], donors, view))
@@ -387,12 +384,18 @@ class Healer:
     # -- healing while training ------------------------------------------------------------
 
     def adopt(self, state: OuterState) -> list[int]:
-        """Adopt what ``fragments_to_adopt`` picks of ``state`` (already verified)."""
-        sync = self.trainer.sync
-        adopted = fragments_to_adopt(
-            state.fragments, sync.states, sync.in_flight(), self.trainer.step, self.sync_every
-        )
-        self.trainer.adopt_outer_state({p: state.fragments[p] for p in adopted})
+        """Adopt what ``fragments_to_adopt`` picks of ``state`` (already verified), and move
+        on to the step of the newest round adopted (``catch_up_step``) if we are behind it."""
+        t, sync = self.trainer, self.trainer.sync
+        adopted = fragments_to_adopt(state.fragments, sync.states, sync.in_flight())
+        taken = {p: state.fragments[p] for p in adopted}
+        step = catch_up_step(taken, t.step, self.sync_every, len(self.numel))
+        moved = step > t.step
+        if moved:
+            self.emit({"event": "caught_up", "from_step": t.step, "to_step": step})
+        t.adopt_outer_state(taken, step)
+        if moved:  # the rounds of the steps skipped are missed, like a lagging node's
+            self.suspects.update(missed_rounds(t.step, self.versions(), self.sync_every))
         self.on_adopted()
         return adopted
 

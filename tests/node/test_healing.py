@@ -16,6 +16,7 @@ from diloco.node.claims import SwarmView
 from diloco.node.data import load_corpus
 from diloco.node.healing import (
     Healer,
+    catch_up_step,
     choose_donors,
     fragments_to_adopt,
     heal_plan,
@@ -160,17 +161,16 @@ def test_fragments_to_adopt_rules() -> None:
         3: state(2, 2.0),  # older
         4: state(5, 2.0),  # newer but a round is in flight
     }
-    # H 10, 5 fragments (offsets 0, 2, 4, 6, 8): at step 50 fragment 0 sent round 5.
-    assert fragments_to_adopt(fetched, mine, {4}, step=50, sync_every=10) == [0, 1]
+    assert fragments_to_adopt(fetched, mine, in_flight={4}) == [0, 1]
 
 
-def test_fragments_to_adopt_waits_for_the_step_that_sends_the_round() -> None:
-    mine = [state(3, 1.0), state(3, 1.0)]
-    fetched = {0: state(4, 2.0), 1: state(4, 2.0)}
+def test_catch_up_step_reaches_the_send_step_of_the_newest_round_adopted() -> None:
     # H 10, 2 fragments (offsets 0 and 5): round 4 is sent at steps 40 and 45.
-    assert fragments_to_adopt(fetched, mine, (), step=39, sync_every=10) == []
-    assert fragments_to_adopt(fetched, mine, (), step=40, sync_every=10) == [0]
-    assert fragments_to_adopt(fetched, mine, (), step=45, sync_every=10) == [0, 1]
+    adopted = {0: state(4, 2.0), 1: state(4, 2.0)}
+    assert catch_up_step(adopted, 39, sync_every=10, num_fragments=2) == 45
+    assert catch_up_step({0: state(4, 2.0)}, 39, sync_every=10, num_fragments=2) == 40
+    assert catch_up_step(adopted, 50, sync_every=10, num_fragments=2) == 50
+    assert catch_up_step({0: state(0, 2.0)}, 0, sync_every=10, num_fragments=2) == 0
 
 
 def test_missed_rounds_by_hand() -> None:
@@ -416,3 +416,15 @@ def test_healer_join_skips_a_donor_whose_initial_state_is_not_ours(
     assert [s.sha256() for s in trainer.sync.states] == [h for _, _, h in entries]
     assert trainer.step == 5
     assert "peer forger: download refused: a forged state: fragment 0 at version 0" in caplog.text
+
+
+def test_healer_adopting_a_newer_round_moves_on_to_its_send_step(corpus: Any) -> None:
+    trainer = make_trainer(corpus)
+    trainer.step = 3
+    # H 6, 5 fragments: round 1 of fragment 1 is sent at step 7, of fragment 0 at step 6.
+    newer = donor_state(trainer, 8, 1)
+    healer, events = make_healer(trainer, FakeSwarm([], {}))
+    assert healer.adopt(OuterState(8, {1: newer.fragments[1]})) == [1]
+    assert trainer.step == 7 and trainer.sync.states[1].version == 1
+    assert events == [{"event": "caught_up", "from_step": 3, "to_step": 7}]
+    assert healer.suspects == {0: 1}  # round 1 of fragment 0, sent at 6, was skipped
