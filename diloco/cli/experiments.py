@@ -74,6 +74,17 @@ LOCAL_FLAGS = Flags(
         Flag("--log-every", ("log_every",), "A progress line every N steps."),
         Flag("--seed", ("seed",), "Seed of the initial weights and data streams."),
         Flag(
+            "--clip-factor",
+            ("clip_factor",),
+            "C: per chunk, clip outer gradients to C x the lower median norm (0: plain mean).",
+        ),
+        Flag(
+            "--max-round-tokens",
+            ("max_round_tokens",),
+            "Cap on a replica's weight in one round, in tokens [default: 32 sequences x "
+            "seq-len x H].",
+        ),
+        Flag(
             "--data",
             ("data",),
             "Corpus: text file, folder, or nanoGPT .bin tokens [default: Python's standard "

@@ -40,22 +40,23 @@ peer id, the rule it broke and what is ignored.
 signed vouch: (``k``, its outer hash after applying, the round's sorted members). A state
 ``(p, k, h)`` is *vouched* iff the vouches for exactly ``(p, k, h)`` that sign one and the
 same member list ``L``, from authors in ``L``, number a strict majority of ``L`` and at
-least ``MIN_VOUCHERS``. Vouches signing another list for the same state do not count for
+least ``MIN_VOUCHERS``, or when the run's creator (``RunConfig.creator``, who signed the
+configuration every joiner follows) is one of the members and vouches for it. Vouches
+signing another list for the same state do not count for
 ``L`` (so members that disagree on who took part vouch for nothing), and do not veto it
 either (one member could otherwise make every state of its rounds unusable). Version 0
 needs no vouch: it must be the node's own initial state (same seed), compared by hash.
 
-Bounds and limits of the vouch rule: one peer (or any minority of a round's members)
-cannot make a state vouched, whatever it claims; a hash a majority of the members did not
-reach is never adopted. A round of one member (``min_group_size`` 1) cannot be vouched by a
-majority of at least two: its state is adopted by no joiner or healer until the run's
-creator's vouch counts, which comes with the pinned run (the creator signs the run
-configuration; ``vouched`` is the one place that will take that vouch). With two members
-both must vouch: one of them can withhold its vouch and keep joiners off that round's
-state (they wait for the next round). A vouch outlives its author by its lifetime (a
-node publishes its vouches to live 5 minutes: a fact about the past stays true), so the
-members left can still heal a node that missed the round; a state whose round's majority
-left longer ago is no longer vouched. Several identities of one
+Bounds and limits of the vouch rule: one peer (or any minority of a round's members),
+unless it is the run's creator, cannot make a state vouched, whatever it claims; a hash a
+majority of the members did not reach is never adopted. A round of one member
+(``min_group_size`` 1) has no majority of two: only the creator's lone rounds are vouched
+(by its own vouch), so a joiner can join a creator that trained alone, not another lone
+node. With two members both must vouch (or the creator): one can withhold its vouch and
+keep joiners off that round's state (they wait for the next round). A vouch outlives its
+author by its lifetime (a node publishes its vouches to live 5 minutes: a fact about the
+past stays true), so the members left can still heal a node that missed the round; a state
+whose round's majority left longer ago is no longer vouched. Several identities of one
 person that form a round's majority, or a round of their own, can vouch: in an open swarm
 they are several peers (SPEC 4.1); a closed swarm bounds them.
 
@@ -111,12 +112,17 @@ class Schedule:
 
 
 def vouchers(
-    vouches: Iterable[Vouch], fragment: int, round: int, state_hash: str
+    vouches: Iterable[Vouch],
+    fragment: int,
+    round: int,
+    state_hash: str,
+    creator: str | None = None,
 ) -> frozenset[str]:
     """The members whose vouches make ``(fragment, round, state_hash)`` vouched; empty when
     it is not vouched (the rule is in the module docstring). With several member lists that
     each reach a majority (a round split into two groups that reached one state), the
-    largest set of vouchers."""
+    largest set of vouchers. Without a majority, the vouch of the run's ``creator`` (a
+    member of the round) is enough: a joiner follows the creator's run anyway."""
     by_members: dict[tuple[str, ...], set[str]] = defaultdict(set)
     for v in vouches:
         same = (v.fragment, v.round, v.state_hash) == (fragment, round, state_hash)
@@ -127,12 +133,21 @@ def vouchers(
         majority = len(authors) >= MIN_VOUCHERS and 2 * len(authors) > len(members)
         if majority and len(authors) > len(counted):
             counted = frozenset(authors)
+    if not counted and any(creator in authors for authors in by_members.values()):
+        counted = frozenset({creator}) if creator is not None else counted
     return counted
 
 
-def vouched(vouches: Iterable[Vouch], fragment: int, round: int, state_hash: str) -> bool:
-    """Whether a majority of round ``(fragment, round)``'s members vouch for ``state_hash``."""
-    return bool(vouchers(vouches, fragment, round, state_hash))
+def vouched(
+    vouches: Iterable[Vouch],
+    fragment: int,
+    round: int,
+    state_hash: str,
+    creator: str | None = None,
+) -> bool:
+    """Whether a majority of round ``(fragment, round)``'s members (or the run's
+    ``creator``, one of them) vouch for ``state_hash``."""
+    return bool(vouchers(vouches, fragment, round, state_hash, creator))
 
 
 def schedule_offence(record: NodeRecord, schedule: Schedule) -> str | None:
@@ -190,7 +205,10 @@ class SwarmView:
 
 
 def vouched_claims(
-    vouches: Sequence[Vouch], schedule: Schedule, initial_hashes: Sequence[str]
+    vouches: Sequence[Vouch],
+    schedule: Schedule,
+    initial_hashes: Sequence[str],
+    creator: str | None = None,
 ) -> dict[Claim, frozenset[str]]:
     """Every vouched state with its vouchers, and version 0 of each fragment at this node's
     initial hash (no vouchers). Vouches for rounds that the run never sends are dropped."""
@@ -204,7 +222,7 @@ def vouched_claims(
         ):
             by_claim[(v.fragment, v.round, v.state_hash)].append(v)
     for claim, same in by_claim.items():
-        if counted := vouchers(same, *claim):
+        if counted := vouchers(same, *claim, creator=creator):
             claims[claim] = counted
     return claims
 
@@ -215,11 +233,12 @@ def assess(
     schedule: Schedule,
     initial_hashes: Sequence[str],
     anchors: frozenset[str] = frozenset(),
+    creator: str | None = None,
 ) -> SwarmView:
     """Bound ``records`` (other nodes') by the schedule and the swarm's pace, find the
     vouched states in ``vouches`` and the robust step (rules in the module docstring).
-    ``anchors`` are the peer ids this node joined through."""
-    claims = vouched_claims(vouches, schedule, initial_hashes)
+    ``anchors`` are the peer ids this node joined through, ``creator`` the run's."""
+    claims = vouched_claims(vouches, schedule, initial_hashes, creator)
     counted = frozenset().union(*claims.values())
     offences: dict[str, str] = {}
     in_schedule = []

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -31,15 +32,18 @@ from typing import Any, Literal, TypeVar
 import torch
 
 from diloco.codecs import CODEC_NAMES
-from diloco.errors import ConfigError
+from diloco.errors import ConfigError, ProtocolError
 from diloco.node.fragments import EmbeddingPlacement, Pattern
 from diloco.node.inner import InnerConfig
 from diloco.node.model import PRESETS, ModelConfig, preset
-from diloco.node.outer import OuterConfig
+from diloco.node.outer import OuterConfig, round_token_cap
+from diloco.protocol.aggregation import CLIP_FACTOR, check_clip_factor
 from diloco.protocol.group import RoundTimeouts
+from diloco.protocol.identity import public_key_of
 from diloco.protocol.run_id import RUN_NAME_PATTERN
 
 T = TypeVar("T")
+KEY_ID_PATTERN = re.compile(r"[0-9a-f]{16}")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -71,6 +75,24 @@ class RunConfig:
     dataset: str | None = None
     """Name of the corpus the run trains on, for people (e.g. ``fineweb-edu``); never read
     as a path: each node chooses its own data (``NodeOptions.data``)."""
+    max_round_tokens: int | None = None
+    """Cap on a member's weight in one round, in tokens (its weight is the tokens it
+    processed since its last sync of the fragment plus those carried from failed rounds,
+    SPEC 2.4 step 3); a member counts at most this much, so no peer owns a mean by
+    claiming a huge weight (``diloco.protocol.aggregation``). None: ``outer.CAP_SEQUENCES`` x
+    ``seq_len`` x H, the tokens of four rounds of a node with the default batch of 8
+    sequences; raise it for runs whose nodes take bigger batches."""
+    clip_factor: float = CLIP_FACTOR
+    """C of the reducers' norm clipping: per chunk, a contribution whose norm exceeds C
+    times the lower median of the members' norms is scaled down to it (0: plain weighted
+    mean). Honest runs are never clipped at the default (benchmarks/RESULTS.md, "Trust")."""
+    creator: str | None = None
+    """Peer id (base58) of the node that started the run; its key signs this configuration
+    (SPEC 4.1), so another configuration with the same name has another run id. ``start``
+    sets it from its identity."""
+    swarm_key_id: str | None = None
+    """Closed swarms: ``SwarmKey.key_id`` of the run's key (a hash, never the key); None:
+    an open swarm. ``start --swarm-key FILE`` sets it."""
 
     def __post_init__(self) -> None:
         if not RUN_NAME_PATTERN.match(self.name):
@@ -87,6 +109,23 @@ class RunConfig:
             )
         if self.dataset is not None and not (0 < len(self.dataset) <= 100):
             raise ConfigError("dataset must be a name of 1 to 100 characters")
+        if self.creator is not None:
+            try:
+                public_key_of(self.creator)
+            except ProtocolError as error:
+                raise ConfigError(f"creator: {error}") from error
+        if self.swarm_key_id is not None and not KEY_ID_PATTERN.fullmatch(self.swarm_key_id):
+            raise ConfigError(f"swarm_key_id {self.swarm_key_id!r} is not 16 hex digits")
+        if self.max_round_tokens is not None:
+            _at_least("max_round_tokens", self.max_round_tokens, 1, "tokens")
+        try:
+            check_clip_factor(self.clip_factor)
+        except ValueError as error:
+            raise ConfigError(f"{error}, e.g. 3") from error
+
+    def round_token_cap(self) -> int:
+        """A member's largest weight in one round, in tokens (``max_round_tokens``)."""
+        return round_token_cap(self.max_round_tokens, self.seq_len, self.outer.sync_every)
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = json.loads(json.dumps(dataclasses.asdict(self)))
@@ -136,6 +175,9 @@ class NodeOptions:
     """Inner steps between two progress lines."""
     eval_batches: int = 8
     """Held-out batches per evaluation."""
+    eval_every: int = 0
+    """Inner steps between two held-out evaluations of the outer weights, published for
+    dashboards (0: only at the end)."""
 
     def __post_init__(self) -> None:
         _at_least("batch_size", self.batch_size, 1, "sequences")
@@ -145,6 +187,7 @@ class NodeOptions:
         _at_least("checkpoint_every", self.checkpoint_every, 0, "steps (0: only on exit)")
         _at_least("log_every", self.log_every, 1, "steps")
         _at_least("eval_batches", self.eval_batches, 1, "batches")
+        _at_least("eval_every", self.eval_every, 0, "steps (0: only at the end)")
         if self.data_seed is not None:
             _at_least("data_seed", self.data_seed, 0, "")
         try:

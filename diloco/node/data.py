@@ -4,8 +4,11 @@ Sources (``load_corpus``):
 - no path: the **embedded corpus**, the Python standard library's own source files (present
   wherever Python is, so a demo needs no download);
 - a text file or a folder of text files: their bytes (vocabulary 256);
-- a folder holding ``train.bin`` and ``val.bin``, or one ``.bin`` file: uint16 tokens
-  (nanoGPT's layout, written offline by a prepare step), memory-mapped, never loaded whole.
+- a folder written by ``diloco.node.prepare_data`` (or its ``manifest.json``): ``train.bin``
+  and ``val.bin`` in the manifest's dtype, vocabulary and fingerprint from the manifest;
+- a folder holding ``train.bin`` and ``val.bin`` without a manifest, or one ``.bin`` file:
+  uint16 tokens (nanoGPT's own layout).
+Token files are memory-mapped, never loaded whole.
 
 Train and held-out data are split deterministically (by file for text, by the two files or
 the last 5% of tokens for ``.bin``). Each replica samples with its own seeded generator, and
@@ -25,6 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from diloco.node.manifest import MANIFEST_NAME, read_manifest
+
 logger = logging.getLogger(__name__)
 
 HELD_OUT_EVERY = 20
@@ -42,6 +47,8 @@ class Corpus:
     held_out: np.ndarray
     vocab_size: int
     description: str
+    fingerprint: str | None = None
+    """The token manifest's fingerprint, for a prepared folder; None otherwise."""
 
 
 def _is_held_out(relative_path: str) -> bool:
@@ -92,6 +99,10 @@ def load_corpus(path: str | Path | None = None) -> Corpus:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"data path {path} does not exist")
+    if path.name == MANIFEST_NAME and path.is_file():
+        path = path.parent
+    if path.is_dir() and (path / MANIFEST_NAME).exists():
+        return prepared_corpus(path)
     if path.is_dir() and (path / "train.bin").exists() and (path / "val.bin").exists():
         return Corpus(
             train=np.memmap(path / "train.bin", dtype=np.uint16, mode="r"),
@@ -107,6 +118,26 @@ def load_corpus(path: str | Path | None = None) -> Corpus:
         files = _text_files(path, "*")
         return _byte_corpus(path, files, None, f"text files in {path}")
     return _byte_corpus(path, [path], None, f"text file {path}")
+
+
+def prepared_corpus(folder: Path) -> Corpus:
+    """The token folder of ``diloco.node.prepare_data``, checked against its manifest."""
+    manifest = read_manifest(folder)
+    train: np.ndarray = np.memmap(folder / manifest.train.file, dtype=manifest.dtype, mode="r")
+    held_out: np.ndarray
+    if manifest.val.tokens:
+        held_out = np.memmap(folder / manifest.val.file, dtype=manifest.dtype, mode="r")
+    else:  # no document drew the held-out lot (a tiny corpus): the last 5%, as for one .bin
+        cut = len(train) * 19 // 20
+        train, held_out = train[:cut], train[cut:]
+    tokenizer = manifest.tokenizer
+    return Corpus(
+        train=train,
+        held_out=held_out,
+        vocab_size=tokenizer.vocab_size,
+        description=f"{manifest.train.tokens:,} {tokenizer.name} tokens in {folder}",
+        fingerprint=manifest.fingerprint,
+    )
 
 
 class BatchSampler:

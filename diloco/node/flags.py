@@ -108,6 +108,17 @@ RUN_FLAGS = Flags(
         Flag("--warmup", ("inner", "warmup_steps"), "Learning-rate warm-up, in inner steps."),
         Flag("--seed", ("seed",), "Seed of the initial weights."),
         Flag("--dataset", ("dataset",), "Name of the corpus, for people (never a path)."),
+        Flag(
+            "--max-round-tokens",
+            ("max_round_tokens",),
+            "Cap on a member's weight in one round, in tokens, e.g. 491520 [default: 32 "
+            "sequences x seq-len x H].",
+        ),
+        Flag(
+            "--clip-factor",
+            ("clip_factor",),
+            "C: per chunk, clip contributions to C x the lower median norm (0: plain mean).",
+        ),
     ),
 )
 NODE_FLAGS = Flags(
@@ -138,6 +149,7 @@ NODE_FLAGS = Flags(
         ),
         Flag("--checkpoint-every", ("checkpoint_every",), "Checkpoint every N steps (0: on exit)."),
         Flag("--log-every", ("log_every",), "A progress line every N steps."),
+        Flag("--eval-every", ("eval_every",), "Evaluate the outer weights every N steps."),
     ),
 )
 ROUND_FLAGS = Flags(
@@ -165,8 +177,16 @@ NETWORK_FLAGS = Flags(
         Flag(
             "--identity",
             ("identity_path",),
-            "Private key file for a stable peer id (created if missing).",
+            "Private key file for a stable peer id (created if missing) [default for "
+            "`start`: CHECKPOINT_DIR/identity.key, so a resumed run keeps its creator].",
             kind="file",
+        ),
+        Flag(
+            "--swarm-key",
+            ("swarm_key_path",),
+            "Closed swarm: file with the run's shared key (make one with `diloco-node keygen "
+            "--swarm-key FILE`); only holders of the key take part.",
+            kind="existing",
         ),
         Flag("--use-relay", ("use_relay",), "Reach and be reached through relays (behind NAT)."),
         Flag("--nat-port-map", ("nat_port_map",), "Ask the router for a port mapping (UPnP)."),
@@ -195,8 +215,11 @@ def join_mismatch(
     """What a joiner's ``--config`` and typed run flags contradict in the swarm's run.
 
     Without ``--config`` the swarm's configuration is the base, so only typed flags can
-    differ. tau is each node's own choice and never compared.
+    differ. tau is each node's own choice and never compared; the creator and the swarm
+    key id come from the swarm unless the file names them (the starter's file does not).
     """
     base = read_toml(toml) if toml is not None else swarm.to_dict()
     set_path(base, TAU_PATH, swarm.outer.fragment_sync_delay)
+    base.setdefault("creator", swarm.creator)
+    base.setdefault("swarm_key_id", swarm.swarm_key_id)
     return config_mismatch(RUN_FLAGS.build(given, base), swarm)

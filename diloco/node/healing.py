@@ -281,7 +281,8 @@ class Healer:
         logged once each."""
         records = [r for r in self.source.read_records() if r.peer_id != self.me]
         vouches = self.source.read_vouches(range(self.schedule.num_fragments))
-        view = assess(records, vouches, self.schedule, self.initial_hashes, self.anchors)
+        creator = self.trainer.run.creator
+        view = assess(records, vouches, self.schedule, self.initial_hashes, self.anchors, creator)
         self.offences.report_all(view.offences)
         return view
 
@@ -327,7 +328,8 @@ class Healer:
                 raise ProtocolError(f"{why} after {VOUCH_WAIT:.0f} s")
             time.sleep(VOUCH_POLL)
             vouches = self.source.read_vouches(sorted(pending))
-            claims = vouched_claims(vouches, self.schedule, self.initial_hashes)
+            creator = self.trainer.run.creator
+            claims = vouched_claims(vouches, self.schedule, self.initial_hashes, creator)
 
     # -- joining ------------------------------------------------------------------------------
 

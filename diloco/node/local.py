@@ -40,7 +40,14 @@ from diloco.node.fragments import (
 )
 from diloco.node.inner import InnerConfig, build_inner_optimizer, inner_step, lr_at, set_lr
 from diloco.node.model import Transformer, preset
-from diloco.node.outer import AppliedRound, FragmentSync, OuterConfig, check_tau
+from diloco.node.outer import (
+    AppliedRound,
+    FragmentSync,
+    OuterConfig,
+    check_tau,
+    round_token_cap,
+)
+from diloco.protocol.aggregation import CLIP_FACTOR, check_clip_factor
 from diloco.protocol.reducer import Contribution, InProcessReducer, RoundKey
 
 logger = logging.getLogger(__name__)
@@ -84,6 +91,10 @@ class LocalConfig:
     seed: int = 0
     data: str | None = None
     """Corpus path (see ``diloco.node.data``); None is the embedded corpus."""
+    max_round_tokens: int | None = None
+    """Cap on a replica's weight in one round, in tokens (``RunConfig.max_round_tokens``)."""
+    clip_factor: float = CLIP_FACTOR
+    """C of the norm clipping of outer gradients (``RunConfig.clip_factor``; 0: off)."""
 
     def __post_init__(self) -> None:
         if self.method not in ("dp", "diloco", "streaming"):
@@ -102,6 +113,12 @@ class LocalConfig:
             self.taus = [0]
         for tau in self.taus:
             check_tau(tau, self.outer.sync_every)
+        if self.max_round_tokens is not None and self.max_round_tokens < 1:
+            raise ConfigError(f"max_round_tokens must be >= 1, got {self.max_round_tokens}")
+        try:
+            check_clip_factor(self.clip_factor)
+        except ValueError as error:
+            raise ConfigError(str(error)) from error
 
     def tau_of(self, replica: int) -> int:
         return self.taus[replica] if len(self.taus) > 1 else self.taus[0]
@@ -146,8 +163,10 @@ class LocalTrainer:
         self.replicas = [self._make_replica(initial, m) for m in range(num_models)]
         self.dp_samplers = [self._sampler(m) for m in range(config.replicas)]
         codec = get_codec(config.codec_name, **self._codec_options())
-        self.reducer = InProcessReducer(codec)
-        self.dp_reducer = InProcessReducer(get_codec("none"))
+        cap = round_token_cap(config.max_round_tokens, config.seq_len, config.outer.sync_every)
+        self.reducer = InProcessReducer(codec, max_weight=cap, clip_factor=config.clip_factor)
+        # Data-parallel gradients are no outer gradients: their mean stays plain.
+        self.dp_reducer = InProcessReducer(get_codec("none"), clip_factor=0)
         self.bytes_sent = [0] * config.replicas
         self.bytes_received = [0] * config.replicas
         self.peak_bytes_per_step = 0
@@ -386,6 +405,8 @@ class LocalTrainer:
             "bytes_received_per_replica": self._mean(self.bytes_received),
             "peak_bytes_per_step": self.peak_bytes_per_step,
             "rounds_applied": self.rounds_applied,
+            "clipped_contributions": self.reducer.clipped,
+            "combined_contributions": self.reducer.combined,
             "outer_states_identical": self.outer_states_identical(),
             "outer_grad_cosine": self.cosine_log,
             "tokens": tokens,

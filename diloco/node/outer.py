@@ -67,6 +67,19 @@ class OuterConfig:
         return 0.5 if tau > 0 else 0.0
 
 
+CAP_SEQUENCES = 32
+"""Sequences per inner step behind the default weight cap (``RunConfig.max_round_tokens``)."""
+
+
+def round_token_cap(max_round_tokens: int | None, seq_len: int, sync_every: int) -> int:
+    """A member's largest weight in one round, in tokens: ``max_round_tokens``, or
+    ``CAP_SEQUENCES`` sequences of ``seq_len`` tokens for each of the H (``sync_every``)
+    steps of a round (four rounds of a node with the default batch of 8)."""
+    if max_round_tokens is not None:
+        return max_round_tokens
+    return CAP_SEQUENCES * seq_len * sync_every
+
+
 def check_tau(tau: int, sync_every: int) -> None:
     if not 0 <= tau < sync_every:
         raise ConfigError(f"tau must satisfy 0 <= tau < H={sync_every}, got {tau}; lower --tau")

@@ -8,11 +8,14 @@ steps, never in the middle of one.
 
 Healing (SPEC 4 "State transfer"; the decisions in ``diloco.node.healing`` and
 ``diloco.node.claims``): after a round of fragment ``p`` fails, and every ``H`` steps, the
-node reads the run's records and vouches; if a plausible peer holds a newer vouched version
-of ``p`` (or the same version with another vouched hash, held by more peers than ours), it
+node reads the run's records and vouches; if a peer holds a newer vouched version of ``p``
+(or the same version with another vouched hash, held by more peers than ours), it
 downloads ``p`` and adopts it, once its bytes hash to that vouched state, before ``p`` is
 sent again. After applying a round the node vouches for it: it publishes (round, outer hash,
 members) of its last applied rounds of each fragment, signed, with its records.
+
+Every node answers RUN_INFO with its run's creator-signed configuration (how a joiner
+learns the run: ``diloco.node.pinned_run``) and republishes it in the DHT for ``status``.
 """
 
 from __future__ import annotations
@@ -32,14 +35,15 @@ from hivemind.p2p import PeerID
 
 from diloco import __version__
 from diloco.codecs import get_codec
-from diloco.errors import ConfigError
 from diloco.node.config import NodeOptions, RoundOptions, RunConfig
 from diloco.node.healing import SETTLE_TIMEOUT, Healer
 from diloco.node.outer import AppliedRound
+from diloco.node.recent_metrics import RecentMetrics
 from diloco.node.traffic import data_parallel_bytes
 from diloco.node.trainer import NodeTrainer
-from diloco.protocol.discovery import find_run_configs, publish_run_config
+from diloco.protocol.discovery import SignedRunConfig, publish_run_config
 from diloco.protocol.fragment_state import OuterState
+from diloco.protocol.metrics_records import publish_metrics
 from diloco.protocol.network import NetworkOptions
 from diloco.protocol.records import (
     MAX_VOUCH_ROUNDS,
@@ -49,9 +53,11 @@ from diloco.protocol.records import (
     publish_vouches,
     read_vouches,
 )
-from diloco.protocol.run_id import make_run_id
+from diloco.protocol.run_id import make_run_id, run_digest
+from diloco.protocol.run_info import serve_run_info
 from diloco.protocol.signed_records import MAX_RECORD_TTL
-from diloco.protocol.swarm import Swarm, SwarmReducer, make_dht
+from diloco.protocol.swarm import Swarm, SwarmReducer
+from diloco.protocol.swarm_key import ClosedSwarm, check_swarm_key, load_swarm_key
 
 logger = logging.getLogger(__name__)
 
@@ -59,8 +65,6 @@ RECORD_TTL = 30.0
 """Seconds a node's DHT records live unless refreshed (they expire after a clean exit)."""
 PUBLISH_EVERY = 5.0
 """Seconds between two refreshes of a node's records (sooner after a round)."""
-DISCOVERY_ATTEMPTS = 3
-"""Tries to reach the bootstrap peers before ``join`` gives up (p2pd's first dial can fail)."""
 JOIN_TIMEOUT = 60.0
 """Seconds a joiner keeps trying donors for the run's state."""
 VOUCH_TTL = MAX_RECORD_TTL
@@ -69,51 +73,6 @@ stays true after its author leaves, and the members left need it to heal a node 
 missed that round (``diloco.node.claims``)."""
 VOUCH_REFRESH = VOUCH_TTL / 3
 """Seconds after which unchanged vouches are stored again (before they expire)."""
-
-
-def discover_run(net: NetworkOptions, run_name: str | None = None) -> tuple[RunConfig, DHT]:
-    """Read the run configuration from the swarm at ``net.initial_peers``; returns it with
-    the running DHT, which the node then keeps (shut it down if the node is not built).
-
-    Raises:
-        ConfigError: no run found, or several and no ``run_name`` to choose.
-    """
-    for attempt in range(DISCOVERY_ATTEMPTS):
-        try:
-            dht = make_dht(net)
-            break
-        except ConfigError:  # e.g. an identity file that is not an Ed25519 key
-            raise
-        except Exception as error:  # p2pd says why in its message; the user needs that line
-            if attempt + 1 == DISCOVERY_ATTEMPTS:
-                where = " ".join(net.initial_peers)
-                raise ConfigError(f"cannot reach the swarm at {where}: {error}") from error
-            logger.warning("cannot reach the swarm yet (%s); retrying", error)
-            time.sleep(2.0)
-    try:
-        configs = asyncio.run(asyncio.wait_for(find_run_configs(dht), 30.0))
-    except BaseException:
-        dht.shutdown()
-        raise
-    if run_name is not None:
-        configs = {k: v for k, v in configs.items() if v.get("name") == run_name}
-    if len(configs) != 1:
-        dht.shutdown()
-    if not configs:
-        raise ConfigError(
-            "no run found in the swarm at "
-            + " ".join(net.initial_peers)
-            + (f" with name {run_name!r}" if run_name else "")
-            + "; is a node started there, and is its address complete?"
-        )
-    if len(configs) > 1:
-        names = ", ".join(sorted(str(c.get("name")) for c in configs.values()))
-        raise ConfigError(f"the swarm runs several runs ({names}); choose one with --run-name")
-    try:
-        return RunConfig.from_dict(next(iter(configs.values()))), dht
-    except ConfigError:
-        dht.shutdown()
-        raise
 
 
 EventCallback = Callable[[dict[str, Any]], None]
@@ -129,24 +88,39 @@ class SwarmNode:
         rounds: RoundOptions,
         net: NetworkOptions,
         *,
+        signed: SignedRunConfig,
+        dht: DHT,
         metrics_out: str | None = None,
         resume: bool = False,
         on_event: EventCallback | None = None,
-        dht: DHT | None = None,
     ) -> None:
-        self.run, self.options, self.rounds = run, options, rounds
+        self.run, self.options, self.rounds, self.signed = run, options, rounds, signed
         self.run_id = make_run_id(run.name, run.to_dict())
         self.on_event = on_event or (lambda record: None)
+        self.recent = RecentMetrics()  # what the node's DHT metrics record says
         self.stop_event = threading.Event()
-        # The DHT is a forked process: start it before the trainer builds anything.
-        self.swarm = Swarm(self.run_id, net, dht=dht)
+        # The DHT is a forked process (``start_run``, ``discover_run``): it was started
+        # before the trainer builds anything.
         try:
+            if signed.run_id != self.run_id:
+                raise ValueError(f"the signed run {signed.run_id} is not run {self.run_id}")
+            key = load_swarm_key(net.swarm_key_path) if net.swarm_key_path else None
+            check_swarm_key(self.run_id, run.swarm_key_id, key)
+            closed = None if key is None else ClosedSwarm(key, run_digest(self.run_id))
+        except BaseException:
+            dht.shutdown()
+            raise
+        self.swarm = Swarm(self.run_id, net, dht=dht, closed=closed)
+        try:
+            self.swarm.call(serve_run_info(self.swarm.p2p, signed))
             codec_options = {"rounding": run.rounding} if run.codec == "e3m0" else {}
             self.reducer = SwarmReducer(
                 self.swarm,
                 get_codec(run.codec, **codec_options),
                 timeouts=rounds.timeouts(),
                 min_group_size=rounds.min_group_size,
+                max_weight=run.round_token_cap(),
+                clip_factor=run.clip_factor,
             )
             member = self.swarm.peer_id.to_base58()
             self.trainer = NodeTrainer(run, options, self.reducer, member)
@@ -247,11 +221,11 @@ class SwarmNode:
             self.swarm.call(self._store_vouches(due))
             self.vouches_stored.update({v[0].fragment: (v, now) for v in due})
         self.swarm.publish_record(record, ttl=RECORD_TTL)
-        self.swarm.call(
-            publish_run_config(self.swarm.dht, self.run_id, self.run.to_dict(), RECORD_TTL)
-        )
+        self.swarm.call(publish_run_config(self.swarm.dht, self.signed, RECORD_TTL))
         alive = len(self.swarm.read_records())
         self.reducer.matchmaker.target_group_size = max(self.rounds.min_group_size, alive)
+        metrics = self.recent.record()  # for dashboards: last, it decides nothing
+        self.swarm.call(publish_metrics(self.swarm.dht, self.run_id, metrics, RECORD_TTL))
 
     async def _store_vouches(self, due: Sequence[Sequence[Vouch]]) -> None:
         dht = self.swarm.dht
@@ -289,6 +263,7 @@ class SwarmNode:
     # -- the loop ----------------------------------------------------------------------------
 
     def _emit(self, record: dict[str, Any]) -> None:
+        self.recent.observe(record)
         if self.metrics:
             self.metrics.write(json.dumps(record) + "\n")
             self.metrics.flush()
@@ -321,10 +296,12 @@ class SwarmNode:
         t = self.trainer
         self.swarm.serve_state(self._provide)
         self._publish(self._record(0.0), self._vouches())
+        tokens_per_step = self.options.batch_size * self.run.seq_len
         self._emit(
             {
                 "event": "config",
                 "run_id": self.run_id,
+                "creator": self.run.creator,
                 "peer_id": self.swarm.peer_id.to_base58(),
                 "sync_every": self.run.outer.sync_every,
                 "num_fragments": t.sync.num_fragments,
@@ -332,9 +309,9 @@ class SwarmNode:
                 "codec": self.run.codec,
                 "fragment_numel": [s.outer.numel() for s in t.sync.states],
                 "start_step": t.step,
+                "tokens_per_step": tokens_per_step,
             }
         )
-        tokens_per_step = self.options.batch_size * self.run.seq_len
         start, start_step = time.perf_counter(), t.step
         losses: list[float] = []
         while t.step < self.run.steps and not self.stop_event.is_set():
@@ -355,6 +332,8 @@ class SwarmNode:
                 self._emit(self._round_record(round_))
                 self.failed_rounds += not round_.ok
                 self._vouch(round_)
+            if self.options.eval_every and t.step % self.options.eval_every == 0:
+                self._emit({"event": "eval", "step": t.step, "loss_outer": t.evaluate()})
             if applied:
                 self._refresh_snapshot()
             else:

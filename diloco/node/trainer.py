@@ -194,7 +194,14 @@ class NodeTrainer:
         state = checkpoint.state
         if "run" not in state:
             raise CheckpointError(path, "no run configuration in it")
-        if state["run"] != self.run.to_dict():
+        theirs, mine = state["run"], self.run.to_dict()
+        if theirs != mine:
+            if isinstance(theirs, dict) and theirs | {"creator": None} == mine | {"creator": None}:
+                raise ConfigError(
+                    f"checkpoint {path} belongs to the run created by {theirs.get('creator')}, "
+                    f"and this node is {mine['creator']}: resume with the creator's identity "
+                    "(--identity; `start` keeps it in CHECKPOINT_DIR/identity.key)"
+                )
             raise ConfigError(f"checkpoint {path} belongs to another run configuration")
         try:
             self.model.load_state_dict(checkpoint.model)

@@ -1,8 +1,9 @@
 """The swarm protocol: DHT records, matchmaking, butterfly all-reduce, state transfer.
 
-Pure pieces (``partition``, ``reducer``, ``reduction``, ``agreement``, ``run_id``, ``wire``,
-``state_wire``, ``fragment_state``, ``limits``) import nothing of hivemind, so the in-process
-trainer can use them without starting it; ``group`` needs only hivemind's ``PeerID``.
+Pure pieces (``partition``, ``aggregation``, ``reducer``, ``reduction``, ``agreement``,
+``run_id``, ``wire``, ``state_wire``, ``fragment_state``, ``limits``) import nothing of
+hivemind, so the in-process trainer can use them without starting it; ``group`` and ``bans``
+need only hivemind's ``PeerID``.
 
 Modules, one concern each (hivemind ``averaging/`` style)::
 
@@ -10,14 +11,18 @@ Modules, one concern each (hivemind ``averaging/`` style)::
     identity        the node's Ed25519 key (libp2p file), peer id <-> public key, signatures
     signed_records  signed envelopes under the author's peer id, their DHT validator
     records         per-node DHT records, round declarations and vouches, donor ranking
-    discovery       run configurations in the DHT (size- and depth-bounded JSON)
+    discovery       run configurations signed by the run's creator, in the DHT (bounded JSON)
+    run_info        RUN_INFO: a joiner asks the peer it was given which run it trains
+    swarm_key       closed swarms: the key, AUTH on every stream, declaration proofs
     wire            frame and message formats (sans-I/O), size limits, reject codes
     state_wire      STATE_REQ / STATE_HDR bodies
     streams         frames over streams, transport errors, the shared handler wrapper
     group           GroupInfo (frozen, passed from matchmaking to the all-reduce), timeouts
     matchmaking     DHT declaration per round key run_id/frag{p}/round{k}, leader, GROUP
+    aggregation     pure: how contributions combine (weight cap, norm clipping, the mean)
     reduction       pure core of a round: who sent what, who counts, average, assembly
-    agreement       pure: whether a member applies a round, from the REPORTs
+    agreement       pure: whether a member applies a round, from the REPORTs (majority)
+    bans            offences per peer; repeated ones ban the peer for a while
     part_server     reducer side of a round over streams (PART in, AVERAGED out)
     allreduce       member side of a round over streams, reports; stream routing
     fragment_state  FragmentState (outer params, momentum, version) and its one hash
@@ -31,8 +36,9 @@ What the node layer imports from here: the outer loop and the in-process trainer
 (``node.outer``, ``node.local``, ``node.trainer``) the ``reducer`` interface (``Reducer``,
 ``InProcessReducer``, ``Contribution``, ``RoundKey``, ``RoundResult``) and the state hash of
 ``state_transfer``; the swarm node and ``status`` (``node.swarm_node``,
-``node.swarm_status``) also ``swarm`` (``Swarm``, ``SwarmReducer``, ``make_dht``),
-``records``, ``discovery``, ``group`` (``RoundTimeouts``), ``run_id`` and
-``state_transfer`` (``OuterState``). ``matchmaking``, ``allreduce``, ``wire``, ``partition``
-and ``processes`` serve the protocol itself.
+``node.pinned_run``, ``node.swarm_status``) also ``swarm`` (``Swarm``, ``SwarmReducer``,
+``make_dht``), ``records``, ``discovery``, ``run_info``, ``swarm_key``, ``identity``,
+``group`` (``RoundTimeouts``), ``run_id`` and ``state_transfer`` (``OuterState``).
+``matchmaking``, ``allreduce``, ``wire``, ``partition`` and ``processes`` serve the
+protocol itself.
 """

@@ -35,9 +35,12 @@ Faults and agreement (the rule every member applies):
   that member does not try again.
 * Then every member sends every other member a REPORT and waits, up to
   ``report_timeout``, for the reports of the full contributors (members counted in every
-  part it holds); ``agreement.decide`` says whether the round succeeds for it. If not, it
-  raises ``RoundFailed`` and its outer state stays unchanged. ``RoundResult.members`` are
-  the full contributors, identical on every member because the masks travel with the parts.
+  part it holds); ``agreement.decide`` says whether the round succeeds for it: its result
+  must be the one a strict majority holds. If not, it raises ``RoundFailed`` and its outer
+  state stays unchanged. A dissenting member is logged; one that reported another result
+  against the majority, like a sender excluded for invalid input, commits an offence
+  (``bans``). ``RoundResult.members`` are the full contributors, identical on every
+  member because the masks travel with the parts.
 * In a butterfly every member is a reducer, so a member that dies before delivering its
   averaged part fails the round for all (SPEC 4 allows "all treat the round as failed");
   one that dies after delivering it, before its own contributions arrived, is simply not
@@ -58,13 +61,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Mapping
 
 import torch
 from hivemind.p2p import PeerID
 
 from diloco.codecs import Codec
 from diloco.errors import ProtocolError, RoundFailed
-from diloco.protocol.agreement import awaited_reports, check_report, decide
+from diloco.protocol.agreement import ANOTHER_RESULT, awaited_reports, check_report, decide
+from diloco.protocol.bans import BanList
 from diloco.protocol.group import GroupInfo, RoundTimeouts
 from diloco.protocol.part_server import Deadlines, PartServer
 from diloco.protocol.reducer import RoundKey, RoundResult
@@ -119,6 +124,9 @@ class AllReduceRunner:
         delta: torch.Tensor,
         timeouts: RoundTimeouts,
         max_norm_ratio: float,
+        max_weight: float,
+        clip_factor: float,
+        bans: BanList,
         part_handler: str,
         report_handler: str,
     ) -> None:
@@ -126,6 +134,7 @@ class AllReduceRunner:
             raise ValueError("codecs differ from the group's")
         self.p2p, self.group, self.delta, self.timeouts = p2p, group, delta, timeouts
         self.part_handler, self.report_handler = part_handler, report_handler
+        self.bans = bans
         self.index = group.index(p2p.peer_id)
         self.num_members = len(group.members)
         self.plan = RoundPlan.build(
@@ -137,6 +146,8 @@ class AllReduceRunner:
             codec=codec,
             return_codec=return_codec,
             max_norm_ratio=max_norm_ratio,
+            max_weight=max_weight,
+            clip_factor=clip_factor,
         )
         self.assembly = Assembly(self.plan)
         self.counter = ByteCounter()
@@ -155,6 +166,7 @@ class AllReduceRunner:
             counter=self.counter,
             own_chunks=self._own_chunks,
             assembly=self.assembly,
+            bans=bans,
         )
         self._reports: dict[int, Report] = {}
         self._report_arrived = asyncio.Event()
@@ -203,7 +215,10 @@ class AllReduceRunner:
             assembled_at - self._t0,
             loop.time() - self._t0,
         )
-        verdict = decide(assembled.held, assembled.digest, assembled.full, self._reports)
+        verdict = decide(
+            self.index, assembled.held, assembled.digest, assembled.full, self._reports
+        )
+        self._blame(verdict.dissent, verdict.accepted)
         if not verdict.accepted:
             raise RoundFailed(key.fragment, key.round, verdict.reason)
         return RoundResult(
@@ -283,6 +298,16 @@ class AllReduceRunner:
             stop_sending(sending)
             writer.close()
 
+    def _blame(self, dissent: Mapping[int, str], accepted: bool) -> None:
+        """Log each dissenting member; with the majority behind this member's result, a
+        member that reported another one commits an offence."""
+        for i, how in dissent.items():
+            peer = self.group.members[i]
+            level = logging.WARNING if how == ANOTHER_RESULT else logging.INFO
+            logger.log(level, "round %s: member %d (%s) %s", self.group.key, i, peer, how)
+            if accepted and how == ANOTHER_RESULT:
+                self.bans.offend(peer, f"round {self.group.key}: {how}, not the majority's")
+
     def exclude(self, peer: PeerID, reason: str) -> None:
         """Stop waiting for ``peer``'s contribution (it broke the protocol elsewhere)."""
         if peer in self.group.members and peer != self.p2p.peer_id:
@@ -357,9 +382,14 @@ class AllReduceService:
     """
 
     def __init__(
-        self, p2p: StreamTransport, run_id: str, digest: bytes, timeouts: RoundTimeouts
+        self,
+        p2p: StreamTransport,
+        run_id: str,
+        digest: bytes,
+        timeouts: RoundTimeouts,
+        bans: BanList,
     ) -> None:
-        self.p2p, self.digest, self.timeouts = p2p, digest, timeouts
+        self.p2p, self.digest, self.timeouts, self.bans = p2p, digest, timeouts, bans
         self.part_handler = f"/diloco/{run_id}/part/1"
         self.report_handler = f"/diloco/{run_id}/report/1"
         self._rounds: dict[RoundKey, asyncio.Future[AllReduceRunner]] = {}
@@ -369,13 +399,18 @@ class AllReduceService:
         t = self.timeouts
         waits = t.connect_timeout + t.matchmaking  # the first frame, then this node's group
         part = stream_handler(
-            "PART", self._serve_part, timeout=waits + t.allreduce, reply_timeout=t.reply_timeout
+            "PART",
+            self._serve_part,
+            timeout=waits + t.allreduce,
+            reply_timeout=t.reply_timeout,
+            admit=self.bans.admit,
         )
         report = stream_handler(
             "REPORT",
             self._serve_report,
             timeout=waits + t.reply_timeout,
             reply_timeout=t.reply_timeout,
+            admit=self.bans.admit,
         )
         await self.p2p.add_binary_stream_handler(self.part_handler, part)
         await self.p2p.add_binary_stream_handler(self.report_handler, report)

@@ -7,7 +7,9 @@ serves those streams for one round: it reads chunks by their deadlines into the
 an executor, and streams every averaged chunk, with the counted mask, to every member.
 A stream cut in transport is not an offence: the member may open it again, and the
 chunks it already delivered are skipped. An invalid or late chunk excludes its sender,
-which is told so (REJECT BAD_PART); a failed part is announced the same way.
+which is told so (REJECT BAD_PART) and, for invalid input (not for being late), commits
+an offence (``bans``); a failed part is announced the same way. Contributions that
+clipping scaled down (``aggregation``) are logged.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 from hivemind.p2p import PeerID
 
 from diloco.errors import ProtocolError
+from diloco.protocol.bans import BanList
 from diloco.protocol.group import GroupInfo, RoundTimeouts
 from diloco.protocol.reduction import Assembly, PartReducer
 from diloco.protocol.streams import (
@@ -70,8 +73,9 @@ class PartServer:
         counter: ByteCounter,
         own_chunks: Sequence[asyncio.Future[torch.Tensor]],
         assembly: Assembly,
+        bans: BanList,
     ) -> None:
-        self.reducer, self.group, self.me = reducer, group, me
+        self.reducer, self.group, self.me, self.bans = reducer, group, me, bans
         self.deadlines, self.timeouts, self.counter = deadlines, timeouts, counter
         self.own_chunks, self.assembly = own_chunks, assembly
         self.plan = reducer.plan
@@ -128,7 +132,12 @@ class PartServer:
                 logger.warning("round %s part %d failed: %s", key, index, reducer.failed)
                 return
             values, weights = reducer.inputs(c, await self.own_chunks[c])
-            encoded, mean = await loop.run_in_executor(None, reducer.average, values, weights)
+            encoded, mean, clipped = await loop.run_in_executor(
+                None, reducer.average, values, weights
+            )
+            if clipped:
+                members = [reducer.counted[i] for i in clipped]
+                logger.info("round %s part %d chunk %d: clipped members %s", key, index, c, members)
             reducer.add_average(c, encoded)
             self._touch()
             decoded.append(mean)
@@ -200,6 +209,9 @@ class PartServer:
             return None
         except (ProtocolError, asyncio.TimeoutError) as exc:  # bad input, or too slow
             self.exclude(j, str(exc) if isinstance(exc, ProtocolError) else repr(exc))
+            if isinstance(exc, ProtocolError):
+                peer = self.group.members[j]
+                self.bans.offend(peer, f"round {self.group.key}: invalid PART: {exc}")
             stop_sending(sending)
             return _bad_part(f"excluded: {self.reducer.excluded[j]}")
         with contextlib.suppress(asyncio.TimeoutError):

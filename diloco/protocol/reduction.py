@@ -31,8 +31,8 @@ import torch
 
 from diloco.codecs import Codec, CodecError
 from diloco.errors import ProtocolError
+from diloco.protocol.aggregation import cap_weights, check_clip_factor, robust_mean
 from diloco.protocol.partition import PART_ALIGN, butterfly_parts
-from diloco.protocol.reducer import weighted_mean
 from diloco.protocol.wire import Averaged, Buffer, PartHead, RoundTag, pack_mask
 
 CHUNK_VALUES = 1 << 18
@@ -89,7 +89,8 @@ class RoundPlan:
     group_id: bytes
     index: int
     weights: tuple[float, ...]
-    """Members' weights in group order (tokens since their last sync, SPEC 2.4)."""
+    """Members' weights in group order (tokens since their last sync, SPEC 2.4), each
+    clamped to the run's cap (``aggregation.cap_weights``)."""
     spans: tuple[Span, ...]
     """Part ``j`` is ``spans[j]`` of the vector (``butterfly_parts``); member ``j`` reduces it."""
     chunks: tuple[tuple[Span, ...], ...]
@@ -98,6 +99,8 @@ class RoundPlan:
     codec: Codec
     return_codec: Codec
     max_norm_ratio: float
+    clip_factor: float
+    """C of the norm clipping (``aggregation``); 0: the plain weighted mean."""
 
     @classmethod
     def build(
@@ -111,7 +114,10 @@ class RoundPlan:
         codec: Codec,
         return_codec: Codec,
         max_norm_ratio: float,
+        max_weight: float,
+        clip_factor: float,
     ) -> RoundPlan:
+        check_clip_factor(clip_factor)
         spans = butterfly_parts(delta.numel(), len(weights))
         chunks = tuple(tuple(chunk_spans(lo, hi)) for lo, hi in spans)
         norms = tuple(
@@ -121,13 +127,14 @@ class RoundPlan:
             tag,
             group_id,
             index,
-            tuple(weights),
+            cap_weights(weights, max_weight),
             tuple(spans),
             chunks,
             norms,
             codec,
             return_codec,
             max_norm_ratio,
+            clip_factor,
         )
 
     @property
@@ -274,11 +281,14 @@ class PartReducer:
 
     def average(
         self, values: Sequence[torch.Tensor], weights: Sequence[float]
-    ) -> tuple[bytes, torch.Tensor]:
-        """The combine step (``weighted_mean``: FP32, group order), encoded once with the
-        return codec, and the decoded bytes this member uses itself (pure)."""
-        encoded = self.plan.return_codec.encode(weighted_mean(values, weights))
-        return encoded, self.plan.return_codec.decode(encoded)
+    ) -> tuple[bytes, torch.Tensor, list[int]]:
+        """The combine step (``aggregation.robust_mean``: norms clipped against the lower
+        median, FP32 weighted mean in group order), encoded once with the return codec; the
+        decoded bytes this member uses itself; the positions in ``values`` that were
+        clipped (pure)."""
+        combined = robust_mean(values, weights, self.plan.clip_factor)
+        encoded = self.plan.return_codec.encode(combined.mean)
+        return encoded, self.plan.return_codec.decode(encoded), combined.clipped
 
     def add_average(self, c: int, encoded: bytes) -> None:
         assert len(self.averaged) == c, "averaged chunks are produced in order"

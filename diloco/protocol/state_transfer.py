@@ -25,10 +25,11 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
-from hivemind.p2p import P2P, PeerID
+from hivemind.p2p import PeerID
 
 from diloco.errors import ProtocolError
 from diloco.protocol import streams
+from diloco.protocol.bans import BanList
 from diloco.protocol.fragment_state import FragmentState, OuterState, fp32_bytes
 from diloco.protocol.limits import StreamLimiter, StreamLimits
 from diloco.protocol.state_wire import StateEntry, StateHeader, StateRequest
@@ -73,18 +74,21 @@ class SnapshotHashes:
 
 
 class StateServer:
-    """Answers STATE_REQ streams from the provider's snapshot, within ``limits``."""
+    """Answers STATE_REQ streams from the provider's snapshot, within ``limits``; banned
+    peers get nothing."""
 
     def __init__(
         self,
-        p2p: P2P,
+        p2p: streams.StreamTransport,
         run_id: str,
         digest: bytes,
         provider: StateProvider,
         timeout: float,
+        bans: BanList,
         limits: StreamLimits | None = None,
     ) -> None:
         self.p2p, self.digest, self.provider, self.timeout = p2p, digest, provider, timeout
+        self.bans = bans
         self.handler_name = state_handler_name(run_id)
         self.limiter = StreamLimiter(limits or StreamLimits())
         self.hashes = SnapshotHashes()
@@ -94,7 +98,11 @@ class StateServer:
 
     async def start(self) -> None:
         handler = streams.stream_handler(
-            "STATE_REQ", self._serve, timeout=self.timeout, reply_timeout=self.timeout
+            "STATE_REQ",
+            self._serve,
+            timeout=self.timeout,
+            reply_timeout=self.timeout,
+            admit=self.bans.admit,
         )
         await self.p2p.add_binary_stream_handler(self.handler_name, handler)
 
@@ -176,7 +184,7 @@ def state_handler_name(run_id: str) -> str:
 
 
 async def fetch_state(
-    p2p: P2P,
+    p2p: streams.StreamTransport,
     peer: PeerID,
     run_id: str,
     digest: bytes,

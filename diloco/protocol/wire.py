@@ -26,6 +26,8 @@ Body layouts (``digest`` is the 16-byte run digest, ``gid`` the 16-byte group id
     REPORT    digest | fragment u32 | round u32 | gid | mask length u16 | parts mask
               | result sha256 (32)
     ACK       (empty)
+    AUTH      HMAC-SHA256 proof (32) of a closed swarm's key (``swarm_key``)
+    RUN_INFO  msgpack [run id, config JSON, creator signature] (``discovery``)
 
 The bodies of STATE_REQ, STATE_HDR and STATE_DAT are in ``state_wire``.
 """
@@ -76,6 +78,8 @@ class Kind(IntEnum):
     STATE_REQ = 8
     STATE_HDR = 9
     STATE_DAT = 10
+    AUTH = 20
+    RUN_INFO = 21
 
 
 class RejectCode(IntEnum):
@@ -91,7 +95,8 @@ class RejectCode(IntEnum):
     GROUP_TOO_SMALL = 8
     NO_STATE = 9
     MALFORMED = 10
-    BUSY = 11
+    BANNED = 11
+    BUSY = 12
     """Over a server's caps (``limits``): try another peer, or later."""
 
 

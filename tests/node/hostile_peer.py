@@ -1,162 +1,163 @@
-"""A hostile peer built from the project's own classes, for the attack tests (issue 11).
+"""A hostile peer for the trust tests of ``test_pinned_run``, built from the project's classes.
 
-Run as ``python hostile_peer.py MODE --initial-peers ADDR [--listen MADDR]``. It reads the
-run configuration like a joiner, then misbehaves with validly signed records (its own
-Ed25519 identities) until killed:
+``python hostile_peer.py hijack ADDRESS LISTEN PATH`` joins the DHT of the node at ADDRESS
+with its own identity and (1) publishes, signed by itself, a second run with the honest
+run's name whose configuration names PATH as ``data``, (2) stores a copy of the honest
+configuration that names PATH under the honest creator's subkey with a far expiration,
+(3) stores the honest configuration rewritten to name PATH, signed by itself, under its own
+subkey, and (4) answers RUN_INFO with its own run. It prints one JSON line, then its
+address, and stays until killed.
 
-``forge`` (attack 1, and attack 6's state spam): publishes a node record claiming every
-fragment at version 1000 and the run's last step, vouches for that forged state (its own
-vouches only), serves an all-zero state at those versions, and opens ``SPAM`` STATE_REQ
-streams at once to every honest node every round of its loop.
-
-``sybil`` (attack 6, crowding donors out): publishes records under ``SYBILS`` identities of
-its own, none of which runs a daemon (a donor that never answers): a third copy the honest
-nodes' newest claims exactly (version and hash) a round ahead in step, a third claim one
-round newer than the honest nodes with the zero state's hash and vouch for it with the
-honest nodes named as co-members, a third claim the run's last step.
-
-It prints one JSON line when ready (``{"ready": ..., "peer_id": ..., "sybils": [...]}``)
-and, in ``forge`` mode, a line of spam counts after every burst.
+``python hostile_peer.py outsider ADDRESS LISTEN [KEY_FILE]`` learns the closed run of the
+node at ADDRESS (RUN_INFO is open to all), then, without the key or with KEY_FILE's (another
+key), declares itself for the run's rounds and asks that node for its state, a group
+(JOIN) and a part (PART). It prints one JSON line saying what each request got, and exits.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import hashlib
 import json
-import time
+import logging
+import secrets
+import sys
+from typing import Any
 
-import torch
 from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
 
-from diloco.errors import ProtocolError
-from diloco.node.fragments import last_sent_round, model_fragments
-from diloco.node.model import Transformer
-from diloco.node.swarm_node import discover_run
-from diloco.protocol.fragment_state import FragmentState, OuterState
-from diloco.protocol.identity import Identity
-from diloco.protocol.network import NetworkOptions
-from diloco.protocol.records import (
-    FragmentVersion,
-    NodeRecord,
-    Vouch,
-    nodes_key,
-    publish_vouches,
-    vouch_key,
-    vouch_payload,
+from diloco.protocol import streams
+from diloco.protocol.discovery import (
+    RUN_CONFIGS_KEY,
+    SignedRunConfig,
+    encode_config,
+    find_run_configs,
+    publish_run_config,
 )
-from diloco.protocol.run_id import make_run_id
-from diloco.protocol.signed_records import pack_payload, seal
+from diloco.protocol.identity import signing_input
+from diloco.protocol.matchmaking import round_key
+from diloco.protocol.network import NetworkOptions
+from diloco.protocol.records import declare_round
+from diloco.protocol.reducer import RoundKey
+from diloco.protocol.run_id import make_run_id, run_digest
+from diloco.protocol.run_info import fetch_run_info, peer_id_in, serve_run_info
+from diloco.protocol.signed_records import pack_payload, seal, signer, store_signed
 from diloco.protocol.state_transfer import fetch_state
-from diloco.protocol.swarm import Swarm
-
-FORGED_VERSION = 1000
-SPAM = 20
-SYBILS = 9
-LOOP_SECONDS = 2.0
-TTL = 30.0
+from diloco.protocol.swarm import make_dht
+from diloco.protocol.swarm_key import ClosedSwarm, ClosedTransport, load_swarm_key
+from diloco.protocol.wire import GROUP_ID_BYTES, Join, Kind, PartHead, Reject, RoundTag
 
 
-def zero_hash(numel: int) -> str:
-    """The state hash of zeros: outer params then momentum, FP32."""
-    return hashlib.sha256(bytes(8 * numel)).hexdigest()
+def _forged_payload(identity: Any, config: dict[str, Any]) -> bytes:
+    run_id, text = make_run_id(config["name"], config), encode_config(config)
+    signature = identity.sign(signing_input("diloco-run-config/1", run_id, text))
+    return pack_payload([run_id, text, signature])
 
 
-def store_as(swarm: Swarm, identity: Identity, key: str, payload: bytes) -> None:
-    """Store ``payload`` under ``key`` signed by ``identity`` (any key, not the daemon's)."""
-    expiration = get_dht_time() + TTL
-    envelope = seal(identity, key, payload, expiration)
-    swarm.dht.store(key, envelope, expiration, subkey=identity.peer_id)
-
-
-def forge(swarm: Swarm, run_id: str, steps: int, numel: list[int]) -> None:
-    me = swarm.peer_id.to_base58()
-    zeros = {
-        p: FragmentState(torch.zeros(n), torch.zeros(n), FORGED_VERSION)
-        for p, n in enumerate(numel)
-    }
-    swarm.serve_state(lambda: OuterState(steps, zeros))
-    frags = tuple(FragmentVersion(p, FORGED_VERSION, zero_hash(n)) for p, n in enumerate(numel))
-    record = NodeRecord(me, tuple(swarm.maddrs), steps, frags, 1e9, "0.0.0-hostile")
-    print(json.dumps({"ready": "forge", "peer_id": me, "sybils": []}), flush=True)
-    served = refused = 0
-    while True:
-        swarm.publish_record(record, TTL)
-        for p, n in enumerate(numel):
-            vouch = Vouch(me, p, FORGED_VERSION, zero_hash(n), (me,))
-            swarm.call(publish_vouches(swarm.dht, run_id, [vouch], TTL))
-        honest = [r.peer_id for r in swarm.read_records() if r.peer_id != me]
-        for peer in honest:
-            results = swarm.call(spam(swarm, run_id, PeerID.from_base58(peer)), 120.0)
-            served += sum(isinstance(r, OuterState) for r in results)
-            refused += sum(isinstance(r, ProtocolError) and "BUSY" in str(r) for r in results)
-        print(json.dumps({"served": served, "refused": refused}), flush=True)
-        time.sleep(LOOP_SECONDS)
-
-
-async def spam(swarm: Swarm, run_id: str, peer: PeerID) -> list[object]:
-    asks = [fetch_state(swarm.p2p, peer, run_id, swarm.digest) for _ in range(SPAM)]
-    return list(await asyncio.gather(*asks, return_exceptions=True))
-
-
-def sybils(swarm: Swarm, run_id: str, steps: int, sync_every: int, numel: list[int]) -> None:
-    me = swarm.peer_id.to_base58()
-    identities = [Identity.generate() for _ in range(SYBILS)]
-    names = {i.peer_id for i in identities}
-    # In order: the i-th Sybil makes claims of kind i % 3 (module docstring).
-    sybil_ids = [i.peer_id for i in identities]
-    print(json.dumps({"ready": "sybil", "peer_id": me, "sybils": sybil_ids}), flush=True)
-    num_fragments = len(numel)
-    while True:
-        honest = [r for r in swarm.read_records() if r.peer_id not in names]
-        front = max((r.global_step for r in honest), default=0)
-        newest = max(honest, key=lambda r: sum(f.version for f in r.fragments), default=None)
-        members = sorted(r.peer_id for r in honest)
-        for i, identity in enumerate(identities):
-            kind = i % 3
-            step = front + sync_every if kind < 2 else steps
-            if kind == 0 and newest is not None:
-                frags = newest.fragments  # the honest newest claims, copied exactly
-            else:
-                frags = tuple(
-                    FragmentVersion(p, last_sent_round(step, p, sync_every, num_fragments), h)
-                    for p, h in enumerate(zero_hash(n) for n in numel)
-                )
-            record = NodeRecord(identity.peer_id, (), step, frags, 1e9, "0.0.0-sybil")
-            store_as(swarm, identity, nodes_key(run_id), pack_payload(record.to_wire()))
-            if kind == 1:
-                for f in frags:
-                    if f.version >= 1:
-                        co = tuple(sorted({identity.peer_id, *members}))
-                        vouch = Vouch(identity.peer_id, f.fragment, f.version, f.state_hash, co)
-                        key = vouch_key(run_id, f.fragment)
-                        store_as(swarm, identity, key, vouch_payload([vouch]))
-        time.sleep(LOOP_SECONDS)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["forge", "sybil"])
-    parser.add_argument("--initial-peers", nargs="+", required=True)
-    parser.add_argument("--listen", default="/ip4/127.0.0.1/tcp/0")
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    net = NetworkOptions(initial_peers=tuple(args.initial_peers), host_maddrs=(args.listen,))
-    run, dht = discover_run(net)
-    run_id = make_run_id(run.name, run.to_dict())
-    swarm = Swarm(run_id, net, dht=dht)
-    model = Transformer(run.model_config())
-    fragments = model_fragments(
-        model, model.blocks, run.fragment_size, run.pattern, run.embedding_fragment
+async def hijack(address: str, listen: str, path: str) -> None:
+    dht = make_dht(NetworkOptions(initial_peers=(address,), host_maddrs=(listen,)))
+    me = signer(dht)
+    honest: SignedRunConfig | None = None
+    while honest is None:  # the honest node publishes its configuration a moment after start
+        honest = next(iter((await find_run_configs(dht)).values()), None)
+        await asyncio.sleep(0.5)
+    name = honest.config["name"]
+    own_config = {**honest.config, "creator": me.peer_id, "data": path}
+    own = SignedRunConfig.sign(me, make_run_id(name, own_config), own_config)
+    published = await publish_run_config(dht, own, 250.0)
+    honest_with_path = {**honest.config, "data": path}
+    forged = _forged_payload(me, honest_with_path)
+    far = get_dht_time() + 10**6
+    # hivemind's own store: sent to the honest node whatever our validator thinks of it
+    await dht.store(
+        RUN_CONFIGS_KEY,
+        seal(me, RUN_CONFIGS_KEY, forged, far),
+        far,
+        subkey=honest.creator,
+        return_future=True,
     )
-    numel = [sum(p.numel() for _, p in params) for params in fragments]
-    if args.mode == "forge":
-        forge(swarm, run_id, run.steps, numel)
-    else:
-        sybils(swarm, run_id, run.steps, run.outer.sync_every, numel)
+    await store_signed(dht, RUN_CONFIGS_KEY, forged, get_dht_time() + 250.0)
+    p2p = await dht.replicate_p2p()
+    await serve_run_info(p2p, own)
+    report = {
+        "own_run": own.run_id,
+        "own_published": published,
+        "honest_run": honest.run_id,
+        "forged_run": make_run_id(name, honest_with_path),
+        "peer_id": me.peer_id,
+    }
+    print(json.dumps(report), flush=True)
+    for addr in dht.get_visible_maddrs():
+        print(addr, flush=True)
+    await asyncio.sleep(3600)
+
+
+async def outsider(address: str, listen: str, key_file: str | None) -> None:
+    dht = make_dht(NetworkOptions(initial_peers=(address,), host_maddrs=(listen,)))
+    p2p = await dht.replicate_p2p()
+    honest = PeerID.from_base58(peer_id_in(address))
+    signed = await fetch_run_info(p2p, honest)
+    run_id, digest = signed.run_id, run_digest(signed.run_id)
+    closed = ClosedSwarm(load_swarm_key(key_file), digest) if key_file else None
+    transport: streams.StreamTransport = p2p if closed is None else ClosedTransport(p2p, closed, 10)
+    expiration = get_dht_time() + 250.0
+    rounds = signed.config["steps"] // signed.config["outer"]["sync_every"] + 2
+    declared = await asyncio.gather(
+        *(
+            declare_round(dht, round_key(run_id, RoundKey(p, k)), 1.0, expiration, closed)
+            for p in range(8)
+            for k in range(1, rounds)
+        )
+    )
+    tag = RoundTag(digest, 0, 1)
+    report: dict[str, Any] = {"peer_id": p2p.peer_id.to_base58(), "declared": sum(declared)}
+    report["state"] = await _attempt(_state(transport, honest, run_id, digest))
+    join = Join(tag, 1000, 0, 0, 1.0).serialize()
+    report["join"] = await _attempt(
+        _ask(transport, honest, f"/diloco/{run_id}/join/1", Kind.JOIN, join)
+    )
+    head = PartHead(tag, secrets.token_bytes(GROUP_ID_BYTES), 0).serialize()
+    report["part"] = await _attempt(
+        _ask(transport, honest, f"/diloco/{run_id}/part/1", Kind.PART, head)
+    )
+    print(json.dumps(report), flush=True)
+    await p2p.shutdown()
+    dht.shutdown()
+
+
+async def _state(
+    transport: streams.StreamTransport, peer: PeerID, run_id: str, digest: bytes
+) -> str:
+    state = await fetch_state(transport, peer, run_id, digest)
+    return f"GOT STATE at step {state.global_step}"
+
+
+async def _ask(
+    transport: streams.StreamTransport, peer: PeerID, handler: str, kind: Kind, body: bytes
+) -> str:
+    reader, writer = await streams.open_stream(transport, peer, handler, 10.0)
+    try:
+        await streams.write_frame(writer, kind, body)
+        answer, reply = await streams.read_frame(reader, (Kind.GROUP, Kind.AVERAGED), 1 << 20)
+        if answer == Kind.REJECT:
+            reject = Reject.parse(reply)
+            return f"REJECT {reject.code.name} {reject.reason}"
+        return f"GOT {answer.name}"
+    finally:
+        writer.close()
+
+
+async def _attempt(request: Any) -> str:
+    try:
+        return str(await asyncio.wait_for(request, 20.0))
+    except Exception as exc:  # what the outsider got is the result, whatever it is
+        return repr(exc)
 
 
 if __name__ == "__main__":
-    main()
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    command, args = sys.argv[1], sys.argv[2:]
+    if command == "hijack":
+        asyncio.run(hijack(*args))
+    else:
+        asyncio.run(outsider(args[0], args[1], args[2] if len(args) > 2 else None))

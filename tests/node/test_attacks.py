@@ -1,5 +1,5 @@
 """Attacks of issue 11 on real `diloco-node` processes, by a hostile peer that really
-misbehaves (``hostile_peer.py``, built from the project's classes, with validly signed
+misbehaves (``hostile_claims.py``, built from the project's classes, with validly signed
 records of its own identities).
 
 - Attack 1: a peer claims every fragment at version +1000 and the run's last step, vouches
@@ -32,13 +32,13 @@ from test_swarm_node import SMALL, Node, listen
 
 pytestmark = pytest.mark.swarm
 
-HOSTILE = Path(__file__).with_name("hostile_peer.py")
+HOSTILE = Path(__file__).with_name("hostile_claims.py")
 STEPS = 240
 TIMEOUT = 900.0
 
 
 class Hostile:
-    """The hostile peer process; its stdout holds JSON lines (``hostile_peer.py``)."""
+    """The hostile peer process; its stdout holds JSON lines (``hostile_claims.py``)."""
 
     def __init__(self, mode: str, address: str, folder: Path, host: int) -> None:
         self.log = folder / f"hostile-{mode}.log"

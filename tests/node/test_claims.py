@@ -196,3 +196,14 @@ def test_offences_are_logged_once_per_peer(caplog: pytest.LogCaptureFixture) -> 
         "peer p: global step 301 is beyond the run's end (step 300)",
         "peer q: download refused: a forged state",
     ]
+
+
+def test_the_runs_creator_vouches_alone() -> None:
+    # min_group_size 1: the creator's lone round is vouched by the creator's word only.
+    assert vouched([vouch("a", 0, 3, H1, ("a",))], 0, 3, H1, creator="a")
+    assert not vouched([vouch("b", 0, 3, H1, ("b",))], 0, 3, H1, creator="a")
+    # One of two members: enough when it is the creator, never for the other one.
+    assert vouched([vouch("a", 0, 3, H1, ("a", "b"))], 0, 3, H1, creator="a")
+    assert not vouched([vouch("b", 0, 3, H1, ("a", "b"))], 0, 3, H1, creator="a")
+    # A creator outside the round's members vouches for nothing.
+    assert not vouched([vouch("a", 0, 3, H1, ("b", "c"))], 0, 3, H1, creator="a")

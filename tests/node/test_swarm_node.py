@@ -281,6 +281,8 @@ def test_single_node_resume_equals_uninterrupted_run(nodes, tmp_path) -> None:
     assert straight.process.wait(300) == 0, straight.output()
     (tmp_path / "d2").mkdir()
     shutil.copytree(tmp_path / "d1" / "step_000000030", tmp_path / "d2" / "step_000000030")
+    # the run's creator resumes it: its identity (kept in the checkpoint dir) comes along
+    shutil.copy(tmp_path / "d1" / "identity.key", tmp_path / "d2" / "identity.key")
 
     resumed = nodes(
         "resumed",

@@ -8,6 +8,7 @@ own part honestly.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import os
 from typing import Any
@@ -16,6 +17,7 @@ import torch
 from hivemind.p2p import PeerID
 
 from diloco.protocol.allreduce import AllReduceRunner
+from diloco.protocol.reduction import Assembled
 from diloco.protocol.streams import write_frame
 from diloco.protocol.wire import Kind, PartHead, RoundTag
 
@@ -34,6 +36,8 @@ class Fault(enum.Enum):
     DIE_AS_LEADER = "die_as_leader"
     CUT_FIRST_JOIN = "cut_first_join"
     CUT_PART_STREAMS = "cut_part_streams"
+    LIE_IN_REPORT = "lie_in_report"
+    SCALED_CONTRIBUTION = "scaled_contribution"
 
 
 GARBAGE = [
@@ -104,3 +108,22 @@ class CutPartStreams(AllReduceRunner):
         await asyncio.sleep(0.05)
         writer.close()
         raise ConnectionResetError("test fault: PART stream cut")
+
+
+class LyingReporter(AllReduceRunner):
+    """Reduces honestly, then reports a result digest nobody assembled (issue 11 attack 4)."""
+
+    async def _exchange_reports(self, assembled: Assembled) -> None:
+        await super()._exchange_reports(dataclasses.replace(assembled, digest=b"\x00" * 32))
+
+
+SCALE = 50.0
+"""How much ``ScaledContribution`` inflates its delta: under the reducers' ``max_norm_ratio``
+(100), so its chunks are valid and only clipping bounds them."""
+
+
+class ScaledContribution(AllReduceRunner):
+    """Contributes ``SCALE`` times its delta, everywhere (issue 11 attack 3)."""
+
+    def __init__(self, *, delta: torch.Tensor, **kwargs: Any) -> None:
+        super().__init__(delta=delta * SCALE, **kwargs)

@@ -12,7 +12,6 @@ from diloco.protocol.records import (
     MAX_VOUCH_ROUNDS,
     NODES_KEY_PATTERN,
     ROUND_KEY_PATTERN,
-    RUNS_KEY_PATTERN,
     VOUCH_KEY_PATTERN,
     FragmentVersion,
     NodeRecord,
@@ -21,9 +20,7 @@ from diloco.protocol.records import (
     newest_donors,
     nodes_key,
     parse_declaration,
-    parse_run_marker,
     parse_vouches,
-    runs_key,
     vouch_key,
     vouch_payload,
 )
@@ -85,7 +82,6 @@ def test_newest_donors_ranks_by_version_then_step() -> None:
 def test_keys_namespaced_by_run() -> None:
     run = "demo-0123456789abcdef"
     assert nodes_key(run) == "demo-0123456789abcdef/nodes"
-    assert runs_key(run) == "diloco-runs/demo"
 
 
 def test_divergent_peers_finds_ahead_and_conflicting() -> None:
@@ -114,11 +110,9 @@ def test_record_payload_round_trip_and_bounds() -> None:
 def test_key_forms_match_the_keys_built() -> None:
     run = "demo-0123456789abcdef"
     assert NODES_KEY_PATTERN.fullmatch(nodes_key(run))
-    assert RUNS_KEY_PATTERN.fullmatch(runs_key(run))
     assert ROUND_KEY_PATTERN.fullmatch(round_key(run, RoundKey(12, 345)))
     for other in ("demo/nodes", "demo-0123456789abcdef/nodes/x", "demo-0123456789abcdef/frag1"):
         assert not any(p.fullmatch(other) for p in (NODES_KEY_PATTERN, ROUND_KEY_PATTERN))
-    assert not RUNS_KEY_PATTERN.fullmatch("diloco-runs/a/b")
 
 
 @pytest.mark.parametrize("weight", [0.0, -1.0, float("inf"), float("nan"), 3, True, "1.0", None])
@@ -127,16 +121,24 @@ def test_declaration_weight_must_be_finite_positive_float(weight: object) -> Non
         parse_declaration(pack_payload(weight))
 
 
-def test_declaration_weight_accepted() -> None:
-    assert parse_declaration(pack_payload(0.25)) == 0.25
+def test_declaration_weight_accepted_with_or_without_proof() -> None:
+    assert parse_declaration(pack_payload(0.25)) == (0.25, None)
+    assert parse_declaration(pack_payload([0.25, b"p" * 32])) == (0.25, b"p" * 32)
 
 
-def test_run_marker_names_a_run_of_its_key() -> None:
-    run = "demo-0123456789abcdef"
-    assert parse_run_marker(runs_key(run), pack_payload(run)) == run
-    for bad in ("other-0123456789abcdef", "demo", 7, ["demo-0123456789abcdef"]):
-        with pytest.raises(ProtocolError, match="run marker"):
-            parse_run_marker(runs_key(run), pack_payload(bad))
+@pytest.mark.parametrize(
+    ("value", "match"),
+    [
+        ([0.25, b"p" * 31], "proof of 31 bytes"),
+        ([0.25, b"p" * 33], "proof of 33 bytes"),
+        ([float("nan"), b"p" * 32], "declared weight"),
+        ([0.25, "p" * 32], "declared weight"),
+        ([0.25, b"p" * 32, 1], "declared weight"),
+    ],
+)
+def test_declaration_with_a_malformed_proof_refused(value: object, match: str) -> None:
+    with pytest.raises(ProtocolError, match=match):
+        parse_declaration(pack_payload(value))
 
 
 # -- vouches -----------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from diloco.errors import ProtocolError
+from diloco.protocol.bans import BanList
 from diloco.protocol.fragment_state import FragmentState, OuterState
 from diloco.protocol.limits import StreamLimits
 from diloco.protocol.network import NetworkOptions
@@ -86,7 +87,9 @@ def test_state_server_caps_a_spammer_and_hashes_each_snapshot_once(
 
     monkeypatch.setattr(FragmentState, "sha256", counting)
     limits = StreamLimits(max_streams=4, burst=BURST, refill_seconds=3600.0)
-    state_server = StateServer(server.p2p, RUN, run_digest(RUN), lambda: snapshot, 30.0, limits)
+    state_server = StateServer(
+        server.p2p, RUN, run_digest(RUN), lambda: snapshot, 30.0, BanList(), limits
+    )
     server.call(state_server.start())
     digest, peer = run_digest(RUN), server.peer_id
 
