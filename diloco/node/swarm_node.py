@@ -6,10 +6,13 @@ its own event-loop thread; slow DHT work (publishing records, checking for diver
 fetching state to heal) runs on one worker thread and its results are applied between two
 steps, never in the middle of one.
 
-Healing (SPEC 4 "State transfer"; the decisions in ``diloco.node.healing``): after a round
-of fragment ``p`` fails, and every ``H`` steps, the node reads the run's records; if a peer
-holds a newer version of ``p`` (or the same version with another hash, held by more peers
-than ours), it downloads ``p`` and adopts it before ``p`` is sent again.
+Healing (SPEC 4 "State transfer"; the decisions in ``diloco.node.healing`` and
+``diloco.node.claims``): after a round of fragment ``p`` fails, and every ``H`` steps, the
+node reads the run's records and vouches; if a peer holds a newer vouched version of ``p``
+(or the same version with another vouched hash, held by more peers than ours), it
+downloads ``p`` and adopts it, once its bytes hash to that vouched state, before ``p`` is
+sent again. After applying a round the node vouches for it: it publishes (round, outer hash,
+members) of its last applied rounds of each fragment, signed, with its records.
 
 Every node answers RUN_INFO with its run's creator-signed configuration (how a joiner
 learns the run: ``diloco.node.pinned_run``) and republishes it in the DHT for ``status``.
@@ -17,11 +20,13 @@ learns the run: ``diloco.node.pinned_run``) and republishes it in the DHT for ``
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import json
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TextIO
 
@@ -30,7 +35,6 @@ from hivemind.p2p import PeerID
 
 from diloco import __version__
 from diloco.codecs import get_codec
-from diloco.errors import DilocoError, ProtocolError
 from diloco.node.config import NodeOptions, RoundOptions, RunConfig
 from diloco.node.healing import SETTLE_TIMEOUT, Healer
 from diloco.node.outer import AppliedRound
@@ -41,9 +45,17 @@ from diloco.protocol.discovery import SignedRunConfig, publish_run_config
 from diloco.protocol.fragment_state import OuterState
 from diloco.protocol.metrics_records import publish_metrics
 from diloco.protocol.network import NetworkOptions
-from diloco.protocol.records import FragmentVersion, NodeRecord
+from diloco.protocol.records import (
+    MAX_VOUCH_ROUNDS,
+    FragmentVersion,
+    NodeRecord,
+    Vouch,
+    publish_vouches,
+    read_vouches,
+)
 from diloco.protocol.run_id import make_run_id, run_digest
 from diloco.protocol.run_info import serve_run_info
+from diloco.protocol.signed_records import MAX_RECORD_TTL
 from diloco.protocol.swarm import Swarm, SwarmReducer
 from diloco.protocol.swarm_key import ClosedSwarm, check_swarm_key, load_swarm_key
 
@@ -55,6 +67,12 @@ PUBLISH_EVERY = 5.0
 """Seconds between two refreshes of a node's records (sooner after a round)."""
 JOIN_TIMEOUT = 60.0
 """Seconds a joiner keeps trying donors for the run's state."""
+VOUCH_TTL = MAX_RECORD_TTL
+"""Seconds a node's vouches live unless refreshed: longer than its records, since a vouch
+stays true after its author leaves, and the members left need it to heal a node that
+missed that round (``diloco.node.claims``)."""
+VOUCH_REFRESH = VOUCH_TTL / 3
+"""Seconds after which unchanged vouches are stored again (before they expire)."""
 
 
 EventCallback = Callable[[dict[str, Any]], None]
@@ -106,6 +124,15 @@ class SwarmNode:
             )
             member = self.swarm.peer_id.to_base58()
             self.trainer = NodeTrainer(run, options, self.reducer, member)
+            # Version 0 of every fragment is the run's initial state (same seed everywhere):
+            # the only unvouched state a joiner or healer adopts.
+            initial_hashes = [s.sha256() for s in self.trainer.sync.states]
+            self.vouches: dict[int, deque[Vouch]] = {
+                p: deque(maxlen=MAX_VOUCH_ROUNDS) for p in range(self.trainer.sync.num_fragments)
+            }
+            """Fragment -> this node's last applied rounds of it, as it vouches for them."""
+            self.vouches_stored: dict[int, tuple[tuple[Vouch, ...], float]] = {}
+            """Fragment -> the vouches last stored and when (worker thread only)."""
             self.trainer.round_timeout = rounds.exit_timeout
             self.trainer.sync.should_abandon = self.stop_event.is_set
             self.worker = concurrent.futures.ThreadPoolExecutor(1, "diloco-node-dht")
@@ -123,6 +150,8 @@ class SwarmNode:
                 self.worker,
                 self._emit,
                 self._refresh_snapshot,
+                initial_hashes,
+                anchors=[a.rsplit("/p2p/", 1)[1] for a in net.initial_peers if "/p2p/" in a],
             )
             self.failed_rounds = 0
         except BaseException:
@@ -163,12 +192,34 @@ class SwarmNode:
             software_version=__version__,
         )
 
-    def _publish(self, record: NodeRecord) -> None:
-        """Worker thread: refresh our records and learn how many nodes are alive.
+    def _vouch(self, applied: AppliedRound) -> None:
+        """Remember that we applied ``applied`` and reached its outer hash (published with
+        the next records). A member counted in none of the round's parts is not among its
+        members and vouches for nothing."""
+        me = self.swarm.peer_id.to_base58()
+        if applied.ok and me in applied.members:
+            members = tuple(sorted(applied.members))
+            key = applied.key
+            vouch = Vouch(me, key.fragment, key.round, applied.outer_sha256, members)
+            self.vouches[key.fragment].append(vouch)
+
+    def _publish(self, record: NodeRecord, vouches: Mapping[int, tuple[Vouch, ...]]) -> None:
+        """Worker thread: refresh our records and vouches (new ones, and unchanged ones before
+        they expire), and learn how many nodes are alive.
 
         Matchmaking then ends as soon as every live node declared itself for a round,
-        instead of always waiting out the window.
+        instead of always waiting out the window. Vouches go first: a peer that reads our
+        record's new version should find our vouch for it.
         """
+        now = time.monotonic()
+        due = []
+        for p, v in vouches.items():
+            stored, stored_at = self.vouches_stored.get(p, ((), 0.0))
+            if v and (v != stored or now - stored_at > VOUCH_REFRESH):
+                due.append(v)
+        if due:
+            self.swarm.call(self._store_vouches(due))
+            self.vouches_stored.update({v[0].fragment: (v, now) for v in due})
         self.swarm.publish_record(record, ttl=RECORD_TTL)
         self.swarm.call(publish_run_config(self.swarm.dht, self.signed, RECORD_TTL))
         alive = len(self.swarm.read_records())
@@ -176,35 +227,36 @@ class SwarmNode:
         metrics = self.recent.record()  # for dashboards: last, it decides nothing
         self.swarm.call(publish_metrics(self.swarm.dht, self.run_id, metrics, RECORD_TTL))
 
+    async def _store_vouches(self, due: Sequence[Sequence[Vouch]]) -> None:
+        dht = self.swarm.dht
+        await asyncio.gather(*(publish_vouches(dht, self.run_id, v, VOUCH_TTL) for v in due))
+
+    def _vouches(self) -> dict[int, tuple[Vouch, ...]]:
+        return {p: tuple(v) for p, v in self.vouches.items()}
+
     def _in_background(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
         future = self.worker.submit(fn, *args)
         future.add_done_callback(_log_failure)
         return future
 
     def join_swarm(self, timeout: float = JOIN_TIMEOUT) -> None:
-        """Download the outer state and global step from the swarm (a joiner's first act).
+        """Download the outer state from the swarm and start at its step (a joiner's first
+        act): only a state that a majority of its rounds' members vouch for, at the swarm's
+        robust step (``Healer.join``), then the rounds that were in flight meanwhile.
 
-        Donors are retried until ``timeout``: a fresh daemon's first dials can fail (libp2p
-        then backs off for a few seconds) and a busy donor may answer late.
+        Raises:
+            DilocoError: no vouched state within ``timeout`` seconds.
         """
-        numel = {p: s.outer.numel() for p, s in enumerate(self.trainer.sync.states)}
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                state = self.swarm.fetch_state(expected_numel=numel)
-                break
-            except ProtocolError as error:
-                if time.monotonic() > deadline:
-                    raise DilocoError(f"could not download the run's state: {error}") from error
-                logger.warning("no state yet (%s); retrying", error)
-                time.sleep(2.0)
-        self.healer.adopt(state, take_step=True)
+        start = time.monotonic()
+        deadline = start + timeout
+        self.healer.join(deadline)
         self.healer.settle_rounds_in_flight(min(deadline, time.monotonic() + SETTLE_TIMEOUT))
         self._emit(
             {
                 "event": "joined",
                 "step": self.trainer.step,
                 "versions": [s.version for s in self.trainer.sync.states],
+                "seconds": time.monotonic() - start,
             }
         )
 
@@ -243,7 +295,7 @@ class SwarmNode:
         """Train until the run's last step or ``stop_event``; returns the summary."""
         t = self.trainer
         self.swarm.serve_state(self._provide)
-        self._publish(self._record(0.0))
+        self._publish(self._record(0.0), self._vouches())
         tokens_per_step = self.options.batch_size * self.run.seq_len
         self._emit(
             {
@@ -279,6 +331,7 @@ class SwarmNode:
             for round_ in applied:
                 self._emit(self._round_record(round_))
                 self.failed_rounds += not round_.ok
+                self._vouch(round_)
             if self.options.eval_every and t.step % self.options.eval_every == 0:
                 self._emit({"event": "eval", "step": t.step, "loss_outer": t.evaluate()})
             if applied:
@@ -295,7 +348,8 @@ class SwarmNode:
             due = bool(applied) or time.monotonic() - self.published_at > PUBLISH_EVERY
             if self.publish_future is None or (self.publish_future.done() and due):
                 self.published_at = time.monotonic()
-                self.publish_future = self._in_background(self._publish, self._record(tokens_per_s))
+                record, vouches = self._record(tokens_per_s), self._vouches()
+                self.publish_future = self._in_background(self._publish, record, vouches)
             if self.options.checkpoint_every and t.step % self.options.checkpoint_every == 0:
                 t.save_checkpoint()
         return self._finish(time.perf_counter() - start)
@@ -380,6 +434,14 @@ class _SwarmSource:
 
     def read_records(self) -> list[NodeRecord]:
         return self.swarm.read_records()
+
+    def read_vouches(self, fragments: Sequence[int]) -> list[Vouch]:
+        return self.swarm.call(self._read_vouches(fragments))
+
+    async def _read_vouches(self, fragments: Sequence[int]) -> list[Vouch]:
+        dht, run_id = self.swarm.dht, self.swarm.run_id
+        found = await asyncio.gather(*(read_vouches(dht, run_id, p) for p in fragments))
+        return [v for vouches in found for v in vouches]
 
     def fetch_state(
         self, fragments: Sequence[int], expected_numel: Mapping[int, int], donors: Sequence[str]

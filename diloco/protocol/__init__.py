@@ -1,16 +1,16 @@
 """The swarm protocol: DHT records, matchmaking, butterfly all-reduce, state transfer.
 
 Pure pieces (``partition``, ``aggregation``, ``reducer``, ``reduction``, ``agreement``,
-``run_id``, ``wire``, ``state_wire``, ``fragment_state``) import nothing of hivemind, so the
-in-process trainer can use them without starting it; ``group`` and ``bans`` need only
-hivemind's ``PeerID``.
+``run_id``, ``wire``, ``state_wire``, ``fragment_state``, ``limits``) import nothing of
+hivemind, so the in-process trainer can use them without starting it; ``group`` and ``bans``
+need only hivemind's ``PeerID``.
 
 Modules, one concern each (hivemind ``averaging/`` style)::
 
     run_id          run identity: name + hash of the configuration, 16-byte wire digest
     identity        the node's Ed25519 key (libp2p file), peer id <-> public key, signatures
     signed_records  signed envelopes under the author's peer id, their DHT validator
-    records         per-node DHT records and round declarations, donor ranking, divergence
+    records         per-node DHT records, round declarations and vouches, donor ranking
     discovery       run configurations signed by the run's creator, in the DHT (bounded JSON)
     run_info        RUN_INFO: a joiner asks the peer it was given which run it trains
     swarm_key       closed swarms: the key, AUTH on every stream, declaration proofs
@@ -26,7 +26,8 @@ Modules, one concern each (hivemind ``averaging/`` style)::
     part_server     reducer side of a round over streams (PART in, AVERAGED out)
     allreduce       member side of a round over streams, reports; stream routing
     fragment_state  FragmentState (outer params, momentum, version) and its one hash
-    state_transfer  serve/fetch outer params + momentum, validated
+    state_transfer  serve/fetch outer params + momentum, validated; caps, hashes per snapshot
+    limits          pure caps on a server's streams: per peer, per-peer rate, in total
     network         NetworkOptions: how a node reaches the swarm (one frozen record)
     swarm           Swarm (DHT + P2P + loop thread) and SwarmReducer (the Reducer)
     processes       the DHT process's p2pd held by pidfd, stopped if shutdown stalls

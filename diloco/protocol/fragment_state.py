@@ -18,11 +18,13 @@ import torch
 from diloco.errors import ProtocolError
 
 
-@dataclass(slots=True)
+@dataclass
 class FragmentState:
     """Outer parameters and momentum of one fragment (1-D FP32 CPU tensors of one length).
 
-    Mutable: the outer optimizer updates the tensors and the version in place.
+    Mutable: the outer optimizer updates the tensors and the version in place. Without
+    ``__slots__`` so that a state server can hold weak references to served snapshots
+    (``state_transfer.SnapshotHashes``).
     """
 
     outer: torch.Tensor

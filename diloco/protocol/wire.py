@@ -96,6 +96,8 @@ class RejectCode(IntEnum):
     NO_STATE = 9
     MALFORMED = 10
     BANNED = 11
+    BUSY = 12
+    """Over a server's caps (``limits``): try another peer, or later."""
 
 
 @dataclass

@@ -8,14 +8,21 @@ from diloco.errors import ProtocolError
 from diloco.protocol.matchmaking import round_key
 from diloco.protocol.records import (
     MAX_NODE_RECORD_BYTES,
+    MAX_ROUND_MEMBERS,
+    MAX_VOUCH_ROUNDS,
     NODES_KEY_PATTERN,
     ROUND_KEY_PATTERN,
+    VOUCH_KEY_PATTERN,
     FragmentVersion,
     NodeRecord,
+    Vouch,
     divergent_peers,
     newest_donors,
     nodes_key,
     parse_declaration,
+    parse_vouches,
+    vouch_key,
+    vouch_payload,
 )
 from diloco.protocol.reducer import RoundKey
 from diloco.protocol.signed_records import pack_payload
@@ -132,3 +139,62 @@ def test_declaration_weight_accepted_with_or_without_proof() -> None:
 def test_declaration_with_a_malformed_proof_refused(value: object, match: str) -> None:
     with pytest.raises(ProtocolError, match=match):
         parse_declaration(pack_payload(value))
+
+
+# -- vouches -----------------------------------------------------------------------------------
+
+RUN = "demo-0123456789abcdef"
+OTHER = "12D3KooWBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBB"
+MEMBERS = tuple(sorted([PEER, OTHER]))
+
+
+def _vouch(round: int = 3, members: tuple[str, ...] = MEMBERS) -> Vouch:
+    return Vouch(PEER, 2, round, H, members)
+
+
+def test_vouches_round_trip_under_their_fragments_key() -> None:
+    vouches = [_vouch(3), _vouch(4)]
+    assert vouch_key(RUN, 2) == "demo-0123456789abcdef/vouch/frag2"
+    assert VOUCH_KEY_PATTERN.fullmatch(vouch_key(RUN, 2))
+    assert parse_vouches(vouch_key(RUN, 2), PEER, vouch_payload(vouches)) == vouches
+    # The fragment comes from the (signed) key: the same payload under fragment 5 vouches
+    # for fragment 5, never for 2.
+    assert {v.fragment for v in parse_vouches(vouch_key(RUN, 5), PEER, vouch_payload(vouches))} == {
+        5
+    }
+
+
+@pytest.mark.parametrize(
+    ("rounds", "match"),
+    [
+        ([[3, H, list(MEMBERS)], [3, H, list(MEMBERS)]], "a round vouched twice"),
+        ([[0, H, list(MEMBERS)]], "vouched round 0"),
+        ([[True, H, list(MEMBERS)]], "vouched round True"),
+        ([[3, "xyz", list(MEMBERS)]], "state hash"),
+        ([[3, H, list(reversed(MEMBERS))]], "not sorted"),
+        ([[3, H, [PEER, PEER]]], "not sorted"),
+        ([[3, H, [OTHER]]], "outside the round's members"),
+        ([[3, H, []]], "0 members"),
+        ([[3, H, ["not a peer id!"]]], "member"),
+        ([[3, H, list(MEMBERS)]] * (MAX_VOUCH_ROUNDS + 1), "vouch rounds"),
+        ([[3, H]], "vouch entry"),
+        ([], "vouch rounds"),
+    ],
+)
+def test_vouch_payload_rejected(rounds: list[object], match: str) -> None:
+    payload = pack_payload({"v": 1, "rounds": rounds})
+    with pytest.raises(ProtocolError, match=match):
+        parse_vouches(vouch_key(RUN, 0), PEER, payload)
+
+
+def test_vouch_payload_schema_and_key_rejected() -> None:
+    good = vouch_payload([_vouch()])
+    with pytest.raises(ProtocolError, match="vouch key"):
+        parse_vouches(nodes_key(RUN), PEER, good)
+    with pytest.raises(ProtocolError, match="vouch record keys"):
+        parse_vouches(vouch_key(RUN, 0), PEER, pack_payload({"v": 1, "rounds": [], "x": 1}))
+    with pytest.raises(ProtocolError, match="vouch schema"):
+        parse_vouches(vouch_key(RUN, 0), PEER, pack_payload({"v": 2, "rounds": []}))
+    others = [f"12D3KooW{i:044d}".replace("0", "z") for i in range(MAX_ROUND_MEMBERS)]
+    with pytest.raises(ProtocolError, match=f"{MAX_ROUND_MEMBERS + 1} members"):
+        vouch_payload([_vouch(members=tuple(sorted([*others, PEER])))])

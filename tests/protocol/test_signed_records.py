@@ -42,6 +42,7 @@ from diloco.protocol.records import (
     read_declarations,
     read_records,
     record_validator,
+    vouch_key,
 )
 from diloco.protocol.reducer import RoundKey
 from diloco.protocol.run_id import make_run_id
@@ -59,6 +60,7 @@ CONFIG = {"model": "tiny", "steps": 10, "creator": ALICE.peer_id}
 RUN = make_run_id("owned", CONFIG)
 SIGNED = SignedRunConfig.sign(ALICE, RUN, CONFIG)
 H = "ab" * 32
+ALICE_BOB = [ALICE.peer_id, BOB.peer_id]
 
 
 def _node(identity: Identity, step: int = 10) -> NodeRecord:
@@ -98,8 +100,9 @@ def test_validator_accepts_envelope_built_by_the_documented_layout() -> None:
         (round_key(RUN, RoundKey(3, 7)), pack_payload(2.5)),
         (round_key(RUN, RoundKey(3, 7)), pack_payload([2.5, bytes(32)])),
         (RUN_CONFIGS_KEY, SIGNED.to_payload()),
+        (vouch_key(RUN, 2), pack_payload({"v": 1, "rounds": [[3, H, sorted(ALICE_BOB)]]})),
     ],
-    ids=["node", "declaration", "closed swarm declaration", "run config"],
+    ids=["node", "declaration", "closed swarm declaration", "run config", "vouch"],
 )
 def test_validator_accepts_every_kind_signed_by_its_author(key: str, payload: bytes) -> None:
     record, _ = _sealed(key, payload)
@@ -195,6 +198,13 @@ REJECTED: dict[str, Callable[[], DHTRecord]] = {
     ),
     "declared weight NaN": _case(round_key(RUN, RoundKey(0, 1)), pack_payload(float("nan"))),
     "declared weight int": _case(round_key(RUN, RoundKey(0, 1)), pack_payload(2)),
+    "vouch from outside its members": _case(
+        vouch_key(RUN, 0),
+        pack_payload({"v": 1, "rounds": [[3, H, sorted([BOB.peer_id, MALLORY.peer_id])]]}),
+    ),
+    "vouch for round 0": _case(
+        vouch_key(RUN, 0), pack_payload({"v": 1, "rounds": [[0, H, sorted(ALICE_BOB)]]})
+    ),
     "payload not bytes": lambda: _record(
         nodes_key(RUN), ALICE.peer_id, [nodes_key(RUN), "text", bytes(64)], get_dht_time() + 30
     ),
@@ -250,6 +260,8 @@ REASONS = {
     "declaration proof of 31 bytes": "proof of 31 bytes",
     "node record with a string step": "global step",
     "declared weight NaN": "declared weight",
+    "vouch from outside its members": "outside the round's members",
+    "vouch for round 0": "vouched round 0",
     "declared weight int": "declared weight",
     "payload not bytes": "not bytes of at most",
     "short signature": "not 64 bytes",
