@@ -1,8 +1,8 @@
 """``diloco-node``: thin click commands; each parses, builds a config and calls one entry point.
 
-By audience: ``node`` (``start``, ``join``, ``status``, ``demo``: volunteers) and
-``experiments`` (``local``, ``simulate``, ``accounting``, ``bench``: one machine). Our
-errors map to ``click.UsageError`` (exit 2) for bad configuration and
+By audience: ``node`` (``start``, ``join``, ``status``, ``demo``: volunteers), ``data``
+(``prepare-data``: volunteers' corpora) and ``experiments`` (``local``, ``simulate``,
+``accounting``, ``bench``: one machine). Our errors map to ``click.UsageError`` (exit 2) for bad configuration and
 ``click.ClickException`` (exit 1) for failures while running.
 """
 
@@ -13,6 +13,7 @@ import logging
 import click
 
 from diloco import __version__
+from diloco.cli.data import prepare_data
 from diloco.cli.experiments import accounting, bench, local, simulate
 from diloco.cli.node import demo, join, start, status
 
@@ -26,5 +27,5 @@ def main(verbose: int) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-for _command in (start, join, status, demo, local, simulate, accounting, bench):
+for _command in (start, join, status, demo, prepare_data, local, simulate, accounting, bench):
     main.add_command(_command)
