@@ -2,8 +2,8 @@
 
 By audience: ``node`` (``start``, ``join``, ``status``, ``demo``: volunteers), ``data``
 (``prepare-data``: volunteers' corpora) and ``experiments`` (``local``, ``simulate``,
-``accounting``, ``bench``: one machine). Our errors map to ``click.UsageError`` (exit 2) for bad configuration and
-``click.ClickException`` (exit 1) for failures while running.
+``accounting``, ``bench``: one machine). Our errors map to ``click.UsageError`` (exit 2)
+for bad configuration and ``click.ClickException`` (exit 1) for failures while running.
 """
 
 from __future__ import annotations
