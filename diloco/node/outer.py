@@ -168,6 +168,8 @@ class FragmentSync:
     keep it on the CPU either way."""
     link: DeviceLink | None = field(init=False, default=None, repr=False)
     """The asynchronous copies of a CUDA model; None for a CPU model."""
+    hashes: dict[int, str] = field(init=False, default_factory=dict, repr=False)
+    """``state_hash`` of the fragments unchanged since it was computed."""
 
     def __post_init__(self) -> None:
         check_tau(self.tau, self.config.sync_every)
@@ -191,6 +193,13 @@ class FragmentSync:
     @property
     def num_fragments(self) -> int:
         return len(self.fragments)
+
+    def state_hash(self, p: int) -> str:
+        """``states[p].sha256()``, computed once per change of the state (records are
+        published often; hashing the whole outer state each time costs a step's percent)."""
+        if p not in self.hashes:
+            self.hashes[p] = self.states[p].sha256()
+        return self.hashes[p]
 
     @property
     def alpha(self) -> float:
@@ -289,6 +298,7 @@ class FragmentSync:
         )
         state.version = pending.key.round
         self.carried_weight[p] = 0.0
+        self.hashes[p] = state.sha256()
         self._merge(p)
         return AppliedRound(
             pending.key,
@@ -298,7 +308,7 @@ class FragmentSync:
             bytes_received=result.bytes_received,
             seconds=result.seconds,
             blocked_seconds=blocked,
-            outer_sha256=state.sha256(),
+            outer_sha256=self.hashes[p],
         )
 
     def _merge(self, p: int) -> None:
@@ -337,6 +347,7 @@ class FragmentSync:
                     f", expected {tuple(ours.shape)}"
                 )
         self.settle()
+        self.hashes.pop(fragment, None)
         mine.outer.copy_(state.outer)
         mine.momentum.copy_(state.momentum)
         mine.version = state.version
@@ -396,6 +407,7 @@ class FragmentSync:
         except (KeyError, TypeError, IndexError) as error:
             raise ValueError(f"malformed outer loop state: {error!r}") from error
         self.settle()
+        self.hashes.clear()
         for mine, saved in zip(self.states, loaded, strict=True):
             mine.outer.copy_(saved.outer)
             mine.momentum.copy_(saved.momentum)
