@@ -67,7 +67,8 @@ class PairReducer(Reducer):
             entries = self.waiting.setdefault(key, [])
             entries.append((contributions[0], future))
             complete = len(entries) == 2
-        if complete:
+        if complete:  # members in name order, whichever thread sent first (the swarm's rule)
+            entries.sort(key=lambda entry: entry[0].member)
             result = self.reducer.reduce(key, [c for c, _ in entries]).result()
             for _, waiting in entries:
                 waiting.set_result(result)

@@ -3,12 +3,14 @@
 Subcommands (results as JSON with ``--json``; commands and numbers in RESULTS.md):
 
 - ``swarm``: a swarm of 2 ``diloco-node`` processes on loopback (``start`` + ``join``, rounds
-  included, E3M0, metrics written) against 2 plain-loop processes run at the same time, so
-  both sides load the cores alike; same model, batch, optimizer (fused AdamW, clipping, the
-  same schedule) and data sampler, one torch thread per process. Repeats alternate which
-  side runs first. The nodes' tokens/s are measured over the steps both train (from 20
-  steps after the joiner is in to the last progress line but one; the node's progress
-  lines give the clock), the plain loops' over all but their first ``--warmup`` steps.
+  included, E3M0, metrics written) and, at the same time, 2 plain-loop processes: same
+  model, batch, optimizer (fused AdamW, clipping, the same schedule) and data sampler, one
+  torch thread per process. Running both sides at once makes them share whatever else
+  loads the machine (on a shared machine that load changes by tens of percent between
+  minutes, more than the overhead measured). The window: from 20 steps after the joiner
+  is in to the nodes' last progress line but one; the nodes' tokens/s over it come from
+  their progress lines, the plain loops' from their step end times inside it (the plain
+  loops run until the nodes end; the length of their schedule changes no step's cost).
 - ``inprocess``: in one process, ``NodeTrainer`` with a group-of-one reducer (each round's
   outer gradient through the codec, the outer step, the merge; no network) against the
   plain loop, in interleaved blocks; also what the outer loop costs a step (time in
@@ -75,8 +77,11 @@ def plain_loop(args: argparse.Namespace, corpus: Corpus) -> dict[str, Any]:
     optimizer = torch.optim.AdamW(groups, lr=inner.lr, betas=inner.betas, fused=True)
     sampler = BatchSampler(corpus.train, args.batch_size, args.seq_len, seed=1)
     bf16 = args.precision == "bf16"
-    times = []
+    times, stamps = [], []
+    stop = Path(args.stop_file) if getattr(args, "stop_file", None) else None
     for step in range(1, args.steps + 1):
+        if stop is not None and stop.exists():
+            break
         start = time.perf_counter()
         inputs, targets = (t.to(device) for t in sampler.next_batch())
         optimizer.zero_grad(set_to_none=True)
@@ -90,8 +95,13 @@ def plain_loop(args: argparse.Namespace, corpus: Corpus) -> dict[str, Any]:
         optimizer.step()
         loss.item()  # the node reads its loss every step too
         times.append(time.perf_counter() - start)
+        stamps.append(time.time())
     _sync(device)
-    return {"tokens_per_s": _tokens_per_s(args, times), "last_loss": float(loss.item())}
+    return {
+        "tokens_per_s": _tokens_per_s(args, times),
+        "last_loss": float(loss.item()),
+        "step_end_times": stamps,
+    }
 
 
 def node_loop(args: argparse.Namespace, corpus: Corpus) -> dict[str, Any]:
@@ -185,8 +195,56 @@ def _common(args: argparse.Namespace) -> list[str]:
     ]  # fmt: skip
 
 
-def swarm_pair(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
-    """One run of 2 nodes (start + join) on loopback; their tokens/s and CU."""
+def swarm_run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
+    """2 plain loops and 2 nodes (start + join) at once; each side's tokens/s over the
+    window where the nodes both train, the plain loops' from their step times in it."""
+    plain = [sys.executable, __file__, "plain", *_common(args), "--warmup", "0"]
+    stop = folder / "stop"
+    loops = [
+        _spawn(
+            [*plain, "--steps", "100000", "--stop-file", str(stop), "--json",
+             str(folder / f"plain{i}.json")],
+            folder / f"plain{i}.log",
+        )
+        for i in range(2)
+    ]  # fmt: skip
+    try:
+        seen = _run_nodes(args, folder)
+    finally:
+        stop.touch()
+    for i, loop in enumerate(loops):
+        _wait(loop, folder / f"plain{i}.log", 600)
+    records = {name: _records(folder / f"{name}.jsonl") for name in ("a", "b")}
+    tokens_per_step = args.batch_size * args.seq_len
+    clocks = {name: _clock(rs, tokens_per_step) for name, rs in records.items()}
+    joined = next(r["step"] for r in records["b"] if r["event"] == "joined")
+    common = sorted(set(clocks["a"]) & set(clocks["b"]) & set(seen["a"]) & set(seen["b"]))
+    first = next(s for s in common if s >= joined + 20)  # both nodes train from here on
+    last = common[-2]
+    result: dict[str, Any] = {"window_steps": [first, last], "joined_at": joined}
+    for name, clock in clocks.items():
+        summary = next(r for r in records[name] if r["event"] == "summary")
+        rounds = [r for r in records[name] if r["event"] == "round" and first < r["step"] <= last]
+        result[name] = {
+            "tokens_per_s": (last - first) * tokens_per_step / (clock[last] - clock[first]),
+            "rounds_in_window": len(rounds),
+            "two_member_rounds": sum(r["members"] == 2 for r in rounds),
+            "cu_whole_run": summary["cu"],
+            "failed_rounds_whole_run": summary["failed_rounds"],
+        }
+    begin = min(seen[n][first] for n in ("a", "b"))
+    end = max(seen[n][last] for n in ("a", "b"))
+    result["window_seconds"] = end - begin
+    for i in range(2):
+        stamps = json.loads((folder / f"plain{i}.json").read_text())["step_end_times"]
+        steps = sum(begin < t <= end for t in stamps)
+        result[f"plain{i}"] = {"tokens_per_s": steps * tokens_per_step / (end - begin)}
+    return result
+
+
+def _run_nodes(args: argparse.Namespace, folder: Path) -> dict[str, dict[int, float]]:
+    """Start a node, join a second to it, wait for both to finish; returns the wall time
+    (``time.time()``) at which each progress line of each node was seen (polled 20 Hz)."""
     node = [sys.executable, "-m", "diloco"]
     flags = [*_common(args), "--threads", "1", "--log-every", "10", "--H", str(args.H)]
     a = _spawn(
@@ -194,51 +252,45 @@ def swarm_pair(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
          "--metrics-out", str(folder / "a.jsonl")],
         folder / "a.log",
     )  # fmt: skip
+    processes = [a]
     try:
         address = None
         deadline = time.monotonic() + 120
         while address is None:
             if time.monotonic() > deadline or a.poll() is not None:
-                raise RuntimeError(
-                    f"the first node printed no address:\n{(folder / 'a.log').read_text()}"
-                )
+                raise RuntimeError(f"no address:\n{(folder / 'a.log').read_text()}")
             lines = (folder / "a.log").read_text().splitlines()
             address = next((x.strip() for x in lines if x.startswith("/ip4/127.")), None)
             time.sleep(0.2)
-        b = _spawn(
-            [*node, "join", "--initial-peers", address, "--threads", "1", "--batch-size",
-             str(args.batch_size), "--log-every", "10", "--listen", "/ip4/127.0.0.3/tcp/0",
-             "--metrics-out", str(folder / "b.jsonl")],
-            folder / "b.log",
+        processes.append(
+            _spawn(
+                [*node, "join", "--initial-peers", address, "--threads", "1", "--batch-size",
+                 str(args.batch_size), "--log-every", "10", "--listen", "/ip4/127.0.0.3/tcp/0",
+                 "--metrics-out", str(folder / "b.jsonl")],
+                folder / "b.log",
+            )
         )  # fmt: skip
-        try:
-            _wait(b, folder / "b.log", 1800)
-        finally:
-            b.kill()
-        _wait(a, folder / "a.log", 600)
+        seen: dict[str, dict[int, float]] = {"a": {}, "b": {}}
+        read = {"a": 0, "b": 0}  # bytes of each metrics file already looked at
+        deadline = time.monotonic() + 1800
+        while any(p.poll() is None for p in processes) and time.monotonic() < deadline:
+            for name in seen:
+                path = folder / f"{name}.jsonl"
+                with contextlib.suppress(FileNotFoundError), path.open("rb") as f:
+                    f.seek(read[name])
+                    lines = f.read().split(b"\n")
+                    read[name] += sum(len(line) + 1 for line in lines[:-1])
+                    for line in lines[:-1]:
+                        if b'"event": "progress"' in line:
+                            step = json.loads(line)["step"]
+                            seen[name].setdefault(step, time.time())
+            time.sleep(0.05)
+        for name, process in zip(("a", "b"), processes, strict=True):
+            _wait(process, folder / f"{name}.log", 60)
+        return seen
     finally:
-        a.kill()
-    records = {name: _records(folder / f"{name}.jsonl") for name in ("a", "b")}
-    clocks = {name: _clock(rs, args.batch_size * args.seq_len) for name, rs in records.items()}
-    joined = next(r["step"] for r in records["b"] if r["event"] == "joined")
-    common = sorted(set(clocks["a"]) & set(clocks["b"]))
-    first = next(s for s in common if s >= joined + 20)  # both nodes train from here on
-    last = common[-2]
-    result: dict[str, Any] = {"window": [first, last], "joined_at": joined}
-    for name, clock in clocks.items():
-        summary = next(r for r in records[name] if r["event"] == "summary")
-        rounds = [r for r in records[name] if r["event"] == "round" and first < r["step"] <= last]
-        result[name] = {
-            "tokens_per_s": (last - first)
-            * args.batch_size
-            * args.seq_len
-            / (clock[last] - clock[first]),
-            "rounds_in_window": len(rounds),
-            "two_member_rounds": sum(r["members"] == 2 for r in rounds),
-            "cu_whole_run": summary["cu"],
-            "failed_rounds_whole_run": summary["failed_rounds"],
-        }
-    return result
+        for process in processes:
+            process.kill()
 
 
 def _clock(records: list[dict[str, Any]], tokens_per_step: int) -> dict[int, float]:
@@ -252,31 +304,14 @@ def _clock(records: list[dict[str, Any]], tokens_per_step: int) -> dict[int, flo
     }
 
 
-def plain_pair(args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
-    """2 plain-loop processes at once (the cores loaded as by 2 nodes)."""
-    command = [sys.executable, __file__, "plain", *_common(args), "--warmup", str(args.warmup)]
-    processes = [
-        _spawn([*command, "--json", str(folder / f"plain{i}.json")], folder / f"plain{i}.log")
-        for i in range(2)
-    ]
-    for i, process in enumerate(processes):
-        _wait(process, folder / f"plain{i}.log", 1800)
-    return [json.loads((folder / f"plain{i}.json").read_text()) for i in range(2)]
-
-
 def swarm(args: argparse.Namespace) -> dict[str, Any]:
     runs: list[dict[str, Any]] = []
-    for repeat in range(args.repeats):
+    for _ in range(args.repeats):
         with tempfile.TemporaryDirectory(prefix="diloco-overhead-") as tmp:
             folder = Path(tmp)
-            record: dict[str, Any] = {}
-            order = ("plain", "swarm") if repeat % 2 == 0 else ("swarm", "plain")
-            for side in order:
-                record[side] = (
-                    plain_pair(args, folder) if side == "plain" else swarm_pair(args, folder)
-                )
-            plain = statistics.mean(p["tokens_per_s"] for p in record["plain"])
-            nodes = statistics.mean(record["swarm"][n]["tokens_per_s"] for n in ("a", "b"))
+            record = swarm_run(args, folder)
+            plain = statistics.mean(record[f"plain{i}"]["tokens_per_s"] for i in range(2))
+            nodes = statistics.mean(record[n]["tokens_per_s"] for n in ("a", "b"))
             record["ratio"] = nodes / plain
             runs.append(record)
             print(json.dumps(record), flush=True)
@@ -301,6 +336,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--data", default=None, help="Corpus path [default: embedded].")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--stop-file", default=None, help="plain: stop once it exists.")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
