@@ -85,8 +85,10 @@ def _check_data(run: RunConfig, data: str | None, define: bool) -> RunConfig:
     """
     vocab, fingerprint = corpus_vocab(data)
     preset_vocab = preset(run.preset).vocab_size
-    if define and run.vocab_size is None and vocab > preset_vocab:
-        run = dataclasses.replace(run, vocab_size=resolve_vocab(preset_vocab, None, vocab))
+    if define and run.vocab_size is None:
+        resolved = resolve_vocab(preset_vocab, None, vocab)
+        if resolved != preset_vocab:  # a run that keeps the preset's stays as it was named
+            run = dataclasses.replace(run, vocab_size=resolved)
     run.check_corpus(vocab, fingerprint, f"--data {data}" if data else "the embedded corpus")
     return run
 
