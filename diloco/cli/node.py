@@ -17,7 +17,8 @@ import click
 
 from diloco.cli.options import flag_options, typed_flags
 from diloco.errors import ConfigError, DilocoError
-from diloco.node.config import NodeOptions, RoundOptions, RunConfig
+from diloco.node.config import NodeOptions, RoundOptions, RunConfig, resolve_vocab
+from diloco.node.data import corpus_vocab
 from diloco.node.flags import (
     NETWORK_FLAGS,
     NODE_FLAGS,
@@ -26,6 +27,7 @@ from diloco.node.flags import (
     join_mismatch,
     run_config,
 )
+from diloco.node.model import preset
 from diloco.node.outer import check_tau
 from diloco.protocol.network import NetworkOptions
 from diloco.protocol.run_id import check_run_id
@@ -49,6 +51,14 @@ def _node_flags(f: F) -> F:
         type=click.Path(dir_okay=False),
         default=None,
         help="At the end, write the outer weights as plain safetensors here.",
+    )(f)
+    f = click.option(
+        "--export-hf",
+        "export_hf",
+        type=click.Path(file_okay=False),
+        default=None,
+        help="At the end, write the outer weights as a transformers folder (config.json, "
+        "model.safetensors) that AutoModelForCausalLM loads.",
     )(f)
     f = click.option("--resume", is_flag=True, help="Continue from the newest checkpoint.")(f)
     f = click.option(
@@ -82,6 +92,25 @@ def _local_choices(params: dict[str, Any]) -> tuple[NodeOptions, RoundOptions, N
     return NODE_FLAGS.build(params), ROUND_FLAGS.build(params), NETWORK_FLAGS.build(params)
 
 
+def _check_data(run: RunConfig, data: str | None, define: bool) -> RunConfig:
+    """The run, checked against this node's corpus before anything starts; a run being
+    defined (``define``: ``start``) without ``--vocab-size`` takes a larger vocabulary
+    from a prepared corpus's tokenizer.
+
+    Raises:
+        ConfigError: the corpus's ids do not fit the run's model, or it is not the dataset
+            the run pins.
+    """
+    vocab, fingerprint = corpus_vocab(data)
+    preset_vocab = preset(run.preset).vocab_size
+    if define and run.vocab_size is None:
+        resolved = resolve_vocab(preset_vocab, None, vocab)
+        if resolved != preset_vocab:  # a run that keeps the preset's stays as it was named
+            run = dataclasses.replace(run, vocab_size=resolved)
+    run.check_corpus(vocab, fingerprint, f"--data {data}" if data else "the embedded corpus")
+    return run
+
+
 @click.command()
 @_node_flags
 @click.pass_context
@@ -97,6 +126,7 @@ def start(ctx: click.Context, /, **_: object) -> None:
         if net.swarm_key_path is not None:
             key_id = load_swarm_key(net.swarm_key_path).key_id
             run = dataclasses.replace(run, swarm_key_id=key_id)
+        run = _check_data(run, options.data, define=True)
     except ConfigError as error:
         raise click.UsageError(str(error)) from error
     _run_node(run, options, rounds, net, ctx.params, join=False)
@@ -145,6 +175,7 @@ def join(
         diffs = join_mismatch(run, toml, given)
         if options.tau is not None:
             check_tau(options.tau, run.outer.sync_every)
+        _check_data(run, options.data, define=False)
     except ConfigError as error:
         dht.shutdown()
         raise click.UsageError(f"cannot join this swarm: {error}") from error
@@ -218,6 +249,9 @@ def _run_node(
         if params["export_path"]:
             node.trainer.export_outer(params["export_path"])
             click.echo(f"outer weights written to {params['export_path']}")
+        if params["export_hf"]:
+            node.trainer.export_hf(params["export_hf"])
+            click.echo(f"transformers model written to {params['export_hf']}")
     except DilocoError as error:
         raise click.ClickException(str(error)) from error
     finally:

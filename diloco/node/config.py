@@ -33,14 +33,16 @@ import torch
 
 from diloco.codecs import CODEC_NAMES
 from diloco.errors import ConfigError, ProtocolError
+from diloco.node.compute import ComputeOptions
 from diloco.node.fragments import EmbeddingPlacement, Pattern
 from diloco.node.inner import InnerConfig
 from diloco.node.model import PRESETS, ModelConfig, preset
-from diloco.node.outer import OuterConfig, round_token_cap
+from diloco.node.outer import OuterConfig, OuterDevice, round_token_cap
 from diloco.protocol.aggregation import CLIP_FACTOR, check_clip_factor
-from diloco.protocol.group import RoundTimeouts
-from diloco.protocol.identity import public_key_of
 from diloco.protocol.run_id import RUN_NAME_PATTERN
+
+if typing.TYPE_CHECKING:
+    from diloco.protocol.group import RoundTimeouts
 
 T = TypeVar("T")
 KEY_ID_PATTERN = re.compile(r"[0-9a-f]{16}")
@@ -93,6 +95,12 @@ class RunConfig:
     swarm_key_id: str | None = None
     """Closed swarms: ``SwarmKey.key_id`` of the run's key (a hash, never the key); None:
     an open swarm. ``start --swarm-key FILE`` sets it."""
+    vocab_size: int | None = None
+    """Token vocabulary of the model; None: the preset's. ``start`` sets it from a prepared
+    corpus whose tokenizer needs more (``resolve_vocab``); every node's corpus must fit it."""
+    dataset_fingerprint: str | None = None
+    """sha256 fingerprint of a prepared corpus's manifest (``prepare-data`` prints it): when
+    set, a node trains only on a corpus with this fingerprint. Never a path."""
 
     def __post_init__(self) -> None:
         if not RUN_NAME_PATTERN.match(self.name):
@@ -110,6 +118,10 @@ class RunConfig:
         if self.dataset is not None and not (0 < len(self.dataset) <= 100):
             raise ConfigError("dataset must be a name of 1 to 100 characters")
         if self.creator is not None:
+            # Imported here: identity reads libp2p's key format through hivemind, which the
+            # trainers (and a GPU machine without hivemind) must not need to import.
+            from diloco.protocol.identity import public_key_of
+
             try:
                 public_key_of(self.creator)
             except ProtocolError as error:
@@ -122,6 +134,14 @@ class RunConfig:
             check_clip_factor(self.clip_factor)
         except ValueError as error:
             raise ConfigError(f"{error}, e.g. 3") from error
+        if self.vocab_size is not None:
+            _at_least("vocab_size", self.vocab_size, 2, "tokens")
+        fingerprint = self.dataset_fingerprint
+        if fingerprint is not None and not _SHA256_HEX.fullmatch(fingerprint):
+            raise ConfigError(
+                f"dataset_fingerprint must be 64 lowercase hex digits (a manifest's "
+                f"fingerprint), got {fingerprint!r}"
+            )
 
     def round_token_cap(self) -> int:
         """A member's largest weight in one round, in tokens (``max_round_tokens``)."""
@@ -146,7 +166,45 @@ class RunConfig:
     def model_config(self) -> ModelConfig:
         config = preset(self.preset)
         config.max_seq_len = max(config.max_seq_len, self.seq_len)
+        if self.vocab_size is not None:
+            config.vocab_size = self.vocab_size
         return config
+
+    def check_corpus(self, vocab_size: int, fingerprint: str | None, what: str) -> None:
+        """Refuse a corpus (``what``) that this run's model cannot train on.
+
+        Raises:
+            ConfigError: its token ids reach past the model's vocabulary, or the run pins a
+                dataset fingerprint that the corpus does not have.
+        """
+        check_corpus_fits(self.model_config().vocab_size, vocab_size, what)
+        if self.dataset_fingerprint is not None and fingerprint != self.dataset_fingerprint:
+            raise ConfigError(
+                f"the run trains on the prepared corpus {self.dataset_fingerprint[:12]}..., "
+                f"but {what} is "
+                + (f"{fingerprint[:12]}..." if fingerprint else "not a prepared corpus")
+                + "; point --data at a folder prepared like the run's (prepare-data prints its"
+                " fingerprint)"
+            )
+
+
+def resolve_vocab(preset_vocab: int, fixed: int | None, corpus_vocab: int) -> int:
+    """The model vocabulary of a run being defined (``start``, ``local``): ``fixed`` if
+    given, else the preset's raised to the corpus's when the corpus needs more."""
+    return fixed if fixed is not None else max(preset_vocab, corpus_vocab)
+
+
+def check_corpus_fits(model_vocab: int, corpus_vocab: int, what: str) -> None:
+    """Raise ConfigError when token ids of a corpus can reach past the model's vocabulary."""
+    if corpus_vocab > model_vocab:
+        raise ConfigError(
+            f"{what} has a vocabulary of {corpus_vocab:,} tokens but the model only "
+            f"{model_vocab:,}; the run needs --vocab-size {corpus_vocab} (set when it starts), "
+            "or use data prepared with the run's tokenizer"
+        )
+
+
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -178,9 +236,20 @@ class NodeOptions:
     eval_every: int = 0
     """Inner steps between two held-out evaluations of the outer weights, published for
     dashboards (0: only at the end)."""
+    compute: ComputeOptions = field(default_factory=ComputeOptions)
+    """How this node computes its inner steps (precision, micro-batches, compile)."""
+    outer_device: OuterDevice = "cpu"
+    """Where the outer parameters and momentum live: ``cpu`` (pinned host memory on a GPU
+    node; the outer update is deterministic FP32 there, SPEC 2.5) or ``device`` (next to the
+    model: no copies, but the update's rounding may differ from CPU nodes')."""
 
     def __post_init__(self) -> None:
         _at_least("batch_size", self.batch_size, 1, "sequences")
+        if self.compute.micro_batch_size > self.batch_size:
+            raise ConfigError(
+                f"micro_batch_size {self.compute.micro_batch_size} exceeds batch_size "
+                f"{self.batch_size}; lower --micro-batch-size (0: the whole batch)"
+            )
         if self.tau is not None:
             _at_least("tau", self.tau, 0, "steps")
         _at_least("threads", self.threads, 0, "(0: torch's default)")
@@ -222,6 +291,8 @@ class RoundOptions:
             raise ConfigError(f"exit_timeout must be >= 0 seconds, got {self.exit_timeout}")
 
     def timeouts(self) -> RoundTimeouts:
+        from diloco.protocol.group import RoundTimeouts  # hivemind: only a swarm node needs it
+
         return RoundTimeouts(
             matchmaking_window=self.matchmaking_window,
             join_timeout=max(1.0, self.matchmaking_window),

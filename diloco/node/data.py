@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from diloco.node.manifest import MANIFEST_NAME, read_manifest
+from diloco.node.manifest import MANIFEST_NAME, file_sha256, read_manifest
 
 logger = logging.getLogger(__name__)
 
@@ -92,29 +92,74 @@ def embedded_corpus() -> Corpus:
     return _byte_corpus(root, files, EMBEDDED_CORPUS_BYTES, f"python stdlib sources ({root})")
 
 
-def load_corpus(path: str | Path | None = None) -> Corpus:
-    """The corpus at ``path`` (see the module docstring), or the embedded one."""
-    if path is None:
-        return embedded_corpus()
+TOKENIZER_FILE = "tokenizer.json"
+"""A prepared folder's copy of its tokenizer (not part of the manifest)."""
+
+BIN_VOCAB_SIZE = 65536
+"""Vocabulary of uint16 token files without a manifest (all that their dtype can hold)."""
+
+
+def _source(path: str | Path) -> tuple[Path, str]:
+    """``path`` (a manifest's folder for a manifest) and its kind: ``prepared``,
+    ``bin_folder``, ``bin_file``, ``text_folder`` or ``text_file``."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"data path {path} does not exist")
     if path.name == MANIFEST_NAME and path.is_file():
         path = path.parent
     if path.is_dir() and (path / MANIFEST_NAME).exists():
-        return prepared_corpus(path)
+        return path, "prepared"
     if path.is_dir() and (path / "train.bin").exists() and (path / "val.bin").exists():
+        return path, "bin_folder"
+    if path.is_file() and path.suffix == ".bin":
+        return path, "bin_file"
+    return path, "text_folder" if path.is_dir() else "text_file"
+
+
+def corpus_vocab(path: str | Path | None) -> tuple[int, str | None]:
+    """Vocabulary size and manifest fingerprint of ``load_corpus(path)``, read without its
+    tokens: what a node checks against the run before it starts anything."""
+    if path is None:
+        return 256, None
+    path, kind = _source(path)
+    if kind == "prepared":
+        manifest = read_manifest(path)
+        return manifest.tokenizer.vocab_size, manifest.fingerprint
+    return (BIN_VOCAB_SIZE if kind in ("bin_folder", "bin_file") else 256), None
+
+
+def tokenizer_file(path: str | Path | None) -> Path | None:
+    """The ``tokenizer.json`` that made a prepared corpus, if its folder holds it (as
+    ``prepare-data`` leaves it) with the sha256 its manifest names; else None."""
+    if path is None:
+        return None
+    folder, kind = _source(path)
+    candidate = folder / TOKENIZER_FILE
+    if kind != "prepared" or not candidate.is_file():
+        return None
+    expected = read_manifest(folder).tokenizer.sha256
+    return candidate if expected is not None and file_sha256(candidate) == expected else None
+
+
+def load_corpus(path: str | Path | None = None) -> Corpus:
+    """The corpus at ``path`` (see the module docstring), or the embedded one."""
+    if path is None:
+        return embedded_corpus()
+    path, kind = _source(path)
+    if kind == "prepared":
+        return prepared_corpus(path)
+    if kind == "bin_folder":
         return Corpus(
             train=np.memmap(path / "train.bin", dtype=np.uint16, mode="r"),
             held_out=np.memmap(path / "val.bin", dtype=np.uint16, mode="r"),
-            vocab_size=65536,
+            vocab_size=BIN_VOCAB_SIZE,
             description=f"token files in {path}",
         )
-    if path.is_file() and path.suffix == ".bin":
+    if kind == "bin_file":
         tokens = np.memmap(path, dtype=np.uint16, mode="r")
         cut = len(tokens) * 19 // 20
-        return Corpus(tokens[:cut], tokens[cut:], 65536, f"token file {path}")
-    if path.is_dir():
+        return Corpus(tokens[:cut], tokens[cut:], BIN_VOCAB_SIZE, f"token file {path}")
+    if kind == "text_folder":
         files = _text_files(path, "*")
         return _byte_corpus(path, files, None, f"text files in {path}")
     return _byte_corpus(path, [path], None, f"text file {path}")

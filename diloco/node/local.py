@@ -31,13 +31,23 @@ import torch
 
 from diloco.codecs import get_codec
 from diloco.errors import ConfigError
-from diloco.node.data import BatchSampler, Corpus, eval_batches, held_out_loss, load_corpus
+from diloco.node.compute import ComputeOptions, autocast, compile_model
+from diloco.node.config import check_corpus_fits, resolve_vocab
+from diloco.node.data import (
+    BatchSampler,
+    Corpus,
+    eval_batches,
+    held_out_loss,
+    load_corpus,
+    tokenizer_file,
+)
 from diloco.node.fragments import (
     EmbeddingPlacement,
     Pattern,
     model_fragments,
     next_synced_fragment,
 )
+from diloco.node.hf_export import export_hf
 from diloco.node.inner import InnerConfig, build_inner_optimizer, inner_step, lr_at, set_lr
 from diloco.node.model import Transformer, preset
 from diloco.node.outer import (
@@ -95,6 +105,10 @@ class LocalConfig:
     """Cap on a replica's weight in one round, in tokens (``RunConfig.max_round_tokens``)."""
     clip_factor: float = CLIP_FACTOR
     """C of the norm clipping of outer gradients (``RunConfig.clip_factor``; 0: off)."""
+    vocab_size: int | None = None
+    """Model vocabulary; None: the preset's, raised to the corpus's if it needs more."""
+    compute: ComputeOptions = field(default_factory=ComputeOptions)
+    """How every replica computes its inner steps (precision, micro-batches, compile)."""
 
     def __post_init__(self) -> None:
         if self.method not in ("dp", "diloco", "streaming"):
@@ -107,6 +121,15 @@ class LocalConfig:
             )
         if self.freeze_unsynced and self.method == "dp":
             raise ConfigError("--freeze-unsynced needs fragments; use diloco or streaming")
+        if self.compute.micro_batch_size and self.method == "dp":
+            raise ConfigError("--micro-batch-size needs an inner step; use diloco or streaming")
+        if self.compute.micro_batch_size > self.batch_size:
+            raise ConfigError(
+                f"micro_batch_size {self.compute.micro_batch_size} exceeds batch_size "
+                f"{self.batch_size}; lower --micro-batch-size (0: the whole batch)"
+            )
+        if self.vocab_size is not None and self.vocab_size < 2:
+            raise ConfigError(f"vocab_size must be >= 2 tokens, got {self.vocab_size}")
         if self.method == "diloco":
             self.fragment_size = 10**6
             self.embedding_fragment = "first"
@@ -149,8 +172,9 @@ class LocalTrainer:
         self.corpus = corpus or load_corpus(config.data)
         model_config = preset(config.preset)
         model_config.max_seq_len = max(model_config.max_seq_len, config.seq_len)
-        if self.corpus.vocab_size > model_config.vocab_size:
-            model_config.vocab_size = self.corpus.vocab_size
+        vocab = self.corpus.vocab_size
+        model_config.vocab_size = resolve_vocab(model_config.vocab_size, config.vocab_size, vocab)
+        check_corpus_fits(model_config.vocab_size, vocab, self.corpus.description)
         self.model_config = model_config
         torch.manual_seed(config.seed)
         initial = Transformer(model_config)
@@ -194,6 +218,8 @@ class LocalTrainer:
         model = Transformer(self.model_config)
         model.load_state_dict(initial.state_dict())
         optimizer = build_inner_optimizer(model.parameters(), c.inner)
+        if c.compute.compile:
+            compile_model(model)
         sync = None
         if c.method != "dp":
             fragments = model_fragments(
@@ -248,7 +274,16 @@ class LocalTrainer:
 
     def _inner_step(self, replica: Replica, lr: float) -> float:
         batch = replica.sampler.next_batch()
-        return inner_step(replica.model, replica.optimizer, batch, lr, self.config.inner.grad_clip)
+        compute = self.config.compute
+        return inner_step(
+            replica.model,
+            replica.optimizer,
+            batch,
+            lr,
+            self.config.inner.grad_clip,
+            precision=compute.precision,
+            micro_batch_size=compute.micro_batch_size,
+        )
 
     def _streaming_step(self, step: int, lr: float) -> float:
         c = self.config
@@ -305,7 +340,8 @@ class LocalTrainer:
         for m, sampler in enumerate(self.dp_samplers):
             inputs, targets = sampler.next_batch()
             replica.model.zero_grad(set_to_none=True)
-            _, loss = replica.model(inputs, targets)
+            with autocast(inputs.device.type, c.compute.precision):
+                _, loss = replica.model(inputs, targets)
             assert loss is not None
             loss.backward()
             losses.append(loss.item())
@@ -344,6 +380,12 @@ class LocalTrainer:
         )
         first.sync.load_outer_into(fragments)
         return self.eval_model
+
+    def export_hf(self, folder: str | Path) -> Path:
+        """The outer weights as a ``transformers`` folder, with the corpus's tokenizer.json
+        when its prepared folder holds it."""
+        state = self.outer_model().state_dict()
+        return export_hf(state, self.model_config, folder, tokenizer_file(self.config.data))
 
     def replica_average_model(self) -> Transformer:
         """A model holding the mean of the replicas' live weights (one averaged model)."""

@@ -164,16 +164,18 @@ class SwarmNode:
 
     # -- records and state ------------------------------------------------------------------
 
-    def _snapshot(self) -> OuterState:
-        """A consistent copy of the outer state, served to joiners and healers."""
-        return OuterState(
-            global_step=self.trainer.step,
-            fragments={p: s.clone() for p, s in enumerate(self.trainer.sync.states)},
-        )
+    def _snapshot(self, changed: Sequence[int] | None = None) -> OuterState:
+        """A consistent copy of the outer state, served to joiners and healers; only the
+        ``changed`` fragments are copied anew (None: all)."""
+        states = self.trainer.sync.states
+        fragments = dict(self.snapshot.fragments) if changed is not None else {}
+        for p in range(len(states)) if changed is None else changed:
+            fragments[p] = states[p].clone()
+        return OuterState(global_step=self.trainer.step, fragments=fragments)
 
-    def _refresh_snapshot(self) -> None:
+    def _refresh_snapshot(self, changed: Sequence[int] | None = None) -> None:
         with self.snapshot_lock:
-            self.snapshot = self._snapshot()
+            self.snapshot = self._snapshot(changed)
 
     def _provide(self) -> OuterState:
         with self.snapshot_lock:
@@ -185,7 +187,7 @@ class SwarmNode:
             addrs=tuple(self.maddrs),
             global_step=self.trainer.step,
             fragments=tuple(
-                FragmentVersion(p, s.version, s.sha256())
+                FragmentVersion(p, s.version, self.trainer.sync.state_hash(p))
                 for p, s in enumerate(self.trainer.sync.states)
             ),
             throughput=tokens_per_s,
@@ -335,7 +337,7 @@ class SwarmNode:
             if self.options.eval_every and t.step % self.options.eval_every == 0:
                 self._emit({"event": "eval", "step": t.step, "loss_outer": t.evaluate()})
             if applied:
-                self._refresh_snapshot()
+                self._refresh_snapshot([r.key.fragment for r in applied if r.ok])
             else:
                 with self.snapshot_lock:
                     self.snapshot = OuterState(t.step, self.snapshot.fragments)

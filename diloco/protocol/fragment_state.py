@@ -73,6 +73,6 @@ class OuterState:
 
 
 def fp32_bytes(x: torch.Tensor) -> bytes:
-    """FP32 little-endian bytes of a 1-D CPU tensor (the wire and hash layout)."""
-    array = x.detach().to(torch.float32).contiguous().numpy()
+    """FP32 little-endian bytes of a 1-D tensor (the wire and hash layout), from any device."""
+    array = x.detach().to("cpu", torch.float32).contiguous().numpy()
     return array.astype("<f4", copy=False).tobytes()

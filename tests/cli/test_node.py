@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from diloco.cli import main
 from diloco.cli import node as cli_node
+from diloco.node.compute import ComputeOptions
 from diloco.node.config import NodeOptions, RoundOptions, RunConfig
 from diloco.node.flags import NETWORK_FLAGS, NODE_FLAGS, ROUND_FLAGS, RUN_FLAGS
 from diloco.node.outer import OuterConfig
@@ -255,3 +256,77 @@ def test_join_pins_the_run_id_it_is_given(
     code, output = invoke("join", *PEERS, "--run-id", "t")
     assert code == 2 and "is not of the form NAME-<16 hex digits>" in output
     assert len(started) == 1
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, str]:
+    """A folder prepared with a small BPE tokenizer: path, vocabulary, fingerprint."""
+    from bpe_corpus import write_bpe_corpus
+
+    from diloco.node.prepare_data import PrepareConfig, prepare
+
+    root = tmp_path_factory.mktemp("bpe")
+    write_bpe_corpus(root)
+    config = PrepareConfig(
+        inputs=[str(root / "docs.jsonl")],
+        output=str(root / "tokens"),
+        tokenizer=str(root / "tokenizer.json"),
+        processes=1,
+    )
+    manifest = prepare(config)
+    return root / "tokens", manifest.tokenizer.vocab_size, manifest.fingerprint
+
+
+def test_start_takes_the_vocabulary_of_a_prepared_corpus(
+    started: list[dict[str, Any]], prepared: tuple[Path, int, str]
+) -> None:
+    folder, vocab, fingerprint = prepared
+    assert invoke("start", "--data", str(folder))[0] == 0
+    assert invoke("start", "--data", str(folder), "--dataset-fingerprint", fingerprint)[0] == 0
+    assert invoke("start", "--data", str(folder), "--preset", "35M")[0] == 0
+    first, pinned, large = (call["run"] for call in started)
+    assert first.vocab_size == vocab > 256 and first.model_config().vocab_size == vocab
+    assert pinned.dataset_fingerprint == fingerprint
+    assert large.vocab_size is None and large.model_config().vocab_size == 32000
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--vocab-size", "300"], "has a vocabulary of {vocab} tokens but the model only 300"),
+        (["--dataset-fingerprint", "a" * 64], "the run trains on the prepared corpus aaaa"),
+    ],
+)
+def test_start_refuses_data_the_run_cannot_train_on(
+    started: list[dict[str, Any]], prepared: tuple[Path, int, str], args: list[str], message: str
+) -> None:
+    folder, vocab, _ = prepared
+    code, output = invoke("start", "--data", str(folder), *args)
+    assert code == 2 and message.format(vocab=vocab) in output
+    assert started == []
+
+
+def test_join_refuses_data_beyond_the_swarms_vocabulary(
+    started: list[dict[str, Any]],
+    swarm_run: tuple[RunConfig, FakeDHT],
+    prepared: tuple[Path, int, str],
+) -> None:
+    folder, vocab, _ = prepared
+    code, output = invoke("join", *PEERS, "--data", str(folder))
+    assert code == 2 and f"the run needs --vocab-size {vocab}" in output
+    assert started == [] and swarm_run[1].stopped
+
+
+def test_compute_flags_reach_the_node_options(started: list[dict[str, Any]]) -> None:
+    code, output = invoke(
+        "start", "--precision", "bf16", "--micro-batch-size", "2", "--compile", "--no-tf32",
+        "--outer-device", "device",
+    )  # fmt: skip
+    assert code == 0, output
+    options = started[0]["options"]
+    assert options.compute == ComputeOptions(
+        precision="bf16", micro_batch_size=2, compile=True, tf32=False
+    )
+    assert options.outer_device == "device"
+    code, output = invoke("start", "--batch-size", "4", "--micro-batch-size", "5")
+    assert code == 2 and "micro_batch_size 5 exceeds batch_size 4" in output

@@ -10,6 +10,8 @@ import torch
 from click.testing import CliRunner
 
 from diloco.cli import main
+from diloco.errors import ConfigError
+from diloco.node.compute import ComputeOptions
 from diloco.node.data import BatchSampler, load_corpus
 from diloco.node.inner import InnerConfig, build_inner_optimizer, lr_at, set_lr
 from diloco.node.local import LocalConfig, LocalTrainer
@@ -307,3 +309,25 @@ def test_local_trainer_imports_no_hivemind() -> None:
     code = "import diloco.node.local, sys; assert 'hivemind' not in sys.modules, 'hivemind'"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_local_bf16_micro_batches_keep_outer_states_identical(corpus) -> None:
+    def run(compute: ComputeOptions) -> dict:
+        config = LocalConfig(
+            steps=8, batch_size=2, seq_len=16, eval_batches=1, log_every=1, compute=compute
+        )
+        config.outer.sync_every = 4
+        return LocalTrainer(config, corpus).train()
+
+    bf16 = run(ComputeOptions(precision="bf16", micro_batch_size=1))
+    assert bf16["outer_states_identical"] and bf16["rounds_applied"] >= 6
+    assert math.isfinite(bf16["eval_loss"])
+    fp32 = run(ComputeOptions())
+    assert bf16["eval_loss"] != fp32["eval_loss"]  # the precision reached every replica
+
+
+def test_local_vocab_size_below_the_corpus_names_the_fix(corpus) -> None:
+    with pytest.raises(ConfigError, match="--vocab-size 256"):
+        LocalTrainer(LocalConfig(vocab_size=100, seq_len=16), corpus)
+    with pytest.raises(ConfigError, match="micro_batch_size 3 exceeds batch_size 2"):
+        LocalConfig(batch_size=2, compute=ComputeOptions(micro_batch_size=3))

@@ -332,3 +332,63 @@ def test_killed_nodes_leave_nothing_running(nodes) -> None:
             time.sleep(0.2)
         if node is b:
             a.wait_step(a.step() + 20, timeout=300)
+
+
+def test_bf16_nodes_on_prepared_tokens_agree_and_export_for_transformers(
+    nodes, tmp_path, monkeypatch
+) -> None:
+    """Two nodes with bf16 autocast and micro-batches (each its own) on a BPE-prepared
+    corpus: the run takes the tokenizer's vocabulary, every shared round has one outer hash,
+    and `--export-hf` loads in transformers with the logits of the `--export` weights."""
+    from bpe_corpus import write_bpe_corpus
+    from click.testing import CliRunner
+
+    from diloco.cli import main
+
+    write_bpe_corpus(tmp_path)
+    data = tmp_path / "tokens"
+    prepared = CliRunner().invoke(
+        main,
+        ["prepare-data", str(tmp_path / "docs.jsonl"), "-o", str(data), "--processes", "1",
+         "--tokenizer", str(tmp_path / "tokenizer.json")],
+    )  # fmt: skip
+    assert prepared.exit_code == 0, prepared.output
+    common = ["--data", str(data), "--precision", "bf16", "--batch-size", "4", "--threads", "1"]
+    a = nodes(
+        "a",
+        ["start", "--name", "bf", "--steps", "40", "--H", "10", "--seq-len", "32", *common,
+         "--micro-batch-size", "2", *listen(2), "--export", str(tmp_path / "outer.safetensors"),
+         "--export-hf", str(tmp_path / "hf")],
+    )  # fmt: skip
+    b = nodes(
+        "b",
+        ["join", "--initial-peers", a.address(), *common, "--micro-batch-size", "1", *listen(3)],
+    )
+    for node in (a, b):
+        assert node.process.wait(300) == 0, node.output()
+    hashes: dict[tuple[int, int], set[str]] = defaultdict(set)
+    for node in (a, b):
+        for r in node.records():
+            if r["event"] == "round" and r["members"] == 2:
+                hashes[(r["fragment"], r["round"])].add(r["outer_sha256"])
+    assert len(hashes) >= 5 and all(len(h) == 1 for h in hashes.values()), hashes
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a local folder; never the network
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    from diloco.node.model import ModelConfig, Transformer
+
+    with safe_open(str(tmp_path / "outer.safetensors"), framework="pt") as f:
+        config = ModelConfig(**json.loads(f.metadata()["model_config"]))
+    vocab = json.loads((data / "manifest.json").read_text())["tokenizer"]["vocab_size"]
+    assert config.vocab_size == vocab > 256
+    ours = Transformer(config).eval()
+    ours.load_state_dict(load_file(str(tmp_path / "outer.safetensors")))
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    tokens = torch.randint(0, vocab, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(tokens).logits, ours(tokens)[0], atol=1e-4, rtol=0)
+    assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == (
+        tmp_path / "tokenizer.json"
+    ).read_bytes()
