@@ -241,6 +241,7 @@ def accounting_report(
     step_seconds: float | None = None,
     dp_bits: float = DP_BITS,
     outer_bits: float = OUTER_BITS,
+    max_group_size: int | None = None,
 ) -> str:
     """The accountant's table for one run, as text; ``num_tokens=None`` means ``20 N``
     (Chinchilla). ``codec`` sets the quantised row's bits, ``dp_bits`` and ``outer_bits`` the
@@ -262,6 +263,7 @@ def accounting_report(
         step_seconds=spec.step_seconds,
         dp_bits=dp_bits,
         outer_bits=outer_bits,
+        max_group_size=max_group_size,
     )
     header = (
         f"model {spec.name}: {run.num_params:.3g} parameters, {run.num_layers} layers; "
@@ -310,7 +312,15 @@ def accounting_report(
     dp = data_parallel_bytes(
         num_params=run.num_params, steps=run.num_steps, num_replicas=num_replicas, bits=dp_bits
     )
-    return "\n".join([header, *table, note, f"data-parallel bytes: {dp.assumption}"])
+    plan = staged_traffic(1.0, 8.0, num_replicas, max_group_size)
+    shape = "x".join(str(side) for side in reversed(plan.shape))
+    groups = (
+        f"DiLoCo rounds in {plan.num_stages} stage(s) on a {shape} grid (max group "
+        f"{max_group_size or 'flat'}): {plan.streams:.1f} streams per replica per round "
+        f"(flat: {num_replicas - 1}), {plan.bytes_sent:.3g} values sent per value reduced "
+        f"(flat: {2 * (num_replicas - 1) / num_replicas:.3g})"
+    )
+    return "\n".join([header, *table, note, groups, f"data-parallel bytes: {dp.assumption}"])
 
 
 def swarm_report(
