@@ -90,3 +90,14 @@ def test_run_round_every_stream_lost_fails() -> None:
 def test_swarm_spec_rejects_bad_values(kw: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         SwarmSpec(**kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("rule", "success"), [("fail", False), ("rereduce", True)])
+def test_run_round_staged_death_cascades_unless_rereduced(rule: str, success: bool) -> None:
+    # 2x2: the dead member fails its stage-0 pair, whose survivor then holds no value for
+    # the stage-1 group of the dead one; under rereduce the survivor re-reduces the dead
+    # part and stands in for the dead member in stage 1 (same bytes).
+    spec = _spec(4, max_group_size=2, rule=rule)
+    out = run_round(spec, _peers(4, {1: 0.01}), np.random.default_rng(0))
+    assert out.success is success
+    assert out.counted == (0.75 if success else 0.0)
