@@ -73,7 +73,7 @@ def simulate_swarm(
                 up_mbps=up_mbps, down_mbps=down_mbps, sigma=sigma, stream_loss=stream_loss
             ),
         )
-        text = swarm_report(
+        lines = swarm_report(
             peers=counts,
             group_sizes=_ints(group_sizes),
             lifetimes=_floats(lifetime),
@@ -82,6 +82,7 @@ def simulate_swarm(
             seed=seed,
             base=base,
         )
+        for line in lines:
+            click.echo(line)
     except ValueError as error:
         raise click.UsageError(str(error)) from error
-    click.echo(text)

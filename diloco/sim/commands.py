@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -332,10 +332,10 @@ def swarm_report(
     num_rounds: int,
     seed: int,
     base: SwarmSpec,
-) -> str:
-    """The protocol simulator's table (``diloco.sim.protocol_sim``): one row per
-    configuration, with the plan's per-peer traffic (``diloco.sim.staged_traffic``)."""
-    lines = [
+) -> Iterator[str]:
+    """The protocol simulator's table (``diloco.sim.protocol_sim``), line by line as rows
+    are simulated, with the plan's per-peer traffic (``diloco.sim.staged_traffic``)."""
+    yield from [
         f"{base.num_values:,} values at {base.bits:g} bits; links: up {base.links.up_mbps:g} / "
         f"down {base.links.down_mbps:g} Mbit/s median (log-normal sigma {base.links.sigma:g}), "
         f"one-way latency {base.links.latency_ms[0]:g}-{base.links.latency_ms[1]:g} ms, "
@@ -357,10 +357,9 @@ def swarm_report(
                     )
                     s = summarise(spec, num_rounds, seed)
                     life = "-" if math.isinf(lifetime) else f"{lifetime:g} s"
-                    lines.append(
+                    yield (
                         f"| {n} | {size or 'flat'} | {shape} | {traffic.streams:.1f} | "
                         f"{traffic.bytes_sent / 1e6:.2f} | {life} | {rule} | "
                         f"{s.success_rate:.2f} | {s.applied:.3f} | {s.median_seconds:.2f} | "
                         f"{s.p90_seconds:.2f} | {s.matchmaking_seconds:.1f} |"
                     )
-    return "\n".join(lines)
