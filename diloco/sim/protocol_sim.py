@@ -31,8 +31,8 @@ the all-reduce (``inf``: nobody dies). A peer that dies stops sending at once.
   would differ, so a contributor that holds no value (its earlier group failed) or whose
   part does not arrive fails its group; under ``rereduce``, a contributor that holds no
   value or is dead when the stage starts is replaced by the sibling of its sub-cell (same
-  bytes) that lives longest, starting when the loss is seen (a part lost mid-send still
-  fails the group).
+  bytes) that lives longest, and a part lost on the way is sent again by such a sibling,
+  each starting when the loss is seen (a broken stream: a round trip after the death).
 * An averaged part that does not reach a live member by its deadline (reducer dead, stream
   lost, reducer late) fails the group for all its members under ``fail`` (today's rule:
   "all treat the round as failed"); under ``rereduce`` (issue 12) a part lost to a dead
@@ -246,10 +246,10 @@ class _Round:
             seen = np.where(dead, p.death[src][:, None] + 4 * self.lat_med, 0.0)
             waited = np.maximum(np.where(on_time, a, 0.0), seen).max(axis=0)
             gather = np.where((on_time | dead).all(axis=0), waited, deadline)
-        elif not on_time.all():
-            self.ok[members] = False
-            return
         else:
+            if not on_time.all() and not self._resend(s, c, src, a, on_time, send, send_due):
+                self.ok[members] = False
+                return
             gather = a.max(axis=0)
         gather = np.maximum(gather, self.ready[c])
         # Gather: reducer j's average -> member k (its own part: at once).
@@ -279,13 +279,48 @@ class _Round:
         self.ready[members] = b.max(axis=0)
         self.ok[members] = alive
 
-    def _sibling(self, s: int, member: int) -> int | None:
+    def _sibling(self, s: int, member: int, tried: int | None = None) -> int | None:
         """The member of ``member``'s level-``s`` sub-cell that holds the value and lives
-        longest, or None."""
+        longest (``tried`` excluded), or None."""
         lo, hi = self.cells[s - 1][self.position[member]]
         holders = [self.plan.order[q] for q in range(lo, hi)]
-        holders = [q for q in holders if q != member and self.ok[q]]
+        holders = [q for q in holders if q not in (member, tried) and self.ok[q]]
         return max(holders, key=lambda q: self.peers.death[q]) if holders else None
+
+    def _resend(
+        self,
+        s: int,
+        c: NDArray[np.int64],
+        src: NDArray[np.int64],
+        a: Floats,
+        on_time: NDArray[np.bool_],
+        send: float,
+        send_due: float,
+    ) -> bool:
+        """Stage ``s >= 1``: under ``rereduce``, the parts that did not arrive are sent again
+        by a sibling, from when the loss is seen (``a`` and ``src`` updated); False when that
+        is not possible or not in time."""
+        if self.spec.rule == "fail":
+            return False
+        p = self.peers
+        for i in np.flatnonzero(~on_time.all(axis=1)):
+            sibling = self._sibling(s, int(c[i]), int(src[i]))
+            if sibling is None:
+                return False
+            cols = ~on_time[i]
+            seen = min(p.death[src[i]] + 4 * self.lat_med, float(a[i, cols].max()))
+            src[i] = sibling
+            start = max(seen, self.ready[sibling]) + self.setup(src[i : i + 1], len(c) - 1)[0]
+            a[i, cols] = (
+                start
+                + p.latency[sibling]
+                + p.latency[c[cols]]
+                + np.maximum(send / p.up[sibling], send / p.down[c[cols]])
+            )
+            fine = (a[i, cols] <= p.death[sibling]) & (a[i, cols] <= send_due)
+            if not (fine & ~self.lost((int(cols.sum()),))).all():
+                return False
+        return True
 
     def _rereduce(
         self,

@@ -101,3 +101,16 @@ def test_run_round_staged_death_cascades_unless_rereduced(rule: str, success: bo
     out = run_round(spec, _peers(4, {1: 0.01}), np.random.default_rng(0))
     assert out.success is success
     assert out.counted == (0.75 if success else 0.0)
+
+
+@pytest.mark.parametrize(("rule", "success"), [("fail", False), ("rereduce", True)])
+def test_run_round_stage_one_death_mid_send(rule: str, success: bool) -> None:
+    # 2x2: stage 0 ends at 1.16 s for everyone; stage-1 parts would arrive at 1.78 s. A
+    # member dying at 1.5 s fails its stage-1 group under fail; under rereduce its
+    # stage-0 partner (same bytes) sends that part again and its part is re-reduced, and
+    # its tokens still count (stage 0 had them).
+    spec = _spec(4, max_group_size=2, rule=rule)
+    out = run_round(spec, _peers(4, {1: 1.5}), np.random.default_rng(0))
+    assert out.success is success
+    if success:
+        assert out.counted == 1.0 and out.stage_seconds[0] == pytest.approx(1.16)
