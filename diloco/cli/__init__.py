@@ -2,7 +2,8 @@
 
 By audience: ``node`` (``start``, ``join``, ``status``, ``keygen``, ``demo``: volunteers),
 ``dashboard`` (a live page of a swarm), ``data`` (``prepare-data``: volunteers' corpora) and
-``experiments`` (``local``, ``simulate``, ``accounting``, ``bench``: one machine). Our
+``experiments`` (``local``, ``simulate``, ``accounting``, ``bench``: one machine) and
+``swarm_sim`` (``simulate-swarm``: the protocol at thousands of simulated peers). Our
 errors map to ``click.UsageError`` (exit 2) for bad configuration and
 ``click.ClickException`` (exit 1) for failures while running.
 """
@@ -18,6 +19,7 @@ from diloco.cli.dashboard import dashboard
 from diloco.cli.data import prepare_data
 from diloco.cli.experiments import accounting, bench, local, simulate
 from diloco.cli.node import demo, join, keygen, start, status
+from diloco.cli.swarm_sim import simulate_swarm
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -39,6 +41,7 @@ for _command in (
     prepare_data,
     local,
     simulate,
+    simulate_swarm,
     accounting,
     bench,
 ):

@@ -336,6 +336,12 @@ def simulate(
 @click.option(
     "--codec", default="e3m0", help="Codec of the quantised variant: none, bf16, fp16, int8, e3m0."
 )
+@click.option(
+    "--max-group-size",
+    type=int,
+    default=None,
+    help="Staged rounds in groups of at most this many replicas, e.g. 16 [default: flat].",
+)
 def accounting(
     model: str,
     layers: int | None,
@@ -345,6 +351,7 @@ def accounting(
     batch_size: int,
     seq_len: int,
     codec: str,
+    max_group_size: int | None,
     **sync: Any,
 ) -> None:
     """Bytes a whole run exchanges and the peak rate it needs, DP against DiLoCo variants.
@@ -368,6 +375,7 @@ def accounting(
             fragment_size=settings.fragment_size,
             tau=settings.tau,
             codec=codec,
+            max_group_size=max_group_size,
         )
     except ValueError as error:
         raise click.UsageError(str(error)) from error

@@ -1,9 +1,9 @@
 """The swarm protocol: DHT records, matchmaking, butterfly all-reduce, state transfer.
 
 Pure pieces (``partition``, ``aggregation``, ``reducer``, ``reduction``, ``agreement``,
-``run_id``, ``wire``, ``state_wire``, ``fragment_state``, ``limits``) import nothing of
-hivemind, so the in-process trainer can use them without starting it; ``group`` and ``bans``
-need only hivemind's ``PeerID``.
+``grid``, ``staged``, ``run_id``, ``wire``, ``state_wire``, ``fragment_state``, ``limits``)
+import nothing of hivemind, so the in-process trainer can use them without starting it;
+``group`` and ``bans`` need only hivemind's ``PeerID``.
 
 Modules, one concern each (hivemind ``averaging/`` style)::
 
@@ -22,6 +22,8 @@ Modules, one concern each (hivemind ``averaging/`` style)::
     aggregation     pure: how contributions combine (weight cap, norm clipping, the mean)
     reduction       pure core of a round: who sent what, who counts, average, assembly
     agreement       pure: whether a member applies a round, from the REPORTs (majority)
+    grid            pure: bounded groups, members placed on a grid, the plan of stages
+    staged          pure: the in-process reducer following a grid plan's stages
     bans            offences per peer; repeated ones ban the peer for a while
     part_server     reducer side of a round over streams (PART in, AVERAGED out)
     allreduce       member side of a round over streams, reports; stream routing

@@ -13,6 +13,10 @@ uses too). Rounds per method, at the widths of ``RunSpec`` (defaults as in the s
   (``diloco.node.fragments``), ``outer_bits``, ``N / L`` parameters per layer of the fragment;
 - ``streaming-overlap-fp4``: the same rounds encoded with the run's codec (E3M0: 4.25 bits).
 
+With ``max_group_size`` (issue 16) each round of the DiLoCo methods is staged over the
+grid plan (``diloco.sim.staged_traffic``): about ``2(g-1)/g`` per stage instead of
+``2(M-1)/M`` once, i.e. more bytes for far fewer streams; ``dp`` stays one flat ring.
+
 Peak rate: the largest round's bits over the time it has before its result is needed, one
 step for the blocking methods (for ``dp`` the next step's forward) and ``tau + 1`` steps with
 overlap. This is the bandwidth that keeps the link from being the bottleneck when rounds are
@@ -25,8 +29,9 @@ import math
 from dataclasses import dataclass
 
 from diloco.node.fragments import fragment_blocks, fragment_offset
-from diloco.node.traffic import DP_BITS, all_reduce_bytes, data_parallel_bytes
+from diloco.node.traffic import DP_BITS, all_reduce_bytes, all_reduce_factor, data_parallel_bytes
 from diloco.sim.methods import METHODS, OUTER_BITS, Method
+from diloco.sim.staged_traffic import staged_traffic
 
 CODEC_BITS: dict[str, float] = {
     "none": 32.0,
@@ -68,12 +73,17 @@ class RunSpec:
     """Bits per gradient value of ``dp``."""
     outer_bits: float = OUTER_BITS
     """Bits per outer-gradient value of ``diloco``, ``streaming`` and ``streaming-overlap``."""
+    max_group_size: int | None = None
+    """Bounded groups: rounds of the DiLoCo methods run in stages of at most this many
+    members (``diloco.protocol.grid``); None: one flat group of all ``M`` replicas."""
 
     def __post_init__(self) -> None:
         if not min(self.dp_bits, self.outer_bits) > 0:
             raise ValueError("dp_bits and outer_bits must be > 0")
         if self.codec not in CODEC_BITS:
             raise ValueError(f"unknown codec {self.codec!r}; use one of {', '.join(CODEC_BITS)}")
+        if self.max_group_size is not None and self.max_group_size < 2:
+            raise ValueError(f"max_group_size must be >= 2, got {self.max_group_size}")
         if self.num_replicas < 2:
             raise ValueError(f"need at least 2 replicas to reduce, got {self.num_replicas}")
         if not 0 <= self.tau < self.sync_every:
@@ -133,6 +143,12 @@ def account(run: RunSpec) -> list[Traffic]:
         "streaming-overlap": (streaming, run.outer_bits, run.tau),
         "streaming-overlap-fp4": (streaming, CODEC_BITS[run.codec], run.tau),
     }
+    # Bytes one replica sends per value reduced, per bit of width / 8.
+    factor = (
+        all_reduce_factor(m)
+        if run.max_group_size is None
+        else staged_traffic(1.0, 8.0, m, run.max_group_size).bytes_sent
+    )
     raw = []
     for method in METHODS:
         rounds, bits, tau = schedules[method]
@@ -141,8 +157,11 @@ def account(run: RunSpec) -> list[Traffic]:
                 num_params=run.num_params, steps=steps, num_replicas=m, bits=bits
             ).bytes_sent
         else:
-            sent = sum(all_reduce_bytes(n, bits, m) * k for n, k in rounds)
-        largest = all_reduce_bytes(max(n for n, _ in rounds), bits, m) * 8
+            sent = sum(n * bits / 8 * factor * k for n, k in rounds)
+        if method == "dp":
+            largest = all_reduce_bytes(max(n for n, _ in rounds), bits, m) * 8
+        else:
+            largest = max(n for n, _ in rounds) * bits * factor
         raw.append(
             (
                 method,

@@ -1,4 +1,4 @@
-"""Entry points of ``diloco-node simulate`` and ``diloco-node accounting``.
+"""Entry points of ``diloco-node simulate``, ``simulate-swarm`` and ``accounting``.
 
 Each takes plain values from the command line, runs the pure simulator or accountant, draws
 the requested figures (``diloco.sim.plots``) and returns text for the terminal; the CLI only
@@ -8,7 +8,8 @@ parses options, reads the metrics file and writes the JSON.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,8 @@ from diloco.sim.methods import (
     sync_plan,
 )
 from diloco.sim.metrics import MeasuredRun, measured_schedule, parse_metrics
+from diloco.sim.protocol_sim import Rule, SwarmSpec, summarise
+from diloco.sim.staged_traffic import staged_traffic
 from diloco.sim.sweep import DEFAULT_TARGETS, bandwidth_grid, required_bandwidth
 
 Scenario = tuple[StepCompute, SyncPlan]
@@ -238,6 +241,7 @@ def accounting_report(
     step_seconds: float | None = None,
     dp_bits: float = DP_BITS,
     outer_bits: float = OUTER_BITS,
+    max_group_size: int | None = None,
 ) -> str:
     """The accountant's table for one run, as text; ``num_tokens=None`` means ``20 N``
     (Chinchilla). ``codec`` sets the quantised row's bits, ``dp_bits`` and ``outer_bits`` the
@@ -259,6 +263,7 @@ def accounting_report(
         step_seconds=spec.step_seconds,
         dp_bits=dp_bits,
         outer_bits=outer_bits,
+        max_group_size=max_group_size,
     )
     header = (
         f"model {spec.name}: {run.num_params:.3g} parameters, {run.num_layers} layers; "
@@ -307,4 +312,54 @@ def accounting_report(
     dp = data_parallel_bytes(
         num_params=run.num_params, steps=run.num_steps, num_replicas=num_replicas, bits=dp_bits
     )
-    return "\n".join([header, *table, note, f"data-parallel bytes: {dp.assumption}"])
+    plan = staged_traffic(1.0, 8.0, num_replicas, max_group_size)
+    shape = "x".join(str(side) for side in reversed(plan.shape))
+    groups = (
+        f"DiLoCo rounds in {plan.num_stages} stage(s) on a {shape} grid (max group "
+        f"{max_group_size or 'flat'}): {plan.streams:.1f} streams per replica per round "
+        f"(flat: {num_replicas - 1}), {plan.bytes_sent:.3g} values sent per value reduced "
+        f"(flat: {2 * (num_replicas - 1) / num_replicas:.3g})"
+    )
+    return "\n".join([header, *table, note, groups, f"data-parallel bytes: {dp.assumption}"])
+
+
+def swarm_report(
+    *,
+    peers: Sequence[int],
+    group_sizes: Sequence[int | None],
+    lifetimes: Sequence[float],
+    rules: Sequence[Rule],
+    num_rounds: int,
+    seed: int,
+    base: SwarmSpec,
+) -> Iterator[str]:
+    """The protocol simulator's table (``diloco.sim.protocol_sim``), line by line as rows
+    are simulated, with the plan's per-peer traffic (``diloco.sim.staged_traffic``)."""
+    yield from [
+        f"{base.num_values:,} values at {base.bits:g} bits; links: up {base.links.up_mbps:g} / "
+        f"down {base.links.down_mbps:g} Mbit/s median (log-normal sigma {base.links.sigma:g}), "
+        f"one-way latency {base.links.latency_ms[0]:g}-{base.links.latency_ms[1]:g} ms, "
+        f"{base.links.setup_rtts:g} RTT per wave of {base.links.max_streams} streams, stream "
+        f"loss {base.links.stream_loss:g}; stage budget {base.timeout_factor:g} x nominal; "
+        f"{num_rounds} rounds per row",
+        "| N | groups | shape | streams/peer | MB sent/peer | lifetime | rule | success "
+        "| applied | median s | p90 s | matchmaking s |",
+        "| ---: | ---: | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for n in peers:
+        for size in group_sizes:
+            traffic = staged_traffic(base.num_values, base.bits, n, size)
+            shape = "x".join(str(side) for side in reversed(traffic.shape))
+            for lifetime in lifetimes:
+                for rule in rules:
+                    spec = dataclasses.replace(
+                        base, num_peers=n, max_group_size=size, lifetime_s=lifetime, rule=rule
+                    )
+                    s = summarise(spec, num_rounds, seed)
+                    life = "-" if math.isinf(lifetime) else f"{lifetime:g} s"
+                    yield (
+                        f"| {n} | {size or 'flat'} | {shape} | {traffic.streams:.1f} | "
+                        f"{traffic.bytes_sent / 1e6:.2f} | {life} | {rule} | "
+                        f"{s.success_rate:.2f} | {s.applied:.3f} | {s.median_seconds:.2f} | "
+                        f"{s.p90_seconds:.2f} | {s.matchmaking_seconds:.1f} |"
+                    )

@@ -103,3 +103,21 @@ def test_run_spec_bad_values_are_refused() -> None:
         dataclasses.replace(RUN, num_replicas=1)
     with pytest.raises(ValueError, match="bits"):
         dataclasses.replace(RUN, outer_bits=0.0)
+
+
+def test_account_staged_rounds_cost_two_stages_of_four() -> None:
+    # 16 replicas in groups of 4: two stages of 2 * 3/4 = 3.0 values sent per value, flat
+    # 2 * 15/16 = 1.875; data-parallel stays one flat ring.
+    run = dataclasses.replace(RUN, num_replicas=16, num_tokens=8 * 160_000)
+    flat = {t.method: t for t in account(run)}
+    staged = {t.method: t for t in account(dataclasses.replace(run, max_group_size=4))}
+    assert staged["dp"].bytes_per_replica == flat["dp"].bytes_per_replica
+    for method in ("diloco", "streaming", "streaming-overlap-fp4"):
+        ratio = staged[method].bytes_per_replica / flat[method].bytes_per_replica
+        assert ratio == pytest.approx(3.0 / 1.875), method
+        assert staged[method].peak_gbps / flat[method].peak_gbps == pytest.approx(1.6), method
+
+
+def test_run_spec_refuses_group_size_one() -> None:
+    with pytest.raises(ValueError):
+        dataclasses.replace(RUN, max_group_size=1)
