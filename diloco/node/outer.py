@@ -232,7 +232,10 @@ class FragmentSync:
         due = []
         for p, k in sends_at(step, self.config.sync_every, self.num_fragments):
             delta = self.states[p].outer - flatten(self.fragments[p])
-            due.append((RoundKey(p, k), Contribution(self.member, delta, self._take_weight(p))))
+            contribution = Contribution(
+                self.member, delta, self._take_weight(p), self.state_hash(p)
+            )
+            due.append((RoundKey(p, k), contribution))
         return due
 
     def _take_weight(self, p: int) -> float:
@@ -254,12 +257,12 @@ class FragmentSync:
                 self.submit(key, reduce(key, contribution), step, contribution.weight)
             return
         for p, k in sends_at(step, self.config.sync_every, self.num_fragments):
-            key, weight = RoundKey(p, k), self._take_weight(p)
+            key, weight, prior = RoundKey(p, k), self._take_weight(p), self.state_hash(p)
 
             def start(
-                delta: torch.Tensor, key: RoundKey = key, weight: float = weight
+                delta: torch.Tensor, key: RoundKey = key, weight: float = weight, prior: str = prior
             ) -> Future[RoundResult]:
-                return reduce(key, Contribution(self.member, delta, weight))
+                return reduce(key, Contribution(self.member, delta, weight, prior))
 
             future = self.link.send(p, self.states[p].outer, self.fragments[p], start)
             self.submit(key, future, step, weight)

@@ -69,9 +69,20 @@ from diloco.protocol.wire import Group, Join, Kind, Reject, RejectCode, RoundTag
 logger = logging.getLogger(__name__)
 
 
-def round_key(run_id: str, key: RoundKey) -> str:
-    """The DHT key nodes declare under for round ``key`` (SPEC 4)."""
-    return f"{run_id}/frag{key.fragment}/round{key.round}"
+PRIOR_CHARS = 16
+"""Hex digits of a member's prior state hash that go into the round's DHT key."""
+
+
+def round_key(run_id: str, key: RoundKey, prior: str = "") -> str:
+    """The DHT key nodes declare under for round ``key`` (SPEC 4).
+
+    ``prior`` is the hash of the fragment's outer state the member starts the round from.
+    Every member applies the same mean to its own prior state, so only members with equal
+    priors may share a round: a member that missed a round the others applied declares
+    under another key, finds no partner, and heals instead of silently diverging.
+    """
+    base = f"{run_id}/frag{key.fragment}/round{key.round}"
+    return f"{base}/from{prior[:PRIOR_CHARS]}" if prior else base
 
 
 def leader_rank(key: str, peer: PeerID) -> bytes:
@@ -104,6 +115,8 @@ class _Lobby:
     """
 
     request: Join
+    dht_key: str
+    """The round's DHT key, with this member's prior state (``round_key``)."""
     decided: asyncio.Event = field(default_factory=asyncio.Event)
     leader: PeerID | None = None
     knock: asyncio.Event = field(default_factory=asyncio.Event)
@@ -171,9 +184,16 @@ class Matchmaker:
         await self.p2p.add_binary_stream_handler(self.handler_name, handler)
 
     async def form_group(
-        self, key: RoundKey, numel: int, codec_id: int, return_codec_id: int, weight: float
+        self,
+        key: RoundKey,
+        numel: int,
+        codec_id: int,
+        return_codec_id: int,
+        weight: float,
+        prior: str = "",
     ) -> GroupInfo:
-        """Declare, wait the window, and assemble or join the group of round ``key``.
+        """Declare, wait the window, and assemble or join the group of round ``key`` among
+        the members that start it from the same ``prior`` state hash (``round_key``).
 
         Raises:
             RoundFailed: no group of at least ``min_group_size`` formed in time, or this node
@@ -185,7 +205,7 @@ class Matchmaker:
         weight = min(weight, self.max_weight)
         request = Join(tag, numel, codec_id, return_codec_id, weight)
         request.check()
-        lobby = _Lobby(request)
+        lobby = _Lobby(request, round_key(self.run_id, key, prior))
         self._lobbies[key] = lobby
         try:
             t = self.timeouts
@@ -193,9 +213,7 @@ class Matchmaker:
             start = loop.time()
             expiration = get_dht_time() + t.matchmaking + t.allreduce
             await asyncio.wait_for(
-                declare_round(
-                    self.dht, round_key(self.run_id, key), weight, expiration, self.closed
-                ),
+                declare_round(self.dht, lobby.dht_key, weight, expiration, self.closed),
                 t.join_timeout,
             )
             declared = loop.time()
@@ -207,7 +225,7 @@ class Matchmaker:
                 len(view),
                 loop.time() - start,
             )
-            leader = choose_leader(view, round_key(self.run_id, key))
+            leader = choose_leader(view, lobby.dht_key)
             if leader == self.p2p.peer_id:
                 lobby.decided.set()
                 return await self._lead(key, lobby, view, t.join_timeout)
@@ -239,7 +257,7 @@ class Matchmaker:
         me = self.p2p.peer_id
         while True:
             lobby.knock.clear()
-            view = await asyncio.wait_for(self._read_view(key), t.join_timeout)
+            view = await asyncio.wait_for(self._read_view(lobby.dht_key), t.join_timeout)
             view.update(lobby.knockers)
             view = {
                 peer: w
@@ -247,7 +265,7 @@ class Matchmaker:
                 if w <= self.max_weight and not self.bans.banned(peer)
             }
             known = len(view.keys() | {me})
-            if choose_leader(view.keys() | {me}, round_key(self.run_id, key)) != me:
+            if choose_leader(view.keys() | {me}, lobby.dht_key) != me:
                 return view
             if self.target_group_size is not None and known >= self.target_group_size:
                 return view
@@ -258,10 +276,10 @@ class Matchmaker:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(lobby.knock.wait(), min(poll, remaining))
 
-    async def _read_view(self, key: RoundKey) -> dict[PeerID, float]:
-        """Peers declared under the round key; invalid declarations are logged and skipped
-        (declarations are signed: a peer can declare only itself, ``records``)."""
-        return await read_declarations(self.dht, round_key(self.run_id, key), self.closed)
+    async def _read_view(self, dht_key: str) -> dict[PeerID, float]:
+        """Peers declared under the round's DHT key; invalid declarations are logged and
+        skipped (declarations are signed: a peer can declare only itself, ``records``)."""
+        return await read_declarations(self.dht, dht_key, self.closed)
 
     async def _lead(
         self, key: RoundKey, lobby: _Lobby, view: set[PeerID], wait: float
@@ -339,7 +357,7 @@ class Matchmaker:
                 dead.add(target)
                 failures = 0
                 alive = view - dead
-                target = choose_leader(alive, round_key(self.run_id, key))
+                target = choose_leader(alive, lobby.dht_key)
                 if target == self.p2p.peer_id:
                     logger.warning("round %s: leader unreachable, leading instead", key)
                     lobby.leader = None

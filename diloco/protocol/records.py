@@ -67,7 +67,9 @@ VOUCH_SCHEMA = 1
 
 _RUN_ID = RUN_ID_PATTERN.pattern.strip("^$")
 NODES_KEY_PATTERN = re.compile(rf"{_RUN_ID}/nodes")
-ROUND_KEY_PATTERN = re.compile(rf"{_RUN_ID}/frag[0-9]{{1,9}}/round[0-9]{{1,12}}")
+ROUND_KEY_PATTERN = re.compile(
+    rf"{_RUN_ID}/frag[0-9]{{1,9}}/round[0-9]{{1,12}}(/from[0-9a-f]{{16}})?"
+)
 VOUCH_KEY_PATTERN = re.compile(rf"{_RUN_ID}/vouch/frag([0-9]{{1,9}})")
 """Forms of the keys above (``matchmaking.round_key`` builds the last), matched in full."""
 

@@ -41,12 +41,14 @@ class Contribution:
 
     ``delta`` is the FP32 outer gradient ``outer_p - theta_m[p]``, 1-D, on the CPU;
     ``weight`` is the number of tokens the member processed since its previous sync of this
-    fragment (SPEC 2.4 step 3).
+    fragment (SPEC 2.4 step 3); ``prior`` is the hash of the fragment's outer state the
+    member starts from (empty: not checked), so that only equal priors share a round.
     """
 
     member: str
     delta: torch.Tensor
     weight: float
+    prior: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -427,6 +427,7 @@ class SwarmReducer(Reducer):
                 self.codec.codec_id,
                 self.return_codec.codec_id,
                 float(contribution.weight),
+                contribution.prior,
             )
             matched = loop.time()
             if len(group.members) == 1:

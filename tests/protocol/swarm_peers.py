@@ -244,8 +244,10 @@ def peer_main(
                 _notify(("ok",))
             elif command == "reduce":
                 futures = [
-                    reducer.reduce(RoundKey(f, k), [Contribution("me", make_delta(n, seed), w)])
-                    for f, k, n, seed, w in args
+                    reducer.reduce(
+                        RoundKey(f, k), [Contribution("me", make_delta(n, seed), w, *prior)]
+                    )
+                    for f, k, n, seed, w, *prior in args
                 ]
                 results = []
                 for future in futures:

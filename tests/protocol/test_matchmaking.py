@@ -29,6 +29,14 @@ def test_round_key_namespaced_by_run_and_round() -> None:
     assert round_key("run-0123456789abcdef", RoundKey(3, 7)) == "run-0123456789abcdef/frag3/round7"
 
 
+def test_round_key_carries_the_first_16_hex_of_the_prior_state() -> None:
+    prior = "0123456789abcdef" + "f" * 48
+    assert (
+        round_key("run-0123456789abcdef", RoundKey(3, 7), prior)
+        == "run-0123456789abcdef/frag3/round7/from0123456789abcdef"
+    )
+
+
 KEY = "run-0123456789abcdef/frag3/round7"
 
 
@@ -74,6 +82,24 @@ def test_late_arrival_misses_round_others_complete(
     assert all(r["ok"] for r in early) and len({r["sha256"] for r in early}) == 1, early
     assert len(early[0]["members"]) == 3
     assert not late["ok"], late
+
+
+@pytest.mark.swarm
+def test_members_with_another_prior_state_never_share_the_round(
+    honest: list[PeerProcess], fragment: int
+) -> None:
+    # Peer 2 missed a round the others applied: its prior state differs. Averaging with it
+    # would add the same mean to different states and split the swarm's hashes.
+    same, other = "a" * 64, "b" * 64
+    priors = [same, same, other]
+    for i, peer in enumerate(honest[:3]):
+        peer.send("reduce", [(fragment, 1, 2_000, i, 1.0, priors[i])])
+    results = [peer.recv(TIMEOUTS.total + 30)[1][0] for peer in honest[:3]]
+    ids = [p.peer_id for p in honest[:3]]
+    assert results[0]["ok"] and results[1]["ok"], results
+    assert results[0]["sha256"] == results[1]["sha256"]
+    assert sorted(results[0]["members"]) == sorted(ids[:2])
+    assert not results[2]["ok"], results[2]  # alone under its own key: no group, it heals
 
 
 @pytest.mark.swarm
