@@ -187,7 +187,8 @@ def local(tau: str, metrics_out: str | None, export_hf: str | None, **values: An
         f"eval loss {summary['eval_loss']:.4f} (outer), {summary['eval_loss_replicas']:.4f} "
         f"(replicas' own); sent {summary['bytes_sent_per_replica'] / 1e6:.2f} MB per replica, "
         f"peak {summary['peak_bytes_per_step'] / 1e6:.3f} MB per step; "
-        f"{summary['tokens']:,} tokens in {summary['wall_s']:.0f} s"
+        f"{summary['tokens']:,} tokens in {summary['wall_s']:.0f} s; "
+        f"rounds pending at end: {summary['rounds_pending']}"
     )
     if export_hf:
         trainer.export_hf(export_hf)

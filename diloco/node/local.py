@@ -255,6 +255,7 @@ class LocalTrainer:
                     record["tokens_per_s"] = step * tokens_per_step / elapsed
                     record["mb_sent_per_replica"] = self._mean(self.bytes_sent) / 1e6
                     self._emit(record, sink, on_progress)
+            self._finish_rounds()
             summary = self._summary(time.perf_counter() - start, step * tokens_per_step)
             self._emit(summary, sink, on_progress)
             return summary
@@ -329,6 +330,19 @@ class LocalTrainer:
                 self.rounds_applied += applied.ok
                 self.round_log.append((m, applied))
         return sum(losses) / len(losses)
+
+    def _finish_rounds(self) -> None:
+        """The run's end: every replica applies the rounds sent in its last tau steps
+        (``FragmentSync.finish``), so the summary evaluates and exports them."""
+        for m, replica in enumerate(self.replicas):
+            if replica.sync is not None:
+                for applied in replica.sync.finish():
+                    self.rounds_applied += applied.ok
+                    self.round_log.append((m, applied))
+
+    def rounds_pending(self) -> int:
+        """Rounds sent and not yet applied, over all replicas (0 after ``train``)."""
+        return sum(len(r.sync.pending) for r in self.replicas if r.sync is not None)
 
     def _dp_step(self, lr: float) -> float:
         """One data-parallel step: M micro-batches, FP32 gradient mean, one update."""
@@ -416,6 +430,10 @@ class LocalTrainer:
     def _mean(values: list[int]) -> float:
         return sum(values) / len(values)
 
+    def fragment_versions(self) -> list[list[int]]:
+        """Per replica, the round each fragment last applied (empty for dp)."""
+        return [[s.version for s in r.sync.states] for r in self.replicas if r.sync is not None]
+
     def outer_states_identical(self) -> bool:
         """True when replicas that applied the same rounds hold bit-identical outer states.
 
@@ -447,6 +465,8 @@ class LocalTrainer:
             "bytes_received_per_replica": self._mean(self.bytes_received),
             "peak_bytes_per_step": self.peak_bytes_per_step,
             "rounds_applied": self.rounds_applied,
+            "rounds_pending": self.rounds_pending(),
+            "fragment_versions": self.fragment_versions(),
             "clipped_contributions": self.reducer.clipped,
             "combined_contributions": self.reducer.combined,
             "outer_states_identical": self.outer_states_identical(),

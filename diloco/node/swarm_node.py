@@ -330,10 +330,7 @@ class SwarmNode:
                     "wall_seconds": time.perf_counter() - step_start,
                 }
             )
-            for round_ in applied:
-                self._emit(self._round_record(round_))
-                self.failed_rounds += not round_.ok
-                self._vouch(round_)
+            self._record_rounds(applied)
             if self.options.eval_every and t.step % self.options.eval_every == 0:
                 self._emit({"event": "eval", "step": t.step, "loss_outer": t.evaluate()})
             if applied:
@@ -354,7 +351,18 @@ class SwarmNode:
                 self.publish_future = self._in_background(self._publish, record, vouches)
             if self.options.checkpoint_every and t.step % self.options.checkpoint_every == 0:
                 t.save_checkpoint()
+        if not self.stop_event.is_set():
+            # The run's end (not Ctrl-C): the rounds of the last tau steps count too.
+            finished = t.finish_rounds()
+            self._record_rounds(finished)
+            self._refresh_snapshot([r.key.fragment for r in finished if r.ok])
         return self._finish(time.perf_counter() - start)
+
+    def _record_rounds(self, applied: list[AppliedRound]) -> None:
+        for round_ in applied:
+            self._emit(self._round_record(round_))
+            self.failed_rounds += not round_.ok
+            self._vouch(round_)
 
     def _progress(self, losses: list[float], tokens_per_s: float) -> None:
         t = self.trainer
@@ -397,6 +405,7 @@ class SwarmNode:
             "healed_fragments": self.healer.healed_fragments,
             "outer_sha256": [s.sha256() for s in t.sync.states],
             "versions": [s.version for s in t.sync.states],
+            "rounds_pending": len(t.sync.pending),
             "checkpoint": str(checkpoint) if checkpoint else None,
             "wall_s": wall_s,
         }

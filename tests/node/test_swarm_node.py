@@ -299,6 +299,10 @@ def test_single_node_resume_equals_uninterrupted_run(nodes, tmp_path) -> None:
     assert "resumed from" in resumed.output()
     a, b = straight.summary(), resumed.summary()
     assert a["versions"] == b["versions"] and min(a["versions"]) >= 1
+    # tiny: 5 fragments at offsets 0, 6, ..., 24 (H 30): fragment 0 sends round 2 at step
+    # 60, the last, and with tau 1 receives it after it; the run's end applies it.
+    assert a["versions"] == [2, 1, 1, 1, 1] and a["rounds_pending"] == b["rounds_pending"] == 0
+    assert "rounds pending at end: 0" in straight.output()
     assert a["outer_sha256"] == b["outer_sha256"]
     assert a["eval_loss"] == b["eval_loss"] and a["eval_loss_local"] == b["eval_loss_local"]
     straight_weights = load_file(str(tmp_path / "straight.safetensors"))
