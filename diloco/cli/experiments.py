@@ -54,6 +54,11 @@ LOCAL_FLAGS = Flags(
         ),
         Flag("--rounding", ("rounding",), "E3M0 rounding."),
         Flag(
+            "--return-codec",
+            ("return_codec",),
+            "Codec of the averaged outer gradient sent back [default: --codec's].",
+        ),
+        Flag(
             "--keep",
             ("keep",),
             "Keep fraction q of --codec drop / topk, e.g. 0.133 [default: the e3m0 bit budget].",

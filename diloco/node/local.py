@@ -32,7 +32,7 @@ import torch
 from diloco.codecs import get_codec
 from diloco.errors import ConfigError
 from diloco.node.compute import ComputeOptions, autocast, compile_model
-from diloco.node.config import check_corpus_fits, resolve_vocab
+from diloco.node.config import ReturnCodec, check_corpus_fits, resolve_vocab, return_codec_for
 from diloco.node.data import (
     BatchSampler,
     Corpus,
@@ -88,6 +88,8 @@ class LocalConfig:
     codec: str | None = None
     """Outer-gradient codec; None picks e3m0 for streaming and none for diloco."""
     rounding: Literal["nearest", "stochastic"] = "nearest"
+    return_codec: ReturnCodec | None = None
+    """Codec of the averaged outer gradient (``RunConfig.return_codec``); None: ``codec``'s."""
     keep: float | None = None
     """Keep fraction q of the value-dropping codecs (drop, topk); None is the codec's default."""
     freeze_unsynced: bool = False
@@ -188,7 +190,12 @@ class LocalTrainer:
         self.dp_samplers = [self._sampler(m) for m in range(config.replicas)]
         codec = get_codec(config.codec_name, **self._codec_options())
         cap = round_token_cap(config.max_round_tokens, config.seq_len, config.outer.sync_every)
-        self.reducer = InProcessReducer(codec, max_weight=cap, clip_factor=config.clip_factor)
+        self.reducer = InProcessReducer(
+            codec,
+            return_codec_for(config.return_codec, codec, config.rounding),
+            max_weight=cap,
+            clip_factor=config.clip_factor,
+        )
         # Data-parallel gradients are no outer gradients: their mean stays plain.
         self.dp_reducer = InProcessReducer(get_codec("none"), clip_factor=0)
         self.bytes_sent = [0] * config.replicas
@@ -458,6 +465,7 @@ class LocalTrainer:
             "replicas": c.replicas,
             "steps": c.steps,
             "codec": c.codec_name if c.method != "dp" else "none",
+            "return_codec": self.reducer.return_codec.name if c.method != "dp" else "none",
             "num_params": num_params,
             "num_fragments": self.num_fragments,
             **self.evaluate(),

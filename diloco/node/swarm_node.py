@@ -35,7 +35,7 @@ from hivemind.p2p import PeerID
 
 from diloco import __version__
 from diloco.codecs import get_codec
-from diloco.node.config import NodeOptions, RoundOptions, RunConfig
+from diloco.node.config import NodeOptions, RoundOptions, RunConfig, return_codec_for
 from diloco.node.healing import SETTLE_TIMEOUT, Healer
 from diloco.node.outer import AppliedRound
 from diloco.node.recent_metrics import RecentMetrics
@@ -114,9 +114,11 @@ class SwarmNode:
         try:
             self.swarm.call(serve_run_info(self.swarm.p2p, signed))
             codec_options = {"rounding": run.rounding} if run.codec == "e3m0" else {}
+            codec = get_codec(run.codec, **codec_options)
             self.reducer = SwarmReducer(
                 self.swarm,
-                get_codec(run.codec, **codec_options),
+                codec,
+                return_codec_for(run.return_codec, codec, run.rounding),
                 timeouts=rounds.timeouts(),
                 min_group_size=rounds.min_group_size,
                 max_weight=run.round_token_cap(),
@@ -309,6 +311,7 @@ class SwarmNode:
                 "num_fragments": t.sync.num_fragments,
                 "tau": t.sync.tau,
                 "codec": self.run.codec,
+                "return_codec": self.reducer.return_codec.name,
                 "fragment_numel": [s.outer.numel() for s in t.sync.states],
                 "start_step": t.step,
                 "tokens_per_step": tokens_per_step,

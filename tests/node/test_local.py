@@ -249,6 +249,18 @@ def test_run_with_tau_ends_with_no_round_pending_and_every_fragment_at_its_last_
     assert summary["rounds_applied"] == 2 * 8 and summary["outer_states_identical"]
 
 
+def test_return_codec_encodes_only_the_averaged_half_of_the_bytes(corpus) -> None:
+    outer = OuterConfig(sync_every=6)
+    quantised = LocalTrainer(small(outer=outer), corpus).train()
+    exact = LocalTrainer(small(outer=outer, return_codec="none"), corpus).train()
+    assert (quantised["return_codec"], exact["return_codec"]) == ("e3m0", "none")
+    # 2 replicas: each sends half its E3M0 delta (4.25 bits a value) and half the mean, in
+    # E3M0 or in FP32: 8.5 against 36.25 bits a value, plus headers.
+    ratio = exact["bytes_sent_per_replica"] / quantised["bytes_sent_per_replica"]
+    assert 4.0 < ratio < 4.5
+    assert exact["eval_loss"] != quantised["eval_loss"]
+
+
 def test_same_seed_same_numbers(corpus) -> None:
     a = LocalTrainer(small(), corpus).train()
     b = LocalTrainer(small(), corpus).train()
