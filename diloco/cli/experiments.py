@@ -54,6 +54,11 @@ LOCAL_FLAGS = Flags(
         ),
         Flag("--rounding", ("rounding",), "E3M0 rounding."),
         Flag(
+            "--return-codec",
+            ("return_codec",),
+            "Codec of the averaged outer gradient sent back [default: --codec's].",
+        ),
+        Flag(
             "--keep",
             ("keep",),
             "Keep fraction q of --codec drop / topk, e.g. 0.133 [default: the e3m0 bit budget].",
@@ -187,7 +192,8 @@ def local(tau: str, metrics_out: str | None, export_hf: str | None, **values: An
         f"eval loss {summary['eval_loss']:.4f} (outer), {summary['eval_loss_replicas']:.4f} "
         f"(replicas' own); sent {summary['bytes_sent_per_replica'] / 1e6:.2f} MB per replica, "
         f"peak {summary['peak_bytes_per_step'] / 1e6:.3f} MB per step; "
-        f"{summary['tokens']:,} tokens in {summary['wall_s']:.0f} s"
+        f"{summary['tokens']:,} tokens in {summary['wall_s']:.0f} s; "
+        f"rounds pending at end: {summary['rounds_pending']}"
     )
     if export_hf:
         trainer.export_hf(export_hf)

@@ -302,7 +302,8 @@ def _echo_node_event(record: dict[str, Any]) -> None:
             f"done at step {record['step']}: eval loss {record['eval_loss']:.4f} (outer), "
             f"CU {100 * record['cu']:.1f}%, sent {record['bytes_sent'] / 1e6:.2f} MB "
             f"(data-parallel: {record['dp_bytes_estimate'] / 1e6:.0f} MB), "
-            f"{record['failed_rounds']} failed rounds"
+            f"{record['failed_rounds']} failed rounds, "
+            f"rounds pending at end: {record['rounds_pending']}"
         )
 
 

@@ -97,6 +97,11 @@ RUN_FLAGS = Flags(
         ),
         Flag("--codec", ("codec",), f"Outer-gradient codec: {', '.join(CODEC_NAMES)}."),
         Flag("--rounding", ("rounding",), "E3M0 rounding."),
+        Flag(
+            "--return-codec",
+            ("return_codec",),
+            "Codec of the averaged outer gradient the reducers send back [default: --codec's].",
+        ),
         Flag("--outer-lr", ("outer", "outer_lr"), "Outer Nesterov learning rate."),
         Flag("--outer-momentum", ("outer", "outer_momentum"), "mu: outer Nesterov momentum."),
         Flag(

@@ -32,7 +32,7 @@ import torch
 from diloco.codecs import get_codec
 from diloco.errors import ConfigError
 from diloco.node.compute import ComputeOptions, autocast, compile_model
-from diloco.node.config import check_corpus_fits, resolve_vocab
+from diloco.node.config import ReturnCodec, check_corpus_fits, resolve_vocab, return_codec_for
 from diloco.node.data import (
     BatchSampler,
     Corpus,
@@ -88,6 +88,8 @@ class LocalConfig:
     codec: str | None = None
     """Outer-gradient codec; None picks e3m0 for streaming and none for diloco."""
     rounding: Literal["nearest", "stochastic"] = "nearest"
+    return_codec: ReturnCodec | None = None
+    """Codec of the averaged outer gradient (``RunConfig.return_codec``); None: ``codec``'s."""
     keep: float | None = None
     """Keep fraction q of the value-dropping codecs (drop, topk); None is the codec's default."""
     freeze_unsynced: bool = False
@@ -188,7 +190,12 @@ class LocalTrainer:
         self.dp_samplers = [self._sampler(m) for m in range(config.replicas)]
         codec = get_codec(config.codec_name, **self._codec_options())
         cap = round_token_cap(config.max_round_tokens, config.seq_len, config.outer.sync_every)
-        self.reducer = InProcessReducer(codec, max_weight=cap, clip_factor=config.clip_factor)
+        self.reducer = InProcessReducer(
+            codec,
+            return_codec_for(config.return_codec, codec, config.rounding),
+            max_weight=cap,
+            clip_factor=config.clip_factor,
+        )
         # Data-parallel gradients are no outer gradients: their mean stays plain.
         self.dp_reducer = InProcessReducer(get_codec("none"), clip_factor=0)
         self.bytes_sent = [0] * config.replicas
@@ -255,6 +262,7 @@ class LocalTrainer:
                     record["tokens_per_s"] = step * tokens_per_step / elapsed
                     record["mb_sent_per_replica"] = self._mean(self.bytes_sent) / 1e6
                     self._emit(record, sink, on_progress)
+            self._finish_rounds()
             summary = self._summary(time.perf_counter() - start, step * tokens_per_step)
             self._emit(summary, sink, on_progress)
             return summary
@@ -329,6 +337,19 @@ class LocalTrainer:
                 self.rounds_applied += applied.ok
                 self.round_log.append((m, applied))
         return sum(losses) / len(losses)
+
+    def _finish_rounds(self) -> None:
+        """The run's end: every replica applies the rounds sent in its last tau steps
+        (``FragmentSync.finish``), so the summary evaluates and exports them."""
+        for m, replica in enumerate(self.replicas):
+            if replica.sync is not None:
+                for applied in replica.sync.finish():
+                    self.rounds_applied += applied.ok
+                    self.round_log.append((m, applied))
+
+    def rounds_pending(self) -> int:
+        """Rounds sent and not yet applied, over all replicas (0 after ``train``)."""
+        return sum(len(r.sync.pending) for r in self.replicas if r.sync is not None)
 
     def _dp_step(self, lr: float) -> float:
         """One data-parallel step: M micro-batches, FP32 gradient mean, one update."""
@@ -416,6 +437,10 @@ class LocalTrainer:
     def _mean(values: list[int]) -> float:
         return sum(values) / len(values)
 
+    def fragment_versions(self) -> list[list[int]]:
+        """Per replica, the round each fragment last applied (empty for dp)."""
+        return [[s.version for s in r.sync.states] for r in self.replicas if r.sync is not None]
+
     def outer_states_identical(self) -> bool:
         """True when replicas that applied the same rounds hold bit-identical outer states.
 
@@ -440,6 +465,7 @@ class LocalTrainer:
             "replicas": c.replicas,
             "steps": c.steps,
             "codec": c.codec_name if c.method != "dp" else "none",
+            "return_codec": self.reducer.return_codec.name if c.method != "dp" else "none",
             "num_params": num_params,
             "num_fragments": self.num_fragments,
             **self.evaluate(),
@@ -447,6 +473,8 @@ class LocalTrainer:
             "bytes_received_per_replica": self._mean(self.bytes_received),
             "peak_bytes_per_step": self.peak_bytes_per_step,
             "rounds_applied": self.rounds_applied,
+            "rounds_pending": self.rounds_pending(),
+            "fragment_versions": self.fragment_versions(),
             "clipped_contributions": self.reducer.clipped,
             "combined_contributions": self.reducer.combined,
             "outer_states_identical": self.outer_states_identical(),

@@ -279,6 +279,19 @@ class FragmentSync:
             applied.append(self._apply(pending))
         return applied
 
+    def finish(self) -> list[AppliedRound]:
+        """At the run's end: block on every round still in flight and apply it, in the
+        order of their receive steps (SPEC 2.4 steps 4-5), so that the final evaluation
+        and the exported weights hold the rounds sent in the last ``tau`` steps.
+
+        A stopping node (``should_abandon``) gives its rounds up as ``apply_due`` does.
+        """
+        applied = []
+        for pending in sorted(self.pending, key=lambda r: r.receive_step):
+            self.pending.remove(pending)
+            applied.append(self._apply(pending))
+        return applied
+
     def _wait(self, pending: PendingRound) -> RoundResult:
         """The round's result; polls so that a stopping node can abandon the wait."""
         while True:

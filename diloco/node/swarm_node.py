@@ -35,7 +35,7 @@ from hivemind.p2p import PeerID
 
 from diloco import __version__
 from diloco.codecs import get_codec
-from diloco.node.config import NodeOptions, RoundOptions, RunConfig
+from diloco.node.config import NodeOptions, RoundOptions, RunConfig, return_codec_for
 from diloco.node.healing import SETTLE_TIMEOUT, Healer
 from diloco.node.outer import AppliedRound
 from diloco.node.recent_metrics import RecentMetrics
@@ -114,9 +114,11 @@ class SwarmNode:
         try:
             self.swarm.call(serve_run_info(self.swarm.p2p, signed))
             codec_options = {"rounding": run.rounding} if run.codec == "e3m0" else {}
+            codec = get_codec(run.codec, **codec_options)
             self.reducer = SwarmReducer(
                 self.swarm,
-                get_codec(run.codec, **codec_options),
+                codec,
+                return_codec_for(run.return_codec, codec, run.rounding),
                 timeouts=rounds.timeouts(),
                 min_group_size=rounds.min_group_size,
                 max_weight=run.round_token_cap(),
@@ -309,6 +311,7 @@ class SwarmNode:
                 "num_fragments": t.sync.num_fragments,
                 "tau": t.sync.tau,
                 "codec": self.run.codec,
+                "return_codec": self.reducer.return_codec.name,
                 "fragment_numel": [s.outer.numel() for s in t.sync.states],
                 "start_step": t.step,
                 "tokens_per_step": tokens_per_step,
@@ -330,10 +333,7 @@ class SwarmNode:
                     "wall_seconds": time.perf_counter() - step_start,
                 }
             )
-            for round_ in applied:
-                self._emit(self._round_record(round_))
-                self.failed_rounds += not round_.ok
-                self._vouch(round_)
+            self._record_rounds(applied)
             if self.options.eval_every and t.step % self.options.eval_every == 0:
                 self._emit({"event": "eval", "step": t.step, "loss_outer": t.evaluate()})
             if applied:
@@ -354,7 +354,18 @@ class SwarmNode:
                 self.publish_future = self._in_background(self._publish, record, vouches)
             if self.options.checkpoint_every and t.step % self.options.checkpoint_every == 0:
                 t.save_checkpoint()
+        if not self.stop_event.is_set():
+            # The run's end (not Ctrl-C): the rounds of the last tau steps count too.
+            finished = t.finish_rounds()
+            self._record_rounds(finished)
+            self._refresh_snapshot([r.key.fragment for r in finished if r.ok])
         return self._finish(time.perf_counter() - start)
+
+    def _record_rounds(self, applied: list[AppliedRound]) -> None:
+        for round_ in applied:
+            self._emit(self._round_record(round_))
+            self.failed_rounds += not round_.ok
+            self._vouch(round_)
 
     def _progress(self, losses: list[float], tokens_per_s: float) -> None:
         t = self.trainer
@@ -397,6 +408,7 @@ class SwarmNode:
             "healed_fragments": self.healer.healed_fragments,
             "outer_sha256": [s.sha256() for s in t.sync.states],
             "versions": [s.version for s in t.sync.states],
+            "rounds_pending": len(t.sync.pending),
             "checkpoint": str(checkpoint) if checkpoint else None,
             "wall_s": wall_s,
         }

@@ -125,13 +125,23 @@ class NodeTrainer:
         self.sync.send_due(self.step, lambda key, c: self.reducer.reduce(key, [c]))
         self.compute_seconds += time.perf_counter() - start
         applied = self.sync.apply_due(self.step)
+        self._count(applied)
+        return loss, applied
+
+    def finish_rounds(self) -> list[AppliedRound]:
+        """The run's end: apply the rounds sent in the last tau steps (``FragmentSync.finish``),
+        so the final evaluation, checkpoint and export hold them."""
+        applied = self.sync.finish()
+        self._count(applied)
+        return applied
+
+    def _count(self, applied: list[AppliedRound]) -> None:
         for round_ in applied:
             self.blocked_seconds += round_.blocked_seconds
             if round_.ok:
                 self.bytes_sent += round_.bytes_sent
                 self.bytes_received += round_.bytes_received
                 self.last_round_members = len(round_.members)
-        return loss, applied
 
     @property
     def compute_utilisation(self) -> float:

@@ -28,6 +28,7 @@ def test_defaults_are_what_start_has_always_used() -> None:
     assert (run.name, run.preset, run.seq_len, run.steps) == ("diloco", "tiny", 128, 600)
     assert (run.fragment_size, run.pattern, run.embedding_fragment) == (1, "strided", "own")
     assert (run.codec, run.rounding, run.seed, run.dataset) == ("e3m0", "nearest", 0, None)
+    assert run.return_codec is None  # the mean goes back in --codec's encoding
     assert run.outer == OuterConfig(
         sync_every=30,
         outer_lr=0.7,
@@ -102,6 +103,7 @@ def test_typed_flags_override_the_toml_and_tau_sets_the_runs(tmp_path: Path) -> 
         ({"creator": 5}, "creator: expected a string"),
         ({"swarm_key_id": "0123456789ABCDEF"}, "is not 16 hex digits"),
         ({"swarm_key_id": "0123"}, "is not 16 hex digits"),
+        ({"return_codec": "topk"}, "return_codec: expected one of ['e3m0', 'int8', 'bf16'"),
     ],
 )
 def test_bad_run_values_are_config_errors(data: dict[str, object], message: str) -> None:
@@ -151,6 +153,26 @@ def test_creator_and_swarm_key_id_are_part_of_the_run() -> None:
     run = RunConfig(creator=creator, swarm_key_id="0123456789abcdef")
     assert RunConfig.from_dict(run.to_dict()) == run
     assert make_run_id(run.name, run.to_dict()) != make_run_id(run.name, RunConfig().to_dict())
+
+
+def test_return_codec_is_part_of_the_run_and_a_joiner_cannot_change_it() -> None:
+    run = RunConfig(return_codec="int8")
+    assert RunConfig.from_dict(run.to_dict()) == run
+    assert make_run_id(run.name, run.to_dict()) != make_run_id(run.name, RunConfig().to_dict())
+    assert join_mismatch(RunConfig(), None, {"return_codec": "bf16"}) == [
+        "return_codec: yours 'bf16', swarm's None"
+    ]
+
+
+def test_return_codec_for_builds_the_named_codec_or_keeps_the_outer_one() -> None:
+    from diloco.codecs import get_codec
+    from diloco.node.config import return_codec_for
+
+    codec = get_codec("e3m0", rounding="stochastic")
+    assert return_codec_for(None, codec, "stochastic") is codec
+    assert return_codec_for("bf16", codec, "stochastic").name == "bf16"
+    back = return_codec_for("e3m0", get_codec("int8"), "stochastic")
+    assert back.name == "e3m0" and back.rounding == "stochastic"  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(

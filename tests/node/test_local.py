@@ -235,6 +235,32 @@ def test_outer_states_bit_identical_after_every_round(corpus, codec, rounding) -
     assert min(versions) >= 1
 
 
+def test_run_with_tau_ends_with_no_round_pending_and_every_fragment_at_its_last_round(
+    corpus,
+) -> None:
+    # tiny: 4 blocks + the embedding fragment = 5 fragments; H 5 gives offsets 0..4, so
+    # fragment p sends at p + 5k. In 12 steps fragments 0-2 send round 2 (at 10, 11, 12)
+    # and fragments 3-4 round 1 (at 8, 9). With tau 2, rounds sent at 11 and 12 are
+    # received after the last step; with tau 1, the one sent at 12.
+    trainer = LocalTrainer(small(taus=[1, 2], outer=OuterConfig(sync_every=5)), corpus)
+    summary = trainer.train()
+    assert summary["rounds_pending"] == 0
+    assert summary["fragment_versions"] == [[2, 2, 2, 1, 1], [2, 2, 2, 1, 1]]
+    assert summary["rounds_applied"] == 2 * 8 and summary["outer_states_identical"]
+
+
+def test_return_codec_encodes_only_the_averaged_half_of_the_bytes(corpus) -> None:
+    outer = OuterConfig(sync_every=6)
+    quantised = LocalTrainer(small(outer=outer), corpus).train()
+    exact = LocalTrainer(small(outer=outer, return_codec="none"), corpus).train()
+    assert (quantised["return_codec"], exact["return_codec"]) == ("e3m0", "none")
+    # 2 replicas: each sends half its E3M0 delta (4.25 bits a value) and half the mean, in
+    # E3M0 or in FP32: 8.5 against 36.25 bits a value, plus headers.
+    ratio = exact["bytes_sent_per_replica"] / quantised["bytes_sent_per_replica"]
+    assert 4.0 < ratio < 4.5
+    assert exact["eval_loss"] != quantised["eval_loss"]
+
+
 def test_same_seed_same_numbers(corpus) -> None:
     a = LocalTrainer(small(), corpus).train()
     b = LocalTrainer(small(), corpus).train()
@@ -282,6 +308,7 @@ def test_cli_local_smoke_run_learns(tmp_path) -> None:
     )
     assert result.exit_code == 0, result.output
     assert "step     20" in result.output
+    assert "rounds pending at end: 0" in result.output
     records = [json.loads(line) for line in out.read_text().splitlines()]
     summary = records[-1]
     assert summary["event"] == "summary" and summary["codec"] == "e3m0"

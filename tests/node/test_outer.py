@@ -146,6 +146,46 @@ def test_fragment_sync_state_dict_round_trip_applies_the_same_rounds() -> None:
     assert twin.states[0].version == 1 and torch.equal(layer.weight, twin_layer.weight)
 
 
+def test_fragment_sync_finish_applies_every_round_in_flight_in_receive_order() -> None:
+    from concurrent.futures import Future
+
+    from diloco.protocol.reducer import RoundResult
+
+    layer = nn.Linear(3, 2)
+    weight, bias = list(layer.named_parameters())
+    sync = FragmentSync([[weight], [bias]], OuterConfig(sync_every=4), "me", tau=3)
+    start = bias[1].detach().clone()
+    late: Future = Future()
+    late.set_result(RoundResult(torch.ones(2), ("me", "you"), 1, 1, 0.0))
+    early: Future = Future()
+    early.set_result(RoundResult(torch.ones(6), ("me", "you"), 1, 1, 0.0))
+    sync.submit(RoundKey(1, 2), late, 10, 1.0)  # received at 13
+    sync.submit(RoundKey(0, 2), early, 8, 1.0)  # received at 11
+    assert sync.apply_due(10) == []  # the run ends at step 10, both still in flight
+    applied = sync.finish()
+    assert [r.key for r in applied] == [RoundKey(0, 2), RoundKey(1, 2)]
+    assert all(r.ok for r in applied) and sync.pending == []
+    assert [s.version for s in sync.states] == [2, 2]
+    # mom = d = 1; outer = start - lr * (d + mu * mom) = start - 0.7 * 1.9; theta (unchanged
+    # meanwhile) = 0.5 * start + 0.5 * outer (alpha 0.5 with tau > 0)
+    assert sync.states[1].momentum.tolist() == [1.0, 1.0]
+    assert torch.allclose(sync.states[1].outer, start - 1.33)
+    assert torch.allclose(bias[1].detach(), start - 0.665)
+
+
+def test_fragment_sync_finish_of_a_stopping_node_gives_its_rounds_up() -> None:
+    from concurrent.futures import Future
+
+    layer = nn.Linear(2, 2)
+    sync = FragmentSync([list(layer.named_parameters())], OuterConfig(sync_every=2), "me", 1)
+    sync.should_abandon = lambda: True
+    never: Future = Future()
+    sync.submit(RoundKey(0, 1), never, 2, 5.0)
+    (applied,) = sync.finish()
+    assert not applied.ok and "abandoned" in applied.error and never.cancelled()
+    assert sync.states[0].version == 0 and sync.carried_weight == [5.0]
+
+
 def test_fragment_sync_state_dict_gives_up_on_a_round_still_in_flight() -> None:
     from concurrent.futures import Future
 

@@ -299,6 +299,10 @@ def test_single_node_resume_equals_uninterrupted_run(nodes, tmp_path) -> None:
     assert "resumed from" in resumed.output()
     a, b = straight.summary(), resumed.summary()
     assert a["versions"] == b["versions"] and min(a["versions"]) >= 1
+    # tiny: 5 fragments at offsets 0, 6, ..., 24 (H 30): fragment 0 sends round 2 at step
+    # 60, the last, and with tau 1 receives it after it; the run's end applies it.
+    assert a["versions"] == [2, 1, 1, 1, 1] and a["rounds_pending"] == b["rounds_pending"] == 0
+    assert "rounds pending at end: 0" in straight.output()
     assert a["outer_sha256"] == b["outer_sha256"]
     assert a["eval_loss"] == b["eval_loss"] and a["eval_loss_local"] == b["eval_loss_local"]
     straight_weights = load_file(str(tmp_path / "straight.safetensors"))
@@ -339,7 +343,9 @@ def test_bf16_nodes_on_prepared_tokens_agree_and_export_for_transformers(
 ) -> None:
     """Two nodes with bf16 autocast and micro-batches (each its own) on a BPE-prepared
     corpus: the run takes the tokenizer's vocabulary, every shared round has one outer hash,
-    and `--export-hf` loads in transformers with the logits of the `--export` weights."""
+    and `--export-hf` loads in transformers with the logits of the `--export` weights.
+    The run sends means back in int8 (`--return-codec`, which the joiner takes from the
+    run), and both nodes end with the last rounds applied and one outer state."""
     from bpe_corpus import write_bpe_corpus
     from click.testing import CliRunner
 
@@ -357,7 +363,8 @@ def test_bf16_nodes_on_prepared_tokens_agree_and_export_for_transformers(
     a = nodes(
         "a",
         ["start", "--name", "bf", "--steps", "40", "--H", "10", "--seq-len", "32", *common,
-         "--micro-batch-size", "2", *listen(2), "--export", str(tmp_path / "outer.safetensors"),
+         "--micro-batch-size", "2", "--return-codec", "int8", *listen(2),
+         "--export", str(tmp_path / "outer.safetensors"),
          "--export-hf", str(tmp_path / "hf")],
     )  # fmt: skip
     b = nodes(
@@ -372,6 +379,12 @@ def test_bf16_nodes_on_prepared_tokens_agree_and_export_for_transformers(
             if r["event"] == "round" and r["members"] == 2:
                 hashes[(r["fragment"], r["round"])].add(r["outer_sha256"])
     assert len(hashes) >= 5 and all(len(h) == 1 for h in hashes.values()), hashes
+    configs = [next(r for r in n.records() if r["event"] == "config") for n in (a, b)]
+    assert [c["return_codec"] for c in configs] == ["int8", "int8"]
+    ends = [n.summary() for n in (a, b)]
+    assert [e["rounds_pending"] for e in ends] == [0, 0]
+    assert ends[0]["versions"] == ends[1]["versions"]
+    assert ends[0]["outer_sha256"] == ends[1]["outer_sha256"]
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a local folder; never the network
     from safetensors import safe_open
