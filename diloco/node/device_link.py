@@ -89,7 +89,7 @@ class DeviceLink:
 
     def merge(self, fragment: int, outer: torch.Tensor, params: NamedParams, alpha: float) -> None:
         """``theta = alpha * theta + (1 - alpha) * outer`` on the device (SPEC 2.4 step 5),
-        with the float operations of ``diloco.node.outer.merge``; a host ``outer`` is
+        with the float operations of ``diloco.node.outer_step.merge``; a host ``outer`` is
         uploaded asynchronously first and must not change until ``wait_upload``."""
         if alpha == 1:
             return

@@ -84,6 +84,13 @@ def model_fragments(
     return fragments
 
 
+def train_only(fragments: list[list[tuple[str, nn.Parameter]]], fragment: int) -> None:
+    """Freeze every fragment but one: frozen parameters get no gradient, so AdamW skips them."""
+    for p, params in enumerate(fragments):
+        for _, param in params:
+            param.requires_grad_(p == fragment)
+
+
 def fragment_offset(fragment: int, sync_every: int, num_fragments: int) -> int:
     """``t_p = floor(p * H / F)``: the step phase of fragment ``p`` (SPEC 2.3)."""
     return (fragment * sync_every) // num_fragments

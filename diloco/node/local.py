@@ -46,6 +46,7 @@ from diloco.node.fragments import (
     Pattern,
     model_fragments,
     next_synced_fragment,
+    train_only,
 )
 from diloco.node.hf_export import export_hf
 from diloco.node.inner import InnerConfig, build_inner_optimizer, inner_step, lr_at, set_lr
@@ -486,13 +487,6 @@ class LocalTrainer:
         if not math.isfinite(summary["eval_loss"]):
             logger.warning("eval loss is not finite: the run diverged")
         return summary
-
-
-def train_only(fragments: list[list[tuple[str, torch.nn.Parameter]]], fragment: int) -> None:
-    """Freeze every fragment but one: frozen parameters get no gradient, so AdamW skips them."""
-    for p, params in enumerate(fragments):
-        for _, param in params:
-            param.requires_grad_(p == fragment)
 
 
 def mean_pairwise_cosine(deltas: list[torch.Tensor]) -> float:

@@ -34,6 +34,7 @@ from torch import nn
 from diloco.errors import ConfigError, RoundFailed
 from diloco.node.device_link import DeviceLink
 from diloco.node.fragments import sends_at
+from diloco.node.outer_step import assign, flatten, merge, nesterov_step
 from diloco.protocol.fragment_state import FragmentState
 from diloco.protocol.reducer import Contribution, RoundKey, RoundResult
 
@@ -96,41 +97,6 @@ def round_token_cap(max_round_tokens: int | None, seq_len: int, sync_every: int)
 def check_tau(tau: int, sync_every: int) -> None:
     if not 0 <= tau < sync_every:
         raise ConfigError(f"tau must satisfy 0 <= tau < H={sync_every}, got {tau}; lower --tau")
-
-
-def nesterov_step(
-    outer: torch.Tensor, momentum: torch.Tensor, delta: torch.Tensor, lr: float, mu: float
-) -> None:
-    """SGD with Nesterov momentum on the outer gradient, in place (SPEC 2.4 step 4).
-
-    ``mom = mu * mom + delta``; ``outer = outer - lr * (delta + mu * mom)``.
-    """
-    momentum.mul_(mu).add_(delta)
-    outer.sub_(delta.add(momentum, alpha=mu), alpha=lr)
-
-
-def merge(live: torch.Tensor, new_outer: torch.Tensor, alpha: float) -> torch.Tensor:
-    """``alpha * live + (1 - alpha) * new_outer`` (SPEC 2.4 step 5), exact at alpha 0 and 1."""
-    if alpha == 0:
-        return new_outer.clone()
-    if alpha == 1:
-        return live
-    return live * alpha + new_outer * (1 - alpha)
-
-
-def flatten(params: list[tuple[str, nn.Parameter]]) -> torch.Tensor:
-    """The fragment's live weights as one FP32 CPU vector."""
-    return torch.cat([p.detach().reshape(-1).to("cpu", torch.float32) for _, p in params])
-
-
-def assign(params: list[tuple[str, nn.Parameter]], vector: torch.Tensor) -> None:
-    """Write a flat FP32 vector back into the fragment's parameters."""
-    offset = 0
-    with torch.no_grad():
-        for _, p in params:
-            n = p.numel()
-            p.copy_(vector[offset : offset + n].view_as(p))
-            offset += n
 
 
 @dataclass(slots=True)

@@ -3,7 +3,8 @@ import torch
 from torch import nn
 
 from diloco.errors import ConfigError
-from diloco.node.outer import FragmentSync, OuterConfig, merge, nesterov_step
+from diloco.node.outer import FragmentSync, OuterConfig
+from diloco.node.outer_step import merge, nesterov_step
 from diloco.protocol.reducer import RoundKey
 
 
