@@ -42,6 +42,10 @@ Faults and agreement (the rule every member applies):
   averaged part fails the round for all (SPEC 4 allows "all treat the round as failed");
   one that dies after delivering it, before its own contributions arrived, is simply not
   counted.
+* With an ``identity`` every chunk is signed, and while the reports are exchanged every
+  member checks the parts it did not reduce (``checking``, ``verification``): a reducer
+  caught lying fails the round for the member that caught it, and every peer caught lying
+  is told to ``on_offence``.
 * Residual risk (two generals): a report that is lost while its sender stays alive can
   leave that sender with a different outcome. The fragment state version and hash that
   every node publishes in its DHT record detect this (``records.divergent_peers``); the
@@ -58,6 +62,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 
 import torch
 from hivemind.p2p import PeerID
@@ -65,10 +70,14 @@ from hivemind.p2p import PeerID
 from diloco.codecs import Codec
 from diloco.errors import ProtocolError, RoundFailed
 from diloco.protocol.agreement import awaited_reports, check_report, decide
+from diloco.protocol.check_wire import CheckRequest
+from diloco.protocol.checking import Checker, OffenceHook, answer_check, log_offence
 from diloco.protocol.group import GroupInfo, RoundTimeouts
+from diloco.protocol.identity import Identity
 from diloco.protocol.part_server import Deadlines, PartServer
-from diloco.protocol.reducer import RoundKey, RoundResult
+from diloco.protocol.reducer import RoundResult
 from diloco.protocol.reduction import Assembled, Assembly, AveragedPart, PartReducer, RoundPlan
+from diloco.protocol.signatures import sign_part, verify_averaged
 from diloco.protocol.streams import (
     TRANSPORT_ERRORS,
     StreamTransport,
@@ -77,11 +86,20 @@ from diloco.protocol.streams import (
     read_frame,
     read_frame_header,
     stop_sending,
-    stream_handler,
     write_frame,
+)
+from diloco.protocol.verification import (
+    SAMPLES_PER_PART,
+    Judgement,
+    OwnContribution,
+    PartClaims,
+    Sample,
+    sample_blocks,
+    slices_alone,
 )
 from diloco.protocol.wire import (
     MAX_SMALL_BODY,
+    SIGNATURE_BYTES,
     Averaged,
     ByteCounter,
     Kind,
@@ -103,10 +121,14 @@ class AllReduceRunner:
 
     It moves bytes and keeps time; what the bytes mean is decided by ``AveragedPart``,
     ``self.assembly`` and ``agreement.decide``; ``self.server`` serves its own part.
-    ``server_type`` is the class that does (tests substitute faulty subclasses).
+    ``server_type`` is the class that does (tests substitute faulty subclasses). Without
+    an ``identity`` nothing is signed or checked (for measurements: every member of a
+    group must then run without). ``rng`` picks the blocks checked: private randomness.
     """
 
     server_type: type[PartServer] = PartServer
+    samples: int = SAMPLES_PER_PART
+    rng: random.Random = random.SystemRandom()
 
     def __init__(
         self,
@@ -119,13 +141,16 @@ class AllReduceRunner:
         delta: torch.Tensor,
         timeouts: RoundTimeouts,
         max_norm_ratio: float,
-        part_handler: str,
-        report_handler: str,
+        handlers: tuple[str, str, str, str],
+        identity: Identity | None = None,
+        on_offence: OffenceHook = log_offence,
     ) -> None:
         if codec.codec_id != group.codec_id or return_codec.codec_id != group.return_codec_id:
             raise ValueError("codecs differ from the group's")
         self.p2p, self.group, self.delta, self.timeouts = p2p, group, delta, timeouts
-        self.part_handler, self.report_handler = part_handler, report_handler
+        self.part_handler, self.report_handler = handlers[:2]
+        self.check_handlers = handlers[2:]
+        self.identity, self.on_offence = identity, on_offence
         self.index = group.index(p2p.peer_id)
         self.num_members = len(group.members)
         self.plan = RoundPlan.build(
@@ -139,6 +164,12 @@ class AllReduceRunner:
             max_norm_ratio=max_norm_ratio,
         )
         self.assembly = Assembly(self.plan)
+        checked = identity is not None and slices_alone(return_codec)
+        self.own = OwnContribution(self.plan, delta) if checked else None
+        """What this member sent, for checks; None when nothing is checked."""
+        self.claims: dict[int, PartClaims] = {}
+        self._recorded = asyncio.Event()
+        self._asked: dict[int, int] = {}
         self.counter = ByteCounter()
         loop = asyncio.get_running_loop()
         self._t0 = loop.time()
@@ -155,6 +186,7 @@ class AllReduceRunner:
             counter=self.counter,
             own_chunks=self._own_chunks,
             assembly=self.assembly,
+            identity=identity,
         )
         self._reports: dict[int, Report] = {}
         self._report_arrived = asyncio.Event()
@@ -176,9 +208,8 @@ class AllReduceRunner:
         ]
         try:
             for c, future in enumerate(self._own_chunks):
-                own = await loop.run_in_executor(
-                    None, self.plan.through_codec, self.delta, self.index, c
-                )
+                own = await loop.run_in_executor(None, self._own_chunk, c)
+                self._touch_recorded()
                 future.set_result(own)
             encoded = loop.time()
             await reduce_task
@@ -190,22 +221,32 @@ class AllReduceRunner:
                 task.cancel()
         assembled = self.assembly.result()
         assembled_at = loop.time()
-        await self._exchange_reports(assembled)
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(
-                self.server.idle.wait(), max(0.0, self.deadlines.report - loop.time())
-            )
+        checks = self._start_checks(assembled)  # alongside the reports: one phase, not two
+        try:
+            await self._exchange_reports(assembled)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(
+                    self.server.idle.wait(), max(0.0, self.deadlines.report - loop.time())
+                )
+            agreed = loop.time()
+            verdict = decide(assembled.held, assembled.digest, assembled.full, self._reports)
+            if not verdict.accepted:
+                raise RoundFailed(key.fragment, key.round, verdict.reason)
+            judgements = await checks if checks is not None else {}
+        finally:
+            if checks is not None:
+                checks.cancel()
         logger.info(
-            "round %s: encoded %.3fs, own part averaged %.3fs, all parts %.3fs, agreed %.3fs",
+            "round %s: encoded %.3fs, own part averaged %.3fs, all parts %.3fs, agreed %.3fs, "
+            "checked %.3fs",
             key,
             encoded - self._t0,
             reduced - self._t0,
             assembled_at - self._t0,
+            agreed - self._t0,
             loop.time() - self._t0,
         )
-        verdict = decide(assembled.held, assembled.digest, assembled.full, self._reports)
-        if not verdict.accepted:
-            raise RoundFailed(key.fragment, key.round, verdict.reason)
+        self._convict(judgements)
         return RoundResult(
             delta=assembled.delta,
             members=tuple(n for n, ok in zip(self.group.names, assembled.full, strict=True) if ok),
@@ -218,6 +259,28 @@ class AllReduceRunner:
         """Payload of chunk ``c`` of part ``j`` (sent to reducer ``j``)."""
         a, b = self.plan.chunks[j][c]
         return self.plan.codec.encode(self.delta[a:b].contiguous())
+
+    def _own_chunk(self, c: int) -> torch.Tensor:
+        """Chunk ``c`` of this member's own part as its reducer (itself) uses it."""
+        a, b = self.plan.chunks[self.index][c]
+        payload = self.plan.codec.encode(self.delta[a:b].contiguous())
+        if self.own is not None:
+            self.own.record(self.index, c, payload)
+        return self.plan.codec.decode(payload)
+
+    def _signed_chunk(self, j: int, c: int) -> tuple[bytes, bytes, bytes]:
+        """Head, signature and payload of chunk ``c`` of part ``j`` (in an executor)."""
+        head, payload = self._part_head(j, c), self._encode_chunk(j, c)
+        if self.own is not None:
+            self.own.record(j, c, payload)
+        if self.identity is None:
+            return head.serialize(), bytes(SIGNATURE_BYTES), payload
+        return head.serialize(), sign_part(self.identity, head, payload), payload
+
+    def _touch_recorded(self) -> None:
+        """Wake ``answer_check``: another chunk was recorded."""
+        recorded, self._recorded = self._recorded, asyncio.Event()
+        recorded.set()
 
     def _part_head(self, j: int, c: int) -> PartHead:
         return self.plan.head(j, c)
@@ -246,6 +309,8 @@ class AllReduceRunner:
             else:
                 assert part.mask is not None
                 self.assembly.add(j, part.mask, torch.cat(part.values), part.digest())
+                claims = PartClaims(part.mask, tuple(part.norms), tuple(part.block_norms))
+                self.claims[j] = claims
                 return
         logger.warning("round %s: part %d from %s missing: %r", self.group.key, j, peer, reason)
 
@@ -257,9 +322,9 @@ class AllReduceRunner:
 
         async def send() -> None:
             for c in range(len(self.plan.chunks[j])):
-                payload = await loop.run_in_executor(None, self._encode_chunk, j, c)
-                head = self._part_head(j, c).serialize()
-                await write_frame(writer, Kind.PART, head, payload, counter=self.counter)
+                signed = await loop.run_in_executor(None, self._signed_chunk, j, c)
+                self._touch_recorded()
+                await write_frame(writer, Kind.PART, *signed, counter=self.counter)
 
         sending = asyncio.create_task(send())
         try:
@@ -276,12 +341,74 @@ class AllReduceRunner:
                     )
                 msg = Averaged.parse(await read_body(reader, frame.body_len, self.counter))
                 part.check(c, msg)
-                values = await loop.run_in_executor(None, part.decode, c, msg.payload)
+                values = await loop.run_in_executor(None, self._open_averaged, part, msg)
                 part.add(c, msg, values)
             return part
         finally:
             stop_sending(sending)
             writer.close()
+
+    def _open_averaged(self, part: AveragedPart, msg: Averaged) -> torch.Tensor:
+        """Check the reducer's signature (verification on) and decode (in an executor)."""
+        if self.identity is not None:
+            verify_averaged(self.group.names[part.part], msg)
+        return part.decode(msg.head.chunk, msg.payload)
+
+    def _start_checks(self, assembled: Assembled) -> asyncio.Task[dict[int, Judgement]] | None:
+        """Start checking the parts of the other reducers, once all are held (``checking``)."""
+        if self.own is None or not all(assembled.held):
+            return None
+        samples = {}
+        for j, (lo, hi) in enumerate(self.plan.spans):
+            blocks = sample_blocks((lo, hi), self.samples, self.rng)
+            if j != self.index and blocks:
+                samples[j] = Sample(j, blocks, self.claims[j], assembled.delta[lo:hi])
+        checker = Checker(
+            p2p=self.p2p,
+            group=self.group,
+            plan=self.plan,
+            own=self.own,
+            deadlines=self.deadlines,
+            timeouts=self.timeouts,
+            handlers=self.check_handlers,
+            counter=self.counter,
+        )
+        return asyncio.create_task(checker.run(samples))
+
+    def _convict(self, judgements: dict[int, Judgement]) -> None:
+        """Tell ``on_offence`` of every liar; raise RoundFailed if a reducer lied."""
+        key, names = self.group.key, self.group.names
+        failed = []
+        for j, judgement in sorted(judgements.items()):
+            for i, offence in sorted(judgement.senders.items()):
+                logger.warning("round %s: member %s lied: %s", key, names[i], offence)
+                self.on_offence(self.group.members[i], f"round {key}: {offence}")
+            if judgement.reducer:
+                failed.append(f"reducer {names[j]} of part {j} lied: {judgement.reducer}")
+                logger.warning("round %s: %s", key, failed[-1])
+                self.on_offence(self.group.members[j], f"round {key} part {j}: {judgement.reducer}")
+        if failed:
+            raise RoundFailed(key.fragment, key.round, "; ".join(failed))
+
+    async def answer_check(self, sender: PeerID, request: CheckRequest) -> Reject | bytes:
+        """This member's signed CHECK_RES to member ``sender`` (twice per round at most:
+        once more after a cut stream), or why not."""
+        if sender not in self.group.members or sender == self.p2p.peer_id:
+            return Reject(RejectCode.NOT_MEMBER, reason="not a member of this group")
+        i = self.group.index(sender)
+        self._asked[i] = self._asked.get(i, 0) + 1
+        if self.own is None or self.identity is None or self._asked[i] > 2:
+            return Reject(RejectCode.MISMATCH, reason="no checks here, or asked before")
+        answer = await answer_check(
+            sender=i,
+            request=request,
+            plan=self.plan,
+            own=self.own,
+            identity=self.identity,
+            recorded=lambda: self._recorded,
+            deadline=self.deadlines.check,
+        )
+        return answer if isinstance(answer, Reject) else answer.serialize()
 
     def exclude(self, peer: PeerID, reason: str) -> None:
         """Stop waiting for ``peer``'s contribution (it broke the protocol elsewhere)."""
@@ -346,103 +473,3 @@ class AllReduceRunner:
         check_report(report, self.group.group_id, self.num_members)
         self._reports.setdefault(self.group.index(sender), report)
         self._report_arrived.set()
-
-
-class AllReduceService:
-    """Routes PART and REPORT streams to the round they belong to.
-
-    A round is registered (``expect``) before its node declares itself in matchmaking, so
-    a member that formed its group first and sends early is held until this node's group is
-    known (bounded by the matchmaking time), not refused.
-    """
-
-    def __init__(
-        self, p2p: StreamTransport, run_id: str, digest: bytes, timeouts: RoundTimeouts
-    ) -> None:
-        self.p2p, self.digest, self.timeouts = p2p, digest, timeouts
-        self.part_handler = f"/diloco/{run_id}/part/1"
-        self.report_handler = f"/diloco/{run_id}/report/1"
-        self._rounds: dict[RoundKey, asyncio.Future[AllReduceRunner]] = {}
-
-    async def start(self) -> None:
-        """Register both handlers on the shared P2P daemon."""
-        t = self.timeouts
-        waits = t.connect_timeout + t.matchmaking  # the first frame, then this node's group
-        part = stream_handler(
-            "PART", self._serve_part, timeout=waits + t.allreduce, reply_timeout=t.reply_timeout
-        )
-        report = stream_handler(
-            "REPORT",
-            self._serve_report,
-            timeout=waits + t.reply_timeout,
-            reply_timeout=t.reply_timeout,
-        )
-        await self.p2p.add_binary_stream_handler(self.part_handler, part)
-        await self.p2p.add_binary_stream_handler(self.report_handler, report)
-
-    def expect(self, key: RoundKey) -> asyncio.Future[AllReduceRunner]:
-        """Open the slot of round ``key``; resolve it with the runner once the group is known."""
-        if key in self._rounds:
-            raise RoundFailed(key.fragment, key.round, "this round is already in flight")
-        future: asyncio.Future[AllReduceRunner] = asyncio.get_running_loop().create_future()
-        self._rounds[key] = future
-        return future
-
-    def finish(self, key: RoundKey) -> None:
-        """Close the slot of round ``key``; new streams for it are refused from now on."""
-        future = self._rounds.pop(key, None)
-        if future is not None and not future.done():
-            future.cancel()
-
-    async def _runner_for(
-        self, tag: RoundTag, group_id: bytes, sender: PeerID
-    ) -> AllReduceRunner | Reject:
-        future = self._rounds.get(RoundKey(tag.fragment, tag.round))
-        if tag.digest != self.digest:
-            if (
-                future is not None
-                and future.done()
-                and not future.cancelled()
-                and future.exception() is None
-            ):
-                future.result().exclude(sender, "message of another run")
-            return Reject(RejectCode.WRONG_RUN, reason="different run configuration")
-        if future is None:
-            return Reject(RejectCode.UNKNOWN_ROUND, reason="round not in flight here")
-        await asyncio.wait({future}, timeout=self.timeouts.matchmaking)
-        if not future.done() or future.cancelled() or future.exception() is not None:
-            return Reject(RejectCode.UNKNOWN_ROUND, reason="no group for this round here")
-        runner = future.result()
-        if runner.group.group_id != group_id:
-            return Reject(RejectCode.NOT_MEMBER, reason="another group")
-        return runner
-
-    async def _serve_part(
-        self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> Reject | None:
-        connect = self.timeouts.connect_timeout
-        frame = await asyncio.wait_for(read_frame_header(reader), connect)
-        if frame.kind != Kind.PART or frame.body_len < PartHead.SIZE:
-            raise ProtocolError(f"{frame.kind.name} of {frame.body_len} bytes on the part stream")
-        head = PartHead.parse(await asyncio.wait_for(read_body(reader, PartHead.SIZE), connect))
-        runner = await self._runner_for(head.tag, head.group_id, peer)
-        if isinstance(runner, Reject):
-            return runner
-        return await runner.server.accept_part(peer, frame, head, reader, writer)
-
-    async def _serve_report(
-        self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> Reject | None:
-        t = self.timeouts
-        _, body = await asyncio.wait_for(read_frame(reader, (Kind.REPORT,)), t.connect_timeout)
-        report = Report.parse(body)
-        runner = await self._runner_for(report.tag, report.group_id, peer)
-        if isinstance(runner, Reject):
-            return runner
-        runner.accept_report(peer, report)
-        await asyncio.wait_for(write_frame(writer, Kind.ACK), t.reply_timeout)
-        return None
-
-
-def _bad_part(reason: str) -> Reject:
-    return Reject(RejectCode.BAD_PART, reason=reason[:200])

@@ -8,6 +8,11 @@ an executor, and streams every averaged chunk, with the counted mask, to every m
 A stream cut in transport is not an offence: the member may open it again, and the
 chunks it already delivered are skipped. An invalid or late chunk excludes its sender,
 which is told so (REJECT BAD_PART); a failed part is announced the same way.
+
+With an ``identity`` (verification on) a chunk must carry its sender's signature (else it
+is invalid), the averaged chunks are signed, and the signed chunks counted are kept until
+the round is forgotten: ``serve_evidence`` shows them to a member that disputes the part
+(``verification``), once per member.
 """
 
 from __future__ import annotations
@@ -23,8 +28,11 @@ import torch
 from hivemind.p2p import PeerID
 
 from diloco.errors import ProtocolError
+from diloco.protocol.check_wire import Evidence, EvidenceRequest
 from diloco.protocol.group import GroupInfo, RoundTimeouts
-from diloco.protocol.reduction import Assembly, PartReducer
+from diloco.protocol.identity import Identity
+from diloco.protocol.reduction import Assembly, Chunk, PartReducer
+from diloco.protocol.signatures import sign_averaged, verify_part
 from diloco.protocol.streams import (
     TRANSPORT_ERRORS,
     read_body,
@@ -33,7 +41,16 @@ from diloco.protocol.streams import (
     stop_sending,
     write_frame,
 )
-from diloco.protocol.wire import ByteCounter, Frame, Kind, PartHead, Reject, RejectCode
+from diloco.protocol.wire import (
+    SIGNATURE_BYTES,
+    Averaged,
+    ByteCounter,
+    Frame,
+    Kind,
+    PartHead,
+    Reject,
+    RejectCode,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -48,12 +65,22 @@ class Deadlines:
     """Reducers stop waiting for chunks; members for averaged parts (``reducer_timeout``)."""
     report: float
     """Members stop waiting for reports (``report_timeout``)."""
+    check: float
+    """Members stop waiting for answers to their checks (``verify_timeout``)."""
+    dispute: float
+    """Members stop waiting for a reducer's evidence (``verify_timeout``)."""
+    forget: float
+    """The round's evidence is dropped: every member's dispute is over."""
 
     @classmethod
     def starting(cls, t0: float, timeouts: RoundTimeouts) -> Deadlines:
         gather = t0 + timeouts.sender_timeout
         part = gather + timeouts.reducer_timeout
-        return cls(gather, part, part + timeouts.report_timeout)
+        report = part + timeouts.report_timeout
+        check = report + timeouts.verify_timeout
+        dispute = check + timeouts.verify_timeout
+        # Members start their rounds up to a matchmaking apart.
+        return cls(gather, part, report, check, dispute, dispute + timeouts.matchmaking)
 
 
 class PartServer:
@@ -70,8 +97,9 @@ class PartServer:
         counter: ByteCounter,
         own_chunks: Sequence[asyncio.Future[torch.Tensor]],
         assembly: Assembly,
+        identity: Identity | None,
     ) -> None:
-        self.reducer, self.group, self.me = reducer, group, me
+        self.reducer, self.group, self.me, self.identity = reducer, group, me, identity
         self.deadlines, self.timeouts, self.counter = deadlines, timeouts, counter
         self.own_chunks, self.assembly = own_chunks, assembly
         self.plan = reducer.plan
@@ -84,6 +112,7 @@ class PartServer:
         self.idle.set()
         self.delivered = 0
         """Members this reducer wrote its whole averaged part to so far."""
+        self._evidence_served: set[int] = set()
 
     def _touch(self) -> None:
         """Wake every ``_wait``: some state they look at changed."""
@@ -127,13 +156,20 @@ class PartServer:
                 self._touch()
                 logger.warning("round %s part %d failed: %s", key, index, reducer.failed)
                 return
-            values, weights = reducer.inputs(c, await self.own_chunks[c])
-            encoded, mean = await loop.run_in_executor(None, reducer.average, values, weights)
-            reducer.add_average(c, encoded)
+            own = await self.own_chunks[c]
+            msg, mean = await loop.run_in_executor(None, self.average_chunk, c, own)
+            reducer.add_average(c, msg)
             self._touch()
             decoded.append(mean)
         assert reducer.mask is not None
         self.assembly.add(index, reducer.mask, torch.cat(decoded), reducer.digest())
+
+    def average_chunk(self, c: int, own: torch.Tensor) -> tuple[Averaged, torch.Tensor]:
+        """Averaged chunk ``c``, signed, and its decoded values (runs in an executor)."""
+        msg, mean = self.reducer.average(c, own)
+        if self.identity is not None:
+            msg = sign_averaged(self.identity, msg)
+        return msg, mean
 
     async def accept_part(
         self,
@@ -229,19 +265,26 @@ class PartServer:
                 head = PartHead.parse(await read_body(reader, PartHead.SIZE, self.counter))
             if head != self.plan.head(index, c):
                 raise ProtocolError(f"chunk {head.part}/{head.chunk}, expected {index}/{c}")
-            size = self.plan.codec.encoded_size(b - a)
+            size = SIGNATURE_BYTES + self.plan.codec.encoded_size(b - a)
             if frame.body_len != PartHead.SIZE + size:
                 raise ProtocolError(
                     f"chunk of {frame.body_len - PartHead.SIZE} bytes, expected {size}"
                 )
-            payload = await asyncio.wait_for(
+            body = await asyncio.wait_for(
                 read_body(reader, size, self.counter), max(0.0, deadline - loop.time())
             )
             if not counting or not reducer.wants(j, c):
                 continue  # late, or sent again after a cut: read to keep the stream flowing
-            values = await loop.run_in_executor(None, reducer.check_chunk, c, payload)
-            if reducer.add_chunk(j, c, values):
+            chunk = await loop.run_in_executor(None, self._check_chunk, j, head, body)
+            if reducer.add_chunk(j, c, chunk):
                 self._touch()
+
+    def _check_chunk(self, j: int, head: PartHead, body: bytearray) -> Chunk:
+        """Check member ``j``'s signature (verification on) and chunk (in an executor)."""
+        signature, payload = bytes(body[:SIGNATURE_BYTES]), memoryview(body)[SIGNATURE_BYTES:]
+        if self.identity is not None:
+            verify_part(self.group.names[j], head, payload, signature)
+        return self.reducer.check_chunk(head.chunk, payload, signature)
 
     async def _send_averages(self, j: int, writer: asyncio.StreamWriter) -> None:
         """Stream the averaged chunks to member ``j`` as the reduction produces them."""
@@ -253,11 +296,36 @@ class PartServer:
                 await send_reject(writer, _bad_part(reason), self.timeouts.reply_timeout)
                 writer.close()  # the member sees the part missing
                 return
-            msg = reducer.averaged_message(c)
+            msg = reducer.averaged[c]
             await write_frame(
                 writer, Kind.AVERAGED, msg.prefix(), msg.payload, counter=self.counter
             )
         self.delivered += 1
+
+    async def serve_evidence(
+        self, sender: PeerID, request: EvidenceRequest, writer: asyncio.StreamWriter
+    ) -> Reject | None:
+        """Show a member that disputes this part the signed chunks it asks for (once per
+        member and round), one EVIDENCE frame each; refuse what this reducer never counted."""
+        if sender not in self.group.members or sender == self.me:
+            return Reject(RejectCode.NOT_MEMBER, reason="not a member of this group")
+        i = self.group.index(sender)
+        reducer = self.reducer
+        if request.part != self.plan.index or i in self._evidence_served:
+            return Reject(RejectCode.MISMATCH, reason="not this reducer's part, or asked before")
+        held = [reducer.received.get(m, []) for m, _ in request.items]
+        if not all(
+            m in reducer.counted and c < len(h)
+            for (m, c), h in zip(request.items, held, strict=True)
+        ):
+            return Reject(RejectCode.MISMATCH, reason="asks for chunks this reducer did not count")
+        self._evidence_served.add(i)
+        logger.info("round %s: member %d disputes part %d", self.group.key, i, self.plan.index)
+        for (m, c), chunks in zip(request.items, held, strict=True):
+            item = chunks[c]
+            prefix = Evidence(m, c, item.signature, item.payload).prefix()
+            await write_frame(writer, Kind.EVIDENCE, prefix, item.payload, counter=self.counter)
+        return None
 
     def exclude(self, j: int, reason: str) -> None:
         """Count nothing more from member ``j`` (logged once)."""

@@ -79,14 +79,17 @@ def weighted_mean(parts: Sequence[torch.Tensor], weights: Sequence[float]) -> to
 
     Each contribution is scaled by its normalised weight before it is added, so a single
     member gets its own values back exactly, and every reducer of every transport performs
-    the same float operations in the same order.
+    the same float operations in the same order. The product and the sum are two separate
+    operations, each rounded once on every CPU: ``add_(x, alpha=w)`` fuses them into one FMA
+    where the CPU has it (AVX2) and not elsewhere, and members that recompute a reducer's
+    blocks (``verification``) must get its bits on any machine, value by value.
     """
     total = float(sum(weights))
     if not parts or total <= 0:
         raise ValueError("weighted_mean needs at least one part with positive total weight")
     acc = torch.zeros_like(parts[0], dtype=torch.float32)
     for part, weight in zip(parts, weights, strict=True):
-        acc.add_(part.to(torch.float32), alpha=float(weight) / total)
+        acc.add_(part.to(torch.float32) * (float(weight) / total))
     return acc
 
 

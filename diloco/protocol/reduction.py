@@ -7,17 +7,17 @@ feeds what arrives into these classes, which never touch a stream, a clock or a 
 
 * ``RoundPlan``: what every member derives alike from the group (parts, chunks, codecs)
   plus the norms of its own delta, the bound for what it accepts.
-* ``PartReducer``: the reducer side of this member's part: which chunks arrived from whom,
-  who is excluded and why, who counts once the gather closes, the combine step, and the
-  averaged chunk bytes.
+* ``PartReducer``: the reducer side of this member's part: which chunks arrived from whom
+  (kept with their signatures, the evidence for disputes), who is excluded and why, who
+  counts once the gather closes, the combine step (``combine``), and the averaged chunks.
 * ``AveragedPart``: the member side of one reducer's part, one stream's worth: its AVERAGED
   chunks, validated in order.
 * ``Assembly``: the parts a member holds and the result, masks and digest they make.
 
-The agreement over REPORTs is in ``agreement``. Methods that decode or encode
-(``PartReducer.check_chunk``, ``PartReducer.average``, ``AveragedPart.decode``,
-``RoundPlan.through_codec``) read nothing that changes during a round, so the glue runs them
-in an executor; every other method is called on the event loop.
+The agreement over REPORTs is in ``agreement``, the checks of other reducers' parts in
+``verification``. Methods that decode or encode (``PartReducer.check_chunk``,
+``PartReducer.average``, ``AveragedPart.decode``) read nothing that changes while they run,
+so the glue runs them in an executor; every other method is called on the event loop.
 """
 
 from __future__ import annotations
@@ -29,14 +29,18 @@ from dataclasses import dataclass
 
 import torch
 
-from diloco.codecs import Codec, CodecError
+from diloco.codecs import Codec, CodecError, l2_norm
 from diloco.errors import ProtocolError
 from diloco.protocol.partition import PART_ALIGN, butterfly_parts
 from diloco.protocol.reducer import weighted_mean
-from diloco.protocol.wire import Averaged, Buffer, PartHead, RoundTag, pack_mask
+from diloco.protocol.wire import SIGNATURE_BYTES, Averaged, Buffer, PartHead, RoundTag
 
 CHUNK_VALUES = 1 << 18
 """Values per chunk of a part (a multiple of ``PART_ALIGN``): 1 MiB as FP32, 136 KiB as E3M0."""
+
+BLOCK_VALUES = PART_ALIGN
+"""Values per block of a chunk's block norms and of verification samples: a multiple of
+every codec's block, so a block encodes alone to the values it has in its chunk."""
 
 Span = tuple[int, int]
 
@@ -67,16 +71,51 @@ def check_values(x: torch.Tensor, reference_norm: float, max_norm_ratio: float) 
         if not bool(torch.isfinite(x).all()):
             raise ProtocolError("values are not all finite")
         norm = float(torch.linalg.vector_norm(x, dtype=torch.float64))  # FP32 overflowed
+    check_norm(norm, reference_norm, max_norm_ratio)
+
+
+def check_norm(norm: float, reference_norm: float, max_norm_ratio: float) -> None:
+    """Raise ProtocolError unless ``norm`` is finite and within ``check_values``' bound."""
+    if not math.isfinite(norm):
+        raise ProtocolError("values are not all finite")
     if reference_norm > 0 and norm > max_norm_ratio * reference_norm:
         raise ProtocolError(f"norm {norm:.3g} > {max_norm_ratio:g} x own norm {reference_norm:.3g}")
 
 
-def part_digest(mask: Sequence[bool], payloads: Sequence[Buffer]) -> bytes:
-    """sha256 of one part as members compare it: the averaged payloads, then the mask."""
+def num_blocks(span: Span) -> int:
+    """Blocks of ``BLOCK_VALUES`` in a span (the last one may be short)."""
+    return -(-(span[1] - span[0]) // BLOCK_VALUES)
+
+
+def block_norms(x: torch.Tensor) -> tuple[float, ...]:
+    """L2 norms (FP64 sums) of ``x`` over each ``BLOCK_VALUES`` values."""
+    blocks = num_blocks((0, x.numel()))
+    padded = torch.zeros(blocks * BLOCK_VALUES, dtype=torch.float64)
+    padded[: x.numel()] = x
+    return tuple(padded.square_().view(blocks, BLOCK_VALUES).sum(dim=1).sqrt_().tolist())
+
+
+def combine(
+    values: Sequence[torch.Tensor], weights: Sequence[float], norms: Sequence[float]
+) -> torch.Tensor:
+    """The combine step of one chunk: the counted members' values, weights and chunk norms
+    (as AVERAGED carries them) in group order, to the FP32 mean.
+
+    Reducers run it on whole chunks; members that check them (``verification``) on blocks
+    of ``BLOCK_VALUES`` values, with the reducer's norms. Both give the same bits because
+    every operation in it is elementwise and rounded once on every CPU (``weighted_mean``),
+    and whatever depends on more than one value (a robust combine's clipping) depends on
+    the chunk only through ``norms``; the plain weighted mean does not read them.
+    """
+    return weighted_mean(values, weights)
+
+
+def part_digest(bodies: Sequence[Buffer]) -> bytes:
+    """sha256 of one part as members compare it: its AVERAGED bodies in chunk order (mask,
+    norms, signature and payload: what every member must hold alike)."""
     digest = hashlib.sha256()
-    for payload in payloads:
-        digest.update(payload)
-    digest.update(pack_mask(mask))
+    for body in bodies:
+        digest.update(body)
     return digest.digest()
 
 
@@ -142,10 +181,16 @@ class RoundPlan:
         """The head of chunk ``chunk`` of part ``part`` in this round (PART and AVERAGED)."""
         return PartHead(self.tag, self.group_id, part, chunk)
 
-    def through_codec(self, delta: torch.Tensor, part: int, chunk: int) -> torch.Tensor:
-        """A chunk of ``delta`` as its reducer will see it: encoded and decoded."""
-        a, b = self.chunks[part][chunk]
-        return self.codec.decode(self.codec.encode(delta[a:b].contiguous()))
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """A member's checked chunk as its reducer keeps it: the decoded values and their norm,
+    and the signed bytes (evidence for ``verification`` disputes)."""
+
+    values: torch.Tensor
+    norm: float
+    payload: Buffer
+    signature: bytes
 
 
 class PartReducer:
@@ -163,13 +208,13 @@ class PartReducer:
         self.plan = plan
         self.index = plan.index
         self.chunks = plan.chunks[plan.index]
-        self.received: dict[int, list[torch.Tensor]] = {}
+        self.received: dict[int, list[Chunk]] = {}
         """Valid chunks of every member whose chunk 0 counted, in chunk order."""
         self.excluded: dict[int, str] = {}
         self.mask: tuple[bool, ...] | None = None
         """Members counted in this part; fixed when the gather closes."""
-        self.averaged: list[bytes] = []
-        """Averaged chunks encoded with the return codec: the bytes every member gets."""
+        self.averaged: list[Averaged] = []
+        """Averaged chunks (return codec, signed): the bytes every member gets."""
         self.failed: str | None = None
 
     @property
@@ -196,8 +241,9 @@ class PartReducer:
         """Whether to check and keep chunk ``c`` of ``j``: not excluded, not held already."""
         return j not in self.excluded and c >= len(self.received.get(j, ()))
 
-    def check_chunk(self, c: int, payload: Buffer) -> torch.Tensor:
-        """Decode and validate chunk ``c`` of a contribution to this part (pure).
+    def check_chunk(self, c: int, payload: Buffer, signature: bytes) -> Chunk:
+        """Decode and validate chunk ``c`` of a contribution to this part (pure); the glue
+        checked ``signature``.
 
         Raises:
             ProtocolError: another codec, no decode, a wrong length, non-finite values, or a
@@ -213,19 +259,20 @@ class PartReducer:
         a, b = self.chunks[c]
         if values.numel() != b - a:
             raise ProtocolError(f"{values.numel()} values, expected {b - a}")
-        check_values(values, self.plan.chunk_norms[self.index][c], self.plan.max_norm_ratio)
-        return values
+        norm = l2_norm(values)
+        check_norm(norm, self.plan.chunk_norms[self.index][c], self.plan.max_norm_ratio)
+        return Chunk(values, norm, payload, signature)
 
-    def add_chunk(self, j: int, c: int, values: torch.Tensor) -> bool:
+    def add_chunk(self, j: int, c: int, chunk: Chunk) -> bool:
         """Keep a checked chunk; False when it came too late to count (chunk 0 after the
         gather closed)."""
         if c == 0:
             if self.gather_closed:
                 return False
-            self.received[j] = [values]
+            self.received[j] = [chunk]
         else:
             assert len(self.received[j]) == c, "chunks of a member are kept in order"
-            self.received[j].append(values)
+            self.received[j].append(chunk)
         return True
 
     def exclude(self, j: int, reason: str) -> bool:
@@ -266,36 +313,37 @@ class PartReducer:
     def fail(self, reason: str) -> None:
         self.failed = reason
 
-    def inputs(self, c: int, own: torch.Tensor) -> tuple[list[torch.Tensor], list[float]]:
-        """Values and weights of chunk ``c`` for the combine step, in group order."""
-        counted = self.counted
-        values = [own if i == self.index else self.received[i][c] for i in counted]
-        return values, [self.plan.weights[i] for i in counted]
+    def average(self, c: int, own: torch.Tensor) -> tuple[Averaged, torch.Tensor]:
+        """Chunk ``c`` averaged over the counted members (``own`` is this member's values),
+        encoded once with the return codec, as an unsigned AVERAGED with the norms it was
+        combined by; and the decoded values this member uses itself (pure)."""
+        assert self.mask is not None
+        norms = [0.0] * self.plan.num_members
+        values = []
+        for i in self.counted:
+            chunk = None if i == self.index else self.received[i][c]
+            values.append(own if chunk is None else chunk.values)
+            norms[i] = l2_norm(own) if chunk is None else chunk.norm
+        weights = [self.plan.weights[i] for i in self.counted]
+        mean = combine(values, weights, [norms[i] for i in self.counted])
+        encoded = self.plan.return_codec.encode(mean)
+        head = self.plan.head(self.index, c)
+        unsigned = bytes(SIGNATURE_BYTES)
+        msg = Averaged(head, self.mask, tuple(norms), block_norms(own), unsigned, encoded)
+        return msg, self.plan.return_codec.decode(encoded)
 
-    def average(
-        self, values: Sequence[torch.Tensor], weights: Sequence[float]
-    ) -> tuple[bytes, torch.Tensor]:
-        """The combine step (``weighted_mean``: FP32, group order), encoded once with the
-        return codec, and the decoded bytes this member uses itself (pure)."""
-        encoded = self.plan.return_codec.encode(weighted_mean(values, weights))
-        return encoded, self.plan.return_codec.decode(encoded)
-
-    def add_average(self, c: int, encoded: bytes) -> None:
+    def add_average(self, c: int, msg: Averaged) -> None:
         assert len(self.averaged) == c, "averaged chunks are produced in order"
-        self.averaged.append(encoded)
+        self.averaged.append(msg)
 
     def averaged_ready(self, c: int) -> bool:
         """Averaged chunk ``c`` can be sent, or never will be (the part failed)."""
         return len(self.averaged) > c or self.failed is not None
 
-    def averaged_message(self, c: int) -> Averaged:
-        assert self.mask is not None
-        return Averaged(self.plan.head(self.index, c), self.mask, self.averaged[c])
-
     def digest(self) -> bytes:
         """This part as members compare it (``part_digest``), once every chunk is averaged."""
-        assert self.mask is not None and len(self.averaged) == self.num_chunks
-        return part_digest(self.mask, self.averaged)
+        assert len(self.averaged) == self.num_chunks
+        return part_digest([msg.prefix() + bytes(msg.payload) for msg in self.averaged])
 
 
 class AveragedPart:
@@ -311,6 +359,10 @@ class AveragedPart:
         self.chunks = plan.chunks[part]
         self.mask: tuple[bool, ...] | None = None
         self.values: list[torch.Tensor] = []
+        self.norms: list[tuple[float, ...]] = []
+        """Per chunk, the members' chunk norms as the reducer reported them."""
+        self.block_norms: list[tuple[float, ...]] = []
+        """Per chunk, the block norms of the reducer's own contribution."""
         self._sha = hashlib.sha256()
 
     @property
@@ -321,16 +373,19 @@ class AveragedPart:
         """The exact body length of AVERAGED chunk ``c``, checked before it is read."""
         a, b = self.chunks[c]
         payload = self.plan.return_codec.encoded_size(b - a)
-        return Averaged.body_size(self.plan.num_members, payload)
+        return Averaged.body_size(self.plan.num_members, num_blocks((a, b)), payload)
 
     def check(self, c: int, msg: Averaged) -> None:
-        """Raise ProtocolError unless ``msg`` is chunk ``c`` of this part with the same mask."""
+        """Raise ProtocolError unless ``msg`` is chunk ``c`` of this part with the same mask
+        and a block norm per block (the glue checks its signature)."""
         if msg.head != self.plan.head(self.part, c):
             raise ProtocolError("AVERAGED for another round, group, part or chunk")
         if len(msg.mask) != self.plan.num_members:
             raise ProtocolError(f"mask of {len(msg.mask)} members")
         if self.mask is not None and msg.mask != self.mask:
             raise ProtocolError("counted mask changed mid-part")
+        if len(msg.block_norms) != num_blocks(self.chunks[c]):
+            raise ProtocolError(f"{len(msg.block_norms)} block norms")
 
     def decode(self, c: int, payload: Buffer) -> torch.Tensor:
         """Decode and validate averaged chunk ``c`` (pure).
@@ -349,14 +404,15 @@ class AveragedPart:
         assert len(self.values) == c, "averaged chunks arrive in order"
         self.mask = msg.mask
         self.values.append(values)
+        self.norms.append(msg.norms)
+        self.block_norms.append(msg.block_norms)
+        self._sha.update(msg.prefix())
         self._sha.update(msg.payload)
 
     def digest(self) -> bytes:
-        """``part_digest`` of the payloads received, hashed as they came."""
-        assert self.mask is not None and self.complete
-        sha = self._sha.copy()
-        sha.update(pack_mask(self.mask))
-        return sha.digest()
+        """``part_digest`` of the chunks received, hashed as they came."""
+        assert self.complete
+        return self._sha.digest()
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,7 +46,8 @@ from hivemind.p2p import P2P, PeerID
 from diloco.codecs import Codec
 from diloco.errors import ProtocolError, RoundFailed
 from diloco.protocol import processes
-from diloco.protocol.allreduce import AllReduceRunner, AllReduceService
+from diloco.protocol.allreduce import AllReduceRunner
+from diloco.protocol.checking import OffenceHook, log_offence
 from diloco.protocol.fragment_state import OuterState
 from diloco.protocol.group import RoundTimeouts
 from diloco.protocol.matchmaking import Matchmaker
@@ -61,10 +62,12 @@ from diloco.protocol.records import (
     record_validator,
 )
 from diloco.protocol.reducer import Contribution, Reducer, RoundKey, RoundResult, weighted_mean
+from diloco.protocol.routing import AllReduceService
 from diloco.protocol.run_id import check_run_id, run_digest
 from diloco.protocol.signed_records import SigningDHT
 from diloco.protocol.state_transfer import StateProvider, StateServer, fetch_state
 from diloco.protocol.streams import TRANSPORT_ERRORS
+from diloco.protocol.verification import slices_alone
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -310,6 +313,12 @@ class SwarmReducer(Reducer):
     the number of live node records) matchmaking ends as soon as that many peers declared,
     instead of after the whole window. ``runner_type`` is the class that
     runs one all-reduce (tests substitute faulty subclasses).
+
+    With ``verify`` (the default) every chunk is signed with the node's identity and every
+    member checks the others' averages (``verification``): a reducer caught lying fails the
+    round here. Every peer caught lying is passed to ``on_offence`` (default: a warning).
+    ``verify=False`` is for measuring what that costs; every node of a swarm must then run
+    without it (unsigned chunks are refused by nodes that verify).
     """
 
     runner_type: type[AllReduceRunner] = AllReduceRunner
@@ -324,12 +333,22 @@ class SwarmReducer(Reducer):
         min_group_size: int = 2,
         target_group_size: int | None = None,
         max_norm_ratio: float = 100.0,
+        verify: bool = True,
+        on_offence: OffenceHook = log_offence,
     ) -> None:
         if not max_norm_ratio > 1:
             raise ValueError(f"max_norm_ratio must be > 1, got {max_norm_ratio}")
         self.swarm, self.codec, self.return_codec = swarm, codec, return_codec or codec
         self.timeouts = timeouts or RoundTimeouts()
         self.min_group_size, self.max_norm_ratio = min_group_size, max_norm_ratio
+        self.identity = swarm.dht.identity if verify else None
+        self.on_offence = on_offence
+        if verify and not slices_alone(self.return_codec):
+            logger.warning(
+                "averages encoded with %r cannot be recomputed by block: they are signed, "
+                "not checked",
+                self.return_codec,
+            )
         self.matchmaker = Matchmaker(
             swarm.p2p,
             swarm.dht,
@@ -353,12 +372,7 @@ class SwarmReducer(Reducer):
     def close(self) -> None:
         """Stop answering this reducer's streams; rounds in flight fail or finish by their
         deadlines. The swarm itself stays up (``Swarm.shutdown`` ends it)."""
-        names = (
-            self.matchmaker.handler_name,
-            self.service.part_handler,
-            self.service.report_handler,
-        )
-        for name in names:
+        for name in (self.matchmaker.handler_name, *self.service.handlers):
             try:
                 self.swarm.call(self.swarm.p2p.remove_binary_stream_handler(name), 5.0)
             except Exception as exc:  # the daemon may already be gone at shutdown
@@ -417,8 +431,9 @@ class SwarmReducer(Reducer):
                     delta=delta,
                     timeouts=self.timeouts,
                     max_norm_ratio=self.max_norm_ratio,
-                    part_handler=self.service.part_handler,
-                    report_handler=self.service.report_handler,
+                    handlers=self.service.handlers,
+                    identity=self.identity,
+                    on_offence=self.on_offence,
                 )
                 slot.set_result(runner)
                 result = await runner.run()

@@ -18,16 +18,26 @@ Body layouts (``digest`` is the 16-byte run digest, ``gid`` the 16-byte group id
     GROUP     digest | fragment u32 | round u32 | gid | numel u64 | codec u8 | return codec u8
               | count u16 | count x (peer id length u16 | peer id | weight f64)
     REJECT    code u8 | peer id length u16 | peer id (a redirect, may be empty) | utf-8 reason
-    PART      digest | fragment u32 | round u32 | gid | part u16 | chunk u32 | codec payload
+    PART      digest | fragment u32 | round u32 | gid | part u16 | chunk u32 | signature (64)
+              | codec payload
     AVERAGED  digest | fragment u32 | round u32 | gid | part u16 | chunk u32 | mask length u16
-              | counted mask | codec payload
+              | counted mask | mask length x norm f64 | block count u32 | block count x
+              block norm f32 | signature (64) | codec payload
               (a part travels as consecutive chunks, each encoded on its own, so that a
               reducer averages and returns chunk c while chunk c + 1 is still arriving)
     REPORT    digest | fragment u32 | round u32 | gid | mask length u16 | parts mask
               | result sha256 (32)
     ACK       (empty)
 
-The bodies of STATE_REQ, STATE_HDR and STATE_DAT are in ``state_wire``.
+Signatures are Ed25519 by the sender's peer id over ``identity.signing_input(domain,
+body before the signature, sha256(codec payload))``, domains "diloco-part/1" and
+"diloco-averaged/1" (``signatures``): a reducer keeps the signed chunks it counted, and every
+member the signed averaged chunks, as evidence (``verification``). An AVERAGED chunk's
+norms are every member's chunk norm as its reducer computed it (0: not counted); its block
+norms those of the reducer's own contribution over each ``PART_ALIGN`` values of the chunk.
+
+The bodies of STATE_REQ, STATE_HDR and STATE_DAT are in ``state_wire``; those of CHECK_REQ,
+CHECK_RES, EVIDENCE_REQ and EVIDENCE in ``check_wire``.
 """
 
 from __future__ import annotations
@@ -46,6 +56,8 @@ PROTOCOL_VERSION = 1
 FRAME_HEADER = struct.Struct("!2sBBQ")
 GROUP_ID_BYTES = 16
 SHA256_BYTES = 32
+SIGNATURE_BYTES = 64
+"""An Ed25519 signature (``identity``)."""
 MAX_GROUP_SIZE = 256
 MAX_PEER_ID_BYTES = 128
 MAX_REASON_BYTES = 1024
@@ -76,6 +88,10 @@ class Kind(IntEnum):
     STATE_REQ = 8
     STATE_HDR = 9
     STATE_DAT = 10
+    CHECK_REQ = 11
+    CHECK_RES = 12
+    EVIDENCE_REQ = 13
+    EVIDENCE = 14
 
 
 class RejectCode(IntEnum):
@@ -351,13 +367,19 @@ def unpack_mask(data: Buffer, num_members: int) -> tuple[bool, ...]:
 
 @dataclass(frozen=True, slots=True)
 class Averaged:
-    """A reducer's averaged chunk and the mask of members it counted in its part.
+    """A reducer's averaged chunk, the mask of members it counted in its part, the norms it
+    combined them by, and its signature (see the layout above).
 
     The reducer sends the same bytes to every member; it always counts itself.
     """
 
     head: PartHead
     mask: tuple[bool, ...]
+    norms: tuple[float, ...]
+    """Every member's chunk norm as the reducer computed it; 0 for members not counted."""
+    block_norms: tuple[float, ...]
+    """Norms of the reducer's own contribution over each ``PART_ALIGN`` values of the chunk."""
+    signature: bytes
     payload: Buffer
 
     def check(self) -> None:
@@ -365,16 +387,34 @@ class Averaged:
         _require(0 < len(self.mask) <= MAX_GROUP_SIZE, "counted mask size")
         _require(self.head.part < len(self.mask), f"part {self.head.part} outside the mask")
         _require(self.mask[self.head.part], "counted mask without the reducer")
+        _require(len(self.norms) == len(self.mask), "one norm per member")
+        for norm, counted in zip(self.norms, self.mask, strict=True):
+            _require(_norm_ok(norm) and (counted or norm == 0), f"norm {norm!r}")
+        _require(len(self.block_norms) < 2**32, "block norm count")
+        _require(all(_norm_ok(n) for n in self.block_norms), "block norms")
+        _require(len(self.signature) == SIGNATURE_BYTES, "signature length")
 
     @staticmethod
-    def body_size(num_members: int, payload_bytes: int) -> int:
+    def body_size(num_members: int, num_blocks: int, payload_bytes: int) -> int:
         """Body length of an AVERAGED frame, known before it is read."""
-        return PartHead.SIZE + _U16.size + mask_bytes(num_members) + payload_bytes
+        fixed = PartHead.SIZE + _U16.size + _U32.size + SIGNATURE_BYTES
+        return fixed + mask_bytes(num_members) + 8 * num_members + 4 * num_blocks + payload_bytes
+
+    def claims(self) -> bytes:
+        """The body up to the signature: what the reducer signs, with the payload's hash."""
+        self.check()
+        return (
+            self.head.serialize()
+            + _U16.pack(len(self.mask))
+            + pack_mask(self.mask)
+            + struct.pack(f"!{len(self.norms)}d", *self.norms)
+            + _U32.pack(len(self.block_norms))
+            + struct.pack(f"!{len(self.block_norms)}f", *self.block_norms)
+        )
 
     def prefix(self) -> bytes:
         """The body up to the payload (sent ahead of it, so the payload is never copied)."""
-        self.check()
-        return self.head.serialize() + _U16.pack(len(self.mask)) + pack_mask(self.mask)
+        return self.claims() + self.signature
 
     def serialize(self) -> bytes:
         return self.prefix() + bytes(self.payload)
@@ -382,14 +422,22 @@ class Averaged:
     @classmethod
     def parse(cls, body: Buffer) -> Averaged:
         """Parse without copying the payload (a view into ``body``)."""
-        start = PartHead.SIZE + _U16.size
-        _require(len(body) >= start, "AVERAGED length")
+        offset = PartHead.SIZE + _U16.size
+        _require(len(body) >= offset, "AVERAGED length")
         head = PartHead.parse(body[: PartHead.SIZE])
         (count,) = _U16.unpack_from(body, PartHead.SIZE)
         _require(0 < count <= MAX_GROUP_SIZE, "counted mask size")
-        end = start + mask_bytes(count)
+        end = offset + mask_bytes(count) + _F64.size * count + _U32.size
         _require(len(body) >= end, "AVERAGED mask truncated")
-        msg = cls(head, unpack_mask(body[start:end], count), memoryview(body)[end:])
+        mask = unpack_mask(body[offset : offset + mask_bytes(count)], count)
+        offset += mask_bytes(count)
+        norms = struct.unpack_from(f"!{count}d", body, offset)
+        (blocks,) = _U32.unpack_from(body, end - _U32.size)
+        payload_at = end + 4 * blocks + SIGNATURE_BYTES
+        _require(len(body) >= payload_at, "AVERAGED block norms truncated")
+        block_norms = struct.unpack_from(f"!{blocks}f", body, end)
+        signature = bytes(body[payload_at - SIGNATURE_BYTES : payload_at])
+        msg = cls(head, mask, norms, block_norms, signature, memoryview(body)[payload_at:])
         msg.check()
         return msg
 
@@ -438,3 +486,7 @@ class Report:
 def _require(condition: bool, what: str) -> None:
     if not condition:
         raise ProtocolError(what)
+
+
+def _norm_ok(norm: float) -> bool:
+    return math.isfinite(norm) and norm >= 0

@@ -98,9 +98,8 @@ class CutPartStreams(AllReduceRunner):
         loop = asyncio.get_running_loop()
         _, _, writer = await self.p2p.call_binary_stream_handler(peer, self.part_handler)
         for c in range(min(2, len(self.plan.chunks[j]))):
-            payload = await loop.run_in_executor(None, self._encode_chunk, j, c)
-            head = self._part_head(j, c).serialize()
-            await write_frame(writer, Kind.PART, head, payload, counter=self.counter)
+            signed = await loop.run_in_executor(None, self._signed_chunk, j, c)
+            await write_frame(writer, Kind.PART, *signed, counter=self.counter)
         await asyncio.sleep(0.05)
         writer.close()
         raise ConnectionResetError("test fault: PART stream cut")

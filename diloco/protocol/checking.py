@@ -1,0 +1,291 @@
+"""The verification phase of a round over streams: checks, answers, disputes.
+
+``verification`` decides what the bytes mean; this module moves them. Member side
+(``Checker``): once it holds every part, a member asks every other member (CHECK_REQ) for
+its contribution at the sampled blocks of the parts that member is counted in, checks every
+part, and in a dispute asks the part's reducer for its evidence (EVIDENCE_REQ). Serving
+side: ``answer_check`` answers a CHECK_REQ from what this member sent, signed; the reducer
+side of a dispute is ``PartServer.serve_evidence``. Answers are due by ``Deadlines.check``
+and evidence by ``Deadlines.dispute``; what has not come by then is missing, which
+``verification`` weighs (a silent reducer is convicted, a silent sender's chunks are taken
+from the evidence). Checking and decoding run in the default executor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+
+import numpy as np
+import torch
+from hivemind.p2p import PeerID
+
+from diloco.errors import ProtocolError
+from diloco.protocol.check_wire import (
+    CheckEntry,
+    CheckRequest,
+    CheckResponse,
+    Evidence,
+    EvidenceRequest,
+)
+from diloco.protocol.group import GroupInfo, RoundTimeouts
+from diloco.protocol.identity import Identity
+from diloco.protocol.part_server import Deadlines
+from diloco.protocol.reduction import RoundPlan, num_blocks
+from diloco.protocol.signatures import sign_check, verify_check, verify_part
+from diloco.protocol.streams import (
+    TRANSPORT_ERRORS,
+    StreamTransport,
+    open_stream,
+    read_frame,
+    write_frame,
+)
+from diloco.protocol.verification import (
+    Answer,
+    Findings,
+    Judgement,
+    OwnContribution,
+    Sample,
+    block_span,
+    check_part,
+    judge,
+    wanted_evidence,
+)
+from diloco.protocol.wire import ByteCounter, Kind, Reject, RejectCode
+
+logger = logging.getLogger(__name__)
+
+_FAILED: tuple[type[Exception], ...] = (ProtocolError, *TRANSPORT_ERRORS)
+"""What ends a peer's answer early, besides its deadline."""
+
+OffenceHook = Callable[[PeerID, str], None]
+"""Told of every peer caught lying, with what it did (the node bans repeat offenders)."""
+
+
+def log_offence(peer: PeerID, offence: str) -> None:
+    """The default ``OffenceHook``: a warning with the peer id."""
+    logger.warning("offence by %s: %s", peer, offence)
+
+
+class Checker:
+    """One member's checks of the parts of one round that it did not reduce."""
+
+    def __init__(
+        self,
+        *,
+        p2p: StreamTransport,
+        group: GroupInfo,
+        plan: RoundPlan,
+        own: OwnContribution,
+        deadlines: Deadlines,
+        timeouts: RoundTimeouts,
+        handlers: tuple[str, str],
+        counter: ByteCounter,
+    ) -> None:
+        self.p2p, self.group, self.plan, self.own = p2p, group, plan, own
+        self.deadlines, self.timeouts, self.counter = deadlines, timeouts, counter
+        self.check_handler, self.evidence_handler = handlers
+        self.answers: dict[int, dict[int, Answer]] = {}
+
+    async def run(self, samples: Mapping[int, Sample]) -> dict[int, Judgement]:
+        """Check every sampled part; a part with no dispute gets an empty ``Judgement``."""
+        loop = asyncio.get_running_loop()
+        me = self.plan.index
+        self.answers = {j: {} for j in samples}
+        for j, sample in samples.items():
+            if sample.claims.mask[me]:
+                own = await loop.run_in_executor(None, self.own.answer, j, sample.blocks)
+                self.answers[j][me] = own
+        asks = [
+            asyncio.create_task(
+                self._ask(i, {j: s for j, s in samples.items() if s.claims.mask[i]})
+            )
+            for i in range(self.plan.num_members)
+            if i != me
+        ]
+        try:
+            await asyncio.wait(asks, timeout=max(0.0, self.deadlines.check - loop.time()))
+        finally:
+            for task in asks:
+                task.cancel()
+        findings: dict[int, Findings] = {}
+        for j, sample in samples.items():
+            findings[j] = await loop.run_in_executor(
+                None, check_part, self.plan, sample, self.answers[j]
+            )
+        disputes: dict[int, asyncio.Task[Judgement]] = {
+            j: asyncio.create_task(self._dispute(samples[j], findings[j]))
+            for j in samples
+            if findings[j].disputed
+        }
+        try:
+            return {
+                j: await disputes[j] if j in disputes else Judgement(findings[j].reducer)
+                for j in samples
+            }
+        finally:
+            for dispute in disputes.values():
+                dispute.cancel()
+
+    async def _ask(self, i: int, samples: Mapping[int, Sample]) -> None:
+        """Ask member ``i`` about ``samples``; keep its answers if they check out."""
+        if not samples:
+            return
+        loop = asyncio.get_running_loop()
+        request = CheckRequest(
+            self.plan.tag, self.group.group_id, tuple((j, samples[j].blocks) for j in samples)
+        )
+        sizes = [
+            CheckEntry.size(len(s.blocks), len(self.plan.chunks[j]), self._values(s))
+            for j, s in samples.items()
+        ]
+        peer = self.group.members[i]
+        for attempt in range(2):
+            try:
+                reader, writer = await open_stream(
+                    self.p2p, peer, self.check_handler, self.timeouts.connect_timeout
+                )
+                try:
+                    await write_frame(writer, Kind.CHECK_REQ, request.serialize())
+                    kind, body = await read_frame(
+                        reader, (Kind.CHECK_RES,), CheckResponse.size(sizes), self.counter
+                    )
+                finally:
+                    writer.close()
+                if kind == Kind.REJECT:
+                    raise ProtocolError(f"refused: {Reject.parse(body).reason}")
+                answers = await loop.run_in_executor(None, self._read_answers, i, request, body)
+                for j, answer in answers.items():
+                    self.answers[j][i] = answer
+                return
+            except (ProtocolError, asyncio.TimeoutError) as exc:
+                logger.info("round %s: no check answer from %s: %r", self.group.key, peer, exc)
+                return
+            except TRANSPORT_ERRORS as exc:
+                if attempt:
+                    logger.info("round %s: check stream to %s: %r", self.group.key, peer, exc)
+
+    def _values(self, sample: Sample) -> int:
+        span = self.plan.spans[sample.part]
+        return sum(b - a for a, b in (block_span(span, block) for block in sample.blocks))
+
+    def _read_answers(self, i: int, request: CheckRequest, body: bytearray) -> dict[int, Answer]:
+        """Member ``i``'s answers from its CHECK_RES, checked against the request."""
+        response = CheckResponse.parse(body)
+        verify_check(self.group.names[i], response)
+        if (response.tag, response.group_id) != (request.tag, request.group_id):
+            raise ProtocolError("CHECK_RES for another round")
+        if [(e.part, e.blocks) for e in response.entries] != list(request.parts):
+            raise ProtocolError("CHECK_RES answers other blocks than asked")
+        answers = {}
+        for entry in response.entries:
+            span = self.plan.spans[entry.part]
+            values = torch.from_numpy(np.frombuffer(entry.values, dtype="<f4").astype(np.float32))
+            cuts = [b - a for a, b in (block_span(span, block) for block in entry.blocks)]
+            if values.numel() != sum(cuts) or len(entry.norms) != len(self.plan.chunks[entry.part]):
+                raise ProtocolError("CHECK_RES of the wrong size")
+            answers[entry.part] = Answer(tuple(torch.split(values, cuts)), entry.norms)
+        return answers
+
+    async def _dispute(self, sample: Sample, findings: Findings) -> Judgement:
+        """Ask the reducer of ``sample.part`` for its evidence, then judge."""
+        loop = asyncio.get_running_loop()
+        j = sample.part
+        wanted = wanted_evidence(self.plan, sample, findings)
+        logger.warning(
+            "round %s: part %d disputed (blocks %s, norms %s, silent %s); asking its reducer",
+            self.group.key,
+            j,
+            findings.blocks,
+            findings.norms,
+            findings.missing,
+        )
+        evidence: dict[tuple[int, int], bytes | str] = {}
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(
+                self._evidence(j, wanted, evidence),
+                max(0.0, self.deadlines.dispute - loop.time()),
+            )
+        args = (self.plan, sample, self.answers[j], evidence, wanted)
+        return await loop.run_in_executor(None, judge, *args)
+
+    async def _evidence(
+        self, j: int, wanted: list[tuple[int, int]], evidence: dict[tuple[int, int], bytes | str]
+    ) -> None:
+        """Read the evidence of reducer ``j`` into ``evidence`` as it comes."""
+        loop = asyncio.get_running_loop()
+        request = EvidenceRequest(self.plan.tag, self.group.group_id, j, tuple(wanted))
+        try:
+            reader, writer = await open_stream(
+                self.p2p,
+                self.group.members[j],
+                self.evidence_handler,
+                self.timeouts.connect_timeout,
+            )
+            try:
+                await write_frame(writer, Kind.EVIDENCE_REQ, request.serialize())
+                for i, c in wanted:
+                    a, b = self.plan.chunks[j][c]
+                    limit = Evidence.PREFIX + self.plan.codec.encoded_size(b - a)
+                    kind, body = await read_frame(reader, (Kind.EVIDENCE,), limit, self.counter)
+                    if kind == Kind.REJECT:
+                        logger.warning("reducer %d refused evidence: %s", j, Reject.parse(body))
+                        return
+                    item = Evidence.parse(body)
+                    if (item.member, item.chunk) != (i, c):
+                        raise ProtocolError("EVIDENCE out of order")
+                    evidence[(i, c)] = await loop.run_in_executor(None, self._signed, j, item)
+            finally:
+                writer.close()
+        except _FAILED as exc:
+            logger.info("round %s: evidence of part %d: %r", self.group.key, j, exc)
+
+    def _signed(self, j: int, item: Evidence) -> bytes | str:
+        """The payload of a PART chunk in evidence, or why its signature does not hold."""
+        head = self.plan.head(j, item.chunk)
+        try:
+            verify_part(self.group.names[item.member], head, item.payload, item.signature)
+        except ProtocolError as exc:
+            return f"not signed by its sender: {exc}"
+        return bytes(item.payload)
+
+
+async def answer_check(
+    *,
+    sender: int,
+    request: CheckRequest,
+    plan: RoundPlan,
+    own: OwnContribution,
+    identity: Identity,
+    recorded: Callable[[], asyncio.Event],
+    deadline: float,
+) -> CheckResponse | Reject:
+    """This member's signed answer to member ``sender``'s CHECK_REQ, once every chunk of the
+    parts asked was recorded (``recorded()`` is set on each record; ``deadline`` bounds the
+    wait); a REJECT for parts it did not send or blocks outside them."""
+    loop = asyncio.get_running_loop()
+    if (request.tag, request.group_id) != (plan.tag, plan.group_id):
+        return Reject(RejectCode.MISMATCH, reason="another round or group")
+    for j, blocks in request.parts:
+        if j >= plan.num_members or blocks[-1] >= num_blocks(plan.spans[j]):
+            return Reject(RejectCode.MISMATCH, reason=f"part {j} has no block {blocks[-1]}")
+    parts = [j for j, _ in request.parts]
+    while not all(own.complete(j) for j in parts):
+        event = recorded()
+        if loop.time() >= deadline:
+            return Reject(RejectCode.MISMATCH, reason=f"member {sender} asked for unsent parts")
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(event.wait(), deadline - loop.time())
+    return await loop.run_in_executor(None, _answer, request, own, identity)
+
+
+def _answer(request: CheckRequest, own: OwnContribution, identity: Identity) -> CheckResponse:
+    entries = []
+    for j, blocks in request.parts:
+        answer = own.answer(j, blocks)
+        values = torch.cat(answer.values).numpy().astype("<f4").tobytes()
+        entries.append(CheckEntry(j, blocks, answer.norms, values))
+    unsigned = CheckResponse(request.tag, request.group_id, tuple(entries), b"")
+    return sign_check(identity, unsigned)
