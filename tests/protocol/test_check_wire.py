@@ -1,0 +1,109 @@
+"""Bodies of the verification phase: round trips, layouts, malformed input refused."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from diloco.errors import ProtocolError
+from diloco.protocol.check_wire import (
+    MAX_SAMPLES,
+    CheckEntry,
+    CheckRequest,
+    CheckResponse,
+    Evidence,
+    EvidenceRequest,
+)
+from diloco.protocol.wire import RoundTag
+
+TAG = RoundTag(bytes(range(16)), 3, 9)
+GID = b"g" * 16
+HEAD = TAG.digest + struct.pack("!II", 3, 9) + GID
+
+
+def test_check_request_layout_and_round_trip() -> None:
+    msg = CheckRequest(TAG, GID, ((0, (1, 7)), (2, (4,))))
+    body = msg.serialize()
+    assert body == HEAD + struct.pack("!HHHIIHHI", 2, 0, 2, 1, 7, 2, 1, 4)
+    assert CheckRequest.parse(body) == msg
+    assert len(body) <= CheckRequest.max_size(3)
+
+
+@pytest.mark.parametrize(
+    ("parts", "match"),
+    [
+        ((), "part count"),
+        (((0, (1,)), (0, (2,))), "duplicate parts"),
+        (((0, ()),), "0 blocks"),
+        (((0, tuple(range(MAX_SAMPLES + 1))),), f"{MAX_SAMPLES + 1} blocks"),
+        (((0, (5, 3)),), "not sorted"),
+        (((0, (3, 3)),), "not sorted"),
+        (((300, (1,)),), "part 300"),
+    ],
+)
+def test_check_request_invalid_refused(parts: tuple, match: str) -> None:
+    with pytest.raises(ProtocolError, match=match):
+        CheckRequest(TAG, GID, parts).serialize()
+
+
+def test_check_request_truncated_or_trailing_refused() -> None:
+    body = CheckRequest(TAG, GID, ((0, (1, 7)),)).serialize()
+    with pytest.raises(ProtocolError, match="truncated"):
+        CheckRequest.parse(body[:-1])
+    with pytest.raises(ProtocolError, match="trailing"):
+        CheckRequest.parse(body + b"\0")
+
+
+def _response() -> CheckResponse:
+    entries = (
+        CheckEntry(1, (0, 3), (0.5, 2.0), struct.pack("<3f", 1.0, -2.0, 0.25)),
+        CheckEntry(2, (9,), (1.0,), struct.pack("<f", 4.0)),
+    )
+    return CheckResponse(TAG, GID, entries, bytes(range(64)))
+
+
+def test_check_response_layout_round_trip_and_size() -> None:
+    msg = _response()
+    body = msg.serialize()
+    first = struct.pack("!HHII", 1, 2, 0, 3) + struct.pack("!I2dI", 2, 0.5, 2.0, 3)
+    assert body.startswith(HEAD + struct.pack("!H", 2) + first + struct.pack("<3f", 1, -2, 0.25))
+    assert body.endswith(bytes(range(64)))
+    assert CheckResponse.parse(body) == msg
+    sizes = [CheckEntry.size(2, 2, 3), CheckEntry.size(1, 1, 1)]
+    assert len(body) == CheckResponse.size(sizes)
+    assert msg.digest() != CheckResponse(TAG, GID, msg.entries[:1], msg.signature).digest()
+
+
+@pytest.mark.parametrize("cut", [1, 64, 70])
+def test_check_response_truncated_refused(cut: int) -> None:
+    with pytest.raises(ProtocolError):
+        CheckResponse.parse(_response().serialize()[:-cut])
+
+
+def test_check_response_negative_norm_refused() -> None:
+    entry = CheckEntry(1, (0,), (-1.0,), b"")
+    with pytest.raises(ProtocolError, match="norms"):
+        CheckResponse(TAG, GID, (entry,), bytes(64)).serialize()
+
+
+def test_evidence_request_layout_round_trip_and_refusals() -> None:
+    msg = EvidenceRequest(TAG, GID, 2, ((0, 1), (3, 0)))
+    body = msg.serialize()
+    assert body == HEAD + struct.pack("!HHHIHI", 2, 2, 0, 1, 3, 0)
+    assert EvidenceRequest.parse(body) == msg
+    with pytest.raises(ProtocolError, match="length"):
+        EvidenceRequest.parse(body[:-1])
+    with pytest.raises(ProtocolError, match="duplicate"):
+        EvidenceRequest(TAG, GID, 2, ((0, 1), (0, 1))).serialize()
+
+
+def test_evidence_layout_and_parse_keeps_the_payload_in_place() -> None:
+    msg = Evidence(3, 7, b"s" * 64, b"\x04payload")
+    body = msg.prefix() + b"\x04payload"
+    assert body == struct.pack("!HI", 3, 7) + b"s" * 64 + b"\x04payload"
+    parsed = Evidence.parse(bytearray(body))
+    assert (parsed.member, parsed.chunk, parsed.signature) == (3, 7, b"s" * 64)
+    assert isinstance(parsed.payload, memoryview) and bytes(parsed.payload) == b"\x04payload"
+    with pytest.raises(ProtocolError, match="EVIDENCE length"):
+        Evidence.parse(body[: Evidence.PREFIX - 1])
