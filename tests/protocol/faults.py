@@ -1,13 +1,14 @@
 """Members that send what a broken or hostile peer sends (fault injection by subclass).
 
-Shared by the real-process tests (``swarm_peers``) and the in-process ones: the faults
-corrupt only what a member *sends* as contributions, so a faulty member still reduces its
-own part honestly.
+Shared by the real-process tests (``swarm_peers``) and the in-process ones: the sender
+faults corrupt only what a member *sends* as contributions, so a faulty member still reduces
+its own part honestly; ``LyingReducer`` is honest everywhere except in its own part.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import os
 from typing import Any
@@ -16,8 +17,10 @@ import torch
 from hivemind.p2p import PeerID
 
 from diloco.protocol.allreduce import AllReduceRunner
+from diloco.protocol.part_server import PartServer
+from diloco.protocol.signatures import sign_averaged
 from diloco.protocol.streams import write_frame
-from diloco.protocol.wire import Kind, PartHead, RoundTag
+from diloco.protocol.wire import Averaged, Kind, PartHead, RoundTag
 
 
 class Fault(enum.Enum):
@@ -34,6 +37,7 @@ class Fault(enum.Enum):
     DIE_AS_LEADER = "die_as_leader"
     CUT_FIRST_JOIN = "cut_first_join"
     CUT_PART_STREAMS = "cut_part_streams"
+    LYING_REDUCER = "lying_reducer"
 
 
 GARBAGE = [
@@ -103,3 +107,29 @@ class CutPartStreams(AllReduceRunner):
         await asyncio.sleep(0.05)
         writer.close()
         raise ConnectionResetError("test fault: PART stream cut")
+
+
+class ScalingServer(PartServer):
+    """Averages honestly, then sends ``factor`` times the mean over ``blocks`` (of 256
+    values; None: all), encoded once and signed: the same bytes to every member, so their
+    REPORT digests agree (issue 11, attack 2)."""
+
+    factor = -30.0
+    blocks: tuple[int, ...] | None = None
+
+    def average_chunk(self, c: int, own: torch.Tensor) -> tuple[Averaged, torch.Tensor]:
+        msg, _ = self.reducer.average(c, own)
+        codec = self.plan.return_codec
+        lie = codec.decode(msg.payload)
+        for block in self.blocks or range(-(-lie.numel() // 256)):
+            lie[block * 256 : (block + 1) * 256] *= self.factor
+        msg = dataclasses.replace(msg, payload=codec.encode(lie))
+        if self.identity is not None:
+            msg = sign_averaged(self.identity, msg)
+        return msg, codec.decode(msg.payload)
+
+
+class LyingReducer(AllReduceRunner):
+    """Honest member, lying reducer: its part is -30 times the true mean."""
+
+    server_type = ScalingServer

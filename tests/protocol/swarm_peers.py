@@ -21,12 +21,13 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
-from faults import CutPartStreams, Fault, corrupt_sender
+from faults import CutPartStreams, Fault, LyingReducer, corrupt_sender
 from hivemind.p2p import PeerID
 
 from diloco.codecs import get_codec
 from diloco.errors import ProtocolError, RoundFailed
 from diloco.protocol.allreduce import AllReduceRunner
+from diloco.protocol.checking import log_offence
 from diloco.protocol.fragment_state import FragmentState, OuterState
 from diloco.protocol.group import RoundTimeouts
 from diloco.protocol.matchmaking import Matchmaker
@@ -153,6 +154,8 @@ def runner_type(fault: Fault) -> type[AllReduceRunner]:
         return StallReducer
     if fault == Fault.CUT_PART_STREAMS:
         return CutPartStreams
+    if fault == Fault.LYING_REDUCER:
+        return LyingReducer
     return corrupt_sender(fault)
 
 
@@ -213,7 +216,13 @@ def peer_main(
     )
     swarm = Swarm(run_id, net)
     sockets = [str(swarm.p2p._client_listen_maddr), *swarm.dht.run_coroutine(_daemon_sockets)]
-    reducer = SwarmReducer(swarm, get_codec(codec), timeouts=TIMEOUTS)
+    offences: list[tuple[str, str]] = []
+
+    def offence(peer: PeerID, what: str) -> None:
+        offences.append((peer.to_base58(), what))
+        log_offence(peer, what)
+
+    reducer = SwarmReducer(swarm, get_codec(codec), timeouts=TIMEOUTS, on_offence=offence)
     _notify(("ready", swarm.peer_id.to_base58(), swarm.maddrs, sockets))
     served: list[OuterState] = []
     try:
@@ -276,6 +285,9 @@ def peer_main(
                         {p: (s.version, s.sha256()) for p, s in state.fragments.items()},
                     )
                 )
+            elif command == "offences":  # the peers this one caught lying since last asked
+                _notify(("offences", offences[:]))
+                offences.clear()
             elif command == "other_runs":
                 _notify(("other_runs", swarm.other_run_ids()))
             elif command == "records":

@@ -13,6 +13,7 @@ import random
 from collections.abc import Sequence
 
 import torch
+from faults import LyingReducer, ScalingServer
 from hivemind.p2p import PeerID
 from inprocess import delta_of, deltas, expected, names, run_round
 
@@ -29,29 +30,7 @@ WEIGHTS = [1.0, 2.0, 3.0, 1.5]
 LIAR = 1
 
 
-class _ScalingServer(PartServer):
-    """Averages honestly, then sends -30 times the mean (encoded once, signed)."""
-
-    factor = -30.0
-    blocks: tuple[int, ...] | None = None
-    """Blocks of the part lied about; None: all of them."""
-
-    def average_chunk(self, c: int, own: torch.Tensor) -> tuple[Averaged, torch.Tensor]:
-        msg, _ = self.reducer.average(c, own)
-        codec = self.plan.return_codec
-        lie = codec.decode(msg.payload)
-        for block in self.blocks or range(-(-lie.numel() // 256)):
-            lie[block * 256 : (block + 1) * 256] *= self.factor
-        msg = dataclasses.replace(msg, payload=codec.encode(lie))
-        assert self.identity is not None
-        return sign_averaged(self.identity, msg), codec.decode(msg.payload)
-
-
-class _ScalingReducer(AllReduceRunner):
-    server_type = _ScalingServer
-
-
-class _OneBlockServer(_ScalingServer):
+class _OneBlockServer(ScalingServer):
     factor = 4.0
     blocks = (5,)
 
@@ -148,7 +127,7 @@ def test_unchecked_round_for_measurements_gives_the_same_bytes() -> None:
 
 
 def test_reducer_sending_minus_30_times_the_mean_fails_the_round_for_every_honest_member() -> None:
-    outcomes, round_ = run_round(deltas(NUMEL, 4), WEIGHTS, _with(_ScalingReducer), "e3m0")
+    outcomes, round_ = run_round(deltas(NUMEL, 4), WEIGHTS, _with(LyingReducer), "e3m0")
     for i in _honest(range(4)):
         _fails_naming(outcomes[i], LIAR, LIAR, "is not the average of the signed chunks")
         assert [who for who, _ in round_.offences[i]] == [LIAR]
