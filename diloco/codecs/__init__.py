@@ -5,7 +5,7 @@ payload starts with a 5-byte header (codec id, element count). ``CodecError`` (a
 ``ValueError``) is the package's only error.
 """
 
-from diloco.codecs.base import Codec, CodecError, CodecId, Header, l2_norm
+from diloco.codecs.base import Codec, CodecError, CodecId, Header
 from diloco.codecs.registry import CODEC_NAMES, codec_for_payload, get_codec
 
 __all__ = [
@@ -16,5 +16,4 @@ __all__ = [
     "Header",
     "codec_for_payload",
     "get_codec",
-    "l2_norm",
 ]

@@ -32,7 +32,6 @@ __all__ = [
     "CodecId",
     "Header",
     "check_input",
-    "l2_norm",
 ]
 
 HEADER_FORMAT = "<BI"  # codec id, element count
@@ -149,25 +148,6 @@ class Codec(ABC):
             CodecError: if the payload is too short, names an unknown codec or another codec,
                 has the wrong length for its element count, or holds invalid body values.
         """
-        numel = self._checked_numel(data)
-        if numel == 0:
-            return torch.empty(0, dtype=torch.float32)
-        return self._decode_body(memoryview(data)[HEADER_BYTES:], numel)
-
-    def decoded_norm(self, data: bytes | bytearray | memoryview) -> float:
-        """``l2_norm(decode(data))``; codecs whose layout allows it get it without building
-        the values.
-
-        Raises:
-            CodecError: as ``decode``.
-        """
-        numel = self._checked_numel(data)
-        if numel == 0:
-            return 0.0
-        return self._body_norm(memoryview(data)[HEADER_BYTES:], numel)
-
-    def _checked_numel(self, data: bytes | bytearray | memoryview) -> int:
-        """The element count of a payload of this codec whose length matches it."""
         header = Header.parse(data)
         if header.codec_id != self.codec_id:
             other = CodecId(header.codec_id).name.lower()
@@ -178,7 +158,9 @@ class Codec(ABC):
                 f"{self.name} payload of {header.numel} values must be {expected} bytes, "
                 f"got {len(data)}"
             )
-        return header.numel
+        if header.numel == 0:
+            return torch.empty(0, dtype=torch.float32)
+        return self._decode_body(memoryview(data)[HEADER_BYTES:], header.numel)
 
     def encoded_size(self, numel: int) -> int:
         """Exact payload size in bytes for ``numel`` values, header included."""
@@ -200,14 +182,3 @@ class Codec(ABC):
     @abstractmethod
     def _decode_body(self, body: memoryview, numel: int) -> torch.Tensor:
         """Values from a body whose length already matches ``numel`` (> 0)."""
-
-    def _body_norm(self, body: memoryview, numel: int) -> float:
-        """``decoded_norm`` of a checked body; the default decodes it."""
-        return l2_norm(self._decode_body(body, numel))
-
-
-def l2_norm(x: torch.Tensor) -> float:
-    """The L2 norm of an FP32 vector, accumulated in FP64: two machines that sum in another
-    order agree to about ``1e-12`` relative (FP32 sums of 2**18 squares differ by up to
-    ``1e-5``), and no FP32 square underflows or overflows. Not finite iff a value is not."""
-    return float(torch.linalg.vector_norm(x, dtype=torch.float64))

@@ -183,10 +183,10 @@ class Checker:
         for entry in response.entries:
             span = self.plan.spans[entry.part]
             values = torch.from_numpy(np.frombuffer(entry.values, dtype="<f4").astype(np.float32))
-            cuts = [b - a for a, b in (block_span(span, block) for block in entry.blocks)]
-            if values.numel() != sum(cuts) or len(entry.norms) != len(self.plan.chunks[entry.part]):
+            size = sum(b - a for a, b in (block_span(span, block) for block in entry.blocks))
+            if values.numel() != size or len(entry.norms) != len(self.plan.chunks[entry.part]):
                 raise ProtocolError("CHECK_RES of the wrong size")
-            answers[entry.part] = Answer(tuple(torch.split(values, cuts)), entry.norms)
+            answers[entry.part] = Answer(values, entry.norms)
         return answers
 
     async def _dispute(self, sample: Sample, findings: Findings) -> Judgement:
@@ -285,7 +285,7 @@ def _answer(request: CheckRequest, own: OwnContribution, identity: Identity) -> 
     entries = []
     for j, blocks in request.parts:
         answer = own.answer(j, blocks)
-        values = torch.cat(answer.values).numpy().astype("<f4").tobytes()
+        values = answer.values.numpy().astype("<f4").tobytes()
         entries.append(CheckEntry(j, blocks, answer.norms, values))
     unsigned = CheckResponse(request.tag, request.group_id, tuple(entries), b"")
     return sign_check(identity, unsigned)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from diloco.codecs import Codec, CodecError, l2_norm
+from diloco.codecs import Codec, CodecError
 from diloco.errors import ProtocolError
 from diloco.protocol.partition import PART_ALIGN, butterfly_parts
 from diloco.protocol.reducer import weighted_mean
@@ -38,6 +38,7 @@ from diloco.protocol.wire import SIGNATURE_BYTES, Averaged, Buffer, PartHead, Ro
 CHUNK_VALUES = 1 << 18
 """Values per chunk of a part (a multiple of ``PART_ALIGN``): 1 MiB as FP32, 136 KiB as E3M0."""
 
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 BLOCK_VALUES = PART_ALIGN
 """Values per block of a chunk's block norms and of verification samples: a multiple of
 every codec's block, so a block encodes alone to the values it has in its chunk."""
@@ -82,17 +83,35 @@ def check_norm(norm: float, reference_norm: float, max_norm_ratio: float) -> Non
         raise ProtocolError(f"norm {norm:.3g} > {max_norm_ratio:g} x own norm {reference_norm:.3g}")
 
 
+def chunk_norm(x: torch.Tensor) -> float:
+    """The L2 norm of an FP32 vector as reducers report it (AVERAGED) and members check it:
+    FP32 squares (each rounded once) summed in FP64, so two machines that sum in another
+    order agree to about ``1e-12`` relative (FP32 sums of ``2**18`` squares differ by up to
+    ``1e-5``); all in FP64 where FP32 squares would underflow or overflow. Not finite iff a
+    value is not."""
+    squares = float(torch.sum(x * x, dtype=torch.float64))
+    if 1e-20 < squares < math.inf:
+        return math.sqrt(squares)
+    return float(torch.linalg.vector_norm(x, dtype=torch.float64))
+
+
 def num_blocks(span: Span) -> int:
     """Blocks of ``BLOCK_VALUES`` in a span (the last one may be short)."""
     return -(-(span[1] - span[0]) // BLOCK_VALUES)
 
 
 def block_norms(x: torch.Tensor) -> tuple[float, ...]:
-    """L2 norms (FP64 sums) of ``x`` over each ``BLOCK_VALUES`` values."""
+    """``chunk_norm`` of ``x`` over each ``BLOCK_VALUES`` values, as FP32 travels them
+    (at most the largest FP32)."""
     blocks = num_blocks((0, x.numel()))
-    padded = torch.zeros(blocks * BLOCK_VALUES, dtype=torch.float64)
+    padded = torch.zeros(blocks * BLOCK_VALUES)
     padded[: x.numel()] = x
-    return tuple(padded.square_().view(blocks, BLOCK_VALUES).sum(dim=1).sqrt_().tolist())
+    squares = (padded * padded).view(blocks, BLOCK_VALUES).sum(dim=1, dtype=torch.float64)
+    exact = ~((squares > 1e-20) & (squares < math.inf))
+    if bool(exact.any()):  # as chunk_norm: FP64 where FP32 squares underflow or overflow
+        values = padded.view(blocks, BLOCK_VALUES)[exact].double()
+        squares[exact] = values.square().sum(dim=1)
+    return tuple(squares.sqrt_().clamp_(max=FLOAT32_MAX).tolist())
 
 
 def combine(
@@ -259,7 +278,7 @@ class PartReducer:
         a, b = self.chunks[c]
         if values.numel() != b - a:
             raise ProtocolError(f"{values.numel()} values, expected {b - a}")
-        norm = l2_norm(values)
+        norm = chunk_norm(values)
         check_norm(norm, self.plan.chunk_norms[self.index][c], self.plan.max_norm_ratio)
         return Chunk(values, norm, payload, signature)
 
@@ -323,7 +342,7 @@ class PartReducer:
         for i in self.counted:
             chunk = None if i == self.index else self.received[i][c]
             values.append(own if chunk is None else chunk.values)
-            norms[i] = l2_norm(own) if chunk is None else chunk.norm
+            norms[i] = chunk_norm(own) if chunk is None else chunk.norm
         weights = [self.plan.weights[i] for i in self.counted]
         mean = combine(values, weights, [norms[i] for i in self.counted])
         encoded = self.plan.return_codec.encode(mean)

@@ -43,10 +43,19 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
-from diloco.codecs import Codec, CodecError, l2_norm
-from diloco.protocol.reduction import BLOCK_VALUES, RoundPlan, Span, combine, num_blocks
+from diloco.codecs import Codec, CodecError
+from diloco.protocol.reduction import (
+    BLOCK_VALUES,
+    FLOAT32_MAX,
+    RoundPlan,
+    Span,
+    chunk_norm,
+    combine,
+    num_blocks,
+)
 
 SAMPLES_PER_PART = 16
 """Blocks each member checks in each part: with 4 members about 1.5% more bytes."""
@@ -94,6 +103,15 @@ def close(a: float, b: float) -> bool:
     return abs(a - b) <= NORM_TOLERANCE * max(abs(a), abs(b))
 
 
+def close_block(computed: float, signed: float) -> bool:
+    """A block norm computed here against one that travelled as FP32 (``block_norms``):
+    equal up to ``NORM_TOLERANCE`` or two FP32 steps, whichever is larger."""
+    computed = min(computed, FLOAT32_MAX)
+    larger = max(computed, signed)
+    step = float(np.spacing(np.float32(larger)))
+    return abs(computed - signed) <= max(NORM_TOLERANCE * larger, 2 * step)
+
+
 @dataclass(frozen=True, slots=True)
 class PartClaims:
     """What the reducer of a part signed in its AVERAGED chunks, besides the values."""
@@ -119,13 +137,23 @@ class Sample:
     averaged: torch.Tensor
     """The decoded averaged part, as this member applies it."""
 
+    def spans(self, plan: RoundPlan) -> list[Span]:
+        """The sampled blocks' values ``[a, b)`` in the vector."""
+        return [block_span(plan.spans[self.part], block) for block in self.blocks]
+
+    def held(self, plan: RoundPlan) -> torch.Tensor:
+        """The averaged values held at the sampled blocks, one block after the other."""
+        lo = plan.spans[self.part][0]
+        return torch.cat([self.averaged[a - lo : b - lo] for a, b in self.spans(plan)])
+
 
 @dataclass(frozen=True, slots=True)
 class Answer:
     """A member's contribution to one part at the sampled blocks and its chunk norms."""
 
-    values: tuple[torch.Tensor, ...]
-    """One tensor per sampled block."""
+    values: torch.Tensor
+    """The sampled blocks' values one after the other (blocks are sorted: only the last
+    one may be short)."""
     norms: tuple[float, ...]
     """One per chunk of the part."""
 
@@ -157,38 +185,50 @@ class Judgement:
     senders: dict[int, str] = field(default_factory=dict)
 
 
-def expected_block(
-    plan: RoundPlan, sample: Sample, block: int, inputs: Sequence[torch.Tensor]
+def expected_values(
+    plan: RoundPlan, sample: Sample, inputs: Sequence[torch.Tensor]
 ) -> torch.Tensor:
-    """The decoded averaged values the reducer must have sent at ``block`` of the part,
-    from the counted members' ``inputs`` there (group order)."""
-    span = block_span(plan.spans[sample.part], block)
-    c = chunk_of(plan.chunks[sample.part], span)
+    """The decoded averaged values the reducer must have sent at the sampled blocks, from
+    the counted members' values there (``inputs``, group order; blocks one after the other).
+
+    Blocks of one chunk are combined together with that chunk's norms, and all of them are
+    encoded in one call: every block but the last is whole and a multiple of every codec's
+    block, so each encodes as it does in its chunk.
+    """
     counted = sample.claims.counted
     weights = [plan.weights[i] for i in counted]
-    norms = [sample.claims.norms[c][i] for i in counted]
-    encoded = plan.return_codec.encode(combine(inputs, weights, norms))
+    means, offset = [], 0
+    chunks = [chunk_of(plan.chunks[sample.part], span) for span in sample.spans(plan)]
+    sizes = [b - a for a, b in sample.spans(plan)]
+    for c in sorted(set(chunks)):
+        size = sum(n for n, chunk in zip(sizes, chunks, strict=True) if chunk == c)
+        norms = [sample.claims.norms[c][i] for i in counted]
+        means.append(combine([x[offset : offset + size] for x in inputs], weights, norms))
+        offset += size
+    encoded = plan.return_codec.encode(torch.cat(means))
     return plan.return_codec.decode(encoded)
 
 
-def _held(plan: RoundPlan, sample: Sample, block: int) -> torch.Tensor:
-    lo = plan.spans[sample.part][0]
-    a, b = block_span(plan.spans[sample.part], block)
-    return sample.averaged[a - lo : b - lo]
+def differing_blocks(plan: RoundPlan, sample: Sample, inputs: Sequence[torch.Tensor]) -> list[int]:
+    """Sampled blocks whose recomputation from ``inputs`` differs from the values held."""
+    sizes = [b - a for a, b in sample.spans(plan)]
+    want = torch.split(expected_values(plan, sample, inputs), sizes)
+    held = torch.split(sample.held(plan), sizes)
+    return [b for b, x, y in zip(sample.blocks, want, held, strict=True) if not torch.equal(x, y)]
 
 
 def _reducer_claims(plan: RoundPlan, sample: Sample, own: Answer) -> str:
     """Why the reducer's own contribution contradicts what it signed; empty if it does not."""
-    j, span, claims = sample.part, plan.spans[sample.part], sample.claims
+    j, claims = sample.part, sample.claims
     for c, norms in enumerate(claims.norms):
-        blocks = math.sqrt(sum(n * n for n in claims.block_norms[c]))
-        if not close(blocks, norms[j]) or not close(own.norms[c], norms[j]):
+        total = math.sqrt(sum(n * n for n in claims.block_norms[c]))
+        if not close(total, norms[j]) or not close(own.norms[c], norms[j]):
             return f"its own norm {norms[j]:.9g} of chunk {c} is not its blocks' nor its answer's"
-    for k, block in enumerate(sample.blocks):
-        a, b = block_span(span, block)
+    pieces = torch.split(own.values, [b - a for a, b in sample.spans(plan)])
+    for block, (a, b), values in zip(sample.blocks, sample.spans(plan), pieces, strict=True):
         c = chunk_of(plan.chunks[j], (a, b))
         signed = claims.block_norms[c][(a - plan.chunks[j][c][0]) // BLOCK_VALUES]
-        if not close(l2_norm(own.values[k]), signed):
+        if not close_block(chunk_norm(values), signed):
             return f"its own values at block {block} are not of the block norm it signed"
     return ""
 
@@ -215,10 +255,8 @@ def check_part(plan: RoundPlan, sample: Sample, answers: Mapping[int, Answer]) -
                 findings.norms.append((i, c))
     if findings.missing:
         return findings  # blocks are recomputed from the evidence instead
-    for k, block in enumerate(sample.blocks):
-        inputs = [answers[i].values[k] for i in claims.counted]
-        if not torch.equal(expected_block(plan, sample, block, inputs), _held(plan, sample, block)):
-            findings.blocks.append(block)
+    inputs = [answers[i].values for i in claims.counted]
+    findings.blocks = differing_blocks(plan, sample, inputs)
     return findings
 
 
@@ -259,29 +297,35 @@ def judge(
             return Judgement(f"it counted member {i}'s chunk {c}, which does not decode")
         if values.numel() != b - a:
             return Judgement(f"it counted member {i}'s chunk {c} of {values.numel()} values")
-        norm = l2_norm(values)
+        norm = chunk_norm(values)
         if not close(norm, claims.norms[c][i]):
             return Judgement(f"norm {claims.norms[c][i]:.9g} of member {i}'s chunk {c}: {norm}")
         signed[(i, c)] = values
         answer = answers.get(i)
         if answer is not None and not close(answer.norms[c], norm):
             senders[i] = f"it said chunk {c} of part {j} has norm {answer.norms[c]:.9g}"
-    for k, block in enumerate(sample.blocks):
-        a, b = block_span(plan.spans[j], block)
-        c = chunk_of(plan.chunks[j], (a, b))
-        lo = plan.chunks[j][c][0]
-        inputs = []
-        for i in claims.counted:
-            if i == j:
-                inputs.append(answers[j].values[k])
-                continue
-            truth = signed[(i, c)][a - lo : b - lo]
-            inputs.append(truth)
-            answer = answers.get(i)
-            if answer is not None and not torch.equal(answer.values[k], truth):
-                senders[i] = f"its answer for block {block} of part {j} is not what it signed"
-        if not torch.equal(expected_block(plan, sample, block, inputs), _held(plan, sample, block)):
-            return Judgement(f"block {block} is not the average of the signed chunks", senders)
+    spans = sample.spans(plan)
+    sizes = [b - a for a, b in spans]
+    inputs = []
+    for i in claims.counted:
+        if i == j:
+            inputs.append(answers[j].values)
+            continue
+        truth = []
+        for a, b in spans:
+            c = chunk_of(plan.chunks[j], (a, b))
+            lo = plan.chunks[j][c][0]
+            truth.append(signed[(i, c)][a - lo : b - lo])
+        inputs.append(torch.cat(truth))
+        answer = answers.get(i)
+        if answer is not None:
+            said = zip(sample.blocks, torch.split(answer.values, sizes), truth, strict=True)
+            lies = [block for block, x, y in said if not torch.equal(x, y)]
+            if lies:
+                senders[i] = f"its answer for block {lies[0]} of part {j} is not what it signed"
+    wrong = differing_blocks(plan, sample, inputs)
+    if wrong:
+        return Judgement(f"block {wrong[0]} is not the average of the signed chunks", senders)
     return Judgement("", senders)
 
 
@@ -304,7 +348,7 @@ class OwnContribution:
     def record(self, part: int, chunk: int, payload: bytes) -> None:
         """Keep what chunk ``chunk`` of ``part`` was sent as (its norm; maybe the bytes)."""
         try:
-            self.norms[(part, chunk)] = self.plan.codec.decoded_norm(payload)
+            self.norms[(part, chunk)] = chunk_norm(self.plan.codec.decode(payload))
         except CodecError:  # a member that sends garbage is excluded; its answers do not count
             self.norms[(part, chunk)] = math.nan
         if self._payloads is not None:
@@ -315,17 +359,19 @@ class OwnContribution:
         return all((part, c) in self.norms for c in range(len(self.plan.chunks[part])))
 
     def answer(self, part: int, blocks: Sequence[int]) -> Answer:
-        """The answer for ``part`` at ``blocks`` (every chunk of it recorded)."""
+        """The answer for ``part`` at sorted ``blocks`` (every chunk of it recorded)."""
         span, chunks = self.plan.spans[part], self.plan.chunks[part]
         codec = self.plan.codec
-        values = []
-        for block in blocks:
-            a, b = block_span(span, block)
-            if self._payloads is None:
-                values.append(codec.decode(codec.encode(self.delta[a:b].contiguous())))
-            else:
-                c = chunk_of(chunks, (a, b))
-                lo = chunks[c][0]
-                values.append(codec.decode(self._payloads[(part, c)])[a - lo : b - lo].clone())
+        spans = [block_span(span, block) for block in blocks]
         norms = tuple(self.norms[(part, c)] for c in range(len(chunks)))
-        return Answer(tuple(values), norms)
+        if self._payloads is None:  # one call: the blocks encode as in their chunks
+            sent = torch.cat([self.delta[a:b] for a, b in spans])
+            return Answer(codec.decode(codec.encode(sent)), norms)
+        decoded: dict[int, torch.Tensor] = {}
+        values = []
+        for a, b in spans:
+            c = chunk_of(chunks, (a, b))
+            if c not in decoded:
+                decoded[c] = codec.decode(self._payloads[(part, c)])
+            values.append(decoded[c][a - chunks[c][0] : b - chunks[c][0]])
+        return Answer(torch.cat(values), norms)

@@ -391,7 +391,9 @@ class Averaged:
         for norm, counted in zip(self.norms, self.mask, strict=True):
             _require(_norm_ok(norm) and (counted or norm == 0), f"norm {norm!r}")
         _require(len(self.block_norms) < 2**32, "block norm count")
-        _require(all(_norm_ok(n) for n in self.block_norms), "block norms")
+        # A finite sum proves every term finite (NaN and inf propagate); then min is exact.
+        blocks = self.block_norms
+        _require(not blocks or (math.isfinite(sum(blocks)) and min(blocks) >= 0), "block norms")
         _require(len(self.signature) == SIGNATURE_BYTES, "signature length")
 
     @staticmethod

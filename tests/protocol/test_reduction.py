@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ from diloco.protocol.reduction import (
     RoundPlan,
     block_norms,
     check_values,
+    chunk_norm,
     chunk_spans,
     part_digest,
 )
@@ -270,3 +272,21 @@ def test_assembly_result_zero_where_missing_and_full_contributors() -> None:
     assert result.digest == hashlib.sha256(b"d0d2").digest()
     with pytest.raises(ValueError, match="values"):
         assembly.add(1, (True, True, True), torch.zeros(5), b"d1")
+
+
+def test_chunk_norm_fp64_sum_and_fp64_where_fp32_squares_fail() -> None:
+    assert chunk_norm(torch.tensor([3.0, 4.0])) == 5.0
+    assert chunk_norm(torch.full((4,), 2.0**-100)) == 2.0**-99  # squares underflow FP32
+    assert chunk_norm(torch.full((4,), 2.0**100)) == 2.0**101  # squares overflow FP32
+    assert math.isnan(chunk_norm(torch.tensor([3.0, float("nan")])))
+    assert chunk_norm(torch.tensor([3.0, float("-inf")])) == math.inf
+
+
+def test_block_norms_agree_with_chunk_norm_block_by_block_at_any_scale() -> None:
+    x = torch.randn(5 * 256 + 3, generator=torch.Generator().manual_seed(0))
+    x[256:512] *= 2.0**-110  # a block whose FP32 squares underflow
+    x[512:768] *= 2.0**80  # and one whose squares overflow
+    norms = block_norms(x)
+    for b in range(5):
+        assert norms[b] == pytest.approx(chunk_norm(x[256 * b : 256 * (b + 1)]), rel=1e-12)
+    assert norms[5] == pytest.approx(chunk_norm(x[1280:]), rel=1e-12)

@@ -17,7 +17,7 @@ import torch
 
 from diloco.codecs import Codec, get_codec
 from diloco.protocol.partition import butterfly_parts
-from diloco.protocol.reduction import PartReducer, RoundPlan, chunk_spans, num_blocks
+from diloco.protocol.reduction import PartReducer, RoundPlan, chunk_norm, chunk_spans, num_blocks
 from diloco.protocol.verification import (
     Answer,
     Judgement,
@@ -27,7 +27,8 @@ from diloco.protocol.verification import (
     block_span,
     check_part,
     chunk_of,
-    expected_block,
+    close_block,
+    expected_values,
     judge,
     sample_blocks,
     slices_alone,
@@ -93,10 +94,11 @@ def _scenario(codec: str = "e3m0", return_codec: str = "e3m0") -> Scenario:
     return Scenario(_plan(0, send, back), reducer, sample, answers, evidence)
 
 
-def _with_block(
-    values: tuple[torch.Tensor, ...], k: int, new: torch.Tensor
-) -> tuple[torch.Tensor, ...]:
-    return (*values[:k], new, *values[k + 1 :])
+def _edited(answer: Answer, k: int, factor: float = 2.0, add: float = 0.0) -> Answer:
+    """``answer`` with its ``k``-th sampled block (whole) scaled and shifted."""
+    values = answer.values.clone()
+    values[k * 256 : (k + 1) * 256] = values[k * 256 : (k + 1) * 256] * factor + add
+    return Answer(values, answer.norms)
 
 
 def test_sample_blocks_distinct_sorted_inside_the_part() -> None:
@@ -131,6 +133,13 @@ def test_slices_alone_only_for_deterministic_block_codecs() -> None:
     assert not any(slices_alone(get_codec(n)) for n in ("drop", "topk"))
 
 
+def test_close_block_tolerates_fp32_transport_of_block_norms() -> None:
+    assert close_block(1.0 + 1e-7, 1.0) and not close_block(1.0 + 1e-5, 1.0)
+    tiny = 3e-43  # an FP32 subnormal: its steps are coarse
+    assert close_block(tiny, float(torch.tensor(tiny))) and not close_block(tiny, 10 * tiny)
+    assert close_block(1e40, float(torch.finfo(torch.float32).max))  # clamped when sent
+
+
 def test_expected_block_by_hand() -> None:
     # weights 1 : 2.5 : 3 of the constants 6.5, 2.6 and -1.3 -> (6.5 + 6.5 - 3.9) / 6.5 = 1.4
     none = get_codec("none")
@@ -138,7 +147,7 @@ def test_expected_block_by_hand() -> None:
     claims = PartClaims((True, True, True), ((1.0, 1.0, 1.0),) * 3, ((1.0, 1.0),) * 3)
     sample = Sample(PART, (1,), claims, torch.zeros(1536))
     inputs = [torch.full((256,), v) for v in (6.5, 2.6, -1.3)]
-    got = expected_block(plan, sample, 1, inputs)
+    got = expected_values(plan, sample, inputs)
     assert got.shape == (256,) and torch.allclose(got, torch.full((256,), 1.4), atol=1e-6)
 
 
@@ -149,26 +158,23 @@ def test_every_block_recomputed_bit_identical_to_the_part_reducer(
     codec: str, return_codec: str
 ) -> None:
     s = _scenario(codec, return_codec)
-    for k, block in enumerate(s.sample.blocks):
-        inputs = [s.answers[i].values[k] for i in (0, 1, 2)]
-        a, b = block_span(s.plan.spans[PART], block)
-        lo = s.plan.spans[PART][0]
-        assert torch.equal(
-            expected_block(s.plan, s.sample, block, inputs), s.sample.averaged[a - lo : b - lo]
-        )
+    inputs = [s.answers[i].values for i in (0, 1, 2)]
+    assert torch.equal(expected_values(s.plan, s.sample, inputs), s.sample.averaged)
+    # any subset of the blocks too (every block is sampled in the scenario)
+    some = dataclasses.replace(s.sample, blocks=(1, 4, 6))
+    lo = s.plan.spans[PART][0]
+    sub = [torch.cat([x[b * 256 : (b + 1) * 256] for b in (1, 4, 6)]) for x in inputs]
+    held = torch.cat([s.sample.averaged[b * 256 : (b + 1) * 256] for b in (1, 4, 6)])
+    assert torch.equal(expected_values(s.plan, some, sub), held) and lo == 1536
     findings = check_part(s.plan, s.sample, s.answers)
     assert not findings.reducer and not findings.disputed
 
 
 def test_own_contribution_answers_what_the_reducer_decoded() -> None:
     s = _scenario()
-    for i in (0, 2):
-        for k, block in enumerate(s.sample.blocks):
-            a, b = block_span(s.plan.spans[PART], block)
-            c = chunk_of(s.plan.chunks[PART], (a, b))
-            lo = s.plan.chunks[PART][c][0]
-            held = s.reducer.received[i][c].values[a - lo : b - lo]
-            assert torch.equal(s.answers[i].values[k], held)
+    for i in (0, 2):  # every block is sampled: the answer is the whole part as received
+        held = torch.cat([chunk.values for chunk in s.reducer.received[i]])
+        assert torch.equal(s.answers[i].values, held)
         assert s.answers[i].norms == pytest.approx(
             [chunk.norm for chunk in s.reducer.received[i]], rel=1e-12
         )
@@ -188,9 +194,8 @@ def test_own_contribution_with_stochastic_rounding_answers_from_the_payloads() -
     sent = torch.cat([codec.decode(p) for p in payloads])
     answer = own.answer(PART, (0, 5))
     lo = plan.spans[PART][0]
-    assert torch.equal(answer.values[0], sent[0:256])
-    assert torch.equal(answer.values[1], sent[5 * 256 : 6 * 256])
-    assert lo == 1536 and answer.norms == tuple(codec.decoded_norm(p) for p in payloads)
+    assert torch.equal(answer.values, torch.cat([sent[0:256], sent[5 * 256 : 6 * 256]]))
+    assert lo == 1536 and answer.norms == tuple(chunk_norm(codec.decode(p)) for p in payloads)
 
 
 def test_reducer_scaling_its_average_found_in_every_block_and_convicted() -> None:
@@ -228,14 +233,12 @@ def test_reducer_lying_on_one_block_found_only_there() -> None:
 
 
 def _only(answer: Answer, keep: tuple[int, ...]) -> Answer:
-    return Answer(tuple(answer.values[k] for k in keep), answer.norms)
+    return Answer(torch.cat([answer.values[k * 256 : (k + 1) * 256] for k in keep]), answer.norms)
 
 
 def test_sender_lying_in_its_answer_convicted_the_part_stands() -> None:
     s = _scenario()
-    s.answers[2] = Answer(
-        _with_block(s.answers[2].values, 3, s.answers[2].values[3] * 2), s.answers[2].norms
-    )
+    s.answers[2] = _edited(s.answers[2], 3)
     findings = check_part(s.plan, s.sample, s.answers)
     assert findings.blocks == [s.sample.blocks[3]]
     verdict = judge(
@@ -275,7 +278,7 @@ def test_reducer_own_values_off_its_block_norms_convicted_without_dispute() -> N
     # A reducer that answers with whatever own values make its lie look like an average
     # must also have signed block norms for them: here its block 2 answer is doubled.
     own = s.answers[PART]
-    s.answers[PART] = Answer(_with_block(own.values, 2, own.values[2] * 2), own.norms)
+    s.answers[PART] = _edited(own, 2)
     findings = check_part(s.plan, s.sample, s.answers)
     assert findings.reducer == "its own values at block 2 are not of the block norm it signed"
     assert not findings.disputed
@@ -314,9 +317,7 @@ def test_evidence_withheld_forged_or_broken_convicts_the_reducer(
     item: bytes | str | None, match: str
 ) -> None:
     s = _scenario()
-    s.answers[2] = Answer(
-        _with_block(s.answers[2].values, 0, s.answers[2].values[0] + 1), s.answers[2].norms
-    )
+    s.answers[2] = _edited(s.answers[2], 0, add=1.0)
     findings = check_part(s.plan, s.sample, s.answers)
     wanted = wanted_evidence(s.plan, s.sample, findings)
     if item is None:
