@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import random
 
@@ -108,6 +109,7 @@ from diloco.protocol.wire import (
     RejectCode,
     Report,
     RoundTag,
+    Seal,
 )
 
 logger = logging.getLogger(__name__)
@@ -168,6 +170,8 @@ class AllReduceRunner:
         self.own = OwnContribution(self.plan, delta) if checked else None
         """What this member sent, for checks; None when nothing is checked."""
         self.claims: dict[int, PartClaims] = {}
+        self._sent: dict[tuple[int, int], tuple[bytes, bytes]] = {}
+        """Payload and sha256 of every chunk sent, by (part, chunk)."""
         self._recorded = asyncio.Event()
         self._asked: dict[int, int] = {}
         self.counter = ByteCounter()
@@ -264,18 +268,28 @@ class AllReduceRunner:
         """Chunk ``c`` of this member's own part as its reducer (itself) uses it."""
         a, b = self.plan.chunks[self.index][c]
         payload = self.plan.codec.encode(self.delta[a:b].contiguous())
+        values = self.plan.codec.decode(payload)
         if self.own is not None:
-            self.own.record(self.index, c, payload)
-        return self.plan.codec.decode(payload)
+            self.own.record(self.index, c, payload, values)
+        return values
 
-    def _signed_chunk(self, j: int, c: int) -> tuple[bytes, bytes, bytes]:
-        """Head, signature and payload of chunk ``c`` of part ``j`` (in an executor)."""
-        head, payload = self._part_head(j, c), self._encode_chunk(j, c)
-        if self.own is not None:
-            self.own.record(j, c, payload)
+    def _part_frame(self, j: int, c: int) -> tuple[bytes, bytes]:
+        """Head and payload of chunk ``c`` of part ``j`` (in an executor). Encoded once:
+        a stream opened again after a cut resends the same bytes, which the seal covers."""
+        if (j, c) not in self._sent:
+            payload = self._encode_chunk(j, c)
+            self._sent[(j, c)] = (payload, hashlib.sha256(payload).digest())
+            if self.own is not None:
+                self.own.record(j, c, payload)
+        return self._part_head(j, c).serialize(), self._sent[(j, c)][0]
+
+    def _seal(self, j: int) -> bytes:
+        """The SEAL of this member's chunks of part ``j`` (all of them sent)."""
+        head = self.plan.seal_head(j)
         if self.identity is None:
-            return head.serialize(), bytes(SIGNATURE_BYTES), payload
-        return head.serialize(), sign_part(self.identity, head, payload), payload
+            return Seal(head, bytes(SIGNATURE_BYTES)).serialize()
+        hashes = [self._sent[(j, c)][1] for c in range(len(self.plan.chunks[j]))]
+        return Seal(head, sign_part(self.identity, head, hashes)).serialize()
 
     def _touch_recorded(self) -> None:
         """Wake ``answer_check``: another chunk was recorded."""
@@ -322,9 +336,10 @@ class AllReduceRunner:
 
         async def send() -> None:
             for c in range(len(self.plan.chunks[j])):
-                signed = await loop.run_in_executor(None, self._signed_chunk, j, c)
+                frame = await loop.run_in_executor(None, self._part_frame, j, c)
                 self._touch_recorded()
-                await write_frame(writer, Kind.PART, *signed, counter=self.counter)
+                await write_frame(writer, Kind.PART, *frame, counter=self.counter)
+            await write_frame(writer, Kind.SEAL, self._seal(j), counter=self.counter)
 
         sending = asyncio.create_task(send())
         try:
@@ -341,18 +356,19 @@ class AllReduceRunner:
                     )
                 msg = Averaged.parse(await read_body(reader, frame.body_len, self.counter))
                 part.check(c, msg)
-                values = await loop.run_in_executor(None, self._open_averaged, part, msg)
+                values = await loop.run_in_executor(None, part.decode, c, msg.payload)
                 part.add(c, msg, values)
+            _, body = await read_frame(reader, (Kind.SEAL,), Seal.SIZE, self.counter)
+            seal = Seal.parse(body)
+            if seal.head != self.plan.seal_head(j):
+                raise ProtocolError("SEAL of another part")
+            if self.identity is not None:
+                args = (self.group.names[j], seal.head, part.digest(), seal.signature)
+                await loop.run_in_executor(None, verify_averaged, *args)
             return part
         finally:
             stop_sending(sending)
             writer.close()
-
-    def _open_averaged(self, part: AveragedPart, msg: Averaged) -> torch.Tensor:
-        """Check the reducer's signature (verification on) and decode (in an executor)."""
-        if self.identity is not None:
-            verify_averaged(self.group.names[part.part], msg)
-        return part.decode(msg.head.chunk, msg.payload)
 
     def _start_checks(self, assembled: Assembled) -> asyncio.Task[dict[int, Judgement]] | None:
         """Start checking the parts of the other reducers, once all are held (``checking``)."""

@@ -8,7 +8,8 @@ as in ``wire``; integers and norms big-endian, values little-endian FP32 as in S
                   | chunks u32 | chunks x norm f64 | values u32 | values x f32 LE)
                   | signature (64)
     EVIDENCE_REQ  tag | gid | part u16 | count u16 | count x (member u16 | chunk u32)
-    EVIDENCE      member u16 | chunk u32 | signature (64) | codec payload
+    EVIDENCE      member u16 | chunk u32 | seal signature (64) | count u32
+                  | count x chunk sha256 (32) | codec payload
                   (one frame per item asked, in the order asked)
 
 A block is ``PART_ALIGN`` values of a part counted from the part's start. A CHECK_RES entry
@@ -16,7 +17,7 @@ repeats the blocks asked, so that the signed answer says what it answers: the an
 member's contribution to the part at those blocks, as its reducer decodes it, and its norm
 over every chunk of the part. The signature is Ed25519 by the answering member over
 ``signing_input("diloco-check/1", sha256(body before the signature))``; EVIDENCE carries the
-PART signature of the chunk's sender.
+SEAL of the chunk's sender and the hashes it sealed, so that the chunk can be checked alone.
 """
 
 from __future__ import annotations
@@ -223,26 +224,37 @@ class EvidenceRequest:
 
 @dataclass(frozen=True, slots=True)
 class Evidence:
-    """One signed PART chunk a reducer kept: its sender's index, the chunk and the bytes."""
+    """One PART chunk a reducer counted: its sender's index, the chunk, the sender's SEAL
+    signature with the chunk hashes it sealed, and the payload."""
 
     member: int
     chunk: int
     signature: bytes
+    hashes: tuple[bytes, ...]
     payload: Buffer
 
-    PREFIX = _ITEM.size + SIGNATURE_BYTES
+    @staticmethod
+    def size(num_chunks: int, payload_bytes: int) -> int:
+        """Body length for a part of ``num_chunks`` chunks, known before reading."""
+        return _ITEM.size + SIGNATURE_BYTES + _U32.size + 32 * num_chunks + payload_bytes
 
     def prefix(self) -> bytes:
         _require(len(self.signature) == SIGNATURE_BYTES, "signature length")
-        return _ITEM.pack(self.member, self.chunk) + self.signature
+        _require(all(len(h) == 32 for h in self.hashes), "hash length")
+        count = _U32.pack(len(self.hashes))
+        return _ITEM.pack(self.member, self.chunk) + self.signature + count + b"".join(self.hashes)
 
     @classmethod
     def parse(cls, body: Buffer) -> Evidence:
         """Parse without copying the payload (a view into ``body``)."""
-        _require(len(body) >= cls.PREFIX, "EVIDENCE length")
+        start = _ITEM.size + SIGNATURE_BYTES + _U32.size
+        _require(len(body) >= start, "EVIDENCE length")
         member, chunk = _ITEM.unpack_from(body)
-        signature = bytes(body[_ITEM.size : cls.PREFIX])
-        return cls(member, chunk, signature, memoryview(body)[cls.PREFIX :])
+        signature = bytes(body[_ITEM.size : _ITEM.size + SIGNATURE_BYTES])
+        (count,) = _U32.unpack_from(body, start - _U32.size)
+        _require(len(body) >= start + 32 * count, "EVIDENCE hashes truncated")
+        hashes = tuple(bytes(body[start + 32 * k : start + 32 * (k + 1)]) for k in range(count))
+        return cls(member, chunk, signature, hashes, memoryview(body)[start + 32 * count :])
 
 
 def _u32s(values: tuple[int, ...]) -> bytes:

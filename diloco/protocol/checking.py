@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 from collections.abc import Callable, Mapping
 
@@ -226,9 +227,10 @@ class Checker:
             )
             try:
                 await write_frame(writer, Kind.EVIDENCE_REQ, request.serialize())
+                chunks = self.plan.chunks[j]
                 for i, c in wanted:
-                    a, b = self.plan.chunks[j][c]
-                    limit = Evidence.PREFIX + self.plan.codec.encoded_size(b - a)
+                    payload = self.plan.codec.encoded_size(chunks[c][1] - chunks[c][0])
+                    limit = Evidence.size(len(chunks), payload)
                     kind, body = await read_frame(reader, (Kind.EVIDENCE,), limit, self.counter)
                     if kind == Kind.REJECT:
                         logger.warning("reducer %d refused evidence: %s", j, Reject.parse(body))
@@ -243,12 +245,17 @@ class Checker:
             logger.info("round %s: evidence of part %d: %r", self.group.key, j, exc)
 
     def _signed(self, j: int, item: Evidence) -> bytes | str:
-        """The payload of a PART chunk in evidence, or why its signature does not hold."""
-        head = self.plan.head(j, item.chunk)
+        """The payload of a PART chunk in evidence, or why its sender's seal does not cover
+        it (in an executor)."""
+        if len(item.hashes) != len(self.plan.chunks[j]):
+            return f"a seal over {len(item.hashes)} chunks"
+        if hashlib.sha256(item.payload).digest() != item.hashes[item.chunk]:
+            return "not the chunk its sender sealed"
+        sender, seal = self.group.names[item.member], self.plan.seal_head(j)
         try:
-            verify_part(self.group.names[item.member], head, item.payload, item.signature)
+            verify_part(sender, seal, item.hashes, item.signature)
         except ProtocolError as exc:
-            return f"not signed by its sender: {exc}"
+            return f"not sealed by its sender: {exc}"
         return bytes(item.payload)
 
 

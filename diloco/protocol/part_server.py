@@ -9,10 +9,12 @@ A stream cut in transport is not an offence: the member may open it again, and t
 chunks it already delivered are skipped. An invalid or late chunk excludes its sender,
 which is told so (REJECT BAD_PART); a failed part is announced the same way.
 
-With an ``identity`` (verification on) a chunk must carry its sender's signature (else it
-is invalid), the averaged chunks are signed, and the signed chunks counted are kept until
-the round is forgotten: ``serve_evidence`` shows them to a member that disputes the part
-(``verification``), once per member.
+After its last chunk a sender seals its part (SEAL: its signature over the chunks'
+hashes) and after the last averaged chunk the reducer seals its own. With an ``identity``
+(verification on) a seal that does not verify makes the last chunk invalid (so a part is
+averaged only from sealed contributions), the reducer signs its seal, and the chunks
+counted are kept with their seals until the round is forgotten: ``serve_evidence`` shows
+them to a member that disputes the part (``verification``), once per member.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from diloco.protocol.signatures import sign_averaged, verify_part
 from diloco.protocol.streams import (
     TRANSPORT_ERRORS,
     read_body,
+    read_frame,
     read_frame_header,
     send_reject,
     stop_sending,
@@ -50,6 +53,7 @@ from diloco.protocol.wire import (
     PartHead,
     Reject,
     RejectCode,
+    Seal,
 )
 
 logger = logging.getLogger(__name__)
@@ -162,14 +166,17 @@ class PartServer:
             self._touch()
             decoded.append(mean)
         assert reducer.mask is not None
-        self.assembly.add(index, reducer.mask, torch.cat(decoded), reducer.digest())
+        digest = reducer.digest()
+        if self.identity is None:
+            reducer.seal = bytes(SIGNATURE_BYTES)
+        else:
+            reducer.seal = sign_averaged(self.identity, self.plan.seal_head(index), digest)
+        self._touch()
+        self.assembly.add(index, reducer.mask, torch.cat(decoded), digest)
 
     def average_chunk(self, c: int, own: torch.Tensor) -> tuple[Averaged, torch.Tensor]:
-        """Averaged chunk ``c``, signed, and its decoded values (runs in an executor)."""
-        msg, mean = self.reducer.average(c, own)
-        if self.identity is not None:
-            msg = sign_averaged(self.identity, msg)
-        return msg, mean
+        """Averaged chunk ``c`` and its decoded values (runs in an executor)."""
+        return self.reducer.average(c, own)
 
     async def accept_part(
         self,
@@ -253,6 +260,7 @@ class PartServer:
         """
         loop = asyncio.get_running_loop()
         reducer, index = self.reducer, self.plan.index
+        last: Chunk | None = None  # counted only once the seal over it verifies
         for c, (a, b) in enumerate(reducer.chunks):
             counting = reducer.counting(j, c)
             deadline = self.deadlines.gather if c == 0 and counting else self.deadlines.part
@@ -265,26 +273,38 @@ class PartServer:
                 head = PartHead.parse(await read_body(reader, PartHead.SIZE, self.counter))
             if head != self.plan.head(index, c):
                 raise ProtocolError(f"chunk {head.part}/{head.chunk}, expected {index}/{c}")
-            size = SIGNATURE_BYTES + self.plan.codec.encoded_size(b - a)
+            size = self.plan.codec.encoded_size(b - a)
             if frame.body_len != PartHead.SIZE + size:
                 raise ProtocolError(
                     f"chunk of {frame.body_len - PartHead.SIZE} bytes, expected {size}"
                 )
-            body = await asyncio.wait_for(
+            payload = await asyncio.wait_for(
                 read_body(reader, size, self.counter), max(0.0, deadline - loop.time())
             )
             if not counting or not reducer.wants(j, c):
                 continue  # late, or sent again after a cut: read to keep the stream flowing
-            chunk = await loop.run_in_executor(None, self._check_chunk, j, head, body)
-            if reducer.add_chunk(j, c, chunk):
+            chunk = await loop.run_in_executor(None, reducer.check_chunk, c, payload)
+            if c == reducer.num_chunks - 1:
+                last = chunk
+            elif reducer.add_chunk(j, c, chunk):
                 self._touch()
-
-    def _check_chunk(self, j: int, head: PartHead, body: bytearray) -> Chunk:
-        """Check member ``j``'s signature (verification on) and chunk (in an executor)."""
-        signature, payload = bytes(body[:SIGNATURE_BYTES]), memoryview(body)[SIGNATURE_BYTES:]
-        if self.identity is not None:
-            verify_part(self.group.names[j], head, payload, signature)
-        return self.reducer.check_chunk(head.chunk, payload, signature)
+        _, body = await asyncio.wait_for(
+            read_frame(reader, (Kind.SEAL,), Seal.SIZE, self.counter),
+            max(0.0, self.deadlines.part - loop.time()),
+        )
+        seal = Seal.parse(body)
+        if seal.head != self.plan.seal_head(index):
+            raise ProtocolError("SEAL of another part")
+        if last is not None:
+            if self.identity is not None:
+                hashes = [*reducer.hashes(j), last.sha256]
+                sender = self.group.names[j]
+                await loop.run_in_executor(
+                    None, verify_part, sender, seal.head, hashes, seal.signature
+                )
+                reducer.seals[j] = seal.signature
+            if reducer.add_chunk(j, reducer.num_chunks - 1, last):
+                self._touch()
 
     async def _send_averages(self, j: int, writer: asyncio.StreamWriter) -> None:
         """Stream the averaged chunks to member ``j`` as the reduction produces them."""
@@ -300,6 +320,11 @@ class PartServer:
             await write_frame(
                 writer, Kind.AVERAGED, msg.prefix(), msg.payload, counter=self.counter
             )
+        await self._wait(lambda: reducer.seal is not None, self.deadlines.part)
+        if reducer.seal is None:
+            return  # the member sees the part missing
+        seal = Seal(self.plan.seal_head(self.plan.index), reducer.seal)
+        await write_frame(writer, Kind.SEAL, seal.serialize(), counter=self.counter)
         self.delivered += 1
 
     async def serve_evidence(
@@ -322,9 +347,12 @@ class PartServer:
         self._evidence_served.add(i)
         logger.info("round %s: member %d disputes part %d", self.group.key, i, self.plan.index)
         for (m, c), chunks in zip(request.items, held, strict=True):
-            item = chunks[c]
-            prefix = Evidence(m, c, item.signature, item.payload).prefix()
-            await write_frame(writer, Kind.EVIDENCE, prefix, item.payload, counter=self.counter)
+            hashes = tuple(chunk.sha256 for chunk in chunks)
+            seal = reducer.seals.get(m, bytes(SIGNATURE_BYTES))
+            prefix = Evidence(m, c, seal, hashes, chunks[c].payload).prefix()
+            await write_frame(
+                writer, Kind.EVIDENCE, prefix, chunks[c].payload, counter=self.counter
+            )
         return None
 
     def exclude(self, j: int, reason: str) -> None:

@@ -8,8 +8,9 @@ feeds what arrives into these classes, which never touch a stream, a clock or a 
 * ``RoundPlan``: what every member derives alike from the group (parts, chunks, codecs)
   plus the norms of its own delta, the bound for what it accepts.
 * ``PartReducer``: the reducer side of this member's part: which chunks arrived from whom
-  (kept with their signatures, the evidence for disputes), who is excluded and why, who
-  counts once the gather closes, the combine step (``combine``), and the averaged chunks.
+  (kept with their hashes and their senders' seals: evidence for disputes), who is excluded
+  and why, who counts once the gather closes, the combine step (``combine``), and the
+  averaged chunks.
 * ``AveragedPart``: the member side of one reducer's part, one stream's worth: its AVERAGED
   chunks, validated in order.
 * ``Assembly``: the parts a member holds and the result, masks and digest they make.
@@ -33,7 +34,7 @@ from diloco.codecs import Codec, CodecError
 from diloco.errors import ProtocolError
 from diloco.protocol.partition import PART_ALIGN, butterfly_parts
 from diloco.protocol.reducer import weighted_mean
-from diloco.protocol.wire import SIGNATURE_BYTES, Averaged, Buffer, PartHead, RoundTag
+from diloco.protocol.wire import Averaged, Buffer, PartHead, RoundTag
 
 CHUNK_VALUES = 1 << 18
 """Values per chunk of a part (a multiple of ``PART_ALIGN``): 1 MiB as FP32, 136 KiB as E3M0."""
@@ -130,8 +131,8 @@ def combine(
 
 
 def part_digest(bodies: Sequence[Buffer]) -> bytes:
-    """sha256 of one part as members compare it: its AVERAGED bodies in chunk order (mask,
-    norms, signature and payload: what every member must hold alike)."""
+    """sha256 of one part as members compare it and its reducer seals it: its AVERAGED bodies
+    in chunk order (mask, norms and payload: what every member must hold alike)."""
     digest = hashlib.sha256()
     for body in bodies:
         digest.update(body)
@@ -200,16 +201,20 @@ class RoundPlan:
         """The head of chunk ``chunk`` of part ``part`` in this round (PART and AVERAGED)."""
         return PartHead(self.tag, self.group_id, part, chunk)
 
+    def seal_head(self, part: int) -> PartHead:
+        """The head of the SEAL of part ``part``: its chunk field counts the chunks."""
+        return PartHead(self.tag, self.group_id, part, len(self.chunks[part]))
+
 
 @dataclass(frozen=True, slots=True)
 class Chunk:
     """A member's checked chunk as its reducer keeps it: the decoded values and their norm,
-    and the signed bytes (evidence for ``verification`` disputes)."""
+    and the bytes with their sha256 (what the sender's seal covers; evidence in disputes)."""
 
     values: torch.Tensor
     norm: float
     payload: Buffer
-    signature: bytes
+    sha256: bytes
 
 
 class PartReducer:
@@ -235,6 +240,10 @@ class PartReducer:
         self.averaged: list[Averaged] = []
         """Averaged chunks (return codec, signed): the bytes every member gets."""
         self.failed: str | None = None
+        self.seals: dict[int, bytes] = {}
+        """Each counted sender's seal of its chunks (the signature)."""
+        self.seal: bytes | None = None
+        """This reducer's seal of its averaged part, once every chunk is averaged."""
 
     @property
     def num_chunks(self) -> int:
@@ -260,9 +269,8 @@ class PartReducer:
         """Whether to check and keep chunk ``c`` of ``j``: not excluded, not held already."""
         return j not in self.excluded and c >= len(self.received.get(j, ()))
 
-    def check_chunk(self, c: int, payload: Buffer, signature: bytes) -> Chunk:
-        """Decode and validate chunk ``c`` of a contribution to this part (pure); the glue
-        checked ``signature``.
+    def check_chunk(self, c: int, payload: Buffer) -> Chunk:
+        """Decode and validate chunk ``c`` of a contribution to this part (pure).
 
         Raises:
             ProtocolError: another codec, no decode, a wrong length, non-finite values, or a
@@ -280,7 +288,7 @@ class PartReducer:
             raise ProtocolError(f"{values.numel()} values, expected {b - a}")
         norm = chunk_norm(values)
         check_norm(norm, self.plan.chunk_norms[self.index][c], self.plan.max_norm_ratio)
-        return Chunk(values, norm, payload, signature)
+        return Chunk(values, norm, payload, hashlib.sha256(payload).digest())
 
     def add_chunk(self, j: int, c: int, chunk: Chunk) -> bool:
         """Keep a checked chunk; False when it came too late to count (chunk 0 after the
@@ -346,14 +354,18 @@ class PartReducer:
         weights = [self.plan.weights[i] for i in self.counted]
         mean = combine(values, weights, [norms[i] for i in self.counted])
         encoded = self.plan.return_codec.encode(mean)
-        head = self.plan.head(self.index, c)
-        unsigned = bytes(SIGNATURE_BYTES)
-        msg = Averaged(head, self.mask, tuple(norms), block_norms(own), unsigned, encoded)
+        msg = Averaged(
+            self.plan.head(self.index, c), self.mask, tuple(norms), block_norms(own), encoded
+        )
         return msg, self.plan.return_codec.decode(encoded)
 
     def add_average(self, c: int, msg: Averaged) -> None:
         assert len(self.averaged) == c, "averaged chunks are produced in order"
         self.averaged.append(msg)
+
+    def hashes(self, j: int) -> list[bytes]:
+        """The sha256 of each chunk held from member ``j``, in chunk order."""
+        return [chunk.sha256 for chunk in self.received.get(j, ())]
 
     def averaged_ready(self, c: int) -> bool:
         """Averaged chunk ``c`` can be sent, or never will be (the part failed)."""
@@ -396,7 +408,7 @@ class AveragedPart:
 
     def check(self, c: int, msg: Averaged) -> None:
         """Raise ProtocolError unless ``msg`` is chunk ``c`` of this part with the same mask
-        and a block norm per block (the glue checks its signature)."""
+        and a block norm per block."""
         if msg.head != self.plan.head(self.part, c):
             raise ProtocolError("AVERAGED for another round, group, part or chunk")
         if len(msg.mask) != self.plan.num_members:

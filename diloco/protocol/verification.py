@@ -345,10 +345,14 @@ class OwnContribution:
             None if slices_alone(plan.codec) else {}
         )
 
-    def record(self, part: int, chunk: int, payload: bytes) -> None:
-        """Keep what chunk ``chunk`` of ``part`` was sent as (its norm; maybe the bytes)."""
+    def record(
+        self, part: int, chunk: int, payload: bytes, values: torch.Tensor | None = None
+    ) -> None:
+        """Keep what chunk ``chunk`` of ``part`` was sent as (its norm; maybe the bytes);
+        ``values`` are the payload decoded, where the caller has them."""
         try:
-            self.norms[(part, chunk)] = chunk_norm(self.plan.codec.decode(payload))
+            decoded = self.plan.codec.decode(payload) if values is None else values
+            self.norms[(part, chunk)] = chunk_norm(decoded)
         except CodecError:  # a member that sends garbage is excluded; its answers do not count
             self.norms[(part, chunk)] = math.nan
         if self._payloads is not None:

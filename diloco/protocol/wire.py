@@ -18,23 +18,26 @@ Body layouts (``digest`` is the 16-byte run digest, ``gid`` the 16-byte group id
     GROUP     digest | fragment u32 | round u32 | gid | numel u64 | codec u8 | return codec u8
               | count u16 | count x (peer id length u16 | peer id | weight f64)
     REJECT    code u8 | peer id length u16 | peer id (a redirect, may be empty) | utf-8 reason
-    PART      digest | fragment u32 | round u32 | gid | part u16 | chunk u32 | signature (64)
-              | codec payload
+    PART      digest | fragment u32 | round u32 | gid | part u16 | chunk u32 | codec payload
     AVERAGED  digest | fragment u32 | round u32 | gid | part u16 | chunk u32 | mask length u16
               | counted mask | mask length x norm f64 | block count u32 | block count x
-              block norm f32 | signature (64) | codec payload
+              block norm f32 | codec payload
               (a part travels as consecutive chunks, each encoded on its own, so that a
               reducer averages and returns chunk c while chunk c + 1 is still arriving)
+    SEAL      digest | fragment u32 | round u32 | gid | part u16 | chunk count u32
+              | signature (64)   (after the last PART, and after the last AVERAGED, chunk)
     REPORT    digest | fragment u32 | round u32 | gid | mask length u16 | parts mask
               | result sha256 (32)
     ACK       (empty)
 
-Signatures are Ed25519 by the sender's peer id over ``identity.signing_input(domain,
-body before the signature, sha256(codec payload))``, domains "diloco-part/1" and
-"diloco-averaged/1" (``signatures``): a reducer keeps the signed chunks it counted, and every
-member the signed averaged chunks, as evidence (``verification``). An AVERAGED chunk's
-norms are every member's chunk norm as its reducer computed it (0: not counted); its block
-norms those of the reducer's own contribution over each ``PART_ALIGN`` values of the chunk.
+A SEAL signs a whole part, once: Ed25519 by the sender's peer id over
+``identity.signing_input(domain, seal head, hashes)`` (``signatures``), for PART with domain
+"diloco-part/1" and the sha256 of every chunk's payload, for AVERAGED with domain
+"diloco-averaged/1" and the part's digest (sha256 of its AVERAGED bodies, what REPORTs
+compare). A reducer keeps the chunks it counted and their seals, members the averaged
+chunks and theirs: evidence (``verification``). An AVERAGED chunk's norms are every
+member's chunk norm as its reducer computed it (0: not counted); its block norms those of
+the reducer's own contribution over each ``PART_ALIGN`` values of the chunk.
 
 The bodies of STATE_REQ, STATE_HDR and STATE_DAT are in ``state_wire``; those of CHECK_REQ,
 CHECK_RES, EVIDENCE_REQ and EVIDENCE in ``check_wire``.
@@ -92,6 +95,7 @@ class Kind(IntEnum):
     CHECK_RES = 12
     EVIDENCE_REQ = 13
     EVIDENCE = 14
+    SEAL = 15
 
 
 class RejectCode(IntEnum):
@@ -367,8 +371,8 @@ def unpack_mask(data: Buffer, num_members: int) -> tuple[bool, ...]:
 
 @dataclass(frozen=True, slots=True)
 class Averaged:
-    """A reducer's averaged chunk, the mask of members it counted in its part, the norms it
-    combined them by, and its signature (see the layout above).
+    """A reducer's averaged chunk, the mask of members it counted in its part, and the norms
+    it combined them by (see the layout above).
 
     The reducer sends the same bytes to every member; it always counts itself.
     """
@@ -379,7 +383,6 @@ class Averaged:
     """Every member's chunk norm as the reducer computed it; 0 for members not counted."""
     block_norms: tuple[float, ...]
     """Norms of the reducer's own contribution over each ``PART_ALIGN`` values of the chunk."""
-    signature: bytes
     payload: Buffer
 
     def check(self) -> None:
@@ -394,16 +397,15 @@ class Averaged:
         # A finite sum proves every term finite (NaN and inf propagate); then min is exact.
         blocks = self.block_norms
         _require(not blocks or (math.isfinite(sum(blocks)) and min(blocks) >= 0), "block norms")
-        _require(len(self.signature) == SIGNATURE_BYTES, "signature length")
 
     @staticmethod
     def body_size(num_members: int, num_blocks: int, payload_bytes: int) -> int:
         """Body length of an AVERAGED frame, known before it is read."""
-        fixed = PartHead.SIZE + _U16.size + _U32.size + SIGNATURE_BYTES
+        fixed = PartHead.SIZE + _U16.size + _U32.size
         return fixed + mask_bytes(num_members) + 8 * num_members + 4 * num_blocks + payload_bytes
 
-    def claims(self) -> bytes:
-        """The body up to the signature: what the reducer signs, with the payload's hash."""
+    def prefix(self) -> bytes:
+        """The body up to the payload (sent ahead of it, so the payload is never copied)."""
         self.check()
         return (
             self.head.serialize()
@@ -413,10 +415,6 @@ class Averaged:
             + _U32.pack(len(self.block_norms))
             + struct.pack(f"!{len(self.block_norms)}f", *self.block_norms)
         )
-
-    def prefix(self) -> bytes:
-        """The body up to the payload (sent ahead of it, so the payload is never copied)."""
-        return self.claims() + self.signature
 
     def serialize(self) -> bytes:
         return self.prefix() + bytes(self.payload)
@@ -435,13 +433,32 @@ class Averaged:
         offset += mask_bytes(count)
         norms = struct.unpack_from(f"!{count}d", body, offset)
         (blocks,) = _U32.unpack_from(body, end - _U32.size)
-        payload_at = end + 4 * blocks + SIGNATURE_BYTES
+        payload_at = end + 4 * blocks
         _require(len(body) >= payload_at, "AVERAGED block norms truncated")
         block_norms = struct.unpack_from(f"!{blocks}f", body, end)
-        signature = bytes(body[payload_at - SIGNATURE_BYTES : payload_at])
-        msg = cls(head, mask, norms, block_norms, signature, memoryview(body)[payload_at:])
+        msg = cls(head, mask, norms, block_norms, memoryview(body)[payload_at:])
         msg.check()
         return msg
+
+
+@dataclass(frozen=True, slots=True)
+class Seal:
+    """A signature of a whole part, sent after its last chunk; ``head.chunk`` is the part's
+    number of chunks."""
+
+    head: PartHead
+    signature: bytes
+
+    SIZE = PartHead.SIZE + SIGNATURE_BYTES
+
+    def serialize(self) -> bytes:
+        _require(len(self.signature) == SIGNATURE_BYTES, "signature length")
+        return self.head.serialize() + self.signature
+
+    @classmethod
+    def parse(cls, body: Buffer) -> Seal:
+        _require(len(body) == cls.SIZE, "SEAL length")
+        return cls(PartHead.parse(body[: PartHead.SIZE]), bytes(body[PartHead.SIZE :]))
 
 
 @dataclass(frozen=True, slots=True)

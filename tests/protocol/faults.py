@@ -18,9 +18,8 @@ from hivemind.p2p import PeerID
 
 from diloco.protocol.allreduce import AllReduceRunner
 from diloco.protocol.part_server import PartServer
-from diloco.protocol.signatures import sign_averaged
 from diloco.protocol.streams import write_frame
-from diloco.protocol.wire import Averaged, Kind, PartHead, RoundTag
+from diloco.protocol.wire import Averaged, Kind, PartHead, RoundTag, Seal
 
 
 class Fault(enum.Enum):
@@ -32,6 +31,7 @@ class Fault(enum.Enum):
     OVERSIZE = "oversize"
     NAN = "nan"
     HUGE_NORM = "huge_norm"
+    BAD_SEAL = "bad_seal"
     STALL_SENDER = "stall_sender"
     STALL_REDUCER = "stall_reducer"
     DIE_AS_LEADER = "die_as_leader"
@@ -48,8 +48,10 @@ GARBAGE = [
     Fault.OVERSIZE,
     Fault.NAN,
     Fault.HUGE_NORM,
+    Fault.BAD_SEAL,
 ]
-"""Faults of a sender whose every chunk must be refused (codec ``none``: NAN needs it)."""
+"""Faults of a sender whose every chunk must be refused (codec ``none``: NAN needs it;
+BAD_SEAL: parts of one chunk, which its invalid seal makes invalid)."""
 
 
 class CorruptSender(AllReduceRunner):
@@ -75,6 +77,11 @@ class CorruptSender(AllReduceRunner):
         if self.fault == Fault.HUGE_NORM:
             return self.plan.codec.encode((self.delta[a:b] * 1e6).contiguous())
         return payload
+
+    def _seal(self, j: int) -> bytes:
+        if self.fault == Fault.BAD_SEAL:
+            return Seal(self.plan.seal_head(j), os.urandom(64)).serialize()
+        return super()._seal(j)
 
     def _part_head(self, j: int, c: int) -> PartHead:
         head = super()._part_head(j, c)
@@ -102,8 +109,8 @@ class CutPartStreams(AllReduceRunner):
         loop = asyncio.get_running_loop()
         _, _, writer = await self.p2p.call_binary_stream_handler(peer, self.part_handler)
         for c in range(min(2, len(self.plan.chunks[j]))):
-            signed = await loop.run_in_executor(None, self._signed_chunk, j, c)
-            await write_frame(writer, Kind.PART, *signed, counter=self.counter)
+            frame = await loop.run_in_executor(None, self._part_frame, j, c)
+            await write_frame(writer, Kind.PART, *frame, counter=self.counter)
         await asyncio.sleep(0.05)
         writer.close()
         raise ConnectionResetError("test fault: PART stream cut")
@@ -111,7 +118,7 @@ class CutPartStreams(AllReduceRunner):
 
 class ScalingServer(PartServer):
     """Averages honestly, then sends ``factor`` times the mean over ``blocks`` (of 256
-    values; None: all), encoded once and signed: the same bytes to every member, so their
+    values; None: all), encoded once and sealed: the same bytes to every member, so their
     REPORT digests agree (issue 11, attack 2)."""
 
     factor = -30.0
@@ -124,8 +131,6 @@ class ScalingServer(PartServer):
         for block in self.blocks or range(-(-lie.numel() // 256)):
             lie[block * 256 : (block + 1) * 256] *= self.factor
         msg = dataclasses.replace(msg, payload=codec.encode(lie))
-        if self.identity is not None:
-            msg = sign_averaged(self.identity, msg)
         return msg, codec.decode(msg.payload)
 
 

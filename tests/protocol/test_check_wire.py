@@ -99,11 +99,22 @@ def test_evidence_request_layout_round_trip_and_refusals() -> None:
 
 
 def test_evidence_layout_and_parse_keeps_the_payload_in_place() -> None:
-    msg = Evidence(3, 7, b"s" * 64, b"\x04payload")
+    hashes = (b"a" * 32, b"b" * 32)
+    msg = Evidence(3, 1, b"s" * 64, hashes, b"\x04payload")
     body = msg.prefix() + b"\x04payload"
-    assert body == struct.pack("!HI", 3, 7) + b"s" * 64 + b"\x04payload"
+    assert body == struct.pack("!HI", 3, 1) + b"s" * 64 + struct.pack("!I", 2) + b"a" * 32 + (
+        b"b" * 32 + b"\x04payload"
+    )
+    assert len(body) == Evidence.size(2, len(b"\x04payload"))
     parsed = Evidence.parse(bytearray(body))
-    assert (parsed.member, parsed.chunk, parsed.signature) == (3, 7, b"s" * 64)
+    assert (parsed.member, parsed.chunk, parsed.signature, parsed.hashes) == (
+        3,
+        1,
+        b"s" * 64,
+        hashes,
+    )
     assert isinstance(parsed.payload, memoryview) and bytes(parsed.payload) == b"\x04payload"
     with pytest.raises(ProtocolError, match="EVIDENCE length"):
-        Evidence.parse(body[: Evidence.PREFIX - 1])
+        Evidence.parse(body[:70])
+    with pytest.raises(ProtocolError, match="hashes truncated"):
+        Evidence.parse(body[:100])

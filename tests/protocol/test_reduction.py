@@ -27,7 +27,7 @@ from diloco.protocol.reduction import (
     chunk_spans,
     part_digest,
 )
-from diloco.protocol.wire import SIGNATURE_BYTES, Averaged, PartHead, RoundTag
+from diloco.protocol.wire import Averaged, PartHead, RoundTag
 
 NONE = get_codec("none")
 TAG = RoundTag(bytes(range(16)), 2, 5)
@@ -56,7 +56,8 @@ def _full(value: float, n: int = 4) -> torch.Tensor:
 
 def _chunk(value: float) -> Chunk:
     """A checked chunk of four values ``value`` (norm ``2 * |value|``)."""
-    return Chunk(_full(value), 2 * abs(value), NONE.encode(_full(value)), b"s" * SIGNATURE_BYTES)
+    payload = NONE.encode(_full(value))
+    return Chunk(_full(value), 2 * abs(value), payload, hashlib.sha256(payload).digest())
 
 
 def test_check_values_nan_rejected() -> None:
@@ -151,8 +152,10 @@ def test_part_reducer_average_weights_counted_members_in_group_order() -> None:
     assert torch.equal(decoded, _full(2.0))  # 1/4 * -1 + 3/4 * 3
     assert bytes(msg.payload) == NONE.encode(_full(2.0))
     assert msg.head == PartHead(TAG, GID, 0, 0) and msg.mask == (True, True, False)
-    # every member's chunk norm (own: 2, member 1's as checked: 6, absent: 0); one block
+    # every member's chunk norm (own: 2, member 1's as checked: 6, absent: 0); one block;
+    # the seal's head counts the part's chunks
     assert msg.norms == (2.0, 6.0, 0.0) and msg.block_norms == (2.0,)
+    assert reducer.plan.seal_head(0) == PartHead(TAG, GID, 0, 2)
     assert not reducer.averaged_ready(0)
     reducer.add_average(0, msg)
     assert reducer.averaged_ready(0) and reducer.averaged[0] is msg
@@ -196,22 +199,25 @@ def test_part_reducer_digest_is_the_averaged_bodies_in_order() -> None:
 )
 def test_part_reducer_invalid_chunk_rejected(payload: bytes, match: str) -> None:
     with pytest.raises(ProtocolError, match=match):
-        PartReducer(_plan()).check_chunk(0, payload, bytes(SIGNATURE_BYTES))
+        PartReducer(_plan()).check_chunk(0, payload)
 
 
-def test_part_reducer_valid_chunk_decoded_and_kept_with_its_signature() -> None:
+def test_part_reducer_valid_chunk_decoded_and_kept_with_its_hash() -> None:
     values = torch.tensor([1.0, -2.0, 0.0, 2.0])
-    payload, signature = NONE.encode(values), b"x" * SIGNATURE_BYTES
-    chunk = PartReducer(_plan()).check_chunk(1, payload, signature)
+    payload = NONE.encode(values)
+    reducer = PartReducer(_plan())
+    chunk = reducer.check_chunk(1, payload)
     assert torch.equal(chunk.values, values) and chunk.norm == 3.0
-    assert (chunk.payload, chunk.signature) == (payload, signature)
+    assert (chunk.payload, chunk.sha256) == (payload, hashlib.sha256(payload).digest())
+    reducer.add_chunk(2, 0, _chunk(1.0))
+    reducer.add_chunk(2, 1, chunk)
+    assert reducer.hashes(2) == [_chunk(1.0).sha256, chunk.sha256] and reducer.hashes(1) == []
 
 
 def _averaged(part: int, chunk: int, mask: tuple[bool, ...], value: float) -> Averaged:
     norms = tuple(1.0 if counted else 0.0 for counted in mask)
-    sig = b"r" * SIGNATURE_BYTES
     head = PartHead(TAG, GID, part, chunk)
-    return Averaged(head, mask, norms, (2 * abs(value),), sig, NONE.encode(_full(value)))
+    return Averaged(head, mask, norms, (2 * abs(value),), NONE.encode(_full(value)))
 
 
 def test_averaged_part_assembles_chunks_and_digest_matches_the_reducer() -> None:

@@ -1,4 +1,5 @@
-"""Signatures of PART, AVERAGED and CHECK_RES: bound to their signer, content and purpose."""
+"""Seals of PART and AVERAGED parts and signed CHECK_RES: bound to their signer, what they
+cover and their purpose."""
 
 from __future__ import annotations
 
@@ -17,54 +18,42 @@ from diloco.protocol.signatures import (
     verify_check,
     verify_part,
 )
-from diloco.protocol.wire import Averaged, PartHead, RoundTag
+from diloco.protocol.wire import PartHead, RoundTag
 
 ME, OTHER = Identity.generate(), Identity.generate()
-HEAD = PartHead(RoundTag(bytes(range(16)), 3, 9), b"g" * 16, 1, 4)
+SEAL = PartHead(RoundTag(bytes(range(16)), 3, 9), b"g" * 16, 1, 2)
+HASHES = [b"a" * 32, b"b" * 32]
 
 
-def test_part_signature_binds_sender_head_and_payload() -> None:
-    signature = sign_part(ME, HEAD, b"\x04payload")
-    verify_part(ME.peer_id, HEAD, b"\x04payload", signature)
-    for peer, head, payload in [
-        (OTHER.peer_id, HEAD, b"\x04payload"),
-        (ME.peer_id, dataclasses.replace(HEAD, chunk=5), b"\x04payload"),
-        (ME.peer_id, dataclasses.replace(HEAD, part=2), b"\x04payload"),
-        (ME.peer_id, HEAD, b"\x04payloaD"),
+def test_part_seal_binds_sender_part_and_every_chunk() -> None:
+    signature = sign_part(ME, SEAL, HASHES)
+    verify_part(ME.peer_id, SEAL, HASHES, signature)
+    for peer, seal, hashes in [
+        (OTHER.peer_id, SEAL, HASHES),
+        (ME.peer_id, dataclasses.replace(SEAL, part=2), HASHES),
+        (ME.peer_id, dataclasses.replace(SEAL, tag=RoundTag(bytes(range(16)), 3, 10)), HASHES),
+        (ME.peer_id, SEAL, [b"a" * 32, b"c" * 32]),
+        (ME.peer_id, SEAL, HASHES[:1]),
     ]:
         with pytest.raises(ProtocolError, match="bad signature"):
-            verify_part(peer, head, payload, signature)
+            verify_part(peer, seal, hashes, signature)
 
 
-def _averaged() -> Averaged:
-    return Averaged(HEAD, (True, True), (1.0, 2.0), (0.5,), bytes(64), b"\x04mean")
-
-
-def test_averaged_signature_binds_claims_and_payload() -> None:
-    signed = sign_averaged(ME, _averaged())
-    verify_averaged(ME.peer_id, signed)
-    for forged in [
-        dataclasses.replace(signed, norms=(1.0, 2.5)),
-        dataclasses.replace(signed, block_norms=(0.6,)),
-        dataclasses.replace(signed, mask=(False, True), norms=(0.0, 2.0)),
-        dataclasses.replace(signed, payload=b"\x04meaN"),
-    ]:
-        with pytest.raises(ProtocolError, match="bad signature"):
-            verify_averaged(ME.peer_id, forged)
+def test_averaged_seal_binds_the_digest_and_is_no_part_seal() -> None:
+    signature = sign_averaged(ME, SEAL, b"d" * 32)
+    verify_averaged(ME.peer_id, SEAL, b"d" * 32, signature)
     with pytest.raises(ProtocolError, match="bad signature"):
-        verify_averaged(OTHER.peer_id, signed)
-
-
-def test_a_part_signature_is_no_averaged_signature() -> None:
-    msg = _averaged()
-    stolen = dataclasses.replace(msg, signature=sign_part(ME, HEAD, msg.payload))
+        verify_averaged(ME.peer_id, SEAL, b"e" * 32, signature)
     with pytest.raises(ProtocolError, match="bad signature"):
-        verify_averaged(ME.peer_id, stolen)
+        verify_averaged(OTHER.peer_id, SEAL, b"d" * 32, signature)
+    # the same bytes sealed as a sender's chunk hashes do not pass as an averaged part
+    with pytest.raises(ProtocolError, match="bad signature"):
+        verify_part(ME.peer_id, SEAL, [b"d" * 32], signature)
 
 
 def test_check_signature_binds_the_answer() -> None:
     entry = CheckEntry(1, (0,), (1.0,), b"\0\0\x80?")
-    signed = sign_check(ME, CheckResponse(HEAD.tag, HEAD.group_id, (entry,), b""))
+    signed = sign_check(ME, CheckResponse(SEAL.tag, SEAL.group_id, (entry,), b""))
     verify_check(ME.peer_id, CheckResponse.parse(signed.serialize()))
     other = dataclasses.replace(entry, values=b"\0\0\0@")
     with pytest.raises(ProtocolError, match="bad signature"):

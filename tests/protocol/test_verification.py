@@ -34,7 +34,7 @@ from diloco.protocol.verification import (
     slices_alone,
     wanted_evidence,
 )
-from diloco.protocol.wire import SIGNATURE_BYTES, RoundTag
+from diloco.protocol.wire import RoundTag
 
 TAG = RoundTag(bytes(range(16)), 1, 7)
 GID = b"v" * 16
@@ -73,7 +73,7 @@ def _scenario(codec: str = "e3m0", return_codec: str = "e3m0") -> Scenario:
         for c, (a, b) in enumerate(chunks):
             payload = send.encode(deltas[i][a:b].contiguous())
             own[i].record(PART, c, payload)
-            reducer.add_chunk(i, c, reducer.check_chunk(c, payload, bytes(SIGNATURE_BYTES)))
+            reducer.add_chunk(i, c, reducer.check_chunk(c, payload))
     reducer.close_gather()
     values, norms, block_norms = [], [], []
     for c, (a, b) in enumerate(chunks):

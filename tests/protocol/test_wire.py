@@ -21,6 +21,7 @@ from diloco.protocol.wire import (
     RejectCode,
     Report,
     RoundTag,
+    Seal,
 )
 
 TAG = RoundTag(bytes(range(16)), 3, 9)
@@ -82,27 +83,32 @@ def test_mask_round_trip() -> None:
     assert wire.unpack_mask(wire.pack_mask(bits), 19) == bits
 
 
-SIG = bytes(range(64))
-
-
 def _averaged(mask: tuple[bool, ...], part: int = 0, payload: bytes = b"") -> Averaged:
     norms = tuple(0.5 * i if bit else 0.0 for i, bit in enumerate(mask))
-    return Averaged(PartHead(TAG, GID, part, 5), mask, norms, (0.25, 3.0), SIG, payload)
+    return Averaged(PartHead(TAG, GID, part, 5), mask, norms, (0.25, 3.0), payload)
 
 
 def test_averaged_round_trip_keeps_every_field() -> None:
     msg = _averaged((False, True, True), part=2, payload=b"\x04payload")
     body = msg.serialize()
     assert len(body) == Averaged.body_size(3, 2, len(b"\x04payload"))
-    # head | count 3 | mask 0b110 | 3 norms f64 | 2 blocks | 2 block norms f32 | signature
-    claims = PartHead(TAG, GID, 2, 5).serialize() + struct.pack(
+    # head | count 3 | mask 0b110 | 3 norms f64 | 2 blocks | 2 block norms f32
+    prefix = PartHead(TAG, GID, 2, 5).serialize() + struct.pack(
         "!HB3dI2f", 3, 0b110, 0.0, 0.5, 1.0, 2, 0.25, 3.0
     )
-    assert body == claims + SIG + b"\x04payload" and msg.claims() == claims
+    assert body == prefix + b"\x04payload" and msg.prefix() == prefix
     parsed = Averaged.parse(body)
     assert (parsed.head, parsed.mask, parsed.norms) == (msg.head, msg.mask, msg.norms)
-    assert (parsed.block_norms, parsed.signature) == (msg.block_norms, SIG)
-    assert bytes(parsed.payload) == msg.payload
+    assert parsed.block_norms == msg.block_norms and bytes(parsed.payload) == msg.payload
+
+
+def test_seal_layout_and_round_trip() -> None:
+    seal = Seal(PartHead(TAG, GID, 2, 7), bytes(range(64)))
+    body = seal.serialize()
+    assert body == PartHead(TAG, GID, 2, 7).serialize() + bytes(range(64))
+    assert len(body) == Seal.SIZE and Seal.parse(body) == seal
+    with pytest.raises(ProtocolError, match="SEAL length"):
+        Seal.parse(body[:-1])
 
 
 def test_averaged_mask_without_its_reducer_rejected() -> None:
@@ -121,10 +127,11 @@ def test_averaged_mask_without_its_reducer_rejected() -> None:
         ({"norms": (1.0, float("nan"))}, "norm nan"),
         ({"norms": (1.0, -1.0)}, "norm -1.0"),
         ({"block_norms": (float("inf"),)}, "block norms"),
-        ({"signature": b"short"}, "signature length"),
+        ({"block_norms": (1.0, -0.5)}, "block norms"),
+        ({"block_norms": (float("nan"), 1.0)}, "block norms"),
     ],
 )
-def test_averaged_bad_norms_or_signature_rejected(change: dict[str, object], match: str) -> None:
+def test_averaged_bad_norms_rejected(change: dict[str, object], match: str) -> None:
     with pytest.raises(ProtocolError, match=match):
         dataclasses.replace(_averaged((True, True)), **change).serialize()
 
@@ -141,7 +148,7 @@ def test_averaged_truncated_mask_or_block_norms_rejected() -> None:
         Averaged.parse(body)
     whole = _averaged((True, True)).serialize()
     with pytest.raises(ProtocolError, match="block norms truncated"):
-        Averaged.parse(whole[: len(whole) - 10])
+        Averaged.parse(whole[: len(whole) - 1])
 
 
 def test_frame_header_round_trip() -> None:
