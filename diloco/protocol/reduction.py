@@ -105,8 +105,10 @@ def block_norms(x: torch.Tensor) -> tuple[float, ...]:
     """``chunk_norm`` of ``x`` over each ``BLOCK_VALUES`` values, as FP32 travels them
     (at most the largest FP32)."""
     blocks = num_blocks((0, x.numel()))
-    padded = torch.zeros(blocks * BLOCK_VALUES)
-    padded[: x.numel()] = x
+    padded = x
+    if x.numel() != blocks * BLOCK_VALUES:
+        padded = torch.zeros(blocks * BLOCK_VALUES)
+        padded[: x.numel()] = x
     squares = (padded * padded).view(blocks, BLOCK_VALUES).sum(dim=1, dtype=torch.float64)
     exact = ~((squares > 1e-20) & (squares < math.inf))
     if bool(exact.any()):  # as chunk_norm: FP64 where FP32 squares underflow or overflow

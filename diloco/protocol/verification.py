@@ -221,7 +221,7 @@ def _reducer_claims(plan: RoundPlan, sample: Sample, own: Answer) -> str:
     """Why the reducer's own contribution contradicts what it signed; empty if it does not."""
     j, claims = sample.part, sample.claims
     for c, norms in enumerate(claims.norms):
-        total = math.sqrt(sum(n * n for n in claims.block_norms[c]))
+        total = math.hypot(*claims.block_norms[c])
         if not close(total, norms[j]) or not close(own.norms[c], norms[j]):
             return f"its own norm {norms[j]:.9g} of chunk {c} is not its blocks' nor its answer's"
     pieces = torch.split(own.values, [b - a for a, b in sample.spans(plan)])
@@ -351,8 +351,8 @@ class OwnContribution:
         """Keep what chunk ``chunk`` of ``part`` was sent as (its norm; maybe the bytes);
         ``values`` are the payload decoded, where the caller has them."""
         try:
-            decoded = self.plan.codec.decode(payload) if values is None else values
-            self.norms[(part, chunk)] = chunk_norm(decoded)
+            norm = self.plan.codec.decoded_norm(payload) if values is None else chunk_norm(values)
+            self.norms[(part, chunk)] = norm
         except CodecError:  # a member that sends garbage is excluded; its answers do not count
             self.norms[(part, chunk)] = math.nan
         if self._payloads is not None:
