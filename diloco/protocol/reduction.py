@@ -112,7 +112,7 @@ def block_norms(x: torch.Tensor) -> tuple[float, ...]:
     squares = (padded * padded).view(blocks, BLOCK_VALUES).sum(dim=1, dtype=torch.float64)
     exact = ~((squares > 1e-20) & (squares < math.inf))
     if bool(exact.any()):  # as chunk_norm: FP64 where FP32 squares underflow or overflow
-        values = padded.view(blocks, BLOCK_VALUES)[exact].double()
+        values = padded.reshape(blocks, BLOCK_VALUES)[exact].double()
         squares[exact] = values.square().sum(dim=1)
     return tuple(squares.sqrt_().clamp_(max=FLOAT32_MAX).tolist())
 
