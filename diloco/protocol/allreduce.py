@@ -71,7 +71,7 @@ from hivemind.p2p import PeerID
 from diloco.codecs import Codec
 from diloco.errors import ProtocolError, RoundFailed
 from diloco.protocol.agreement import awaited_reports, check_report, decide
-from diloco.protocol.check_wire import CheckRequest
+from diloco.protocol.check_wire import CheckRequest, Seal
 from diloco.protocol.checking import Checker, OffenceHook, answer_check, log_offence
 from diloco.protocol.group import GroupInfo, RoundTimeouts
 from diloco.protocol.identity import Identity
@@ -109,7 +109,6 @@ from diloco.protocol.wire import (
     RejectCode,
     Report,
     RoundTag,
-    Seal,
 )
 
 logger = logging.getLogger(__name__)
@@ -173,6 +172,7 @@ class AllReduceRunner:
         self._sent: dict[tuple[int, int], tuple[bytes, bytes]] = {}
         """Payload and sha256 of every chunk sent, by (part, chunk)."""
         self._recorded = asyncio.Event()
+        self._recording: set[asyncio.Task[None]] = set()
         self._asked: dict[int, int] = {}
         self.counter = ByteCounter()
         loop = asyncio.get_running_loop()
@@ -279,9 +279,14 @@ class AllReduceRunner:
         if (j, c) not in self._sent:
             payload = self._encode_chunk(j, c)
             self._sent[(j, c)] = (payload, hashlib.sha256(payload).digest())
-            if self.own is not None:
-                self.own.record(j, c, payload)
         return self._part_head(j, c).serialize(), self._sent[(j, c)][0]
+
+    async def _record(self, j: int, c: int) -> None:
+        """Record a sent chunk for the checks, off the sending path (its norm is work)."""
+        if self.own is not None and (j, c) not in self.own.norms:
+            payload = self._sent[(j, c)][0]
+            await asyncio.get_running_loop().run_in_executor(None, self.own.record, j, c, payload)
+            self._touch_recorded()
 
     def _seal(self, j: int) -> bytes:
         """The SEAL of this member's chunks of part ``j`` (all of them sent)."""
@@ -337,8 +342,10 @@ class AllReduceRunner:
         async def send() -> None:
             for c in range(len(self.plan.chunks[j])):
                 frame = await loop.run_in_executor(None, self._part_frame, j, c)
-                self._touch_recorded()
                 await write_frame(writer, Kind.PART, *frame, counter=self.counter)
+                task = asyncio.create_task(self._record(j, c))
+                self._recording.add(task)  # referenced until done; answers wait for them
+                task.add_done_callback(self._recording.discard)
             await write_frame(writer, Kind.SEAL, self._seal(j), counter=self.counter)
 
         sending = asyncio.create_task(send())

@@ -3,6 +3,8 @@
 Body layouts (``tag`` is digest | fragment u32 | round u32 and ``gid`` the 16-byte group id,
 as in ``wire``; integers and norms big-endian, values little-endian FP32 as in STATE_DAT)::
 
+    SEAL          tag | gid | part u16 | chunk count u32 | signature (64)
+                  (after the last PART chunk, and the last AVERAGED chunk, of a part)
     CHECK_REQ     tag | gid | count u16 | count x (part u16 | blocks u16 | blocks x block u32)
     CHECK_RES     tag | gid | count u16 | count x (part u16 | blocks u16 | blocks x block u32
                   | chunks u32 | chunks x norm f64 | values u32 | values x f32 LE)
@@ -12,7 +14,9 @@ as in ``wire``; integers and norms big-endian, values little-endian FP32 as in S
                   | count x chunk sha256 (32) | codec payload
                   (one frame per item asked, in the order asked)
 
-A block is ``PART_ALIGN`` values of a part counted from the part's start. A CHECK_RES entry
+A SEAL signs a whole part once (``signatures``): a sender's, the sha256 of each of its
+chunks; a reducer's, its part's digest (what REPORTs compare). A block is ``PART_ALIGN``
+values of a part counted from the part's start. A CHECK_RES entry
 repeats the blocks asked, so that the signed answer says what it answers: the answering
 member's contribution to the part at those blocks, as its reducer decodes it, and its norm
 over every chunk of the part. The signature is Ed25519 by the answering member over
@@ -29,7 +33,14 @@ from dataclasses import dataclass
 
 from diloco.errors import ProtocolError
 from diloco.protocol.run_id import DIGEST_BYTES
-from diloco.protocol.wire import GROUP_ID_BYTES, MAX_GROUP_SIZE, SIGNATURE_BYTES, Buffer, RoundTag
+from diloco.protocol.wire import (
+    GROUP_ID_BYTES,
+    MAX_GROUP_SIZE,
+    SIGNATURE_BYTES,
+    Buffer,
+    PartHead,
+    RoundTag,
+)
 
 MAX_SAMPLES = 64
 """Blocks a member may ask about in one part: bounds the work one CHECK_REQ causes."""
@@ -39,6 +50,26 @@ _PART_BLOCKS = struct.Struct("!HH")
 _U32 = struct.Struct("!I")
 _EVIDENCE_REQ_HEAD = struct.Struct(f"!{DIGEST_BYTES}sII{GROUP_ID_BYTES}sHH")
 _ITEM = struct.Struct("!HI")
+
+
+@dataclass(frozen=True, slots=True)
+class Seal:
+    """A signature of a whole part, sent after its last chunk; ``head.chunk`` is the part's
+    number of chunks."""
+
+    head: PartHead
+    signature: bytes
+
+    SIZE = PartHead.SIZE + SIGNATURE_BYTES
+
+    def serialize(self) -> bytes:
+        _require(len(self.signature) == SIGNATURE_BYTES, "signature length")
+        return self.head.serialize() + self.signature
+
+    @classmethod
+    def parse(cls, body: Buffer) -> Seal:
+        _require(len(body) == cls.SIZE, "SEAL length")
+        return cls(PartHead.parse(body[: PartHead.SIZE]), bytes(body[PartHead.SIZE :]))
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,7 @@ import torch
 from hivemind.p2p import PeerID
 
 from diloco.errors import ProtocolError
-from diloco.protocol.check_wire import Evidence, EvidenceRequest
+from diloco.protocol.check_wire import Evidence, EvidenceRequest, Seal
 from diloco.protocol.group import GroupInfo, RoundTimeouts
 from diloco.protocol.identity import Identity
 from diloco.protocol.reduction import Assembly, Chunk, PartReducer
@@ -53,7 +53,6 @@ from diloco.protocol.wire import (
     PartHead,
     Reject,
     RejectCode,
-    Seal,
 )
 
 logger = logging.getLogger(__name__)

@@ -24,23 +24,17 @@ Body layouts (``digest`` is the 16-byte run digest, ``gid`` the 16-byte group id
               block norm f32 | codec payload
               (a part travels as consecutive chunks, each encoded on its own, so that a
               reducer averages and returns chunk c while chunk c + 1 is still arriving)
-    SEAL      digest | fragment u32 | round u32 | gid | part u16 | chunk count u32
-              | signature (64)   (after the last PART, and after the last AVERAGED, chunk)
     REPORT    digest | fragment u32 | round u32 | gid | mask length u16 | parts mask
               | result sha256 (32)
     ACK       (empty)
 
-A SEAL signs a whole part, once: Ed25519 by the sender's peer id over
-``identity.signing_input(domain, seal head, hashes)`` (``signatures``), for PART with domain
-"diloco-part/1" and the sha256 of every chunk's payload, for AVERAGED with domain
-"diloco-averaged/1" and the part's digest (sha256 of its AVERAGED bodies, what REPORTs
-compare). A reducer keeps the chunks it counted and their seals, members the averaged
-chunks and theirs: evidence (``verification``). An AVERAGED chunk's norms are every
-member's chunk norm as its reducer computed it (0: not counted); its block norms those of
-the reducer's own contribution over each ``PART_ALIGN`` values of the chunk.
+An AVERAGED chunk's norms are every member's chunk norm as its reducer computed it (0: not
+counted), its block norms those of the reducer's own contribution over each ``PART_ALIGN``
+values (``verification``). After its last PART, and its last AVERAGED, chunk a part is
+sealed (SEAL, signed once per part).
 
-The bodies of STATE_REQ, STATE_HDR and STATE_DAT are in ``state_wire``; those of CHECK_REQ,
-CHECK_RES, EVIDENCE_REQ and EVIDENCE in ``check_wire``.
+The bodies of STATE_REQ, STATE_HDR and STATE_DAT are in ``state_wire``; those of SEAL,
+CHECK_REQ, CHECK_RES, EVIDENCE_REQ and EVIDENCE in ``check_wire``.
 """
 
 from __future__ import annotations
@@ -392,7 +386,8 @@ class Averaged:
         _require(self.mask[self.head.part], "counted mask without the reducer")
         _require(len(self.norms) == len(self.mask), "one norm per member")
         for norm, counted in zip(self.norms, self.mask, strict=True):
-            _require(_norm_ok(norm) and (counted or norm == 0), f"norm {norm!r}")
+            ok = math.isfinite(norm) and norm >= 0 and (counted or norm == 0)
+            _require(ok, f"norm {norm!r}")
         _require(len(self.block_norms) < 2**32, "block norm count")
         # A finite sum proves every term finite (NaN and inf propagate); then min is exact.
         blocks = self.block_norms
@@ -442,26 +437,6 @@ class Averaged:
 
 
 @dataclass(frozen=True, slots=True)
-class Seal:
-    """A signature of a whole part, sent after its last chunk; ``head.chunk`` is the part's
-    number of chunks."""
-
-    head: PartHead
-    signature: bytes
-
-    SIZE = PartHead.SIZE + SIGNATURE_BYTES
-
-    def serialize(self) -> bytes:
-        _require(len(self.signature) == SIGNATURE_BYTES, "signature length")
-        return self.head.serialize() + self.signature
-
-    @classmethod
-    def parse(cls, body: Buffer) -> Seal:
-        _require(len(body) == cls.SIZE, "SEAL length")
-        return cls(PartHead.parse(body[: PartHead.SIZE]), bytes(body[PartHead.SIZE :]))
-
-
-@dataclass(frozen=True, slots=True)
 class Report:
     """A member's view after the gather phase: which parts it holds, and their sha256."""
 
@@ -505,7 +480,3 @@ class Report:
 def _require(condition: bool, what: str) -> None:
     if not condition:
         raise ProtocolError(what)
-
-
-def _norm_ok(norm: float) -> bool:
-    return math.isfinite(norm) and norm >= 0

@@ -17,9 +17,10 @@ import torch
 from hivemind.p2p import PeerID
 
 from diloco.protocol.allreduce import AllReduceRunner
+from diloco.protocol.check_wire import Seal
 from diloco.protocol.part_server import PartServer
 from diloco.protocol.streams import write_frame
-from diloco.protocol.wire import Averaged, Kind, PartHead, RoundTag, Seal
+from diloco.protocol.wire import Averaged, Kind, PartHead, RoundTag
 
 
 class Fault(enum.Enum):

@@ -14,8 +14,9 @@ from diloco.protocol.check_wire import (
     CheckResponse,
     Evidence,
     EvidenceRequest,
+    Seal,
 )
-from diloco.protocol.wire import RoundTag
+from diloco.protocol.wire import PartHead, RoundTag
 
 TAG = RoundTag(bytes(range(16)), 3, 9)
 GID = b"g" * 16
@@ -118,3 +119,12 @@ def test_evidence_layout_and_parse_keeps_the_payload_in_place() -> None:
         Evidence.parse(body[:70])
     with pytest.raises(ProtocolError, match="hashes truncated"):
         Evidence.parse(body[:100])
+
+
+def test_seal_layout_and_round_trip() -> None:
+    seal = Seal(PartHead(TAG, GID, 2, 7), bytes(range(64)))
+    body = seal.serialize()
+    assert body == PartHead(TAG, GID, 2, 7).serialize() + bytes(range(64))
+    assert len(body) == Seal.SIZE and Seal.parse(body) == seal
+    with pytest.raises(ProtocolError, match="SEAL length"):
+        Seal.parse(body[:-1])

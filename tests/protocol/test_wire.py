@@ -21,7 +21,6 @@ from diloco.protocol.wire import (
     RejectCode,
     Report,
     RoundTag,
-    Seal,
 )
 
 TAG = RoundTag(bytes(range(16)), 3, 9)
@@ -100,15 +99,6 @@ def test_averaged_round_trip_keeps_every_field() -> None:
     parsed = Averaged.parse(body)
     assert (parsed.head, parsed.mask, parsed.norms) == (msg.head, msg.mask, msg.norms)
     assert parsed.block_norms == msg.block_norms and bytes(parsed.payload) == msg.payload
-
-
-def test_seal_layout_and_round_trip() -> None:
-    seal = Seal(PartHead(TAG, GID, 2, 7), bytes(range(64)))
-    body = seal.serialize()
-    assert body == PartHead(TAG, GID, 2, 7).serialize() + bytes(range(64))
-    assert len(body) == Seal.SIZE and Seal.parse(body) == seal
-    with pytest.raises(ProtocolError, match="SEAL length"):
-        Seal.parse(body[:-1])
 
 
 def test_averaged_mask_without_its_reducer_rejected() -> None:
