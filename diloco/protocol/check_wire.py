@@ -1,13 +1,13 @@
 """Message bodies of the verification phase (``verification``); framed as in ``wire``.
 
 Body layouts (``tag`` is digest | fragment u32 | round u32 and ``gid`` the 16-byte group id,
-as in ``wire``; integers and norms big-endian, values little-endian FP32 as in STATE_DAT)::
+as in ``wire``; integers and norms big-endian)::
 
     SEAL          tag | gid | part u16 | chunk count u32 | signature (64)
                   (after the last PART chunk, and the last AVERAGED chunk, of a part)
     CHECK_REQ     tag | gid | count u16 | count x (part u16 | blocks u16 | blocks x block u32)
     CHECK_RES     tag | gid | count u16 | count x (part u16 | blocks u16 | blocks x block u32
-                  | chunks u32 | chunks x norm f64 | values u32 | values x f32 LE)
+                  | chunks u32 | chunks x norm f64 | length u32 | codec payload)
                   | signature (64)
     EVIDENCE_REQ  tag | gid | part u16 | count u16 | count x (member u16 | chunk u32)
     EVIDENCE      member u16 | chunk u32 | seal signature (64) | count u32
@@ -18,10 +18,12 @@ A SEAL signs a whole part once (``signatures``): a sender's, the sha256 of each 
 chunks; a reducer's, its part's digest (what REPORTs compare). A block is ``PART_ALIGN``
 values of a part counted from the part's start. A CHECK_RES entry
 repeats the blocks asked, so that the signed answer says what it answers: the answering
-member's contribution to the part at those blocks, as its reducer decodes it, and its norm
-over every chunk of the part. The signature is Ed25519 by the answering member over
-``signing_input("diloco-check/1", sha256(body before the signature))``; EVIDENCE carries the
-SEAL of the chunk's sender and the hashes it sealed, so that the chunk can be checked alone.
+member's contribution to the part at those blocks (one after the other), as its reducer
+decodes it, in a payload of the run's codec that decodes to exactly those values (or of
+``none``), and its norm over every chunk of the part. The signature is Ed25519 by the
+answering member over ``signing_input("diloco-check/1", sha256(body before the signature))``;
+EVIDENCE carries the SEAL of the chunk's sender and the hashes it sealed, so that the chunk
+can be checked alone.
 """
 
 from __future__ import annotations
@@ -130,18 +132,18 @@ class CheckEntry:
     part: int
     blocks: tuple[int, ...]
     norms: tuple[float, ...]
-    values: bytes
-    """Little-endian FP32, the blocks' values one after the other."""
+    payload: bytes
+    """The blocks' values, encoded (a codec payload, header included)."""
 
     def check(self) -> None:
         _require(0 <= self.part < MAX_GROUP_SIZE, f"part {self.part}")
         _require(0 < len(self.blocks) <= MAX_SAMPLES, f"{len(self.blocks)} blocks")
-        _require(len(self.norms) < 2**32 and len(self.values) % 4 == 0, "entry sizes")
+        _require(len(self.norms) < 2**32 and len(self.payload) < 2**32, "entry sizes")
         _require(all(math.isfinite(n) and n >= 0 for n in self.norms), "norms")
 
     @staticmethod
-    def size(num_blocks: int, num_chunks: int, num_values: int) -> int:
-        return _PART_BLOCKS.size + 4 * num_blocks + 8 + 8 * num_chunks + 4 * num_values
+    def size(num_blocks: int, num_chunks: int, payload_bytes: int) -> int:
+        return _PART_BLOCKS.size + 4 * num_blocks + 8 + 8 * num_chunks + payload_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +157,8 @@ class CheckResponse:
 
     @staticmethod
     def size(entry_sizes: list[int]) -> int:
-        """Body length for entries of these ``CheckEntry.size``s: known before reading."""
+        """Body length for entries of these ``CheckEntry.size``s: a bound known before
+        reading."""
         return _HEAD.size + sum(entry_sizes) + SIGNATURE_BYTES
 
     def unsigned(self) -> bytes:
@@ -172,8 +175,8 @@ class CheckResponse:
                 _u32s(entry.blocks),
                 _U32.pack(len(entry.norms)),
                 struct.pack(f"!{len(entry.norms)}d", *entry.norms),
-                _U32.pack(len(entry.values) // 4),
-                entry.values,
+                _U32.pack(len(entry.payload)),
+                entry.payload,
             ]
         return b"".join(out)
 
@@ -200,12 +203,13 @@ class CheckResponse:
                 (chunks,) = _U32.unpack_from(body, offset)
                 norms = struct.unpack_from(f"!{chunks}d", body, offset + 4)
                 offset += 4 + 8 * chunks
-                (values,) = _U32.unpack_from(body, offset)
+                (length,) = _U32.unpack_from(body, offset)
                 offset += 4
-                _require(offset + 4 * values <= end, "CHECK_RES values truncated")
-                raw = bytes(body[offset : offset + 4 * values])
-                entries.append(CheckEntry(part, blocks, norms, raw))
-                offset += 4 * values
+                _require(offset + length <= end, "CHECK_RES payload truncated")
+                entries.append(
+                    CheckEntry(part, blocks, norms, bytes(body[offset : offset + length]))
+                )
+                offset += length
         except struct.error as exc:
             raise ProtocolError("CHECK_RES truncated") from exc
         _require(offset == end, "CHECK_RES trailing bytes")

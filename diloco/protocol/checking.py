@@ -19,8 +19,6 @@ import hashlib
 import logging
 from collections.abc import Callable, Mapping
 
-import numpy as np
-import torch
 from hivemind.p2p import PeerID
 
 from diloco.errors import ProtocolError
@@ -44,14 +42,17 @@ from diloco.protocol.streams import (
     write_frame,
 )
 from diloco.protocol.verification import (
+    RAW,
     Answer,
     Findings,
     Judgement,
     OwnContribution,
     Sample,
+    answer_values,
     block_span,
     check_part,
     judge,
+    own_answer,
     wanted_evidence,
 )
 from diloco.protocol.wire import ByteCounter, Kind, Reject, RejectCode
@@ -97,7 +98,7 @@ class Checker:
         self.answers = {j: {} for j in samples}
         for j, sample in samples.items():
             if sample.claims.mask[me]:
-                own = await loop.run_in_executor(None, self.own.answer, j, sample.blocks)
+                own = await loop.run_in_executor(None, own_answer, self.own, j, sample.blocks)
                 self.answers[j][me] = own
         asks = [
             asyncio.create_task(
@@ -139,7 +140,7 @@ class Checker:
             self.plan.tag, self.group.group_id, tuple((j, samples[j].blocks) for j in samples)
         )
         sizes = [
-            CheckEntry.size(len(s.blocks), len(self.plan.chunks[j]), self._values(s))
+            CheckEntry.size(len(s.blocks), len(self.plan.chunks[j]), self._payload_bound(s))
             for j, s in samples.items()
         ]
         peer = self.group.members[i]
@@ -168,9 +169,10 @@ class Checker:
                 if attempt:
                     logger.info("round %s: check stream to %s: %r", self.group.key, peer, exc)
 
-    def _values(self, sample: Sample) -> int:
-        span = self.plan.spans[sample.part]
-        return sum(b - a for a, b in (block_span(span, block) for block in sample.blocks))
+    def _payload_bound(self, sample: Sample) -> int:
+        """The largest answer payload for ``sample``'s blocks (either codec)."""
+        n = sample.size(self.plan)
+        return max(self.plan.codec.encoded_size(n), RAW.encoded_size(n))
 
     def _read_answers(self, i: int, request: CheckRequest, body: bytearray) -> dict[int, Answer]:
         """Member ``i``'s answers from its CHECK_RES, checked against the request."""
@@ -182,11 +184,11 @@ class Checker:
             raise ProtocolError("CHECK_RES answers other blocks than asked")
         answers = {}
         for entry in response.entries:
+            if len(entry.norms) != len(self.plan.chunks[entry.part]):
+                raise ProtocolError(f"CHECK_RES with {len(entry.norms)} chunk norms")
             span = self.plan.spans[entry.part]
-            values = torch.from_numpy(np.frombuffer(entry.values, dtype="<f4").astype(np.float32))
             size = sum(b - a for a, b in (block_span(span, block) for block in entry.blocks))
-            if values.numel() != size or len(entry.norms) != len(self.plan.chunks[entry.part]):
-                raise ProtocolError("CHECK_RES of the wrong size")
+            values = answer_values(self.plan.codec, entry.payload, size)
             answers[entry.part] = Answer(values, entry.norms)
         return answers
 
@@ -291,8 +293,7 @@ async def answer_check(
 def _answer(request: CheckRequest, own: OwnContribution, identity: Identity) -> CheckResponse:
     entries = []
     for j, blocks in request.parts:
-        answer = own.answer(j, blocks)
-        values = answer.values.numpy().astype("<f4").tobytes()
-        entries.append(CheckEntry(j, blocks, answer.norms, values))
+        payload, norms = own.answer(j, blocks)
+        entries.append(CheckEntry(j, blocks, norms, payload))
     unsigned = CheckResponse(request.tag, request.group_id, tuple(entries), b"")
     return sign_check(identity, unsigned)

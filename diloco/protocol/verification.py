@@ -46,7 +46,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from diloco.codecs import Codec, CodecError
+from diloco.codecs import Codec, CodecError, get_codec
+from diloco.errors import ProtocolError
 from diloco.protocol.reduction import (
     BLOCK_VALUES,
     FLOAT32_MAX,
@@ -56,6 +57,7 @@ from diloco.protocol.reduction import (
     combine,
     num_blocks,
 )
+from diloco.protocol.wire import Buffer
 
 SAMPLES_PER_PART = 16
 """Blocks each member checks in each part: with 4 members about 1.5% more bytes."""
@@ -140,6 +142,10 @@ class Sample:
     def spans(self, plan: RoundPlan) -> list[Span]:
         """The sampled blocks' values ``[a, b)`` in the vector."""
         return [block_span(plan.spans[self.part], block) for block in self.blocks]
+
+    def size(self, plan: RoundPlan) -> int:
+        """Values in the sampled blocks."""
+        return sum(b - a for a, b in self.spans(plan))
 
     def held(self, plan: RoundPlan) -> torch.Tensor:
         """The averaged values held at the sampled blocks, one block after the other."""
@@ -362,20 +368,47 @@ class OwnContribution:
         """Whether every chunk of ``part`` was recorded."""
         return all((part, c) in self.norms for c in range(len(self.plan.chunks[part])))
 
-    def answer(self, part: int, blocks: Sequence[int]) -> Answer:
-        """The answer for ``part`` at sorted ``blocks`` (every chunk of it recorded)."""
+    def answer(self, part: int, blocks: Sequence[int]) -> tuple[bytes, tuple[float, ...]]:
+        """The answer for ``part`` at sorted ``blocks`` (every chunk of it recorded): a
+        payload that decodes to the values sent there (``answer_values``), and the norms."""
         span, chunks = self.plan.spans[part], self.plan.chunks[part]
-        codec = self.plan.codec
         spans = [block_span(span, block) for block in blocks]
         norms = tuple(self.norms[(part, c)] for c in range(len(chunks)))
-        if self._payloads is None:  # one call: the blocks encode as in their chunks
-            sent = torch.cat([self.delta[a:b] for a, b in spans])
-            return Answer(codec.decode(codec.encode(sent)), norms)
+        if self._payloads is None:  # one call: the blocks encode as they did in their chunks
+            return self.plan.codec.encode(torch.cat([self.delta[a:b] for a, b in spans])), norms
         decoded: dict[int, torch.Tensor] = {}
         values = []
         for a, b in spans:
             c = chunk_of(chunks, (a, b))
             if c not in decoded:
-                decoded[c] = codec.decode(self._payloads[(part, c)])
+                decoded[c] = self.plan.codec.decode(self._payloads[(part, c)])
             values.append(decoded[c][a - chunks[c][0] : b - chunks[c][0]])
-        return Answer(torch.cat(values), norms)
+        return RAW.encode(torch.cat(values)), norms
+
+
+RAW = get_codec("none")
+"""What an answer is encoded with when the run's codec cannot re-encode its blocks alone."""
+
+
+def answer_values(codec: Codec, payload: Buffer, num_values: int) -> torch.Tensor:
+    """The values of an answer's payload (of ``codec`` or ``none``).
+
+    Raises:
+        ProtocolError: another codec, no decode, or not ``num_values`` values.
+    """
+    decoder = codec if payload[:1] == bytes([codec.codec_id]) else RAW
+    try:
+        values = decoder.decode(payload)
+    except CodecError as exc:
+        raise ProtocolError(f"answer does not decode: {exc}") from exc
+    if values.numel() != num_values:
+        raise ProtocolError(f"answer of {values.numel()} values, expected {num_values}")
+    return values
+
+
+def own_answer(own: OwnContribution, part: int, blocks: Sequence[int]) -> Answer:
+    """This member's own ``Answer`` for ``part`` at ``blocks``, as others would read it."""
+    payload, norms = own.answer(part, blocks)
+    span = own.plan.spans[part]
+    size = sum(b - a for a, b in (block_span(span, block) for block in blocks))
+    return Answer(answer_values(own.plan.codec, payload, size), norms)

@@ -58,8 +58,8 @@ def test_check_request_truncated_or_trailing_refused() -> None:
 
 def _response() -> CheckResponse:
     entries = (
-        CheckEntry(1, (0, 3), (0.5, 2.0), struct.pack("<3f", 1.0, -2.0, 0.25)),
-        CheckEntry(2, (9,), (1.0,), struct.pack("<f", 4.0)),
+        CheckEntry(1, (0, 3), (0.5, 2.0), b"\x04three"),
+        CheckEntry(2, (9,), (1.0,), b"\x00four"),
     )
     return CheckResponse(TAG, GID, entries, bytes(range(64)))
 
@@ -67,11 +67,11 @@ def _response() -> CheckResponse:
 def test_check_response_layout_round_trip_and_size() -> None:
     msg = _response()
     body = msg.serialize()
-    first = struct.pack("!HHII", 1, 2, 0, 3) + struct.pack("!I2dI", 2, 0.5, 2.0, 3)
-    assert body.startswith(HEAD + struct.pack("!H", 2) + first + struct.pack("<3f", 1, -2, 0.25))
+    first = struct.pack("!HHII", 1, 2, 0, 3) + struct.pack("!I2dI", 2, 0.5, 2.0, 6)
+    assert body.startswith(HEAD + struct.pack("!H", 2) + first + b"\x04three")
     assert body.endswith(bytes(range(64)))
     assert CheckResponse.parse(body) == msg
-    sizes = [CheckEntry.size(2, 2, 3), CheckEntry.size(1, 1, 1)]
+    sizes = [CheckEntry.size(2, 2, 6), CheckEntry.size(1, 1, 5)]
     assert len(body) == CheckResponse.size(sizes)
     assert msg.digest() != CheckResponse(TAG, GID, msg.entries[:1], msg.signature).digest()
 

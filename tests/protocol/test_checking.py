@@ -62,15 +62,14 @@ class _LyingAnswers(AllReduceRunner):
             return answer
         msg = CheckResponse.parse(answer)
         entries = tuple(
-            e if e.part == self.index else dataclasses.replace(e, values=_doubled(e.values))
+            e if e.part == self.index else dataclasses.replace(e, payload=self._doubled(e.payload))
             for e in msg.entries
         )
         assert self.identity is not None
         return sign_check(self.identity, dataclasses.replace(msg, entries=entries)).serialize()
 
-
-def _doubled(raw: bytes) -> bytes:
-    return (torch.frombuffer(bytearray(raw), dtype=torch.float32) * 2).numpy().tobytes()
+    def _doubled(self, payload: bytes) -> bytes:
+        return self.plan.codec.encode(self.plan.codec.decode(payload) * 2)
 
 
 class _Silent(AllReduceRunner):

@@ -55,6 +55,6 @@ def test_check_signature_binds_the_answer() -> None:
     entry = CheckEntry(1, (0,), (1.0,), b"\0\0\x80?")
     signed = sign_check(ME, CheckResponse(SEAL.tag, SEAL.group_id, (entry,), b""))
     verify_check(ME.peer_id, CheckResponse.parse(signed.serialize()))
-    other = dataclasses.replace(entry, values=b"\0\0\0@")
+    other = dataclasses.replace(entry, payload=b"\0\0\0@")
     with pytest.raises(ProtocolError, match="bad signature"):
         verify_check(ME.peer_id, dataclasses.replace(signed, entries=(other,)))

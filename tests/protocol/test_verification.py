@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from diloco.codecs import Codec, get_codec
+from diloco.errors import ProtocolError
 from diloco.protocol.partition import butterfly_parts
 from diloco.protocol.reduction import PartReducer, RoundPlan, chunk_norm, chunk_spans, num_blocks
 from diloco.protocol.verification import (
@@ -24,12 +25,14 @@ from diloco.protocol.verification import (
     OwnContribution,
     PartClaims,
     Sample,
+    answer_values,
     block_span,
     check_part,
     chunk_of,
     close_block,
     expected_values,
     judge,
+    own_answer,
     sample_blocks,
     slices_alone,
     wanted_evidence,
@@ -87,7 +90,7 @@ def _scenario(codec: str = "e3m0", return_codec: str = "e3m0") -> Scenario:
     claims = PartClaims(reducer.mask, tuple(norms), tuple(block_norms))
     span = reducer.plan.spans[PART]
     sample = Sample(PART, tuple(range(num_blocks(span))), claims, torch.cat(values))
-    answers = {i: own[i].answer(PART, sample.blocks) for i in range(len(WEIGHTS))}
+    answers = {i: own_answer(own[i], PART, sample.blocks) for i in range(len(WEIGHTS))}
     evidence: dict[tuple[int, int], bytes | str] = {
         (i, c): bytes(reducer.received[i][c].payload) for i in (0, 2) for c in range(len(chunks))
     }
@@ -192,7 +195,9 @@ def test_own_contribution_with_stochastic_rounding_answers_from_the_payloads() -
         own.record(PART, c, payloads[-1])
     assert own.complete(PART)
     sent = torch.cat([codec.decode(p) for p in payloads])
-    answer = own.answer(PART, (0, 5))
+    payload, norms = own.answer(PART, (0, 5))
+    assert payload[0] == get_codec("none").codec_id  # no re-encoding: the values sent, raw
+    answer = own_answer(own, PART, (0, 5))
     lo = plan.spans[PART][0]
     assert torch.equal(answer.values, torch.cat([sent[0:256], sent[5 * 256 : 6 * 256]]))
     norms = [chunk_norm(codec.decode(p)) for p in payloads]
@@ -328,3 +333,14 @@ def test_evidence_withheld_forged_or_broken_convicts_the_reducer(
     assert (2, 1) in wanted
     verdict = judge(s.plan, s.sample, s.answers, s.evidence, wanted)
     assert re.search(match, verdict.reducer), verdict
+
+
+def test_answer_values_of_the_runs_codec_or_raw_and_nothing_else() -> None:
+    e3m0, raw = get_codec("e3m0"), get_codec("none")
+    x = torch.full((300,), 0.5)
+    assert torch.equal(answer_values(e3m0, e3m0.encode(x), 300), x)
+    assert torch.equal(answer_values(e3m0, raw.encode(x), 300), x)
+    with pytest.raises(ProtocolError, match="300 values, expected 256"):
+        answer_values(e3m0, e3m0.encode(x), 256)
+    with pytest.raises(ProtocolError, match="does not decode"):
+        answer_values(e3m0, get_codec("bf16").encode(x), 300)
