@@ -72,7 +72,7 @@ from diloco.codecs import Codec
 from diloco.errors import ProtocolError, RoundFailed
 from diloco.protocol.agreement import awaited_reports, check_report, decide
 from diloco.protocol.check_wire import CheckRequest, Seal
-from diloco.protocol.checking import Checker, OffenceHook, answer_check, log_offence
+from diloco.protocol.checking import Checker, OffenceHook, answer_check, convict, log_offence
 from diloco.protocol.group import GroupInfo, RoundTimeouts
 from diloco.protocol.identity import Identity
 from diloco.protocol.part_server import Deadlines, PartServer
@@ -225,6 +225,9 @@ class AllReduceRunner:
                 task.cancel()
         assembled = self.assembly.result()
         assembled_at = loop.time()
+        self.assembly.clear()  # what stays of the round is what its checks need
+        self._sent.clear()
+        self._own_chunks.clear()
         checks = self._start_checks(assembled)  # alongside the reports: one phase, not two
         try:
             await self._exchange_reports(assembled)
@@ -250,7 +253,9 @@ class AllReduceRunner:
             agreed - self._t0,
             loop.time() - self._t0,
         )
-        self._convict(judgements)
+        failed = convict(self.group, judgements, self.on_offence)
+        if failed:
+            raise RoundFailed(key.fragment, key.round, failed)
         return RoundResult(
             delta=assembled.delta,
             members=tuple(n for n, ok in zip(self.group.names, assembled.full, strict=True) if ok),
@@ -281,12 +286,16 @@ class AllReduceRunner:
             self._sent[(j, c)] = (payload, hashlib.sha256(payload).digest())
         return self._part_head(j, c).serialize(), self._sent[(j, c)][0]
 
-    async def _record(self, j: int, c: int) -> None:
+    async def _record(self, j: int, c: int, payload: bytes) -> None:
         """Record a sent chunk for the checks, off the sending path (its norm is work)."""
         if self.own is not None and (j, c) not in self.own.norms:
-            payload = self._sent[(j, c)][0]
             await asyncio.get_running_loop().run_in_executor(None, self.own.record, j, c, payload)
             self._touch_recorded()
+
+    def stop_answering(self) -> None:
+        """Drop what answering checks needs (the delta): every member's checks are over."""
+        self.own = None
+        self.delta = torch.empty(0)
 
     def _seal(self, j: int) -> bytes:
         """The SEAL of this member's chunks of part ``j`` (all of them sent)."""
@@ -343,7 +352,7 @@ class AllReduceRunner:
             for c in range(len(self.plan.chunks[j])):
                 frame = await loop.run_in_executor(None, self._part_frame, j, c)
                 await write_frame(writer, Kind.PART, *frame, counter=self.counter)
-                task = asyncio.create_task(self._record(j, c))
+                task = asyncio.create_task(self._record(j, c, frame[1]))
                 self._recording.add(task)  # referenced until done; answers wait for them
                 task.add_done_callback(self._recording.discard)
             await write_frame(writer, Kind.SEAL, self._seal(j), counter=self.counter)
@@ -397,21 +406,6 @@ class AllReduceRunner:
             counter=self.counter,
         )
         return asyncio.create_task(checker.run(samples))
-
-    def _convict(self, judgements: dict[int, Judgement]) -> None:
-        """Tell ``on_offence`` of every liar; raise RoundFailed if a reducer lied."""
-        key, names = self.group.key, self.group.names
-        failed = []
-        for j, judgement in sorted(judgements.items()):
-            for i, offence in sorted(judgement.senders.items()):
-                logger.warning("round %s: member %s lied: %s", key, names[i], offence)
-                self.on_offence(self.group.members[i], f"round {key}: {offence}")
-            if judgement.reducer:
-                failed.append(f"reducer {names[j]} of part {j} lied: {judgement.reducer}")
-                logger.warning("round %s: %s", key, failed[-1])
-                self.on_offence(self.group.members[j], f"round {key} part {j}: {judgement.reducer}")
-        if failed:
-            raise RoundFailed(key.fragment, key.round, "; ".join(failed))
 
     async def answer_check(self, sender: PeerID, request: CheckRequest) -> Reject | bytes:
         """This member's signed CHECK_RES to member ``sender`` (twice per round at most:

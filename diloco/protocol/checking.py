@@ -31,8 +31,9 @@ from diloco.protocol.check_wire import (
 )
 from diloco.protocol.group import GroupInfo, RoundTimeouts
 from diloco.protocol.identity import Identity
+from diloco.protocol.norms import num_blocks
 from diloco.protocol.part_server import Deadlines
-from diloco.protocol.reduction import RoundPlan, num_blocks
+from diloco.protocol.reduction import RoundPlan
 from diloco.protocol.signatures import sign_check, verify_check, verify_part
 from diloco.protocol.streams import (
     TRANSPORT_ERRORS,
@@ -69,6 +70,21 @@ OffenceHook = Callable[[PeerID, str], None]
 def log_offence(peer: PeerID, offence: str) -> None:
     """The default ``OffenceHook``: a warning with the peer id."""
     logger.warning("offence by %s: %s", peer, offence)
+
+
+def convict(group: GroupInfo, judgements: Mapping[int, Judgement], on_offence: OffenceHook) -> str:
+    """Tell ``on_offence`` of every liar the ``judgements`` name, and log them; return why
+    the round fails here (reducers that lied), or an empty string."""
+    failed = []
+    for j, judgement in sorted(judgements.items()):
+        for i, offence in sorted(judgement.senders.items()):
+            logger.warning("round %s: member %s lied: %s", group.key, group.names[i], offence)
+            on_offence(group.members[i], f"round {group.key}: {offence}")
+        if judgement.reducer:
+            failed.append(f"reducer {group.names[j]} of part {j} lied: {judgement.reducer}")
+            logger.warning("round %s: %s", group.key, failed[-1])
+            on_offence(group.members[j], f"round {group.key} part {j}: {judgement.reducer}")
+    return "; ".join(failed)
 
 
 class Checker:

@@ -161,6 +161,7 @@ class PartServer:
                 return
             own = await self.own_chunks[c]
             msg, mean = await loop.run_in_executor(None, self.average_chunk, c, own)
+            reducer.release(c)
             reducer.add_average(c, msg)
             self._touch()
             decoded.append(mean)

@@ -23,6 +23,7 @@ so the glue runs them in an executor; every other method is called on the event 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from collections.abc import Sequence
@@ -32,6 +33,7 @@ import torch
 
 from diloco.codecs import Codec, CodecError
 from diloco.errors import ProtocolError
+from diloco.protocol.norms import Span, block_norms, chunk_norm, num_blocks
 from diloco.protocol.partition import PART_ALIGN, butterfly_parts
 from diloco.protocol.reducer import weighted_mean
 from diloco.protocol.wire import Averaged, Buffer, PartHead, RoundTag
@@ -39,12 +41,7 @@ from diloco.protocol.wire import Averaged, Buffer, PartHead, RoundTag
 CHUNK_VALUES = 1 << 18
 """Values per chunk of a part (a multiple of ``PART_ALIGN``): 1 MiB as FP32, 136 KiB as E3M0."""
 
-FLOAT32_MAX = float(torch.finfo(torch.float32).max)
-BLOCK_VALUES = PART_ALIGN
-"""Values per block of a chunk's block norms and of verification samples: a multiple of
-every codec's block, so a block encodes alone to the values it has in its chunk."""
-
-Span = tuple[int, int]
+_RELEASED = torch.empty(0)
 
 
 def chunk_spans(lo: int, hi: int, chunk_values: int = CHUNK_VALUES) -> list[Span]:
@@ -82,39 +79,6 @@ def check_norm(norm: float, reference_norm: float, max_norm_ratio: float) -> Non
         raise ProtocolError("values are not all finite")
     if reference_norm > 0 and norm > max_norm_ratio * reference_norm:
         raise ProtocolError(f"norm {norm:.3g} > {max_norm_ratio:g} x own norm {reference_norm:.3g}")
-
-
-def chunk_norm(x: torch.Tensor) -> float:
-    """The L2 norm of an FP32 vector as reducers report it (AVERAGED) and members check it:
-    FP32 squares (each rounded once) summed in FP64, so two machines that sum in another
-    order agree to about ``1e-12`` relative (FP32 sums of ``2**18`` squares differ by up to
-    ``1e-5``); all in FP64 where FP32 squares would underflow or overflow. Not finite iff a
-    value is not."""
-    squares = float(torch.sum(x * x, dtype=torch.float64))
-    if 1e-20 < squares < math.inf:
-        return math.sqrt(squares)
-    return float(torch.linalg.vector_norm(x, dtype=torch.float64))
-
-
-def num_blocks(span: Span) -> int:
-    """Blocks of ``BLOCK_VALUES`` in a span (the last one may be short)."""
-    return -(-(span[1] - span[0]) // BLOCK_VALUES)
-
-
-def block_norms(x: torch.Tensor) -> tuple[float, ...]:
-    """``chunk_norm`` of ``x`` over each ``BLOCK_VALUES`` values, as FP32 travels them
-    (at most the largest FP32)."""
-    blocks = num_blocks((0, x.numel()))
-    padded = x
-    if x.numel() != blocks * BLOCK_VALUES:
-        padded = torch.zeros(blocks * BLOCK_VALUES)
-        padded[: x.numel()] = x
-    squares = (padded * padded).view(blocks, BLOCK_VALUES).sum(dim=1, dtype=torch.float64)
-    exact = ~((squares > 1e-20) & (squares < math.inf))
-    if bool(exact.any()):  # as chunk_norm: FP64 where FP32 squares underflow or overflow
-        values = padded.reshape(blocks, BLOCK_VALUES)[exact].double()
-        squares[exact] = values.square().sum(dim=1)
-    return tuple(squares.sqrt_().clamp_(max=FLOAT32_MAX).tolist())
 
 
 def combine(
@@ -361,6 +325,12 @@ class PartReducer:
         )
         return msg, self.plan.return_codec.decode(encoded)
 
+    def release(self, c: int) -> None:
+        """Drop the decoded values of chunk ``c`` once it is averaged; its bytes stay."""
+        for chunks in self.received.values():
+            if len(chunks) > c:
+                chunks[c] = dataclasses.replace(chunks[c], values=_RELEASED)
+
     def add_average(self, c: int, msg: Averaged) -> None:
         assert len(self.averaged) == c, "averaged chunks are produced in order"
         self.averaged.append(msg)
@@ -474,6 +444,10 @@ class Assembly:
         if values.numel() != hi - lo:
             raise ValueError(f"part {part} of {values.numel()} values, expected {hi - lo}")
         self._parts[part] = (mask, values, digest)
+
+    def clear(self) -> None:
+        """Forget the parts (``result`` has copied them)."""
+        self._parts.clear()
 
     def result(self) -> Assembled:
         n = self.plan.num_members

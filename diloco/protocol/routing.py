@@ -97,6 +97,9 @@ class AllReduceService:
             if runner.own is not None:
                 self._finished[key] = runner
                 loop = asyncio.get_running_loop()
+                # others' checks end a matchmaking after ours at most, their disputes too
+                answered = runner.deadlines.check + self.timeouts.matchmaking
+                loop.call_at(answered, runner.stop_answering)
                 loop.call_at(runner.deadlines.forget, self._finished.pop, key, None)
 
     async def _runner_for(

@@ -48,15 +48,8 @@ import torch
 
 from diloco.codecs import Codec, CodecError, get_codec
 from diloco.errors import ProtocolError
-from diloco.protocol.reduction import (
-    BLOCK_VALUES,
-    FLOAT32_MAX,
-    RoundPlan,
-    Span,
-    chunk_norm,
-    combine,
-    num_blocks,
-)
+from diloco.protocol.norms import BLOCK_VALUES, FLOAT32_MAX, Span, chunk_norm, num_blocks
+from diloco.protocol.reduction import RoundPlan, combine
 from diloco.protocol.wire import Buffer
 
 SAMPLES_PER_PART = 16

@@ -17,8 +17,9 @@ import torch
 
 from diloco.codecs import Codec, get_codec
 from diloco.errors import ProtocolError
+from diloco.protocol.norms import chunk_norm, num_blocks
 from diloco.protocol.partition import butterfly_parts
-from diloco.protocol.reduction import PartReducer, RoundPlan, chunk_norm, chunk_spans, num_blocks
+from diloco.protocol.reduction import PartReducer, RoundPlan, chunk_spans
 from diloco.protocol.verification import (
     Answer,
     Judgement,
