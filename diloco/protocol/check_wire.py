@@ -7,7 +7,7 @@ as in ``wire``; integers and norms big-endian)::
                   (after the last PART chunk, and the last AVERAGED chunk, of a part)
     CHECK_REQ     tag | gid | count u16 | count x (part u16 | blocks u16 | blocks x block u32)
     CHECK_RES     tag | gid | count u16 | count x (part u16 | blocks u16 | blocks x block u32
-                  | chunks u32 | chunks x norm f64 | length u32 | codec payload)
+                  | chunks u32 | chunks x norm f64) | length u32 | codec payload
                   | signature (64)
     EVIDENCE_REQ  tag | gid | part u16 | count u16 | count x (member u16 | chunk u32)
     EVIDENCE      member u16 | chunk u32 | seal signature (64) | count u32
@@ -16,14 +16,14 @@ as in ``wire``; integers and norms big-endian)::
 
 A SEAL signs a whole part once (``signatures``): a sender's, the sha256 of each of its
 chunks; a reducer's, its part's digest (what REPORTs compare). A block is ``PART_ALIGN``
-values of a part counted from the part's start. A CHECK_RES entry
-repeats the blocks asked, so that the signed answer says what it answers: the answering
-member's contribution to the part at those blocks (one after the other), as its reducer
-decodes it, in a payload of the run's codec that decodes to exactly those values (or of
-``none``), and its norm over every chunk of the part. The signature is Ed25519 by the
-answering member over ``signing_input("diloco-check/1", sha256(body before the signature))``;
-EVIDENCE carries the SEAL of the chunk's sender and the hashes it sealed, so that the chunk
-can be checked alone.
+values of a part counted from the part's start. A CHECK_REQ asks
+about parts in ascending order; a CHECK_RES entry repeats the blocks asked, so that the
+signed answer says what it answers, with the answering member's norm over every chunk of
+the part; its payload (of the run's codec, or of ``none``) decodes to exactly its values at
+all those blocks, one after the other, as their reducers decoded them. The signature is
+Ed25519 by the answering member over ``signing_input("diloco-check/1", sha256(body before
+the signature))``; EVIDENCE carries the SEAL of the chunk's sender and the hashes it sealed,
+so that the chunk can be checked alone.
 """
 
 from __future__ import annotations
@@ -87,7 +87,8 @@ class CheckRequest:
         self.tag.check()
         _require(len(self.group_id) == GROUP_ID_BYTES, "group id length")
         _require(0 < len(self.parts) <= MAX_GROUP_SIZE, "part count")
-        _require(len({part for part, _ in self.parts}) == len(self.parts), "duplicate parts")
+        parts = [part for part, _ in self.parts]
+        _require(parts == sorted(set(parts)), "parts not sorted and distinct")
         for part, blocks in self.parts:
             _require(0 <= part < MAX_GROUP_SIZE, f"part {part}")
             _require(0 < len(blocks) <= MAX_SAMPLES, f"{len(blocks)} blocks")
@@ -127,39 +128,39 @@ class CheckRequest:
 
 @dataclass(frozen=True, slots=True)
 class CheckEntry:
-    """A member's answer for one part: values at the blocks asked, norms of every chunk."""
+    """A member's answer for one part: the blocks asked and its norm of every chunk."""
 
     part: int
     blocks: tuple[int, ...]
     norms: tuple[float, ...]
-    payload: bytes
-    """The blocks' values, encoded (a codec payload, header included)."""
 
     def check(self) -> None:
         _require(0 <= self.part < MAX_GROUP_SIZE, f"part {self.part}")
         _require(0 < len(self.blocks) <= MAX_SAMPLES, f"{len(self.blocks)} blocks")
-        _require(len(self.norms) < 2**32 and len(self.payload) < 2**32, "entry sizes")
+        _require(len(self.norms) < 2**32, "norm count")
         _require(all(math.isfinite(n) and n >= 0 for n in self.norms), "norms")
 
     @staticmethod
-    def size(num_blocks: int, num_chunks: int, payload_bytes: int) -> int:
-        return _PART_BLOCKS.size + 4 * num_blocks + 8 + 8 * num_chunks + payload_bytes
+    def size(num_blocks: int, num_chunks: int) -> int:
+        return _PART_BLOCKS.size + 4 * num_blocks + 4 + 8 * num_chunks
 
 
 @dataclass(frozen=True, slots=True)
 class CheckResponse:
-    """A member's signed answer to a CHECK_REQ, one entry per part asked."""
+    """A member's signed answer to a CHECK_REQ: one entry per part asked, and the values
+    at all their blocks in one codec payload."""
 
     tag: RoundTag
     group_id: bytes
     entries: tuple[CheckEntry, ...]
+    payload: bytes
     signature: bytes
 
     @staticmethod
-    def size(entry_sizes: list[int]) -> int:
-        """Body length for entries of these ``CheckEntry.size``s: a bound known before
-        reading."""
-        return _HEAD.size + sum(entry_sizes) + SIGNATURE_BYTES
+    def size(entry_sizes: list[int], payload_bytes: int) -> int:
+        """Body length for entries of these ``CheckEntry.size``s and a payload of at most
+        ``payload_bytes``: a bound known before reading."""
+        return _HEAD.size + sum(entry_sizes) + _U32.size + payload_bytes + SIGNATURE_BYTES
 
     def unsigned(self) -> bytes:
         """The body before the signature."""
@@ -175,10 +176,9 @@ class CheckResponse:
                 _u32s(entry.blocks),
                 _U32.pack(len(entry.norms)),
                 struct.pack(f"!{len(entry.norms)}d", *entry.norms),
-                _U32.pack(len(entry.payload)),
-                entry.payload,
             ]
-        return b"".join(out)
+        _require(len(self.payload) < 2**32, "payload length")
+        return b"".join([*out, _U32.pack(len(self.payload)), self.payload])
 
     def digest(self) -> bytes:
         """sha256 of the body before the signature (what the member signs)."""
@@ -203,17 +203,14 @@ class CheckResponse:
                 (chunks,) = _U32.unpack_from(body, offset)
                 norms = struct.unpack_from(f"!{chunks}d", body, offset + 4)
                 offset += 4 + 8 * chunks
-                (length,) = _U32.unpack_from(body, offset)
-                offset += 4
-                _require(offset + length <= end, "CHECK_RES payload truncated")
-                entries.append(
-                    CheckEntry(part, blocks, norms, bytes(body[offset : offset + length]))
-                )
-                offset += length
+                entries.append(CheckEntry(part, blocks, norms))
+            (length,) = _U32.unpack_from(body, offset)
+            offset += 4
         except struct.error as exc:
             raise ProtocolError("CHECK_RES truncated") from exc
-        _require(offset == end, "CHECK_RES trailing bytes")
-        msg = cls(RoundTag(digest, frag, rnd), gid, tuple(entries), bytes(body[end:]))
+        _require(offset + length == end, "CHECK_RES payload length")
+        payload = bytes(body[offset:end])
+        msg = cls(RoundTag(digest, frag, rnd), gid, tuple(entries), payload, bytes(body[end:]))
         msg.unsigned()  # runs every check
         return msg
 

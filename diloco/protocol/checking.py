@@ -49,11 +49,10 @@ from diloco.protocol.verification import (
     Judgement,
     OwnContribution,
     Sample,
-    answer_values,
-    block_span,
     check_part,
     judge,
-    own_answer,
+    own_answers,
+    read_answers,
     wanted_evidence,
 )
 from diloco.protocol.wire import ByteCounter, Kind, Reject, RejectCode
@@ -112,10 +111,11 @@ class Checker:
         loop = asyncio.get_running_loop()
         me = self.plan.index
         self.answers = {j: {} for j in samples}
-        for j, sample in samples.items():
-            if sample.claims.mask[me]:
-                own = await loop.run_in_executor(None, own_answer, self.own, j, sample.blocks)
-                self.answers[j][me] = own
+        mine = [(j, s.blocks) for j, s in sorted(samples.items()) if s.claims.mask[me]]
+        if mine:
+            own = await loop.run_in_executor(None, own_answers, self.own, mine)
+            for j, answer in own.items():
+                self.answers[j][me] = answer
         asks = [
             asyncio.create_task(
                 self._ask(i, {j: s for j, s in samples.items() if s.claims.mask[i]})
@@ -152,13 +152,11 @@ class Checker:
         if not samples:
             return
         loop = asyncio.get_running_loop()
-        request = CheckRequest(
-            self.plan.tag, self.group.group_id, tuple((j, samples[j].blocks) for j in samples)
-        )
-        sizes = [
-            CheckEntry.size(len(s.blocks), len(self.plan.chunks[j]), self._payload_bound(s))
-            for j, s in samples.items()
-        ]
+        parts = tuple((j, samples[j].blocks) for j in sorted(samples))
+        request = CheckRequest(self.plan.tag, self.group.group_id, parts)
+        sizes = [CheckEntry.size(len(xs), len(self.plan.chunks[j])) for j, xs in parts]
+        n = sum(s.size(self.plan) for s in samples.values())
+        limit = CheckResponse.size(sizes, max(self.plan.codec.encoded_size(n), RAW.encoded_size(n)))
         peer = self.group.members[i]
         for attempt in range(2):
             try:
@@ -167,9 +165,7 @@ class Checker:
                 )
                 try:
                     await write_frame(writer, Kind.CHECK_REQ, request.serialize())
-                    kind, body = await read_frame(
-                        reader, (Kind.CHECK_RES,), CheckResponse.size(sizes), self.counter
-                    )
+                    kind, body = await read_frame(reader, (Kind.CHECK_RES,), limit, self.counter)
                 finally:
                     writer.close()
                 if kind == Kind.REJECT:
@@ -185,11 +181,6 @@ class Checker:
                 if attempt:
                     logger.info("round %s: check stream to %s: %r", self.group.key, peer, exc)
 
-    def _payload_bound(self, sample: Sample) -> int:
-        """The largest answer payload for ``sample``'s blocks (either codec)."""
-        n = sample.size(self.plan)
-        return max(self.plan.codec.encoded_size(n), RAW.encoded_size(n))
-
     def _read_answers(self, i: int, request: CheckRequest, body: bytearray) -> dict[int, Answer]:
         """Member ``i``'s answers from its CHECK_RES, checked against the request."""
         response = CheckResponse.parse(body)
@@ -198,15 +189,8 @@ class Checker:
             raise ProtocolError("CHECK_RES for another round")
         if [(e.part, e.blocks) for e in response.entries] != list(request.parts):
             raise ProtocolError("CHECK_RES answers other blocks than asked")
-        answers = {}
-        for entry in response.entries:
-            if len(entry.norms) != len(self.plan.chunks[entry.part]):
-                raise ProtocolError(f"CHECK_RES with {len(entry.norms)} chunk norms")
-            span = self.plan.spans[entry.part]
-            size = sum(b - a for a, b in (block_span(span, block) for block in entry.blocks))
-            values = answer_values(self.plan.codec, entry.payload, size)
-            answers[entry.part] = Answer(values, entry.norms)
-        return answers
+        norms = [entry.norms for entry in response.entries]
+        return read_answers(self.plan, request.parts, norms, response.payload)
 
     async def _dispute(self, sample: Sample, findings: Findings) -> Judgement:
         """Ask the reducer of ``sample.part`` for its evidence, then judge."""
@@ -307,9 +291,6 @@ async def answer_check(
 
 
 def _answer(request: CheckRequest, own: OwnContribution, identity: Identity) -> CheckResponse:
-    entries = []
-    for j, blocks in request.parts:
-        payload, norms = own.answer(j, blocks)
-        entries.append(CheckEntry(j, blocks, norms, payload))
-    unsigned = CheckResponse(request.tag, request.group_id, tuple(entries), b"")
-    return sign_check(identity, unsigned)
+    payload, norms = own.answer(request.parts)
+    entries = tuple(CheckEntry(j, xs, n) for (j, xs), n in zip(request.parts, norms, strict=True))
+    return sign_check(identity, CheckResponse(request.tag, request.group_id, entries, payload, b""))

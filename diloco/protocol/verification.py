@@ -48,7 +48,14 @@ import torch
 
 from diloco.codecs import Codec, CodecError, get_codec
 from diloco.errors import ProtocolError
-from diloco.protocol.norms import BLOCK_VALUES, FLOAT32_MAX, Span, chunk_norm, num_blocks
+from diloco.protocol.norms import (
+    BLOCK_VALUES,
+    FLOAT32_MAX,
+    Span,
+    block_norms,
+    chunk_norm,
+    num_blocks,
+)
 from diloco.protocol.reduction import RoundPlan, combine
 from diloco.protocol.wire import Buffer
 
@@ -223,11 +230,13 @@ def _reducer_claims(plan: RoundPlan, sample: Sample, own: Answer) -> str:
         total = math.hypot(*claims.block_norms[c])
         if not close(total, norms[j]) or not close(own.norms[c], norms[j]):
             return f"its own norm {norms[j]:.9g} of chunk {c} is not its blocks' nor its answer's"
-    pieces = torch.split(own.values, [b - a for a, b in sample.spans(plan)])
-    for block, (a, b), values in zip(sample.blocks, sample.spans(plan), pieces, strict=True):
+    # every sampled block is whole but the part's last: block norms of the answer are the
+    # blocks' own, computed as the reducer computed its
+    computed = block_norms(own.values)
+    for block, (a, b), norm in zip(sample.blocks, sample.spans(plan), computed, strict=True):
         c = chunk_of(plan.chunks[j], (a, b))
         signed = claims.block_norms[c][(a - plan.chunks[j][c][0]) // BLOCK_VALUES]
-        if not close_block(chunk_norm(values), signed):
+        if not close_block(norm, signed):
             return f"its own values at block {block} are not of the block norm it signed"
     return ""
 
@@ -361,21 +370,27 @@ class OwnContribution:
         """Whether every chunk of ``part`` was recorded."""
         return all((part, c) in self.norms for c in range(len(self.plan.chunks[part])))
 
-    def answer(self, part: int, blocks: Sequence[int]) -> tuple[bytes, tuple[float, ...]]:
-        """The answer for ``part`` at sorted ``blocks`` (every chunk of it recorded): a
-        payload that decodes to the values sent there (``answer_values``), and the norms."""
-        span, chunks = self.plan.spans[part], self.plan.chunks[part]
-        spans = [block_span(span, block) for block in blocks]
-        norms = tuple(self.norms[(part, c)] for c in range(len(chunks)))
+    def answer(
+        self, parts: Sequence[tuple[int, Sequence[int]]]
+    ) -> tuple[bytes, list[tuple[float, ...]]]:
+        """The answer for ``parts`` (ascending, each with sorted blocks; every chunk of them
+        recorded): one payload that decodes to the values sent at all those blocks, one
+        after the other, and each part's chunk norms."""
+        spans = [(j, block_span(self.plan.spans[j], b)) for j, blocks in parts for b in blocks]
+        norms = [
+            tuple(self.norms[(j, c)] for c in range(len(self.plan.chunks[j]))) for j, _ in parts
+        ]
         if self._payloads is None:  # one call: the blocks encode as they did in their chunks
-            return self.plan.codec.encode(torch.cat([self.delta[a:b] for a, b in spans])), norms
-        decoded: dict[int, torch.Tensor] = {}
+            sent = torch.cat([self.delta[a:b] for _, (a, b) in spans])
+            return self.plan.codec.encode(sent), norms
+        decoded: dict[tuple[int, int], torch.Tensor] = {}
         values = []
-        for a, b in spans:
+        for j, (a, b) in spans:
+            chunks = self.plan.chunks[j]
             c = chunk_of(chunks, (a, b))
-            if c not in decoded:
-                decoded[c] = self.plan.codec.decode(self._payloads[(part, c)])
-            values.append(decoded[c][a - chunks[c][0] : b - chunks[c][0]])
+            if (j, c) not in decoded:
+                decoded[(j, c)] = self.plan.codec.decode(self._payloads[(j, c)])
+            values.append(decoded[(j, c)][a - chunks[c][0] : b - chunks[c][0]])
         return RAW.encode(torch.cat(values)), norms
 
 
@@ -383,25 +398,40 @@ RAW = get_codec("none")
 """What an answer is encoded with when the run's codec cannot re-encode its blocks alone."""
 
 
-def answer_values(codec: Codec, payload: Buffer, num_values: int) -> torch.Tensor:
-    """The values of an answer's payload (of ``codec`` or ``none``).
+def read_answers(
+    plan: RoundPlan,
+    parts: Sequence[tuple[int, Sequence[int]]],
+    norms: Sequence[Sequence[float]],
+    payload: Buffer,
+) -> dict[int, Answer]:
+    """A member's ``Answer`` for each of ``parts`` from its norms and its one payload (of the
+    run's codec, or ``none``).
 
     Raises:
-        ProtocolError: another codec, no decode, or not ``num_values`` values.
+        ProtocolError: another codec, no decode, or not one value per value asked and one
+            norm per chunk.
     """
-    decoder = codec if payload[:1] == bytes([codec.codec_id]) else RAW
+    sizes = [sum(b - a for a, b in (block_span(plan.spans[j], x) for x in xs)) for j, xs in parts]
+    decoder = plan.codec if payload[:1] == bytes([plan.codec.codec_id]) else RAW
     try:
         values = decoder.decode(payload)
     except CodecError as exc:
         raise ProtocolError(f"answer does not decode: {exc}") from exc
-    if values.numel() != num_values:
-        raise ProtocolError(f"answer of {values.numel()} values, expected {num_values}")
-    return values
+    if values.numel() != sum(sizes):
+        raise ProtocolError(f"answer of {values.numel()} values, expected {sum(sizes)}")
+    answers = {}
+    for (j, _), part_norms, part_values in zip(
+        parts, norms, torch.split(values, sizes), strict=True
+    ):
+        if len(part_norms) != len(plan.chunks[j]):
+            raise ProtocolError(f"{len(part_norms)} chunk norms for part {j}")
+        answers[j] = Answer(part_values, tuple(part_norms))
+    return answers
 
 
-def own_answer(own: OwnContribution, part: int, blocks: Sequence[int]) -> Answer:
-    """This member's own ``Answer`` for ``part`` at ``blocks``, as others would read it."""
-    payload, norms = own.answer(part, blocks)
-    span = own.plan.spans[part]
-    size = sum(b - a for a, b in (block_span(span, block) for block in blocks))
-    return Answer(answer_values(own.plan.codec, payload, size), norms)
+def own_answers(
+    own: OwnContribution, parts: Sequence[tuple[int, Sequence[int]]]
+) -> dict[int, Answer]:
+    """This member's own ``Answer`` for each of ``parts``, as others would read it."""
+    payload, norms = own.answer(parts)
+    return read_answers(own.plan, parts, norms, payload)

@@ -35,7 +35,8 @@ def test_check_request_layout_and_round_trip() -> None:
     ("parts", "match"),
     [
         ((), "part count"),
-        (((0, (1,)), (0, (2,))), "duplicate parts"),
+        (((0, (1,)), (0, (2,))), "parts not sorted"),
+        (((2, (1,)), (0, (2,))), "parts not sorted"),
         (((0, ()),), "0 blocks"),
         (((0, tuple(range(MAX_SAMPLES + 1))),), f"{MAX_SAMPLES + 1} blocks"),
         (((0, (5, 3)),), "not sorted"),
@@ -57,23 +58,23 @@ def test_check_request_truncated_or_trailing_refused() -> None:
 
 
 def _response() -> CheckResponse:
-    entries = (
-        CheckEntry(1, (0, 3), (0.5, 2.0), b"\x04three"),
-        CheckEntry(2, (9,), (1.0,), b"\x00four"),
-    )
-    return CheckResponse(TAG, GID, entries, bytes(range(64)))
+    entries = (CheckEntry(1, (0, 3), (0.5, 2.0)), CheckEntry(2, (9,), (1.0,)))
+    return CheckResponse(TAG, GID, entries, b"\x04payload", bytes(range(64)))
 
 
 def test_check_response_layout_round_trip_and_size() -> None:
     msg = _response()
     body = msg.serialize()
-    first = struct.pack("!HHII", 1, 2, 0, 3) + struct.pack("!I2dI", 2, 0.5, 2.0, 6)
-    assert body.startswith(HEAD + struct.pack("!H", 2) + first + b"\x04three")
-    assert body.endswith(bytes(range(64)))
+    entries = struct.pack("!HHIII2d", 1, 2, 0, 3, 2, 0.5, 2.0) + struct.pack(
+        "!HHII1d", 2, 1, 9, 1, 1.0
+    )
+    payload = struct.pack("!I", 8) + b"\x04payload"
+    assert body == HEAD + struct.pack("!H", 2) + entries + payload + bytes(range(64))
     assert CheckResponse.parse(body) == msg
-    sizes = [CheckEntry.size(2, 2, 6), CheckEntry.size(1, 1, 5)]
-    assert len(body) == CheckResponse.size(sizes)
-    assert msg.digest() != CheckResponse(TAG, GID, msg.entries[:1], msg.signature).digest()
+    sizes = [CheckEntry.size(2, 2), CheckEntry.size(1, 1)]
+    assert len(body) == CheckResponse.size(sizes, 8)
+    other = CheckResponse(TAG, GID, msg.entries[:1], msg.payload, msg.signature)
+    assert msg.digest() != other.digest()
 
 
 @pytest.mark.parametrize("cut", [1, 64, 70])
@@ -82,10 +83,14 @@ def test_check_response_truncated_refused(cut: int) -> None:
         CheckResponse.parse(_response().serialize()[:-cut])
 
 
-def test_check_response_negative_norm_refused() -> None:
-    entry = CheckEntry(1, (0,), (-1.0,), b"")
+def test_check_response_negative_norm_or_wrong_payload_length_refused() -> None:
+    entry = CheckEntry(1, (0,), (-1.0,))
     with pytest.raises(ProtocolError, match="norms"):
-        CheckResponse(TAG, GID, (entry,), bytes(64)).serialize()
+        CheckResponse(TAG, GID, (entry,), b"", bytes(64)).serialize()
+    body = bytearray(_response().serialize())
+    body[-64 - 8 - 1] += 1  # the payload length, one too many
+    with pytest.raises(ProtocolError, match="payload length"):
+        CheckResponse.parse(bytes(body))
 
 
 def test_evidence_request_layout_round_trip_and_refusals() -> None:

@@ -61,15 +61,13 @@ class _LyingAnswers(AllReduceRunner):
         if isinstance(answer, Reject):
             return answer
         msg = CheckResponse.parse(answer)
-        entries = tuple(
-            e if e.part == self.index else dataclasses.replace(e, payload=self._doubled(e.payload))
-            for e in msg.entries
-        )
+        values, pieces = self.plan.codec.decode(msg.payload), []
+        sizes = [len(blocks) * 256 for _, blocks in request.parts]  # whole blocks here
+        for (j, _), piece in zip(request.parts, values.split(sizes), strict=True):
+            pieces.append(piece if j == self.index else piece * 2)
+        payload = self.plan.codec.encode(torch.cat(pieces))
         assert self.identity is not None
-        return sign_check(self.identity, dataclasses.replace(msg, entries=entries)).serialize()
-
-    def _doubled(self, payload: bytes) -> bytes:
-        return self.plan.codec.encode(self.plan.codec.decode(payload) * 2)
+        return sign_check(self.identity, dataclasses.replace(msg, payload=payload)).serialize()
 
 
 class _Silent(AllReduceRunner):

@@ -52,9 +52,11 @@ def test_averaged_seal_binds_the_digest_and_is_no_part_seal() -> None:
 
 
 def test_check_signature_binds_the_answer() -> None:
-    entry = CheckEntry(1, (0,), (1.0,), b"\0\0\x80?")
-    signed = sign_check(ME, CheckResponse(SEAL.tag, SEAL.group_id, (entry,), b""))
+    entry = CheckEntry(1, (0,), (1.0,))
+    signed = sign_check(ME, CheckResponse(SEAL.tag, SEAL.group_id, (entry,), b"\0v", b""))
     verify_check(ME.peer_id, CheckResponse.parse(signed.serialize()))
-    other = dataclasses.replace(entry, payload=b"\0\0\0@")
+    with pytest.raises(ProtocolError, match="bad signature"):
+        verify_check(ME.peer_id, dataclasses.replace(signed, payload=b"\0w"))
+    other = dataclasses.replace(entry, norms=(1.5,))
     with pytest.raises(ProtocolError, match="bad signature"):
         verify_check(ME.peer_id, dataclasses.replace(signed, entries=(other,)))

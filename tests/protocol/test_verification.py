@@ -26,14 +26,14 @@ from diloco.protocol.verification import (
     OwnContribution,
     PartClaims,
     Sample,
-    answer_values,
     block_span,
     check_part,
     chunk_of,
     close_block,
     expected_values,
     judge,
-    own_answer,
+    own_answers,
+    read_answers,
     sample_blocks,
     slices_alone,
     wanted_evidence,
@@ -91,7 +91,7 @@ def _scenario(codec: str = "e3m0", return_codec: str = "e3m0") -> Scenario:
     claims = PartClaims(reducer.mask, tuple(norms), tuple(block_norms))
     span = reducer.plan.spans[PART]
     sample = Sample(PART, tuple(range(num_blocks(span))), claims, torch.cat(values))
-    answers = {i: own_answer(own[i], PART, sample.blocks) for i in range(len(WEIGHTS))}
+    answers = {i: own_answers(own[i], [(PART, sample.blocks)])[PART] for i in range(len(WEIGHTS))}
     evidence: dict[tuple[int, int], bytes | str] = {
         (i, c): bytes(reducer.received[i][c].payload) for i in (0, 2) for c in range(len(chunks))
     }
@@ -196,9 +196,9 @@ def test_own_contribution_with_stochastic_rounding_answers_from_the_payloads() -
         own.record(PART, c, payloads[-1])
     assert own.complete(PART)
     sent = torch.cat([codec.decode(p) for p in payloads])
-    payload, norms = own.answer(PART, (0, 5))
+    payload, norms = own.answer([(PART, (0, 5))])
     assert payload[0] == get_codec("none").codec_id  # no re-encoding: the values sent, raw
-    answer = own_answer(own, PART, (0, 5))
+    answer = own_answers(own, [(PART, (0, 5))])[PART]
     lo = plan.spans[PART][0]
     assert torch.equal(answer.values, torch.cat([sent[0:256], sent[5 * 256 : 6 * 256]]))
     norms = [chunk_norm(codec.decode(p)) for p in payloads]
@@ -336,12 +336,28 @@ def test_evidence_withheld_forged_or_broken_convicts_the_reducer(
     assert re.search(match, verdict.reducer), verdict
 
 
-def test_answer_values_of_the_runs_codec_or_raw_and_nothing_else() -> None:
-    e3m0, raw = get_codec("e3m0"), get_codec("none")
-    x = torch.full((300,), 0.5)
-    assert torch.equal(answer_values(e3m0, e3m0.encode(x), 300), x)
-    assert torch.equal(answer_values(e3m0, raw.encode(x), 300), x)
-    with pytest.raises(ProtocolError, match="300 values, expected 256"):
-        answer_values(e3m0, e3m0.encode(x), 256)
+def test_answers_of_several_parts_in_one_payload_of_the_runs_codec_or_raw() -> None:
+    e3m0 = get_codec("e3m0")
+    plan = _plan(0, e3m0, e3m0)
+    delta = torch.randn(NUMEL, generator=torch.Generator().manual_seed(5))
+    own = OwnContribution(plan, delta)
+    for j, chunks in enumerate(plan.chunks):
+        for c, (a, b) in enumerate(chunks):
+            own.record(j, c, e3m0.encode(delta[a:b].contiguous()))
+    parts = [(0, (0, 5)), (2, (1, 5))]  # part 2's block 5 is its last: 100 values
+    payload, norms = own.answer(parts)
+    answers = read_answers(plan, parts, norms, payload)
+    sent = e3m0.decode(e3m0.encode(delta))  # every chunk cut at multiples of 256
+    spans = [(0, 256), (1280, 1536), (3584, 3840), (4608, 4708)]
+    assert torch.equal(answers[0].values, torch.cat([sent[a:b] for a, b in spans[:2]]))
+    assert torch.equal(answers[2].values, torch.cat([sent[a:b] for a, b in spans[2:]]))
+    assert answers[2].norms == norms[1] and len(norms[1]) == len(plan.chunks[2])
+    raw = get_codec("none").encode(torch.cat([answers[0].values, answers[2].values]))
+    from_raw = read_answers(plan, parts, norms, raw)
+    assert all(torch.equal(from_raw[j].values, answers[j].values) for j in (0, 2))
+    with pytest.raises(ProtocolError, match="expected 868"):
+        read_answers(plan, parts, norms, e3m0.encode(torch.zeros(256)))
     with pytest.raises(ProtocolError, match="does not decode"):
-        answer_values(e3m0, get_codec("bf16").encode(x), 300)
+        read_answers(plan, parts, norms, get_codec("bf16").encode(torch.zeros(868)))
+    with pytest.raises(ProtocolError, match="chunk norms for part 2"):
+        read_answers(plan, parts, [norms[0], norms[1][:1]], payload)
