@@ -370,10 +370,11 @@ class AllReduceRunner:
                     raise ProtocolError(
                         f"{frame.kind.name} of {frame.body_len} bytes, expected {expected}"
                     )
-                msg = Averaged.parse(await read_body(reader, frame.body_len, self.counter))
+                body = await read_body(reader, frame.body_len, self.counter)
+                msg = Averaged.parse(body)
                 part.check(c, msg)
                 values = await loop.run_in_executor(None, part.decode, c, msg.payload)
-                part.add(c, msg, values)
+                part.add(c, msg, values, body)
             _, body = await read_frame(reader, (Kind.SEAL,), Seal.SIZE, self.counter)
             seal = Seal.parse(body)
             if seal.head != self.plan.seal_head(j):

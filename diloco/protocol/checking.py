@@ -111,11 +111,6 @@ class Checker:
         loop = asyncio.get_running_loop()
         me = self.plan.index
         self.answers = {j: {} for j in samples}
-        mine = [(j, s.blocks) for j, s in sorted(samples.items()) if s.claims.mask[me]]
-        if mine:
-            own = await loop.run_in_executor(None, own_answers, self.own, mine)
-            for j, answer in own.items():
-                self.answers[j][me] = answer
         asks = [
             asyncio.create_task(
                 self._ask(i, {j: s for j, s in samples.items() if s.claims.mask[i]})
@@ -124,6 +119,11 @@ class Checker:
             if i != me
         ]
         try:
+            mine = [(j, s.blocks) for j, s in sorted(samples.items()) if s.claims.mask[me]]
+            if mine:  # while the others answer
+                own = await loop.run_in_executor(None, own_answers, self.own, mine)
+                for j, answer in own.items():
+                    self.answers[j][me] = answer
             await asyncio.wait(asks, timeout=max(0.0, self.deadlines.check - loop.time()))
         finally:
             for task in asks:

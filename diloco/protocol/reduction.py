@@ -403,14 +403,14 @@ class AveragedPart:
         check_values(values, self.plan.chunk_norms[self.part][c], self.plan.max_norm_ratio)
         return values
 
-    def add(self, c: int, msg: Averaged, values: torch.Tensor) -> None:
+    def add(self, c: int, msg: Averaged, values: torch.Tensor, body: Buffer) -> None:
+        """Keep chunk ``c``: ``msg`` parsed from ``body``, its payload decoded to ``values``."""
         assert len(self.values) == c, "averaged chunks arrive in order"
         self.mask = msg.mask
         self.values.append(values)
         self.norms.append(msg.norms)
         self.block_norms.append(msg.block_norms)
-        self._sha.update(msg.prefix())
-        self._sha.update(msg.payload)
+        self._sha.update(body)
 
     def digest(self) -> bytes:
         """``part_digest`` of the chunks received, hashed as they came."""

@@ -216,7 +216,7 @@ def test_averaged_part_assembles_chunks_and_digest_matches_the_reducer() -> None
     for c, value in enumerate((1.0, 2.0)):
         msg = _averaged(0, c, mask, value)
         part.check(c, msg)
-        part.add(c, msg, part.decode(c, msg.payload))
+        part.add(c, msg, part.decode(c, msg.payload), msg.serialize())
     assert part.complete and part.mask == mask
     assert torch.equal(torch.cat(part.values), torch.tensor([1.0] * 4 + [2.0] * 4))
     assert part.norms == [(1.0, 1.0, 0.0)] * 2 and part.block_norms == [(2.0,), (4.0,)]
@@ -242,7 +242,7 @@ def test_averaged_part_wrong_chunk_rejected(msg: Averaged, match: str) -> None:
 def test_averaged_part_mask_changed_mid_part_rejected() -> None:
     part = AveragedPart(_plan(index=1), 0)
     first = _averaged(0, 0, (True, True, True), 1.0)
-    part.add(0, first, part.decode(0, first.payload))
+    part.add(0, first, part.decode(0, first.payload), first.serialize())
     with pytest.raises(ProtocolError, match="changed"):
         part.check(1, _averaged(0, 1, (True, False, True), 1.0))
 
