@@ -172,7 +172,7 @@ class AllReduceRunner:
         self._sent: dict[tuple[int, int], tuple[bytes, bytes]] = {}
         """Payload and sha256 of every chunk sent, by (part, chunk)."""
         self._recorded = asyncio.Event()
-        self._recording: set[asyncio.Task[None]] = set()
+        self._recording: asyncio.Task[None] | None = None
         self._asked: dict[int, int] = {}
         self.counter = ByteCounter()
         loop = asyncio.get_running_loop()
@@ -226,8 +226,8 @@ class AllReduceRunner:
         assembled = self.assembly.result()
         assembled_at = loop.time()
         self.assembly.clear()  # what stays of the round is what its checks need
-        self._sent.clear()
         self._own_chunks.clear()
+        self._recording = asyncio.create_task(self._record_sent())
         checks = self._start_checks(assembled)  # alongside the reports: one phase, not two
         try:
             await self._exchange_reports(assembled)
@@ -286,10 +286,14 @@ class AllReduceRunner:
             self._sent[(j, c)] = (payload, hashlib.sha256(payload).digest())
         return self._part_head(j, c).serialize(), self._sent[(j, c)][0]
 
-    async def _record(self, j: int, c: int, payload: bytes) -> None:
-        """Record a sent chunk for the checks, off the sending path (its norm is work)."""
-        if self.own is not None and (j, c) not in self.own.norms:
-            await asyncio.get_running_loop().run_in_executor(None, self.own.record, j, c, payload)
+    async def _record_sent(self) -> None:
+        """Record the chunks sent for the checks, once the gather is over: their norms are
+        work that would otherwise slow the reduction down (answers wait for them)."""
+        sent, self._sent = self._sent, {}
+        if self.own is not None:
+            own = self.own
+            for (j, c), (payload, _) in sent.items():
+                await asyncio.get_running_loop().run_in_executor(None, own.record, j, c, payload)
             self._touch_recorded()
 
     def stop_answering(self) -> None:
@@ -352,9 +356,6 @@ class AllReduceRunner:
             for c in range(len(self.plan.chunks[j])):
                 frame = await loop.run_in_executor(None, self._part_frame, j, c)
                 await write_frame(writer, Kind.PART, *frame, counter=self.counter)
-                task = asyncio.create_task(self._record(j, c, frame[1]))
-                self._recording.add(task)  # referenced until done; answers wait for them
-                task.add_done_callback(self._recording.discard)
             await write_frame(writer, Kind.SEAL, self._seal(j), counter=self.counter)
 
         sending = asyncio.create_task(send())
@@ -406,7 +407,12 @@ class AllReduceRunner:
             handlers=self.check_handlers,
             counter=self.counter,
         )
-        return asyncio.create_task(checker.run(samples))
+        return asyncio.create_task(self._check(checker, samples))
+
+    async def _check(self, checker: Checker, samples: dict[int, Sample]) -> dict[int, Judgement]:
+        if self._recording is not None:  # this member's own answers need its records
+            await asyncio.shield(self._recording)
+        return await checker.run(samples)
 
     async def answer_check(self, sender: PeerID, request: CheckRequest) -> Reject | bytes:
         """This member's signed CHECK_RES to member ``sender`` (twice per round at most:
