@@ -262,7 +262,6 @@ class Checker:
 
 
 async def answer_check(
-    *,
     sender: int,
     request: CheckRequest,
     plan: RoundPlan,
