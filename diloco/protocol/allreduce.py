@@ -60,9 +60,7 @@ Encoding and decoding run in the default executor so the event loop keeps servin
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
-import functools
 import hashlib
 import logging
 import random
@@ -175,8 +173,6 @@ class AllReduceRunner:
         """Payload and sha256 of every chunk sent, by (part, chunk)."""
         self._recorded = asyncio.Event()
         self._recording: asyncio.Task[None] | None = None
-        self._recorder = concurrent.futures.ThreadPoolExecutor(1, "diloco-record")
-        self._records: list[asyncio.Future[None]] = []
         self._asked: dict[int, int] = {}
         self.counter = ByteCounter()
         loop = asyncio.get_running_loop()
@@ -291,13 +287,14 @@ class AllReduceRunner:
         return self._part_head(j, c).serialize(), self._sent[(j, c)][0]
 
     async def _record_sent(self) -> None:
-        """Wait for the chunks sent to be recorded for the checks (answers wait for it)."""
-        self._sent.clear()
-        try:
-            await asyncio.gather(*self._records)
-        finally:
-            self._recorder.shutdown(wait=False)
-        self._touch_recorded()
+        """Record the chunks sent for the checks, once the gather is over: their norms are
+        work that would otherwise slow the reduction down (answers wait for them)."""
+        sent, self._sent = self._sent, {}
+        if self.own is not None:
+            own = self.own
+            for (j, c), (payload, _) in sent.items():
+                await asyncio.get_running_loop().run_in_executor(None, own.record, j, c, payload)
+            self._touch_recorded()
 
     def stop_answering(self) -> None:
         """Drop what answering checks needs (the delta): every member's checks are over."""
@@ -359,10 +356,6 @@ class AllReduceRunner:
             for c in range(len(self.plan.chunks[j])):
                 frame = await loop.run_in_executor(None, self._part_frame, j, c)
                 await write_frame(writer, Kind.PART, *frame, counter=self.counter)
-                if self.own is not None and (j, c) not in self.own.norms:
-                    # its own thread: the reduction's executor queue is not held up by it
-                    record = functools.partial(self.own.record, j, c, frame[1])
-                    self._records.append(loop.run_in_executor(self._recorder, record))
             await write_frame(writer, Kind.SEAL, self._seal(j), counter=self.counter)
 
         sending = asyncio.create_task(send())
@@ -430,8 +423,15 @@ class AllReduceRunner:
         self._asked[i] = self._asked.get(i, 0) + 1
         if self.own is None or self.identity is None or self._asked[i] > 2:
             return Reject(RejectCode.MISMATCH, reason="no checks here, or asked before")
-        args = (self.plan, self.own, self.identity, lambda: self._recorded, self.deadlines.check)
-        answer = await answer_check(i, request, *args)
+        answer = await answer_check(
+            sender=i,
+            request=request,
+            plan=self.plan,
+            own=self.own,
+            identity=self.identity,
+            recorded=lambda: self._recorded,
+            deadline=self.deadlines.check,
+        )
         return answer if isinstance(answer, Reject) else answer.serialize()
 
     def exclude(self, peer: PeerID, reason: str) -> None:

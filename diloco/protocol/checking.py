@@ -262,6 +262,7 @@ class Checker:
 
 
 async def answer_check(
+    *,
     sender: int,
     request: CheckRequest,
     plan: RoundPlan,
