@@ -292,8 +292,8 @@ class AllReduceRunner:
         sent, self._sent = self._sent, {}
         if self.own is not None:
             own = self.own
-            for (j, c), (payload, _) in sent.items():
-                await asyncio.get_running_loop().run_in_executor(None, own.record, j, c, payload)
+            chunks = [(j, c, payload) for (j, c), (payload, _) in sent.items()]
+            await asyncio.get_running_loop().run_in_executor(None, own.record_all, chunks)
             self._touch_recorded()
 
     def stop_answering(self) -> None:

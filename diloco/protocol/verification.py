@@ -366,6 +366,11 @@ class OwnContribution:
         if self._payloads is not None:
             self._payloads[(part, chunk)] = payload
 
+    def record_all(self, chunks: Sequence[tuple[int, int, bytes]]) -> None:
+        """``record`` each of ``chunks`` (part, chunk, payload)."""
+        for part, chunk, payload in chunks:
+            self.record(part, chunk, payload)
+
     def complete(self, part: int) -> bool:
         """Whether every chunk of ``part`` was recorded."""
         return all((part, c) in self.norms for c in range(len(self.plan.chunks[part])))
