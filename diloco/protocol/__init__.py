@@ -1,8 +1,9 @@
 """The swarm protocol: DHT records, matchmaking, butterfly all-reduce, state transfer.
 
-Pure pieces (``partition``, ``reducer``, ``reduction``, ``agreement``, ``run_id``, ``wire``,
-``state_wire``, ``fragment_state``) import nothing of hivemind, so the in-process trainer can
-use them without starting it; ``group`` needs only hivemind's ``PeerID``.
+Pure pieces (``partition``, ``reducer``, ``reduction``, ``norms``, ``agreement``,
+``verification``, ``run_id``, ``wire``, ``state_wire``, ``check_wire``, ``fragment_state``)
+import nothing of hivemind, so the in-process trainer can use them without starting it;
+``group`` needs only hivemind's ``PeerID``.
 
 Modules, one concern each (hivemind ``averaging/`` style)::
 
@@ -17,9 +18,15 @@ Modules, one concern each (hivemind ``averaging/`` style)::
     group           GroupInfo (frozen, passed from matchmaking to the all-reduce), timeouts
     matchmaking     DHT declaration per round key run_id/frag{p}/round{k}, leader, GROUP
     reduction       pure core of a round: who sent what, who counts, average, assembly
+    norms           pure: the chunk and block norms reducers report and members check
     agreement       pure: whether a member applies a round, from the REPORTs
-    part_server     reducer side of a round over streams (PART in, AVERAGED out)
-    allreduce       member side of a round over streams, reports; stream routing
+    verification    pure: sampled checks of reducers' parts, who lied in a dispute
+    check_wire      SEAL, CHECK_REQ / CHECK_RES, EVIDENCE_REQ / EVIDENCE bodies
+    signatures      what members sign in a round (seals, check answers), and checks
+    part_server     reducer side of a round over streams (PART in, AVERAGED out, evidence)
+    allreduce       member side of a round over streams, reports, checks
+    checking        the verification phase over streams: checks, answers, disputes
+    routing         PART / REPORT / CHECK / EVIDENCE streams to their round
     fragment_state  FragmentState (outer params, momentum, version) and its one hash
     state_transfer  serve/fetch outer params + momentum, validated
     network         NetworkOptions: how a node reaches the swarm (one frozen record)

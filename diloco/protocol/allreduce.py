@@ -42,10 +42,10 @@ Faults and agreement (the rule every member applies):
   averaged part fails the round for all (SPEC 4 allows "all treat the round as failed");
   one that dies after delivering it, before its own contributions arrived, is simply not
   counted.
-* With an ``identity`` every chunk is signed, and while the reports are exchanged every
-  member checks the parts it did not reduce (``checking``, ``verification``): a reducer
-  caught lying fails the round for the member that caught it, and every peer caught lying
-  is told to ``on_offence``.
+* With an ``identity`` every part is sealed (signed once, ``SEAL``), and while the reports
+  are exchanged every member checks the parts it did not reduce (``checking``,
+  ``verification``): a reducer caught lying fails the round for the member that caught it,
+  and every peer caught lying is told to ``on_offence``.
 * Residual risk (two generals): a report that is lost while its sender stays alive can
   leave that sender with a different outcome. The fragment state version and hash that
   every node publishes in its DHT record detect this (``records.divergent_peers``); the

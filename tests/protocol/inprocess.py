@@ -91,6 +91,7 @@ class Round:
         self.tasks: list[asyncio.Task[RoundResult]] = []
         self.offences: list[list[tuple[int, str]]] = [[] for _ in inputs]
         """Per member, the (group index, offence) pairs its runner reported."""
+        self.services: list[AllReduceService] = []
 
     async def start(self) -> None:
         services = []
@@ -98,6 +99,7 @@ class Round:
             service = AllReduceService(self.network.join(peer), RUN_ID, DIGEST, self.timeouts)
             await service.start()
             services.append((service, service.expect(KEY)))
+            self.services.append(service)
         for i, (service, slot) in enumerate(services):
 
             def report(peer: PeerID, offence: str, me: int = i) -> None:
