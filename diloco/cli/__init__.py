@@ -1,6 +1,7 @@
 """``diloco-node``: thin click commands; each parses, builds a config and calls one entry point.
 
-By audience: ``node`` (``start``, ``join``, ``status``, ``demo``: volunteers) and
+By audience: ``node`` (``start``, ``join``, ``status``, ``keygen``, ``demo``: volunteers),
+``dashboard`` (a live page of a swarm), ``data`` (``prepare-data``: volunteers' corpora) and
 ``experiments`` (``local``, ``simulate``, ``accounting``, ``bench``: one machine). Our
 errors map to ``click.UsageError`` (exit 2) for bad configuration and
 ``click.ClickException`` (exit 1) for failures while running.
@@ -13,8 +14,10 @@ import logging
 import click
 
 from diloco import __version__
+from diloco.cli.dashboard import dashboard
+from diloco.cli.data import prepare_data
 from diloco.cli.experiments import accounting, bench, local, simulate
-from diloco.cli.node import demo, join, start, status
+from diloco.cli.node import demo, join, keygen, start, status
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -26,5 +29,17 @@ def main(verbose: int) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-for _command in (start, join, status, demo, local, simulate, accounting, bench):
+for _command in (
+    start,
+    join,
+    status,
+    keygen,
+    dashboard,
+    demo,
+    prepare_data,
+    local,
+    simulate,
+    accounting,
+    bench,
+):
     main.add_command(_command)

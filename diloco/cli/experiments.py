@@ -16,7 +16,7 @@ import click
 from diloco.bench.allreduce import BenchConfig
 from diloco.cli.options import flag_options
 from diloco.errors import ConfigError, DilocoError
-from diloco.node.flags import Flag, Flags
+from diloco.node.flags import COMPUTE_FLAGS, Flag, Flags
 from diloco.node.local import LocalConfig
 from diloco.sim.methods import SyncSettings
 
@@ -74,12 +74,29 @@ LOCAL_FLAGS = Flags(
         Flag("--log-every", ("log_every",), "A progress line every N steps."),
         Flag("--seed", ("seed",), "Seed of the initial weights and data streams."),
         Flag(
+            "--clip-factor",
+            ("clip_factor",),
+            "C: per chunk, clip outer gradients to C x the lower median norm (0: plain mean).",
+        ),
+        Flag(
+            "--max-round-tokens",
+            ("max_round_tokens",),
+            "Cap on a replica's weight in one round, in tokens [default: 32 sequences x "
+            "seq-len x H].",
+        ),
+        Flag(
             "--data",
             ("data",),
-            "Corpus: text file, folder, or nanoGPT .bin tokens [default: Python's standard "
-            "library sources].",
+            "Corpus: a folder from prepare-data, a text file or folder, or nanoGPT .bin tokens "
+            "[default: Python's standard library sources].",
             kind="existing",
         ),
+        Flag(
+            "--vocab-size",
+            ("vocab_size",),
+            "Model vocabulary [default: the preset's, or the corpus's when larger].",
+        ),
+        *(f for f in COMPUTE_FLAGS if f.name != "--tf32"),
     ),
 )
 
@@ -142,7 +159,13 @@ def _parse_taus(value: str) -> list[int]:
     default=None,
     help="Write JSON lines: progress records, then a summary.",
 )
-def local(tau: str, metrics_out: str | None, **values: Any) -> None:
+@click.option(
+    "--export-hf",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="At the end, write the outer weights as a transformers folder.",
+)
+def local(tau: str, metrics_out: str | None, export_hf: str | None, **values: Any) -> None:
     """Train M replicas in one process (experiments), e.g. `diloco-node local --replicas 4`.
 
     The defaults are settings where averaging clearly pays off on a 2-core CPU in minutes
@@ -171,6 +194,9 @@ def local(tau: str, metrics_out: str | None, **values: Any) -> None:
         f"peak {summary['peak_bytes_per_step'] / 1e6:.3f} MB per step; "
         f"{summary['tokens']:,} tokens in {summary['wall_s']:.0f} s"
     )
+    if export_hf:
+        trainer.export_hf(export_hf)
+        click.echo(f"transformers model written to {export_hf}")
 
 
 def _echo_progress(record: dict[str, Any]) -> None:

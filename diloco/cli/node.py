@@ -1,4 +1,5 @@
-"""Commands for volunteers: ``start`` a run, ``join`` one, ``status`` of a swarm, ``demo``.
+"""Commands for volunteers: ``start`` a run, ``join`` one, ``status`` of a swarm, ``demo``,
+``keygen`` (a closed swarm's key).
 
 Bad flags or files are ``click.UsageError`` (exit 2), found before anything starts;
 failures while running (an unreachable swarm, a refused configuration) are
@@ -16,7 +17,8 @@ import click
 
 from diloco.cli.options import flag_options, typed_flags
 from diloco.errors import ConfigError, DilocoError
-from diloco.node.config import NodeOptions, RoundOptions, RunConfig
+from diloco.node.config import NodeOptions, RoundOptions, RunConfig, resolve_vocab
+from diloco.node.data import corpus_vocab
 from diloco.node.flags import (
     NETWORK_FLAGS,
     NODE_FLAGS,
@@ -25,11 +27,18 @@ from diloco.node.flags import (
     join_mismatch,
     run_config,
 )
+from diloco.node.model import preset
 from diloco.node.outer import check_tau
 from diloco.protocol.network import NetworkOptions
+from diloco.protocol.run_id import check_run_id
+from diloco.protocol.swarm_key import SwarmKey, load_swarm_key
 
 if TYPE_CHECKING:
     from hivemind import DHT
+
+    from diloco.node.metrics_exporter import NodeMetrics
+    from diloco.node.swarm_node import SwarmNode
+    from diloco.protocol.discovery import SignedRunConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -43,7 +52,26 @@ def _node_flags(f: F) -> F:
         default=None,
         help="At the end, write the outer weights as plain safetensors here.",
     )(f)
+    f = click.option(
+        "--export-hf",
+        "export_hf",
+        type=click.Path(file_okay=False),
+        default=None,
+        help="At the end, write the outer weights as a transformers folder (config.json, "
+        "model.safetensors) that AutoModelForCausalLM loads.",
+    )(f)
     f = click.option("--resume", is_flag=True, help="Continue from the newest checkpoint.")(f)
+    f = click.option(
+        "--prometheus-host",
+        default="127.0.0.1",
+        help="Address of the Prometheus endpoint; 0.0.0.0 for scrapers on other machines.",
+    )(f)
+    f = click.option(
+        "--prometheus-port",
+        type=int,
+        default=None,
+        help="Serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port).",
+    )(f)
     f = click.option(
         "--metrics-out",
         type=click.Path(dir_okay=False),
@@ -64,6 +92,25 @@ def _local_choices(params: dict[str, Any]) -> tuple[NodeOptions, RoundOptions, N
     return NODE_FLAGS.build(params), ROUND_FLAGS.build(params), NETWORK_FLAGS.build(params)
 
 
+def _check_data(run: RunConfig, data: str | None, define: bool) -> RunConfig:
+    """The run, checked against this node's corpus before anything starts; a run being
+    defined (``define``: ``start``) without ``--vocab-size`` takes a larger vocabulary
+    from a prepared corpus's tokenizer.
+
+    Raises:
+        ConfigError: the corpus's ids do not fit the run's model, or it is not the dataset
+            the run pins.
+    """
+    vocab, fingerprint = corpus_vocab(data)
+    preset_vocab = preset(run.preset).vocab_size
+    if define and run.vocab_size is None:
+        resolved = resolve_vocab(preset_vocab, None, vocab)
+        if resolved != preset_vocab:  # a run that keeps the preset's stays as it was named
+            run = dataclasses.replace(run, vocab_size=resolved)
+    run.check_corpus(vocab, fingerprint, f"--data {data}" if data else "the embedded corpus")
+    return run
+
+
 @click.command()
 @_node_flags
 @click.pass_context
@@ -76,6 +123,10 @@ def start(ctx: click.Context, /, **_: object) -> None:
         given = typed_flags(ctx, RUN_FLAGS)
         run = run_config(ctx.params["config_file"], given, ctx.params["tau"])
         options, rounds, net = _local_choices(ctx.params)
+        if net.swarm_key_path is not None:
+            key_id = load_swarm_key(net.swarm_key_path).key_id
+            run = dataclasses.replace(run, swarm_key_id=key_id)
+        run = _check_data(run, options.data, define=True)
     except ConfigError as error:
         raise click.UsageError(str(error)) from error
     _run_node(run, options, rounds, net, ctx.params, join=False)
@@ -88,17 +139,23 @@ def start(ctx: click.Context, /, **_: object) -> None:
     required=True,
     help="Multiaddr of a running node (repeatable, or several separated by spaces).",
 )
-@click.option("--run-name", default=None, help="Which run, if the swarm holds several.")
+@click.option(
+    "--run-id",
+    default=None,
+    help="Join only this run (NAME-<16 hex>, as `start` and `status` print it); needed when "
+    "the initial peers train different runs.",
+)
 @_node_flags
 @click.pass_context
 def join(
-    ctx: click.Context, /, initial_peers: tuple[str, ...], run_name: str | None, **_: object
+    ctx: click.Context, /, initial_peers: tuple[str, ...], run_id: str | None, **_: object
 ) -> None:
-    """Join a running swarm: its run configuration and state come from the peers.
+    """Join the run of the peers you name: its configuration (signed by the run's creator)
+    and state come from them, never from a configuration that merely shares its name.
 
     e.g. `diloco-node join --initial-peers /ip4/1.2.3.4/tcp/31337/p2p/12D3KooW...`
     """
-    from diloco.node.swarm_node import discover_run
+    from diloco.node.pinned_run import discover_run
 
     toml, given = ctx.params["config_file"], typed_flags(ctx, RUN_FLAGS)
     try:
@@ -106,16 +163,19 @@ def join(
         options, rounds, net = _local_choices(ctx.params)
         peers = tuple(addr for value in initial_peers for addr in value.split())
         net = dataclasses.replace(net, initial_peers=peers)
+        if run_id is not None:
+            check_run_id(run_id)
     except ConfigError as error:
         raise click.UsageError(str(error)) from error
     try:
-        run, dht = discover_run(net, run_name)
+        run, signed, dht = discover_run(net, run_id)
     except ConfigError as error:
         raise click.ClickException(str(error)) from error
     try:
         diffs = join_mismatch(run, toml, given)
         if options.tau is not None:
             check_tau(options.tau, run.outer.sync_every)
+        _check_data(run, options.data, define=False)
     except ConfigError as error:
         dht.shutdown()
         raise click.UsageError(f"cannot join this swarm: {error}") from error
@@ -126,7 +186,7 @@ def join(
             + "\n  ".join(diffs)
             + "\ndrop these options (a joiner needs no training flags) or join another swarm"
         )
-    _run_node(run, options, rounds, net, ctx.params, join=True, dht=dht)
+    _run_node(run, options, rounds, net, ctx.params, join=True, joined=(signed, dht))
 
 
 def _run_node(
@@ -136,24 +196,32 @@ def _run_node(
     net: NetworkOptions,
     params: dict[str, Any],
     join: bool,
-    dht: DHT | None = None,
+    joined: tuple[SignedRunConfig, DHT] | None = None,
 ) -> None:
-    """Build the node, train until the end or a signal, export; always leave the swarm."""
+    """Build the node (a joiner's ``joined`` run and DHT, or a new run whose creator this
+    node is), train until the end or a signal, export; always leave the swarm."""
+    from diloco.node.pinned_run import start_run
     from diloco.node.swarm_node import SwarmNode
 
     try:
+        if joined is None:
+            run, signed, dht = start_run(run, net, options.checkpoint_dir)
+        else:
+            signed, dht = joined
         node = SwarmNode(
             run,
             options,
             rounds,
             net,
+            signed=signed,
+            dht=dht,
             metrics_out=params["metrics_out"],
             resume=params["resume"],
             on_event=_echo_node_event,
-            dht=dht,
         )
     except (DilocoError, ValueError) as error:
         raise click.ClickException(str(error)) from error
+    exporter = _serve_prometheus(node, params["prometheus_host"], params["prometheus_port"])
     interrupts = 0
 
     def on_signal(signum: int, frame: object) -> None:
@@ -181,12 +249,39 @@ def _run_node(
         if params["export_path"]:
             node.trainer.export_outer(params["export_path"])
             click.echo(f"outer weights written to {params['export_path']}")
+        if params["export_hf"]:
+            node.trainer.export_hf(params["export_hf"])
+            click.echo(f"transformers model written to {params['export_hf']}")
     except DilocoError as error:
         raise click.ClickException(str(error)) from error
     finally:
         node.close()
+        if exporter is not None:
+            exporter.close()
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def _serve_prometheus(node: SwarmNode, host: str, port: int | None) -> NodeMetrics | None:
+    """With ``--prometheus-port``: a metrics endpoint fed by the node's events."""
+    if port is None:
+        return None
+    from diloco.node.metrics_exporter import NodeMetrics
+
+    exporter = NodeMetrics()
+    try:
+        bound = exporter.serve(port, host)
+    except OSError as error:
+        node.close()
+        raise click.ClickException(f"cannot serve metrics on {host}:{port}: {error}") from error
+    click.echo(f"Prometheus metrics at http://{host}:{bound}/metrics")
+
+    def both(record: dict[str, Any]) -> None:
+        _echo_node_event(record)
+        exporter.observe(record)
+
+    node.on_event = both
+    return exporter
 
 
 def _echo_node_event(record: dict[str, Any]) -> None:
@@ -214,7 +309,8 @@ def _echo_node_event(record: dict[str, Any]) -> None:
 @click.command()
 @click.option("--initial-peers", multiple=True, required=True, help="Multiaddr of a node.")
 def status(initial_peers: tuple[str, ...]) -> None:
-    """Show the swarm: runs, peers, their steps, fragment versions and state hashes."""
+    """Show the swarm: runs (with their creators), peers, their steps, fragment versions and
+    state hashes. Runs that share a name are different runs: tell them apart by run id."""
     from diloco.node.swarm_status import read_status
 
     peers = [addr for value in initial_peers for addr in value.split()]
@@ -224,8 +320,10 @@ def status(initial_peers: tuple[str, ...]) -> None:
         raise click.ClickException(f"could not read the swarm: {error}") from error
     if not runs:
         click.echo("no run found")
-    for run_id, records in runs.items():
-        click.echo(f"run {run_id}: {len(records)} node(s)")
+    for run_id, (signed, records) in runs.items():
+        key_id = signed.config.get("swarm_key_id")
+        closed = f", closed swarm (key id {key_id})" if key_id else ""
+        click.echo(f"run {run_id}: creator {signed.creator}{closed}, {len(records)} node(s)")
         for r in records:
             versions = " ".join(
                 f"{f.fragment}:v{f.version}:{f.state_hash[:8]}" for f in r.fragments
@@ -234,6 +332,28 @@ def status(initial_peers: tuple[str, ...]) -> None:
                 f"  {r.peer_id[-12:]}  step {r.global_step:>7}  "
                 f"{r.throughput:,.0f} tok/s  v{r.software_version}  {versions}"
             )
+
+
+@click.command()
+@click.option(
+    "--swarm-key",
+    "path",
+    type=click.Path(dir_okay=False),
+    required=True,
+    help="Where to write the new key (a file that does not exist yet).",
+)
+def keygen(path: str) -> None:
+    """Write a new random key for a closed swarm (32 bytes, mode 0600).
+
+    Start the run with `start --swarm-key FILE`, and give the file, privately, to every
+    member: each joins with `join --swarm-key FILE`; nodes without it are refused.
+    """
+    key = SwarmKey.generate()
+    try:
+        key.write(path)
+    except ConfigError as error:
+        raise click.UsageError(str(error)) from error
+    click.echo(f"wrote a swarm key to {path} (key id {key.key_id}); share it only with members")
 
 
 @click.command()

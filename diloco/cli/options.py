@@ -1,9 +1,9 @@
 """Click options made from the flag tables of ``diloco.node.flags``.
 
 Each option's type, choices and default come from its dataclass field, so a default is
-written once, in the dataclass: ``bool`` fields become on/off flags, ``Literal`` fields
-choices, ``tuple[str, ...]`` fields repeatable options, ``X | None`` fields options of type
-``X`` whose absence means None.
+written once, in the dataclass: ``bool`` fields become flags (with a ``--no-`` form when
+on by default), ``Literal`` fields choices, ``tuple[str, ...]`` fields repeatable options,
+``X | None`` fields options of type ``X`` whose absence means None.
 """
 
 from __future__ import annotations
@@ -34,7 +34,10 @@ def flag_options(*tables: Flags[Any]) -> Callable[[F], F]:
         for table in reversed(tables):
             for flag in reversed(table.flags):
                 kwargs = option_settings(table, flag)
-                f = click.option(flag.name, flag.dest, help=flag.help, **kwargs)(f)
+                name = flag.name
+                if kwargs.get("is_flag") and kwargs["default"] is True:  # on by default
+                    name = f"{name}/--no-{name[2:]}"
+                f = click.option(name, flag.dest, help=flag.help, **kwargs)(f)
         return f
 
     return decorate

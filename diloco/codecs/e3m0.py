@@ -106,13 +106,27 @@ class E3M0Codec(Codec):
         return (1 + _CODE_BYTES_PER_BLOCK) * _num_blocks(numel)
 
     def _encode_body(self, x: torch.Tensor, generator: torch.Generator | None) -> bytes:
+        scale_bytes, packed = self.encode_blocks(x, generator)
+        return scale_bytes.numpy().tobytes() + packed.numpy().tobytes()
+
+    def encode_blocks(
+        self, x: torch.Tensor, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The body of ``encode`` before it becomes bytes, on ``x``'s device: scale bytes
+        (nb,) and packed codes (nb, 16), uint8. A GPU can quantise here and copy 4.25 bits
+        per value to the host; ``encode`` itself takes CPU tensors only (SPEC 3).
+
+        Raises:
+            CodecError: ``x`` holds NaN or Inf, or a value beyond ``2**127``.
+        """
         n, nb = x.numel(), _num_blocks(x.numel())
         padded = x if n == nb * BLOCK_SIZE else torch.nn.functional.pad(x, (0, nb * BLOCK_SIZE - n))
         blocks = padded.view(nb, BLOCK_SIZE)  # (nb, 32)
         r = blocks.abs()  # becomes |x| / scale, then its bits become the exponent fields
         scale_bytes = self._scale_bytes(r.amax(dim=1))  # (nb,)
         # A product by a power of two is exact (results below 2**-126 round to code 0 anyway).
-        inverse_scale = torch.ldexp(torch.ones(nb), SCALE_BIAS - scale_bytes.to(torch.int32))
+        ones = torch.ones(nb, device=x.device)
+        inverse_scale = torch.ldexp(ones, SCALE_BIAS - scale_bytes.to(torch.int32))
         r.mul_(inverse_scale[:, None])
         bits = r.view(torch.int32)  # (nb, 32)
         if self.rounding == "nearest":
@@ -125,7 +139,7 @@ class E3M0Codec(Codec):
         pairs = codes.view(nb, _CODE_BYTES_PER_BLOCK, 2)  # (nb, 16, 2)
         packed = pairs[..., 1] << 4
         packed.bitwise_or_(pairs[..., 0])  # (nb, 16)
-        return scale_bytes.numpy().tobytes() + packed.numpy().tobytes()
+        return scale_bytes, packed
 
     @staticmethod
     def _scale_bytes(absmax: torch.Tensor) -> torch.Tensor:
@@ -166,10 +180,20 @@ class E3M0Codec(Codec):
         # read exactly as 1.mantissa - 1; below 2**-6 the neighbours are 0 and 2**-6.
         p_up = (bits & _MANTISSA_MASK).bitwise_or_(_ONE_BITS).view(torch.float32).sub_(1.0)
         torch.where(at_least_lowest, p_up, r * 2.0**6, out=p_up)
-        up = torch.rand(r.shape, generator=generator) < p_up
+        up = torch.rand(r.shape, generator=generator, device=r.device) < p_up
         bits.bitwise_right_shift_(_MANTISSA_BITS).sub_(_EXPONENT_OFFSET).clamp_(min=0)
         bits.add_(up)
         return bits > 0
+
+    @staticmethod
+    def decode_blocks(scale_bytes: torch.Tensor, packed: torch.Tensor, numel: int) -> torch.Tensor:
+        """The values of ``encode_blocks``' output, on its device (FP32, ``numel``); no
+        checks: ``decode`` is the one for bytes from peers."""
+        table = _PAIR_VALUES.to(packed.device)
+        out = table[packed.reshape(-1).long()].view(-1, BLOCK_SIZE)  # (nb, 32)
+        ones = torch.ones(out.size(0), device=out.device)
+        out.mul_(torch.ldexp(ones, scale_bytes.to(torch.int32) - SCALE_BIAS)[:, None])
+        return out.view(-1)[:numel]
 
     def _decode_body(self, body: memoryview, numel: int) -> torch.Tensor:
         nb = _num_blocks(numel)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -31,15 +32,20 @@ from typing import Any, Literal, TypeVar
 import torch
 
 from diloco.codecs import CODEC_NAMES
-from diloco.errors import ConfigError
+from diloco.errors import ConfigError, ProtocolError
+from diloco.node.compute import ComputeOptions
 from diloco.node.fragments import EmbeddingPlacement, Pattern
 from diloco.node.inner import InnerConfig
 from diloco.node.model import PRESETS, ModelConfig, preset
-from diloco.node.outer import OuterConfig
-from diloco.protocol.group import RoundTimeouts
+from diloco.node.outer import OuterConfig, OuterDevice, round_token_cap
+from diloco.protocol.aggregation import CLIP_FACTOR, check_clip_factor
 from diloco.protocol.run_id import RUN_NAME_PATTERN
 
+if typing.TYPE_CHECKING:
+    from diloco.protocol.group import RoundTimeouts
+
 T = TypeVar("T")
+KEY_ID_PATTERN = re.compile(r"[0-9a-f]{16}")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -71,6 +77,30 @@ class RunConfig:
     dataset: str | None = None
     """Name of the corpus the run trains on, for people (e.g. ``fineweb-edu``); never read
     as a path: each node chooses its own data (``NodeOptions.data``)."""
+    max_round_tokens: int | None = None
+    """Cap on a member's weight in one round, in tokens (its weight is the tokens it
+    processed since its last sync of the fragment plus those carried from failed rounds,
+    SPEC 2.4 step 3); a member counts at most this much, so no peer owns a mean by
+    claiming a huge weight (``diloco.protocol.aggregation``). None: ``outer.CAP_SEQUENCES`` x
+    ``seq_len`` x H, the tokens of four rounds of a node with the default batch of 8
+    sequences; raise it for runs whose nodes take bigger batches."""
+    clip_factor: float = CLIP_FACTOR
+    """C of the reducers' norm clipping: per chunk, a contribution whose norm exceeds C
+    times the lower median of the members' norms is scaled down to it (0: plain weighted
+    mean). Honest runs are never clipped at the default (benchmarks/RESULTS.md, "Trust")."""
+    creator: str | None = None
+    """Peer id (base58) of the node that started the run; its key signs this configuration
+    (SPEC 4.1), so another configuration with the same name has another run id. ``start``
+    sets it from its identity."""
+    swarm_key_id: str | None = None
+    """Closed swarms: ``SwarmKey.key_id`` of the run's key (a hash, never the key); None:
+    an open swarm. ``start --swarm-key FILE`` sets it."""
+    vocab_size: int | None = None
+    """Token vocabulary of the model; None: the preset's. ``start`` sets it from a prepared
+    corpus whose tokenizer needs more (``resolve_vocab``); every node's corpus must fit it."""
+    dataset_fingerprint: str | None = None
+    """sha256 fingerprint of a prepared corpus's manifest (``prepare-data`` prints it): when
+    set, a node trains only on a corpus with this fingerprint. Never a path."""
 
     def __post_init__(self) -> None:
         if not RUN_NAME_PATTERN.match(self.name):
@@ -87,6 +117,35 @@ class RunConfig:
             )
         if self.dataset is not None and not (0 < len(self.dataset) <= 100):
             raise ConfigError("dataset must be a name of 1 to 100 characters")
+        if self.creator is not None:
+            # Imported here: identity reads libp2p's key format through hivemind, which the
+            # trainers (and a GPU machine without hivemind) must not need to import.
+            from diloco.protocol.identity import public_key_of
+
+            try:
+                public_key_of(self.creator)
+            except ProtocolError as error:
+                raise ConfigError(f"creator: {error}") from error
+        if self.swarm_key_id is not None and not KEY_ID_PATTERN.fullmatch(self.swarm_key_id):
+            raise ConfigError(f"swarm_key_id {self.swarm_key_id!r} is not 16 hex digits")
+        if self.max_round_tokens is not None:
+            _at_least("max_round_tokens", self.max_round_tokens, 1, "tokens")
+        try:
+            check_clip_factor(self.clip_factor)
+        except ValueError as error:
+            raise ConfigError(f"{error}, e.g. 3") from error
+        if self.vocab_size is not None:
+            _at_least("vocab_size", self.vocab_size, 2, "tokens")
+        fingerprint = self.dataset_fingerprint
+        if fingerprint is not None and not _SHA256_HEX.fullmatch(fingerprint):
+            raise ConfigError(
+                f"dataset_fingerprint must be 64 lowercase hex digits (a manifest's "
+                f"fingerprint), got {fingerprint!r}"
+            )
+
+    def round_token_cap(self) -> int:
+        """A member's largest weight in one round, in tokens (``max_round_tokens``)."""
+        return round_token_cap(self.max_round_tokens, self.seq_len, self.outer.sync_every)
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = json.loads(json.dumps(dataclasses.asdict(self)))
@@ -107,7 +166,45 @@ class RunConfig:
     def model_config(self) -> ModelConfig:
         config = preset(self.preset)
         config.max_seq_len = max(config.max_seq_len, self.seq_len)
+        if self.vocab_size is not None:
+            config.vocab_size = self.vocab_size
         return config
+
+    def check_corpus(self, vocab_size: int, fingerprint: str | None, what: str) -> None:
+        """Refuse a corpus (``what``) that this run's model cannot train on.
+
+        Raises:
+            ConfigError: its token ids reach past the model's vocabulary, or the run pins a
+                dataset fingerprint that the corpus does not have.
+        """
+        check_corpus_fits(self.model_config().vocab_size, vocab_size, what)
+        if self.dataset_fingerprint is not None and fingerprint != self.dataset_fingerprint:
+            raise ConfigError(
+                f"the run trains on the prepared corpus {self.dataset_fingerprint[:12]}..., "
+                f"but {what} is "
+                + (f"{fingerprint[:12]}..." if fingerprint else "not a prepared corpus")
+                + "; point --data at a folder prepared like the run's (prepare-data prints its"
+                " fingerprint)"
+            )
+
+
+def resolve_vocab(preset_vocab: int, fixed: int | None, corpus_vocab: int) -> int:
+    """The model vocabulary of a run being defined (``start``, ``local``): ``fixed`` if
+    given, else the preset's raised to the corpus's when the corpus needs more."""
+    return fixed if fixed is not None else max(preset_vocab, corpus_vocab)
+
+
+def check_corpus_fits(model_vocab: int, corpus_vocab: int, what: str) -> None:
+    """Raise ConfigError when token ids of a corpus can reach past the model's vocabulary."""
+    if corpus_vocab > model_vocab:
+        raise ConfigError(
+            f"{what} has a vocabulary of {corpus_vocab:,} tokens but the model only "
+            f"{model_vocab:,}; the run needs --vocab-size {corpus_vocab} (set when it starts), "
+            "or use data prepared with the run's tokenizer"
+        )
+
+
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -136,15 +233,30 @@ class NodeOptions:
     """Inner steps between two progress lines."""
     eval_batches: int = 8
     """Held-out batches per evaluation."""
+    eval_every: int = 0
+    """Inner steps between two held-out evaluations of the outer weights, published for
+    dashboards (0: only at the end)."""
+    compute: ComputeOptions = field(default_factory=ComputeOptions)
+    """How this node computes its inner steps (precision, micro-batches, compile)."""
+    outer_device: OuterDevice = "cpu"
+    """Where the outer parameters and momentum live: ``cpu`` (pinned host memory on a GPU
+    node; the outer update is deterministic FP32 there, SPEC 2.5) or ``device`` (next to the
+    model: no copies, but the update's rounding may differ from CPU nodes')."""
 
     def __post_init__(self) -> None:
         _at_least("batch_size", self.batch_size, 1, "sequences")
+        if self.compute.micro_batch_size > self.batch_size:
+            raise ConfigError(
+                f"micro_batch_size {self.compute.micro_batch_size} exceeds batch_size "
+                f"{self.batch_size}; lower --micro-batch-size (0: the whole batch)"
+            )
         if self.tau is not None:
             _at_least("tau", self.tau, 0, "steps")
         _at_least("threads", self.threads, 0, "(0: torch's default)")
         _at_least("checkpoint_every", self.checkpoint_every, 0, "steps (0: only on exit)")
         _at_least("log_every", self.log_every, 1, "steps")
         _at_least("eval_batches", self.eval_batches, 1, "batches")
+        _at_least("eval_every", self.eval_every, 0, "steps (0: only at the end)")
         if self.data_seed is not None:
             _at_least("data_seed", self.data_seed, 0, "")
         try:
@@ -179,6 +291,8 @@ class RoundOptions:
             raise ConfigError(f"exit_timeout must be >= 0 seconds, got {self.exit_timeout}")
 
     def timeouts(self) -> RoundTimeouts:
+        from diloco.protocol.group import RoundTimeouts  # hivemind: only a swarm node needs it
+
         return RoundTimeouts(
             matchmaking_window=self.matchmaking_window,
             join_timeout=max(1.0, self.matchmaking_window),

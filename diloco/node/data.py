@@ -4,8 +4,11 @@ Sources (``load_corpus``):
 - no path: the **embedded corpus**, the Python standard library's own source files (present
   wherever Python is, so a demo needs no download);
 - a text file or a folder of text files: their bytes (vocabulary 256);
-- a folder holding ``train.bin`` and ``val.bin``, or one ``.bin`` file: uint16 tokens
-  (nanoGPT's layout, written offline by a prepare step), memory-mapped, never loaded whole.
+- a folder written by ``diloco.node.prepare_data`` (or its ``manifest.json``): ``train.bin``
+  and ``val.bin`` in the manifest's dtype, vocabulary and fingerprint from the manifest;
+- a folder holding ``train.bin`` and ``val.bin`` without a manifest, or one ``.bin`` file:
+  uint16 tokens (nanoGPT's own layout).
+Token files are memory-mapped, never loaded whole.
 
 Train and held-out data are split deterministically (by file for text, by the two files or
 the last 5% of tokens for ``.bin``). Each replica samples with its own seeded generator, and
@@ -25,6 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from diloco.node.manifest import MANIFEST_NAME, file_sha256, read_manifest
+
 logger = logging.getLogger(__name__)
 
 HELD_OUT_EVERY = 20
@@ -42,6 +47,8 @@ class Corpus:
     held_out: np.ndarray
     vocab_size: int
     description: str
+    fingerprint: str | None = None
+    """The token manifest's fingerprint, for a prepared folder; None otherwise."""
 
 
 def _is_held_out(relative_path: str) -> bool:
@@ -85,28 +92,97 @@ def embedded_corpus() -> Corpus:
     return _byte_corpus(root, files, EMBEDDED_CORPUS_BYTES, f"python stdlib sources ({root})")
 
 
+TOKENIZER_FILE = "tokenizer.json"
+"""A prepared folder's copy of its tokenizer (not part of the manifest)."""
+
+BIN_VOCAB_SIZE = 65536
+"""Vocabulary of uint16 token files without a manifest (all that their dtype can hold)."""
+
+
+def _source(path: str | Path) -> tuple[Path, str]:
+    """``path`` (a manifest's folder for a manifest) and its kind: ``prepared``,
+    ``bin_folder``, ``bin_file``, ``text_folder`` or ``text_file``."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"data path {path} does not exist")
+    if path.name == MANIFEST_NAME and path.is_file():
+        path = path.parent
+    if path.is_dir() and (path / MANIFEST_NAME).exists():
+        return path, "prepared"
+    if path.is_dir() and (path / "train.bin").exists() and (path / "val.bin").exists():
+        return path, "bin_folder"
+    if path.is_file() and path.suffix == ".bin":
+        return path, "bin_file"
+    return path, "text_folder" if path.is_dir() else "text_file"
+
+
+def corpus_vocab(path: str | Path | None) -> tuple[int, str | None]:
+    """Vocabulary size and manifest fingerprint of ``load_corpus(path)``, read without its
+    tokens: what a node checks against the run before it starts anything."""
+    if path is None:
+        return 256, None
+    path, kind = _source(path)
+    if kind == "prepared":
+        manifest = read_manifest(path)
+        return manifest.tokenizer.vocab_size, manifest.fingerprint
+    return (BIN_VOCAB_SIZE if kind in ("bin_folder", "bin_file") else 256), None
+
+
+def tokenizer_file(path: str | Path | None) -> Path | None:
+    """The ``tokenizer.json`` that made a prepared corpus, if its folder holds it (as
+    ``prepare-data`` leaves it) with the sha256 its manifest names; else None."""
+    if path is None:
+        return None
+    folder, kind = _source(path)
+    candidate = folder / TOKENIZER_FILE
+    if kind != "prepared" or not candidate.is_file():
+        return None
+    expected = read_manifest(folder).tokenizer.sha256
+    return candidate if expected is not None and file_sha256(candidate) == expected else None
+
+
 def load_corpus(path: str | Path | None = None) -> Corpus:
     """The corpus at ``path`` (see the module docstring), or the embedded one."""
     if path is None:
         return embedded_corpus()
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"data path {path} does not exist")
-    if path.is_dir() and (path / "train.bin").exists() and (path / "val.bin").exists():
+    path, kind = _source(path)
+    if kind == "prepared":
+        return prepared_corpus(path)
+    if kind == "bin_folder":
         return Corpus(
             train=np.memmap(path / "train.bin", dtype=np.uint16, mode="r"),
             held_out=np.memmap(path / "val.bin", dtype=np.uint16, mode="r"),
-            vocab_size=65536,
+            vocab_size=BIN_VOCAB_SIZE,
             description=f"token files in {path}",
         )
-    if path.is_file() and path.suffix == ".bin":
+    if kind == "bin_file":
         tokens = np.memmap(path, dtype=np.uint16, mode="r")
         cut = len(tokens) * 19 // 20
-        return Corpus(tokens[:cut], tokens[cut:], 65536, f"token file {path}")
-    if path.is_dir():
+        return Corpus(tokens[:cut], tokens[cut:], BIN_VOCAB_SIZE, f"token file {path}")
+    if kind == "text_folder":
         files = _text_files(path, "*")
         return _byte_corpus(path, files, None, f"text files in {path}")
     return _byte_corpus(path, [path], None, f"text file {path}")
+
+
+def prepared_corpus(folder: Path) -> Corpus:
+    """The token folder of ``diloco.node.prepare_data``, checked against its manifest."""
+    manifest = read_manifest(folder)
+    train: np.ndarray = np.memmap(folder / manifest.train.file, dtype=manifest.dtype, mode="r")
+    held_out: np.ndarray
+    if manifest.val.tokens:
+        held_out = np.memmap(folder / manifest.val.file, dtype=manifest.dtype, mode="r")
+    else:  # no document drew the held-out lot (a tiny corpus): the last 5%, as for one .bin
+        cut = len(train) * 19 // 20
+        train, held_out = train[:cut], train[cut:]
+    tokenizer = manifest.tokenizer
+    return Corpus(
+        train=train,
+        held_out=held_out,
+        vocab_size=tokenizer.vocab_size,
+        description=f"{manifest.train.tokens:,} {tokenizer.name} tokens in {folder}",
+        fingerprint=manifest.fingerprint,
+    )
 
 
 class BatchSampler:

@@ -108,7 +108,45 @@ RUN_FLAGS = Flags(
         Flag("--warmup", ("inner", "warmup_steps"), "Learning-rate warm-up, in inner steps."),
         Flag("--seed", ("seed",), "Seed of the initial weights."),
         Flag("--dataset", ("dataset",), "Name of the corpus, for people (never a path)."),
+        Flag(
+            "--max-round-tokens",
+            ("max_round_tokens",),
+            "Cap on a member's weight in one round, in tokens, e.g. 491520 [default: 32 "
+            "sequences x seq-len x H].",
+        ),
+        Flag(
+            "--clip-factor",
+            ("clip_factor",),
+            "C: per chunk, clip contributions to C x the lower median norm (0: plain mean).",
+        ),
+        Flag(
+            "--vocab-size",
+            ("vocab_size",),
+            "Model vocabulary in tokens, e.g. 32000 [default: the preset's, or the tokenizer's "
+            "of a prepared --data when larger].",
+        ),
+        Flag(
+            "--dataset-fingerprint",
+            ("dataset_fingerprint",),
+            "Train only on a prepared corpus with this manifest fingerprint (prepare-data "
+            "prints it).",
+        ),
     ),
+)
+COMPUTE_FLAGS = (
+    Flag(
+        "--precision",
+        ("compute", "precision"),
+        "Inner-step precision: bf16 autocast (FP32 weights, optimizer and outer state) or fp32.",
+    ),
+    Flag(
+        "--micro-batch-size",
+        ("compute", "micro_batch_size"),
+        "Sequences per forward/backward pass; a step accumulates gradients over "
+        "batch-size / micro-batch-size of them, e.g. 4 (0: the whole batch at once).",
+    ),
+    Flag("--compile", ("compute", "compile"), "Compile the model with torch.compile."),
+    Flag("--tf32", ("compute", "tf32"), "Let FP32 matmuls use TF32 tensor cores (CUDA)."),
 )
 NODE_FLAGS = Flags(
     NodeOptions,
@@ -125,8 +163,8 @@ NODE_FLAGS = Flags(
         Flag(
             "--data",
             ("data",),
-            "This node's corpus: text file, folder, or nanoGPT .bin tokens [default: the "
-            "embedded Python sources].",
+            "This node's corpus: a folder from prepare-data, a text file or folder, or nanoGPT "
+            ".bin tokens [default: the embedded Python sources].",
             kind="existing",
         ),
         Flag("--data-seed", ("data_seed",), "Seed of this node's data stream [default: random]."),
@@ -138,6 +176,14 @@ NODE_FLAGS = Flags(
         ),
         Flag("--checkpoint-every", ("checkpoint_every",), "Checkpoint every N steps (0: on exit)."),
         Flag("--log-every", ("log_every",), "A progress line every N steps."),
+        Flag("--eval-every", ("eval_every",), "Evaluate the outer weights every N steps."),
+        *COMPUTE_FLAGS,
+        Flag(
+            "--outer-device",
+            ("outer_device",),
+            "Where a GPU node keeps the outer parameters and momentum: pinned host memory "
+            "(deterministic FP32 update, as on every CPU node) or the device.",
+        ),
     ),
 )
 ROUND_FLAGS = Flags(
@@ -165,8 +211,16 @@ NETWORK_FLAGS = Flags(
         Flag(
             "--identity",
             ("identity_path",),
-            "Private key file for a stable peer id (created if missing).",
+            "Private key file for a stable peer id (created if missing) [default for "
+            "`start`: CHECKPOINT_DIR/identity.key, so a resumed run keeps its creator].",
             kind="file",
+        ),
+        Flag(
+            "--swarm-key",
+            ("swarm_key_path",),
+            "Closed swarm: file with the run's shared key (make one with `diloco-node keygen "
+            "--swarm-key FILE`); only holders of the key take part.",
+            kind="existing",
         ),
         Flag("--use-relay", ("use_relay",), "Reach and be reached through relays (behind NAT)."),
         Flag("--nat-port-map", ("nat_port_map",), "Ask the router for a port mapping (UPnP)."),
@@ -195,8 +249,13 @@ def join_mismatch(
     """What a joiner's ``--config`` and typed run flags contradict in the swarm's run.
 
     Without ``--config`` the swarm's configuration is the base, so only typed flags can
-    differ. tau is each node's own choice and never compared.
+    differ. tau is each node's own choice and never compared; the creator and the swarm
+    key id come from the swarm unless the file names them (the starter's file does not), and
+    so does a vocabulary the file leaves out (``start`` may have set it from its corpus).
     """
     base = read_toml(toml) if toml is not None else swarm.to_dict()
     set_path(base, TAU_PATH, swarm.outer.fragment_sync_delay)
+    base.setdefault("creator", swarm.creator)
+    base.setdefault("swarm_key_id", swarm.swarm_key_id)
+    base.setdefault("vocab_size", swarm.vocab_size)
     return config_mismatch(RUN_FLAGS.build(given, base), swarm)

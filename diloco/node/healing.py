@@ -3,27 +3,24 @@
 
 A node cannot always be sure that a round left it where its peers are: the round failed
 for it but not for them, or it joined while a round was in flight. So it reads the run's
-records and compares. The decisions are pure functions of the records, next to each other
-and tested on hand-made record sets:
+records and vouches and compares. What it may believe of them is decided in
+``diloco.node.claims`` (claims bounded by the schedule, vouched states, the robust step);
+the decisions here are pure functions of that ``SwarmView``, tested on hand-made inputs:
 
-- ``choose_donors``: whom to fetch a fragment from (peers ahead of us; else the holders of
-  the majority hash at our version, when ours is not it; else, when our step lags the
-  swarm's, the peer furthest ahead);
+- ``choose_donors``: whom to fetch a fragment from (peers whose vouched state is ahead of
+  ours; else the holders of the majority vouched hash at our version, when ours is not it);
+- ``join_donors``: whom a joiner fetches the whole state from;
 - ``heal_plan``: which fragments to fetch, and from whom;
 - ``fragments_to_adopt``: which fetched fragments replace ours;
 - ``missed_rounds`` and ``open_suspects``: which fragments to keep checking.
 
-``Healer`` keeps the state between checks (suspect and diverged fragments) and runs a check
-on the node's worker thread through a ``StateSource`` (the swarm, adapted by ``SwarmNode``).
-
-Known limit (issue 11): records are unsigned claims, so a peer that claims newer versions
-is believed. Healing is to adopt only states vouched for by a majority of the round's
-members, with claims bounded by the schedule; that decision belongs in ``choose_donors``.
+``Healer`` keeps the state between checks (suspect and diverged fragments), runs a check on
+the node's worker thread through a ``StateSource`` (the swarm, adapted by ``SwarmNode``),
+and adopts a downloaded fragment only when its bytes hash to a vouched state.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections import Counter
@@ -31,21 +28,32 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Executor, Future
 from typing import Any, Protocol
 
-from diloco.errors import ProtocolError
+from diloco.errors import DilocoError, ProtocolError
+from diloco.node.claims import Offences, Schedule, SwarmView, assess, vouched_claims
 from diloco.node.fragments import last_sent_round, send_step
 from diloco.node.trainer import NodeTrainer
 from diloco.protocol.fragment_state import FragmentState, OuterState
-from diloco.protocol.records import NodeRecord, divergent_peers
+from diloco.protocol.records import NodeRecord, Vouch, divergent_peers
 from diloco.protocol.reducer import RoundKey
 
 logger = logging.getLogger(__name__)
 
 MAX_LAG_STEPS = 2
-"""A node further behind its donor than this skips ahead to the donor's step when healing."""
+"""A node further behind the swarm's robust step than this skips ahead to it."""
 SETTLE_TIMEOUT = 10.0
 """Seconds a joiner waits for the rounds that were in flight during its download."""
 HEAL_CHECK_EVERY = 1.0
 """Seconds between two checks of the records while a fragment is suspect."""
+VOUCH_WAIT = 8.0
+"""Seconds a downloaded state of a round newer than every vouched one waits for its
+vouches: members publish them within ``PUBLISH_EVERY`` (5 s) of applying the round,
+usually within a second."""
+VOUCH_POLL = 0.5
+"""Seconds between two reads of the vouches while waiting for them."""
+JOIN_RETRY = 2.0
+"""Seconds between a joiner's attempts to find and download a vouched state."""
+MAX_DONORS_TRIED = 8
+"""Donors one download tries in turn before the check gives up until the next one."""
 
 Mine = Mapping[int, tuple[int, str]]
 """This node's fragments: fragment -> (version, state hash)."""
@@ -74,60 +82,78 @@ def majority_hash(
     return min(counts.items(), key=lambda item: (-item[1], item[0]))[0]
 
 
-def far_ahead(
-    records: Sequence[NodeRecord], my_step: int, max_lag: int = MAX_LAG_STEPS
-) -> list[NodeRecord]:
-    """Peers whose global step is more than ``max_lag`` ahead of ours, furthest first.
+def lagging(view: SwarmView, my_step: int, max_lag: int = MAX_LAG_STEPS) -> bool:
+    """Whether this node is more than ``max_lag`` steps behind the swarm's robust step.
 
     A node that lags by more misses every round (its peers leave the matchmaking window
-    before it arrives), so it skips ahead to such a peer's step.
+    before it arrives), so it skips ahead to that step.
     """
-    ahead = [r for r in records if r.global_step > my_step + max_lag]
-    return sorted(ahead, key=lambda r: -r.global_step)
+    return view.step is not None and view.step > my_step + max_lag
 
 
 def choose_donors(
-    records: Sequence[NodeRecord], fragment: int, version: int, state_hash: str, my_step: int
+    view: SwarmView, fragment: int, version: int, state_hash: str
 ) -> list[NodeRecord]:
     """Peers to fetch ``fragment`` from, best first; empty when ours is in line.
 
-    ``records`` are the other nodes'; ``version``, ``state_hash`` and ``my_step`` ours. In
-    order: peers with a newer version (newest first); else, when the majority at our version
-    holds another state, its holders; else, when we lag the swarm, the peer furthest ahead.
+    Only records within the schedule whose state of ``fragment`` is vouched count: a
+    version or hash a peer merely claims is not evidence. ``version`` and ``state_hash``
+    are ours. In order: peers with a newer version (newest first); else, when the majority
+    at our version holds another state, its holders.
     """
-    ahead, conflicting = divergent_peers(records, fragment, version, state_hash)
+    candidates = [r for r in view.records if view.holds_vouched(r, fragment)]
+    ahead, conflicting = divergent_peers(candidates, fragment, version, state_hash)
+    donors = []
     if ahead:
-        return sorted(ahead, key=lambda r: -version_of(r, fragment))
-    if conflicting:
-        best = majority_hash(records, fragment, version, state_hash)
+        donors = ahead
+    elif conflicting:
+        best = majority_hash(candidates, fragment, version, state_hash)
         if best != state_hash:
-            return [r for r in conflicting if hash_of(r, fragment) == best]
-    return far_ahead(records, my_step)[:1]
+            donors = [r for r in conflicting if hash_of(r, fragment) == best]
+    # Newest first; at one version the members that vouched for the state come first, so
+    # that Sybils copying a vouched claim cannot crowd the round's own members out.
+    return sorted(
+        donors, key=lambda r: (-version_of(r, fragment), not view.vouched_by(r, fragment))
+    )
+
+
+def join_donors(view: SwarmView, num_fragments: int) -> list[NodeRecord]:
+    """Peers a joiner fetches every fragment from: records within the schedule whose state
+    of every fragment is vouched, the most up to date first."""
+    fragments = range(num_fragments)
+    vouched = [r for r in view.records if all(view.holds_vouched(r, p) for p in fragments)]
+
+    def rank(record: NodeRecord) -> tuple[int, int, str]:
+        # Highest summed version first; then the members that vouched for more of the
+        # states they hold (Sybils copying vouched claims vouched for none). Not the
+        # claimed step: anyone can claim one.
+        newest = sum(version_of(record, p) for p in fragments)
+        standing = sum(view.vouched_by(record, p) for p in fragments)
+        return -newest, -standing, record.peer_id
+
+    return sorted(vouched, key=rank)
 
 
 def heal_plan(
-    records: Sequence[NodeRecord], mine: Mine, my_step: int, fragments: Sequence[int]
+    view: SwarmView, mine: Mine, my_step: int, fragments: Sequence[int]
 ) -> dict[int, list[NodeRecord]]:
     """Fragment -> donors, for the ``fragments`` checked that are out of line; a node that
-    lags the swarm checks all of ``mine`` (it takes the fresh step of the donor)."""
-    if far_ahead(records, my_step):
+    lags the swarm checks all of ``mine`` (it skips ahead to the robust step)."""
+    if lagging(view, my_step):
         fragments = sorted(mine)
     plan = {}
     for p in fragments:
         version, state_hash = mine[p]
-        if donors := choose_donors(records, p, version, state_hash, my_step):
+        if donors := choose_donors(view, p, version, state_hash):
             plan[p] = donors
     return plan
 
 
 def fragments_to_adopt(
-    fetched: Mapping[int, FragmentState],
-    mine: Sequence[FragmentState],
-    in_flight: Collection[int],
-    take_all: bool = False,
+    fetched: Mapping[int, FragmentState], mine: Sequence[FragmentState], in_flight: Collection[int]
 ) -> list[int]:
     """Fetched fragments that replace ours: newer, or at our version with another hash
-    (``choose_donors`` fetched it from the majority); all of them when joining.
+    (``choose_donors`` fetched it from the majority).
 
     A fragment with a round in flight is left for a later check: that round's result is
     about to change it anyway.
@@ -137,9 +163,22 @@ def fragments_to_adopt(
         ours = mine[p]
         newer = theirs.version > ours.version
         conflict = theirs.version == ours.version and theirs.sha256() != ours.sha256()
-        if p not in in_flight and (take_all or newer or conflict):
+        if p not in in_flight and (newer or conflict):
             adopted.append(p)
     return adopted
+
+
+def catch_up_step(
+    states: Mapping[int, FragmentState], step: int, sync_every: int, num_fragments: int
+) -> int:
+    """The step a node moves to when it adopts ``states``: ``step``, or the send step of the
+    newest adopted round if that is later. A vouched state is evidence that a majority of
+    that round's members got there; and a node's record must not claim a version beyond
+    what its step allows (``claims.schedule_offence``)."""
+    sends = [
+        send_step(p, s.version, sync_every, num_fragments) for p, s in states.items() if s.version
+    ]
+    return max([step, *sends])
 
 
 def missed_rounds(step: int, versions: Sequence[int], sync_every: int) -> dict[int, int]:
@@ -169,9 +208,11 @@ def open_suspects(
 
 
 class StateSource(Protocol):
-    """The swarm as healing sees it: records to read, fragments to fetch from peers."""
+    """The swarm as healing sees it: records and vouches to read, fragments to fetch."""
 
     def read_records(self) -> list[NodeRecord]: ...
+
+    def read_vouches(self, fragments: Sequence[int]) -> list[Vouch]: ...
 
     def fetch_state(
         self, fragments: Sequence[int], expected_numel: Mapping[int, int], donors: Sequence[str]
@@ -188,7 +229,9 @@ class Healer:
     """One node's healing between two checks: the fragments in doubt and the check running.
 
     Everything but ``check_and_fetch`` runs in the training thread, between steps;
-    ``check_and_fetch`` runs on ``worker`` and touches no trainer state.
+    ``check_and_fetch`` runs on ``worker`` and touches no trainer state. ``initial_hashes``
+    are the hashes of this node's fragments before any training (version 0, the run's seed):
+    the only version-0 state it adopts. ``anchors`` are the peer ids of its initial peers.
     """
 
     def __init__(
@@ -199,16 +242,25 @@ class Healer:
         worker: Executor,
         emit: Callable[[dict[str, Any]], None],
         on_adopted: Callable[[], None],
+        initial_hashes: Sequence[str],
+        anchors: Collection[str] = (),
     ) -> None:
         self.trainer, self.source, self.me, self.worker = trainer, source, me, worker
         self.emit, self.on_adopted = emit, on_adopted
+        self.initial_hashes = tuple(initial_hashes)
+        self.anchors = frozenset(anchors)
+        """Peer ids this node joined through (``claims``: its clock before rounds vouch)."""
         self.numel = {p: s.outer.numel() for p, s in enumerate(trainer.sync.states)}
+        self.schedule = Schedule(
+            trainer.run.steps, trainer.run.outer.sync_every, trainer.sync.num_fragments
+        )
+        self.offences = Offences()
         self.suspects: dict[int, int] = {}
         """Fragment -> the round that failed for it, until healed or superseded."""
         self.diverged: set[int] = set()
         """Fragments a check found behind or in the minority whose fetched state could not
-        be adopted (a round was in flight, or a round was applied meanwhile): checked
-        again, like suspects, until a check finds them in line."""
+        be adopted (a round was in flight, or a round was applied meanwhile), or whose check
+        failed: checked again, like suspects, until a check finds them in line."""
         self.checking: list[int] = []
         """The fragments of the check in ``future``."""
         self.checked_at = 0.0
@@ -222,46 +274,146 @@ class Healer:
     def versions(self) -> list[int]:
         return [s.version for s in self.trainer.sync.states]
 
-    def adopt(self, state: OuterState, take_step: bool = False) -> list[int]:
-        """Adopt what ``fragments_to_adopt`` picks (and the global step when joining)."""
-        sync = self.trainer.sync
-        adopted = fragments_to_adopt(state.fragments, sync.states, sync.in_flight(), take_step)
-        self.trainer.adopt_outer_state(
-            {p: state.fragments[p] for p in adopted}, state.global_step if take_step else None
-        )
+    # -- reading and fetching (worker thread, or the joiner before training) ----------------
+
+    def read_view(self) -> SwarmView:
+        """The records and vouches of the swarm, judged (``claims.assess``); offenders are
+        logged once each."""
+        records = [r for r in self.source.read_records() if r.peer_id != self.me]
+        vouches = self.source.read_vouches(range(self.schedule.num_fragments))
+        creator = self.trainer.run.creator
+        view = assess(records, vouches, self.schedule, self.initial_hashes, self.anchors, creator)
+        self.offences.report_all(view.offences)
+        return view
+
+    def fetch_vouched(
+        self, fragments: Sequence[int], donors: Sequence[str], view: SwarmView
+    ) -> OuterState:
+        """``fragments`` from the first of ``donors`` whose download is vouched for.
+
+        Raises:
+            ProtocolError: no donor delivered a valid, vouched state (each reason logged).
+        """
+        errors = []
+        for donor in donors[:MAX_DONORS_TRIED]:
+            try:
+                state = self.source.fetch_state(fragments, self.numel, [donor])
+                self.verify(state, view, donor)
+                return state
+            except ProtocolError as error:
+                errors.append(f"{donor}: {error}")
+        raise ProtocolError(f"no donor delivered a vouched state: {errors}")
+
+    def verify(self, state: OuterState, view: SwarmView, donor: str) -> None:
+        """Raise unless every fragment of ``state`` (from ``donor``) hashes to a vouched
+        state, or to our initial state at version 0. A round newer than every vouched one
+        may be vouched a few seconds later: for such fragments the vouches are read again,
+        until ``VOUCH_WAIT``. A state of an already vouched round with another hash (or of
+        a round the run never sends) is a forgery: the donor is logged as an offender.
+
+        Raises:
+            ProtocolError: a fragment no majority of its round vouches for.
+        """
+        claims = view.vouched
+        pending = {p: (s.version, s.sha256()) for p, s in state.fragments.items()}
+        deadline = time.monotonic() + VOUCH_WAIT
+        while pending := {p: vh for p, vh in pending.items() if (p, *vh) not in claims}:
+            p, (k, h) = min(pending.items())
+            why = f"fragment {p} at version {k} with hash {h[:16]}... is not vouched"
+            last = self.schedule.last_round(self.schedule.steps, p)
+            if not all(view.newest_vouched(q) < v <= last for q, (v, _) in pending.items()):
+                self.offences.report(donor, f"download refused: a forged state: {why}")
+                raise ProtocolError(f"{why} by a majority of its round's members")
+            if time.monotonic() > deadline:
+                raise ProtocolError(f"{why} after {VOUCH_WAIT:.0f} s")
+            time.sleep(VOUCH_POLL)
+            vouches = self.source.read_vouches(sorted(pending))
+            creator = self.trainer.run.creator
+            claims = vouched_claims(vouches, self.schedule, self.initial_hashes, creator)
+
+    # -- joining ------------------------------------------------------------------------------
+
+    def join(self, deadline: float) -> None:
+        """A joiner's first act: download every fragment from a donor whose whole state is
+        vouched, and start at the swarm's robust step (raised to the send step of the
+        newest round adopted, so that our own record stays plausible). Donors are retried
+        until ``deadline``: a fresh daemon's first dials can fail, vouches of the newest
+        rounds come a few seconds after them, and a busy donor may refuse.
+
+        Raises:
+            DilocoError: no vouched state by ``deadline``.
+        """
+        fragments = list(range(self.schedule.num_fragments))
+        while True:
+            view = self.read_view()
+            try:
+                donors = [r.peer_id for r in join_donors(view, len(fragments))]
+                if not donors:
+                    raise ProtocolError("no node publishes a vouched state yet")
+                state = self.fetch_vouched(fragments, donors, view)
+                break
+            except ProtocolError as error:
+                if time.monotonic() > deadline:
+                    raise DilocoError(f"could not download the run's state: {error}") from error
+                logger.warning("no state yet (%s); retrying", error)
+                time.sleep(JOIN_RETRY)
+        step = catch_up_step(state.fragments, view.step or 0, self.sync_every, len(self.numel))
+        self.trainer.adopt_outer_state(dict(state.fragments), step)
         self.on_adopted()
-        return adopted
 
     def settle_rounds_in_flight(self, deadline: float) -> None:
         """A joiner's download can predate a round in flight: fetch those fragments again
-        once a peer has applied that round (until ``deadline``; a round that failed for
-        everyone never shows up). What is still missing then is healed while training."""
+        once peers applied and vouched for that round (until ``deadline``; a round that
+        failed for everyone never shows up). What is still missing then is healed while
+        training."""
         while missed := missed_rounds(self.trainer.step, self.versions(), self.sync_every):
             if time.monotonic() > deadline:
                 self.suspects.update(missed)
                 return
-            records = self.source.read_records()
+            view = self.read_view()
             for p, k in missed.items():
-                donors = [r.peer_id for r in records if version_of(r, p) >= k]
+                state = self.trainer.sync.states[p]
+                ahead = choose_donors(view, p, state.version, state.sha256())
+                donors = [r.peer_id for r in ahead if version_of(r, p) >= k]
                 if donors:
-                    with contextlib.suppress(ProtocolError):
-                        self.adopt(self.source.fetch_state([p], {p: self.numel[p]}, donors))
+                    try:
+                        self.adopt(self.fetch_vouched([p], donors, view))
+                    except ProtocolError as error:
+                        logger.info("fragment %d not settled yet: %s", p, error)
             if missed_rounds(self.trainer.step, self.versions(), self.sync_every):
                 time.sleep(0.5)
+
+    # -- healing while training ------------------------------------------------------------
+
+    def adopt(self, state: OuterState) -> list[int]:
+        """Adopt what ``fragments_to_adopt`` picks of ``state`` (already verified), and move
+        on to the step of the newest round adopted (``catch_up_step``) if we are behind it."""
+        t, sync = self.trainer, self.trainer.sync
+        adopted = fragments_to_adopt(state.fragments, sync.states, sync.in_flight())
+        taken = {p: state.fragments[p] for p in adopted}
+        step = catch_up_step(taken, t.step, self.sync_every, len(self.numel))
+        moved = step > t.step
+        if moved:
+            self.emit({"event": "caught_up", "from_step": t.step, "to_step": step})
+        t.adopt_outer_state(taken, step)
+        if moved:  # the rounds of the steps skipped are missed, like a lagging node's
+            self.suspects.update(missed_rounds(t.step, self.versions(), self.sync_every))
+        self.on_adopted()
+        return adopted
 
     def check_and_fetch(self, fragments: list[int], mine: Mine, my_step: int) -> OuterState | None:
         """Worker thread: fetch the fragments that ``heal_plan`` finds out of line (SPEC 4:
         a member "compares the state hash the others publish and heals from a peer if it
-        differs"). The global step returned is the last donor's."""
-        records = [r for r in self.source.read_records() if r.peer_id != self.me]
+        differs"), from vouched donors only. The global step returned is the swarm's robust
+        step (None when there is nothing to do)."""
+        view = self.read_view()
         fetched: dict[int, FragmentState] = {}
-        global_step = 0
-        for p, donors in heal_plan(records, mine, my_step, fragments).items():
-            peers = [r.peer_id for r in donors]
-            state = self.source.fetch_state([p], {p: self.numel[p]}, peers)
+        for p, donors in heal_plan(view, mine, my_step, fragments).items():
+            state = self.fetch_vouched([p], [r.peer_id for r in donors], view)
             fetched[p] = state.fragments[p]
-            global_step = state.global_step
-        return OuterState(global_step, fetched) if fetched else None
+        if not fetched and not lagging(view, my_step):
+            return None
+        return OuterState(view.step or 0, fetched)
 
     def maybe_heal(self, failed: Sequence[RoundKey]) -> None:
         """Between steps: apply a finished check, or start one when there is reason to.
@@ -298,16 +450,18 @@ class Healer:
             self.diverged -= set(self.checking)
         except Exception as error:  # a donor that fails is the donor's problem
             logger.warning("healing failed: %s", error)
+            self.diverged |= set(self.checking)
             return
         if state is None:
             return
+        if state.global_step > t.step + MAX_LAG_STEPS:
+            # A slow node skips ahead to the swarm's robust step rather than miss every
+            # round from now on; never to one donor's claim.
+            self.emit({"event": "caught_up", "from_step": t.step, "to_step": state.global_step})
+            t.step = state.global_step
+            self.suspects.update(missed_rounds(t.step, self.versions(), self.sync_every))
         adopted = self.adopt(state)
         self.diverged |= set(state.fragments) - set(adopted)
         if adopted:
             self.healed_fragments += len(adopted)
             self.emit({"event": "healed", "step": t.step, "fragments": adopted})
-        if state.global_step > t.step + MAX_LAG_STEPS:
-            # A slow node skips ahead rather than miss every round from now on.
-            self.emit({"event": "caught_up", "from_step": t.step, "to_step": state.global_step})
-            t.step = state.global_step
-            self.suspects.update(missed_rounds(t.step, self.versions(), self.sync_every))

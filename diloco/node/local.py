@@ -31,16 +31,33 @@ import torch
 
 from diloco.codecs import get_codec
 from diloco.errors import ConfigError
-from diloco.node.data import BatchSampler, Corpus, eval_batches, held_out_loss, load_corpus
+from diloco.node.compute import ComputeOptions, autocast, compile_model
+from diloco.node.config import check_corpus_fits, resolve_vocab
+from diloco.node.data import (
+    BatchSampler,
+    Corpus,
+    eval_batches,
+    held_out_loss,
+    load_corpus,
+    tokenizer_file,
+)
 from diloco.node.fragments import (
     EmbeddingPlacement,
     Pattern,
     model_fragments,
     next_synced_fragment,
 )
+from diloco.node.hf_export import export_hf
 from diloco.node.inner import InnerConfig, build_inner_optimizer, inner_step, lr_at, set_lr
 from diloco.node.model import Transformer, preset
-from diloco.node.outer import AppliedRound, FragmentSync, OuterConfig, check_tau
+from diloco.node.outer import (
+    AppliedRound,
+    FragmentSync,
+    OuterConfig,
+    check_tau,
+    round_token_cap,
+)
+from diloco.protocol.aggregation import CLIP_FACTOR, check_clip_factor
 from diloco.protocol.reducer import Contribution, InProcessReducer, RoundKey
 
 logger = logging.getLogger(__name__)
@@ -84,6 +101,14 @@ class LocalConfig:
     seed: int = 0
     data: str | None = None
     """Corpus path (see ``diloco.node.data``); None is the embedded corpus."""
+    max_round_tokens: int | None = None
+    """Cap on a replica's weight in one round, in tokens (``RunConfig.max_round_tokens``)."""
+    clip_factor: float = CLIP_FACTOR
+    """C of the norm clipping of outer gradients (``RunConfig.clip_factor``; 0: off)."""
+    vocab_size: int | None = None
+    """Model vocabulary; None: the preset's, raised to the corpus's if it needs more."""
+    compute: ComputeOptions = field(default_factory=ComputeOptions)
+    """How every replica computes its inner steps (precision, micro-batches, compile)."""
 
     def __post_init__(self) -> None:
         if self.method not in ("dp", "diloco", "streaming"):
@@ -96,12 +121,27 @@ class LocalConfig:
             )
         if self.freeze_unsynced and self.method == "dp":
             raise ConfigError("--freeze-unsynced needs fragments; use diloco or streaming")
+        if self.compute.micro_batch_size and self.method == "dp":
+            raise ConfigError("--micro-batch-size needs an inner step; use diloco or streaming")
+        if self.compute.micro_batch_size > self.batch_size:
+            raise ConfigError(
+                f"micro_batch_size {self.compute.micro_batch_size} exceeds batch_size "
+                f"{self.batch_size}; lower --micro-batch-size (0: the whole batch)"
+            )
+        if self.vocab_size is not None and self.vocab_size < 2:
+            raise ConfigError(f"vocab_size must be >= 2 tokens, got {self.vocab_size}")
         if self.method == "diloco":
             self.fragment_size = 10**6
             self.embedding_fragment = "first"
             self.taus = [0]
         for tau in self.taus:
             check_tau(tau, self.outer.sync_every)
+        if self.max_round_tokens is not None and self.max_round_tokens < 1:
+            raise ConfigError(f"max_round_tokens must be >= 1, got {self.max_round_tokens}")
+        try:
+            check_clip_factor(self.clip_factor)
+        except ValueError as error:
+            raise ConfigError(str(error)) from error
 
     def tau_of(self, replica: int) -> int:
         return self.taus[replica] if len(self.taus) > 1 else self.taus[0]
@@ -132,8 +172,9 @@ class LocalTrainer:
         self.corpus = corpus or load_corpus(config.data)
         model_config = preset(config.preset)
         model_config.max_seq_len = max(model_config.max_seq_len, config.seq_len)
-        if self.corpus.vocab_size > model_config.vocab_size:
-            model_config.vocab_size = self.corpus.vocab_size
+        vocab = self.corpus.vocab_size
+        model_config.vocab_size = resolve_vocab(model_config.vocab_size, config.vocab_size, vocab)
+        check_corpus_fits(model_config.vocab_size, vocab, self.corpus.description)
         self.model_config = model_config
         torch.manual_seed(config.seed)
         initial = Transformer(model_config)
@@ -146,8 +187,10 @@ class LocalTrainer:
         self.replicas = [self._make_replica(initial, m) for m in range(num_models)]
         self.dp_samplers = [self._sampler(m) for m in range(config.replicas)]
         codec = get_codec(config.codec_name, **self._codec_options())
-        self.reducer = InProcessReducer(codec)
-        self.dp_reducer = InProcessReducer(get_codec("none"))
+        cap = round_token_cap(config.max_round_tokens, config.seq_len, config.outer.sync_every)
+        self.reducer = InProcessReducer(codec, max_weight=cap, clip_factor=config.clip_factor)
+        # Data-parallel gradients are no outer gradients: their mean stays plain.
+        self.dp_reducer = InProcessReducer(get_codec("none"), clip_factor=0)
         self.bytes_sent = [0] * config.replicas
         self.bytes_received = [0] * config.replicas
         self.peak_bytes_per_step = 0
@@ -175,6 +218,8 @@ class LocalTrainer:
         model = Transformer(self.model_config)
         model.load_state_dict(initial.state_dict())
         optimizer = build_inner_optimizer(model.parameters(), c.inner)
+        if c.compute.compile:
+            compile_model(model)
         sync = None
         if c.method != "dp":
             fragments = model_fragments(
@@ -229,7 +274,16 @@ class LocalTrainer:
 
     def _inner_step(self, replica: Replica, lr: float) -> float:
         batch = replica.sampler.next_batch()
-        return inner_step(replica.model, replica.optimizer, batch, lr, self.config.inner.grad_clip)
+        compute = self.config.compute
+        return inner_step(
+            replica.model,
+            replica.optimizer,
+            batch,
+            lr,
+            self.config.inner.grad_clip,
+            precision=compute.precision,
+            micro_batch_size=compute.micro_batch_size,
+        )
 
     def _streaming_step(self, step: int, lr: float) -> float:
         c = self.config
@@ -286,7 +340,8 @@ class LocalTrainer:
         for m, sampler in enumerate(self.dp_samplers):
             inputs, targets = sampler.next_batch()
             replica.model.zero_grad(set_to_none=True)
-            _, loss = replica.model(inputs, targets)
+            with autocast(inputs.device.type, c.compute.precision):
+                _, loss = replica.model(inputs, targets)
             assert loss is not None
             loss.backward()
             losses.append(loss.item())
@@ -325,6 +380,12 @@ class LocalTrainer:
         )
         first.sync.load_outer_into(fragments)
         return self.eval_model
+
+    def export_hf(self, folder: str | Path) -> Path:
+        """The outer weights as a ``transformers`` folder, with the corpus's tokenizer.json
+        when its prepared folder holds it."""
+        state = self.outer_model().state_dict()
+        return export_hf(state, self.model_config, folder, tokenizer_file(self.config.data))
 
     def replica_average_model(self) -> Transformer:
         """A model holding the mean of the replicas' live weights (one averaged model)."""
@@ -386,6 +447,8 @@ class LocalTrainer:
             "bytes_received_per_replica": self._mean(self.bytes_received),
             "peak_bytes_per_step": self.peak_bytes_per_step,
             "rounds_applied": self.rounds_applied,
+            "clipped_contributions": self.reducer.clipped,
+            "combined_contributions": self.reducer.combined,
             "outer_states_identical": self.outer_states_identical(),
             "outer_grad_cosine": self.cosine_log,
             "tokens": tokens,

@@ -2,9 +2,14 @@
 
 Chinchilla-style decoder (Hoffmann et al. 2022) as used by the Streaming DiLoCo paper
 (Douillard et al. 2025, section 4): RMSNorm pre-norm (Zhang & Sennrich 2019), QK-norm
-(Dehghani et al. 2023), rotary positions (Su et al. 2021), a GELU MLP, an untied output head
-and the z-loss of PaLM (Chowdhery et al. 2022, section 5: ``1e-4 * logsumexp(logits)^2``).
+(Dehghani et al. 2023), rotary positions (Su et al. 2021), a SwiGLU MLP (Shazeer 2020), an
+output head tied to the token embedding (Press & Wolf 2017) and the z-loss of PaLM
+(Chowdhery et al. 2022, section 5: ``1e-4 * logsumexp(logits)^2``).
 The blocks are an ordered ``nn.ModuleList`` so fragments can be cut from it.
+
+The forward pass is exactly that of ``transformers``' Qwen3 (no biases, RMSNorm eps 1e-6
+computed in FP32, per-head QK-norm before a half-split RoPE, SwiGLU, tied head), so
+``diloco.node.hf_export`` can write weights that ``AutoModelForCausalLM`` loads unchanged.
 """
 
 from __future__ import annotations
@@ -21,7 +26,11 @@ logger = logging.getLogger(__name__)
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square layer norm with a learned gain and no bias."""
+    """Root-mean-square layer norm with a learned gain and no bias.
+
+    Computed in FP32 whatever the autocast dtype: the mean of squares is where bf16 would
+    lose the most.
+    """
 
     def __init__(self, dim: int, eps: float = 1e-6) -> None:
         super().__init__()
@@ -29,7 +38,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * self.weight).type_as(x)
 
 
 def rotary_tables(seq_len: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,10 +51,15 @@ def rotary_tables(seq_len: int, head_dim: int, theta: float) -> tuple[torch.Tens
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs of channels of x (B, nh, T, hs) by position-dependent angles."""
-    x1, x2 = x[..., 0::2], x[..., 1::2]  # (B, nh, T, hs/2) each
-    rotated = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-    return rotated.flatten(-2)  # (B, nh, T, hs)
+    """Rotate channel ``i`` with channel ``i + hs/2`` of x (B, nh, T, hs) by its angle.
+
+    The half-split pairing of GPT-NeoX and Llama/Qwen (``rotate_half``), not the interleaved
+    one of the RoPE paper: the two are a fixed permutation of q and k apart, and this one
+    lets exported weights load into ``transformers`` without permuting them.
+    """
+    x1, x2 = x.chunk(2, dim=-1)  # (B, nh, T, hs/2) each
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)  # (B, nh, T, hs)
 
 
 class CausalSelfAttention(nn.Module):
@@ -71,13 +87,16 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
+    """SwiGLU (Shazeer 2020, eq. 6): ``down(silu(gate(x)) * up(x))``."""
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
+        self.gate = nn.Linear(config.d_model, config.mlp_hidden, bias=False)
         self.up = nn.Linear(config.d_model, config.mlp_hidden, bias=False)
         self.down = nn.Linear(config.mlp_hidden, config.d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.down(F.gelu(self.up(x)))
+        out: torch.Tensor = self.down(F.silu(self.gate(x)) * self.up(x))
         return out
 
 
@@ -109,8 +128,8 @@ class ModelConfig:
     """Number of transformer blocks, L."""
     n_heads: int = 4
     """Attention heads; must divide d_model."""
-    mlp_hidden: int = 512
-    """MLP hidden width (4 x d_model in every preset)."""
+    mlp_hidden: int = 320
+    """SwiGLU hidden width; the presets use ``swiglu_hidden(d_model)``."""
     max_seq_len: int = 1024
     """Longest sequence the rotary tables cover, in tokens."""
     rope_theta: float = 10000.0
@@ -129,13 +148,19 @@ class ModelConfig:
                 raise ValueError(f"{f.name} must be positive, got {value}")
 
 
+def swiglu_hidden(d_model: int) -> int:
+    """``8/3 * d_model`` rounded to a multiple of 64: SwiGLU's three matrices then hold as
+    many parameters as a 4 x d_model GELU MLP's two (Shazeer 2020, section 2)."""
+    return max(64, 64 * round(8 * d_model / 3 / 64))
+
+
 def _preset(d_model: int, n_layers: int, n_heads: int, vocab_size: int = 32000) -> ModelConfig:
     return ModelConfig(
         vocab_size=vocab_size,
         d_model=d_model,
         n_layers=n_layers,
         n_heads=n_heads,
-        mlp_hidden=4 * d_model,
+        mlp_hidden=swiglu_hidden(d_model),
     )
 
 
@@ -143,7 +168,8 @@ PRESETS: dict[str, ModelConfig] = {
     # CPU and test sizes (byte vocabulary), like torchtitan's debugmodel.
     "tiny": _preset(128, 4, 4, vocab_size=256),
     "small": _preset(256, 6, 8, vocab_size=256),
-    # SPEC section 7 (the paper's Chinchilla-style ladder).
+    # SPEC section 7 (the paper's Chinchilla-style ladder). Parameters with the tied head:
+    # 35.1M, 88.3M, 184.6M, 334.7M, 558.8M, 1.27B, 4.18B (tiny 0.79M, small 4.89M).
     "35M": _preset(512, 6, 8),
     "100M": _preset(768, 9, 12),
     "200M": _preset(1024, 12, 16),
@@ -163,7 +189,12 @@ def preset(name: str) -> ModelConfig:
 
 
 class Transformer(nn.Module):
-    """Token embedding, ``blocks`` (an ordered list), final norm, untied head."""
+    """Token embedding, ``blocks`` (an ordered list), final norm, head tied to the embedding.
+
+    The head is the embedding matrix itself (``F.linear`` with ``tok_emb.weight``), not a
+    second module sharing it: one parameter, one name, so fragments, outer states and
+    safetensors files never meet an alias.
+    """
 
     rope_cos: torch.Tensor  # (max_seq_len, hs / 2), a buffer
     rope_sin: torch.Tensor
@@ -174,7 +205,6 @@ class Transformer(nn.Module):
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.norm = RMSNorm(config.d_model)
-        self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         cos, sin = rotary_tables(
             config.max_seq_len, config.d_model // config.n_heads, config.rope_theta
         )
@@ -207,7 +237,7 @@ class Transformer(nn.Module):
         x = self.tok_emb(idx)  # (B, T, C)
         for block in self.blocks:
             x = block(x, cos, sin)
-        logits = self.head(self.norm(x))  # (B, T, V)
+        logits = F.linear(self.norm(x), self.tok_emb.weight)  # (B, T, V)
         if targets is None:
             return logits, None
         flat = logits.view(-1, logits.size(-1)).float()  # (B*T, V)

@@ -8,6 +8,14 @@ returned futures back (``submit``); ``apply_due`` then blocks, at a round's rece
 state (FP32 parameters and momentum per fragment) stays on the CPU and is updated with the
 same float operations in the same order everywhere, so all members of a round end with
 bit-identical outer state (SPEC 2.5).
+
+A CUDA model's fragments travel through ``diloco.node.device_link``: the send step queues
+an asynchronous copy and a worker thread starts the round once it is complete; the new
+outer parameters go back asynchronously and are merged on the device. The outer state
+stays in pinned host memory (the outer update unchanged, on the CPU) unless the node asks
+for it on the device (``outer_device="device"``: no host copies of the live weights, but an
+update whose rounding may differ from a CPU node's, so such a node can disagree with the
+others' state hash and heal).
 """
 
 from __future__ import annotations
@@ -18,12 +26,13 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
 from diloco.errors import ConfigError, RoundFailed
+from diloco.node.device_link import DeviceLink
 from diloco.node.fragments import sends_at
 from diloco.protocol.fragment_state import FragmentState
 from diloco.protocol.reducer import Contribution, RoundKey, RoundResult
@@ -31,6 +40,10 @@ from diloco.protocol.reducer import Contribution, RoundKey, RoundResult
 logger = logging.getLogger(__name__)
 
 ABANDON_POLL_SECONDS = 0.1
+
+OuterDevice = Literal["cpu", "device"]
+ReduceFn = Callable[[RoundKey, Contribution], Future[RoundResult]]
+"""Starts one round with this replica's contribution (a ``Reducer.reduce`` of one)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -65,6 +78,19 @@ class OuterConfig:
         if self.fragment_update_alpha is not None:
             return self.fragment_update_alpha
         return 0.5 if tau > 0 else 0.0
+
+
+CAP_SEQUENCES = 32
+"""Sequences per inner step behind the default weight cap (``RunConfig.max_round_tokens``)."""
+
+
+def round_token_cap(max_round_tokens: int | None, seq_len: int, sync_every: int) -> int:
+    """A member's largest weight in one round, in tokens: ``max_round_tokens``, or
+    ``CAP_SEQUENCES`` sequences of ``seq_len`` tokens for each of the H (``sync_every``)
+    steps of a round (four rounds of a node with the default batch of 8)."""
+    if max_round_tokens is not None:
+        return max_round_tokens
+    return CAP_SEQUENCES * seq_len * sync_every
 
 
 def check_tau(tau: int, sync_every: int) -> None:
@@ -150,19 +176,43 @@ class FragmentSync:
     failed_rounds: int = field(init=False, default=0)
     should_abandon: Callable[[], bool] = field(default=lambda: False, repr=False)
     """Asked while blocked on a round; True gives the round up (a node that is stopping)."""
+    outer_device: OuterDevice = "cpu"
+    """Where a CUDA model's outer state lives (``NodeOptions.outer_device``); CPU models
+    keep it on the CPU either way."""
+    link: DeviceLink | None = field(init=False, default=None, repr=False)
+    """The asynchronous copies of a CUDA model; None for a CPU model."""
+    hashes: dict[int, str] = field(init=False, default_factory=dict, repr=False)
+    """``state_hash`` of the fragments unchanged since it was computed."""
 
     def __post_init__(self) -> None:
         check_tau(self.tau, self.config.sync_every)
         self.states = []
+        first = next((p for params in self.fragments for _, p in params), None)
+        device = first.device if first is not None else torch.device("cpu")
+        if device.type == "cuda":
+            self.link = DeviceLink(device, [sum(p.numel() for _, p in f) for f in self.fragments])
         for params in self.fragments:
             outer = flatten(params)
-            self.states.append(FragmentState(outer=outer, momentum=torch.zeros_like(outer)))
+            if self.link is not None and self.outer_device == "device":
+                outer = outer.to(device)
+            elif self.link is not None:
+                outer = outer.pin_memory()
+            momentum = torch.zeros_like(outer)
+            momentum = momentum.pin_memory() if outer.is_pinned() else momentum
+            self.states.append(FragmentState(outer=outer, momentum=momentum))
         self.tokens_since_send = [0.0] * len(self.fragments)
         self.carried_weight = [0.0] * len(self.fragments)
 
     @property
     def num_fragments(self) -> int:
         return len(self.fragments)
+
+    def state_hash(self, p: int) -> str:
+        """``states[p].sha256()``, computed once per change of the state (records are
+        published often; hashing the whole outer state each time costs a step's percent)."""
+        if p not in self.hashes:
+            self.hashes[p] = self.states[p].sha256()
+        return self.hashes[p]
 
     @property
     def alpha(self) -> float:
@@ -182,10 +232,37 @@ class FragmentSync:
         due = []
         for p, k in sends_at(step, self.config.sync_every, self.num_fragments):
             delta = self.states[p].outer - flatten(self.fragments[p])
-            weight = self.tokens_since_send[p] + self.carried_weight[p]
-            self.tokens_since_send[p] = 0.0
-            due.append((RoundKey(p, k), Contribution(self.member, delta, weight or 1.0)))
+            due.append((RoundKey(p, k), Contribution(self.member, delta, self._take_weight(p))))
         return due
+
+    def _take_weight(self, p: int) -> float:
+        """The weight of fragment ``p``'s round sent now: tokens since its last send, plus
+        those of failed rounds (SPEC 2.4 step 6)."""
+        weight = self.tokens_since_send[p] + self.carried_weight[p]
+        self.tokens_since_send[p] = 0.0
+        return weight or 1.0
+
+    def send_due(self, step: int, reduce: ReduceFn) -> None:
+        """Start the rounds of the fragments that send at ``step`` (SPEC 2.4 steps 1-2).
+
+        A CPU model computes the outer gradients here (``contributions_due``); a CUDA model
+        only queues copies, and its worker hands each round to ``reduce`` once its copy is
+        complete, so the training thread does not wait for the device.
+        """
+        if self.link is None:
+            for key, contribution in self.contributions_due(step):
+                self.submit(key, reduce(key, contribution), step, contribution.weight)
+            return
+        for p, k in sends_at(step, self.config.sync_every, self.num_fragments):
+            key, weight = RoundKey(p, k), self._take_weight(p)
+
+            def start(
+                delta: torch.Tensor, key: RoundKey = key, weight: float = weight
+            ) -> Future[RoundResult]:
+                return reduce(key, Contribution(self.member, delta, weight))
+
+            future = self.link.send(p, self.states[p].outer, self.fragments[p], start)
+            self.submit(key, future, step, weight)
 
     def submit(self, key: RoundKey, future: Future[RoundResult], step: int, weight: float) -> None:
         """Remember a round in flight; it is applied at ``step + tau``."""
@@ -223,16 +300,19 @@ class FragmentSync:
             return AppliedRound(pending.key, ok=False, blocked_seconds=blocked, error=str(error))
         blocked = time.perf_counter() - start
         state = self.states[p]
+        if self.link is not None:
+            self.link.wait_upload(p)  # the last upload must be done reading state.outer
         nesterov_step(
             state.outer,
             state.momentum,
-            result.delta,
+            result.delta.to(state.outer.device),
             self.config.outer_lr,
             self.config.outer_momentum,
         )
         state.version = pending.key.round
         self.carried_weight[p] = 0.0
-        assign(self.fragments[p], merge(flatten(self.fragments[p]), state.outer, self.alpha))
+        self.hashes[p] = state.sha256()
+        self._merge(p)
         return AppliedRound(
             pending.key,
             ok=True,
@@ -241,8 +321,23 @@ class FragmentSync:
             bytes_received=result.bytes_received,
             seconds=result.seconds,
             blocked_seconds=blocked,
-            outer_sha256=state.sha256(),
+            outer_sha256=self.hashes[p],
         )
+
+    def _merge(self, p: int) -> None:
+        """SPEC 2.4 step 5 for fragment ``p``: on the host for a CPU model (as ever), on the
+        device after an asynchronous upload for a CUDA model."""
+        outer, params = self.states[p].outer, self.fragments[p]
+        if self.link is None:
+            assign(params, merge(flatten(params), outer, self.alpha))
+        else:
+            self.link.merge(p, outer, params, self.alpha)
+
+    def settle(self) -> None:
+        """Wait for a CUDA model's queued copies and round starts (no-op on a CPU model):
+        before the outer state is read whole, replaced, or saved."""
+        if self.link is not None:
+            self.link.settle()
 
     def adopt(self, fragment: int, state: FragmentState) -> None:
         """Take a peer's outer state of ``fragment`` (join or heal) and load it into theta.
@@ -264,6 +359,8 @@ class FragmentSync:
                     f"fragment {fragment}: peer {name} has shape {tuple(theirs.shape)}"
                     f", expected {tuple(ours.shape)}"
                 )
+        self.settle()
+        self.hashes.pop(fragment, None)
         mine.outer.copy_(state.outer)
         mine.momentum.copy_(state.momentum)
         mine.version = state.version
@@ -282,6 +379,7 @@ class FragmentSync:
         live ones (torch's convention): save them before training on.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
+        self.settle()
         return {
             "fragments": [
                 {"outer": s.outer, "momentum": s.momentum, "version": s.version}
@@ -321,6 +419,8 @@ class FragmentSync:
             pending = [self._restored_round(record) for record in state["pending"]]
         except (KeyError, TypeError, IndexError) as error:
             raise ValueError(f"malformed outer loop state: {error!r}") from error
+        self.settle()
+        self.hashes.clear()
         for mine, saved in zip(self.states, loaded, strict=True):
             mine.outer.copy_(saved.outer)
             mine.momentum.copy_(saved.momentum)

@@ -6,10 +6,16 @@ its own event-loop thread; slow DHT work (publishing records, checking for diver
 fetching state to heal) runs on one worker thread and its results are applied between two
 steps, never in the middle of one.
 
-Healing (SPEC 4 "State transfer"; the decisions in ``diloco.node.healing``): after a round
-of fragment ``p`` fails, and every ``H`` steps, the node reads the run's records; if a peer
-holds a newer version of ``p`` (or the same version with another hash, held by more peers
-than ours), it downloads ``p`` and adopts it before ``p`` is sent again.
+Healing (SPEC 4 "State transfer"; the decisions in ``diloco.node.healing`` and
+``diloco.node.claims``): after a round of fragment ``p`` fails, and every ``H`` steps, the
+node reads the run's records and vouches; if a peer holds a newer vouched version of ``p``
+(or the same version with another vouched hash, held by more peers than ours), it
+downloads ``p`` and adopts it, once its bytes hash to that vouched state, before ``p`` is
+sent again. After applying a round the node vouches for it: it publishes (round, outer hash,
+members) of its last applied rounds of each fragment, signed, with its records.
+
+Every node answers RUN_INFO with its run's creator-signed configuration (how a joiner
+learns the run: ``diloco.node.pinned_run``) and republishes it in the DHT for ``status``.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import json
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TextIO
 
@@ -28,18 +35,29 @@ from hivemind.p2p import PeerID
 
 from diloco import __version__
 from diloco.codecs import get_codec
-from diloco.errors import ConfigError, DilocoError, ProtocolError
 from diloco.node.config import NodeOptions, RoundOptions, RunConfig
 from diloco.node.healing import SETTLE_TIMEOUT, Healer
 from diloco.node.outer import AppliedRound
+from diloco.node.recent_metrics import RecentMetrics
 from diloco.node.traffic import data_parallel_bytes
 from diloco.node.trainer import NodeTrainer
-from diloco.protocol.discovery import find_run_configs, publish_run_config
+from diloco.protocol.discovery import SignedRunConfig, publish_run_config
 from diloco.protocol.fragment_state import OuterState
+from diloco.protocol.metrics_records import publish_metrics
 from diloco.protocol.network import NetworkOptions
-from diloco.protocol.records import FragmentVersion, NodeRecord
-from diloco.protocol.run_id import make_run_id
-from diloco.protocol.swarm import Swarm, SwarmReducer, make_dht
+from diloco.protocol.records import (
+    MAX_VOUCH_ROUNDS,
+    FragmentVersion,
+    NodeRecord,
+    Vouch,
+    publish_vouches,
+    read_vouches,
+)
+from diloco.protocol.run_id import make_run_id, run_digest
+from diloco.protocol.run_info import serve_run_info
+from diloco.protocol.signed_records import MAX_RECORD_TTL
+from diloco.protocol.swarm import Swarm, SwarmReducer
+from diloco.protocol.swarm_key import ClosedSwarm, check_swarm_key, load_swarm_key
 
 logger = logging.getLogger(__name__)
 
@@ -47,55 +65,14 @@ RECORD_TTL = 30.0
 """Seconds a node's DHT records live unless refreshed (they expire after a clean exit)."""
 PUBLISH_EVERY = 5.0
 """Seconds between two refreshes of a node's records (sooner after a round)."""
-DISCOVERY_ATTEMPTS = 3
-"""Tries to reach the bootstrap peers before ``join`` gives up (p2pd's first dial can fail)."""
 JOIN_TIMEOUT = 60.0
 """Seconds a joiner keeps trying donors for the run's state."""
-
-
-def discover_run(net: NetworkOptions, run_name: str | None = None) -> tuple[RunConfig, DHT]:
-    """Read the run configuration from the swarm at ``net.initial_peers``; returns it with
-    the running DHT, which the node then keeps (shut it down if the node is not built).
-
-    Raises:
-        ConfigError: no run found, or several and no ``run_name`` to choose.
-    """
-    for attempt in range(DISCOVERY_ATTEMPTS):
-        try:
-            dht = make_dht(net)
-            break
-        except ConfigError:  # e.g. an identity file that is not an Ed25519 key
-            raise
-        except Exception as error:  # p2pd says why in its message; the user needs that line
-            if attempt + 1 == DISCOVERY_ATTEMPTS:
-                where = " ".join(net.initial_peers)
-                raise ConfigError(f"cannot reach the swarm at {where}: {error}") from error
-            logger.warning("cannot reach the swarm yet (%s); retrying", error)
-            time.sleep(2.0)
-    try:
-        configs = asyncio.run(asyncio.wait_for(find_run_configs(dht), 30.0))
-    except BaseException:
-        dht.shutdown()
-        raise
-    if run_name is not None:
-        configs = {k: v for k, v in configs.items() if v.get("name") == run_name}
-    if len(configs) != 1:
-        dht.shutdown()
-    if not configs:
-        raise ConfigError(
-            "no run found in the swarm at "
-            + " ".join(net.initial_peers)
-            + (f" with name {run_name!r}" if run_name else "")
-            + "; is a node started there, and is its address complete?"
-        )
-    if len(configs) > 1:
-        names = ", ".join(sorted(str(c.get("name")) for c in configs.values()))
-        raise ConfigError(f"the swarm runs several runs ({names}); choose one with --run-name")
-    try:
-        return RunConfig.from_dict(next(iter(configs.values()))), dht
-    except ConfigError:
-        dht.shutdown()
-        raise
+VOUCH_TTL = MAX_RECORD_TTL
+"""Seconds a node's vouches live unless refreshed: longer than its records, since a vouch
+stays true after its author leaves, and the members left need it to heal a node that
+missed that round (``diloco.node.claims``)."""
+VOUCH_REFRESH = VOUCH_TTL / 3
+"""Seconds after which unchanged vouches are stored again (before they expire)."""
 
 
 EventCallback = Callable[[dict[str, Any]], None]
@@ -111,27 +88,51 @@ class SwarmNode:
         rounds: RoundOptions,
         net: NetworkOptions,
         *,
+        signed: SignedRunConfig,
+        dht: DHT,
         metrics_out: str | None = None,
         resume: bool = False,
         on_event: EventCallback | None = None,
-        dht: DHT | None = None,
     ) -> None:
-        self.run, self.options, self.rounds = run, options, rounds
+        self.run, self.options, self.rounds, self.signed = run, options, rounds, signed
         self.run_id = make_run_id(run.name, run.to_dict())
         self.on_event = on_event or (lambda record: None)
+        self.recent = RecentMetrics()  # what the node's DHT metrics record says
         self.stop_event = threading.Event()
-        # The DHT is a forked process: start it before the trainer builds anything.
-        self.swarm = Swarm(self.run_id, net, dht=dht)
+        # The DHT is a forked process (``start_run``, ``discover_run``): it was started
+        # before the trainer builds anything.
         try:
+            if signed.run_id != self.run_id:
+                raise ValueError(f"the signed run {signed.run_id} is not run {self.run_id}")
+            key = load_swarm_key(net.swarm_key_path) if net.swarm_key_path else None
+            check_swarm_key(self.run_id, run.swarm_key_id, key)
+            closed = None if key is None else ClosedSwarm(key, run_digest(self.run_id))
+        except BaseException:
+            dht.shutdown()
+            raise
+        self.swarm = Swarm(self.run_id, net, dht=dht, closed=closed)
+        try:
+            self.swarm.call(serve_run_info(self.swarm.p2p, signed))
             codec_options = {"rounding": run.rounding} if run.codec == "e3m0" else {}
             self.reducer = SwarmReducer(
                 self.swarm,
                 get_codec(run.codec, **codec_options),
                 timeouts=rounds.timeouts(),
                 min_group_size=rounds.min_group_size,
+                max_weight=run.round_token_cap(),
+                clip_factor=run.clip_factor,
             )
             member = self.swarm.peer_id.to_base58()
             self.trainer = NodeTrainer(run, options, self.reducer, member)
+            # Version 0 of every fragment is the run's initial state (same seed everywhere):
+            # the only unvouched state a joiner or healer adopts.
+            initial_hashes = [s.sha256() for s in self.trainer.sync.states]
+            self.vouches: dict[int, deque[Vouch]] = {
+                p: deque(maxlen=MAX_VOUCH_ROUNDS) for p in range(self.trainer.sync.num_fragments)
+            }
+            """Fragment -> this node's last applied rounds of it, as it vouches for them."""
+            self.vouches_stored: dict[int, tuple[tuple[Vouch, ...], float]] = {}
+            """Fragment -> the vouches last stored and when (worker thread only)."""
             self.trainer.round_timeout = rounds.exit_timeout
             self.trainer.sync.should_abandon = self.stop_event.is_set
             self.worker = concurrent.futures.ThreadPoolExecutor(1, "diloco-node-dht")
@@ -149,6 +150,8 @@ class SwarmNode:
                 self.worker,
                 self._emit,
                 self._refresh_snapshot,
+                initial_hashes,
+                anchors=[a.rsplit("/p2p/", 1)[1] for a in net.initial_peers if "/p2p/" in a],
             )
             self.failed_rounds = 0
         except BaseException:
@@ -161,16 +164,18 @@ class SwarmNode:
 
     # -- records and state ------------------------------------------------------------------
 
-    def _snapshot(self) -> OuterState:
-        """A consistent copy of the outer state, served to joiners and healers."""
-        return OuterState(
-            global_step=self.trainer.step,
-            fragments={p: s.clone() for p, s in enumerate(self.trainer.sync.states)},
-        )
+    def _snapshot(self, changed: Sequence[int] | None = None) -> OuterState:
+        """A consistent copy of the outer state, served to joiners and healers; only the
+        ``changed`` fragments are copied anew (None: all)."""
+        states = self.trainer.sync.states
+        fragments = dict(self.snapshot.fragments) if changed is not None else {}
+        for p in range(len(states)) if changed is None else changed:
+            fragments[p] = states[p].clone()
+        return OuterState(global_step=self.trainer.step, fragments=fragments)
 
-    def _refresh_snapshot(self) -> None:
+    def _refresh_snapshot(self, changed: Sequence[int] | None = None) -> None:
         with self.snapshot_lock:
-            self.snapshot = self._snapshot()
+            self.snapshot = self._snapshot(changed)
 
     def _provide(self) -> OuterState:
         with self.snapshot_lock:
@@ -182,25 +187,54 @@ class SwarmNode:
             addrs=tuple(self.maddrs),
             global_step=self.trainer.step,
             fragments=tuple(
-                FragmentVersion(p, s.version, s.sha256())
+                FragmentVersion(p, s.version, self.trainer.sync.state_hash(p))
                 for p, s in enumerate(self.trainer.sync.states)
             ),
             throughput=tokens_per_s,
             software_version=__version__,
         )
 
-    def _publish(self, record: NodeRecord) -> None:
-        """Worker thread: refresh our records and learn how many nodes are alive.
+    def _vouch(self, applied: AppliedRound) -> None:
+        """Remember that we applied ``applied`` and reached its outer hash (published with
+        the next records). A member counted in none of the round's parts is not among its
+        members and vouches for nothing."""
+        me = self.swarm.peer_id.to_base58()
+        if applied.ok and me in applied.members:
+            members = tuple(sorted(applied.members))
+            key = applied.key
+            vouch = Vouch(me, key.fragment, key.round, applied.outer_sha256, members)
+            self.vouches[key.fragment].append(vouch)
+
+    def _publish(self, record: NodeRecord, vouches: Mapping[int, tuple[Vouch, ...]]) -> None:
+        """Worker thread: refresh our records and vouches (new ones, and unchanged ones before
+        they expire), and learn how many nodes are alive.
 
         Matchmaking then ends as soon as every live node declared itself for a round,
-        instead of always waiting out the window.
+        instead of always waiting out the window. Vouches go first: a peer that reads our
+        record's new version should find our vouch for it.
         """
+        now = time.monotonic()
+        due = []
+        for p, v in vouches.items():
+            stored, stored_at = self.vouches_stored.get(p, ((), 0.0))
+            if v and (v != stored or now - stored_at > VOUCH_REFRESH):
+                due.append(v)
+        if due:
+            self.swarm.call(self._store_vouches(due))
+            self.vouches_stored.update({v[0].fragment: (v, now) for v in due})
         self.swarm.publish_record(record, ttl=RECORD_TTL)
-        self.swarm.call(
-            publish_run_config(self.swarm.dht, self.run_id, self.run.to_dict(), RECORD_TTL)
-        )
+        self.swarm.call(publish_run_config(self.swarm.dht, self.signed, RECORD_TTL))
         alive = len(self.swarm.read_records())
         self.reducer.matchmaker.target_group_size = max(self.rounds.min_group_size, alive)
+        metrics = self.recent.record()  # for dashboards: last, it decides nothing
+        self.swarm.call(publish_metrics(self.swarm.dht, self.run_id, metrics, RECORD_TTL))
+
+    async def _store_vouches(self, due: Sequence[Sequence[Vouch]]) -> None:
+        dht = self.swarm.dht
+        await asyncio.gather(*(publish_vouches(dht, self.run_id, v, VOUCH_TTL) for v in due))
+
+    def _vouches(self) -> dict[int, tuple[Vouch, ...]]:
+        return {p: tuple(v) for p, v in self.vouches.items()}
 
     def _in_background(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
         future = self.worker.submit(fn, *args)
@@ -208,35 +242,30 @@ class SwarmNode:
         return future
 
     def join_swarm(self, timeout: float = JOIN_TIMEOUT) -> None:
-        """Download the outer state and global step from the swarm (a joiner's first act).
+        """Download the outer state from the swarm and start at its step (a joiner's first
+        act): only a state that a majority of its rounds' members vouch for, at the swarm's
+        robust step (``Healer.join``), then the rounds that were in flight meanwhile.
 
-        Donors are retried until ``timeout``: a fresh daemon's first dials can fail (libp2p
-        then backs off for a few seconds) and a busy donor may answer late.
+        Raises:
+            DilocoError: no vouched state within ``timeout`` seconds.
         """
-        numel = {p: s.outer.numel() for p, s in enumerate(self.trainer.sync.states)}
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                state = self.swarm.fetch_state(expected_numel=numel)
-                break
-            except ProtocolError as error:
-                if time.monotonic() > deadline:
-                    raise DilocoError(f"could not download the run's state: {error}") from error
-                logger.warning("no state yet (%s); retrying", error)
-                time.sleep(2.0)
-        self.healer.adopt(state, take_step=True)
+        start = time.monotonic()
+        deadline = start + timeout
+        self.healer.join(deadline)
         self.healer.settle_rounds_in_flight(min(deadline, time.monotonic() + SETTLE_TIMEOUT))
         self._emit(
             {
                 "event": "joined",
                 "step": self.trainer.step,
                 "versions": [s.version for s in self.trainer.sync.states],
+                "seconds": time.monotonic() - start,
             }
         )
 
     # -- the loop ----------------------------------------------------------------------------
 
     def _emit(self, record: dict[str, Any]) -> None:
+        self.recent.observe(record)
         if self.metrics:
             self.metrics.write(json.dumps(record) + "\n")
             self.metrics.flush()
@@ -268,11 +297,13 @@ class SwarmNode:
         """Train until the run's last step or ``stop_event``; returns the summary."""
         t = self.trainer
         self.swarm.serve_state(self._provide)
-        self._publish(self._record(0.0))
+        self._publish(self._record(0.0), self._vouches())
+        tokens_per_step = self.options.batch_size * self.run.seq_len
         self._emit(
             {
                 "event": "config",
                 "run_id": self.run_id,
+                "creator": self.run.creator,
                 "peer_id": self.swarm.peer_id.to_base58(),
                 "sync_every": self.run.outer.sync_every,
                 "num_fragments": t.sync.num_fragments,
@@ -280,9 +311,9 @@ class SwarmNode:
                 "codec": self.run.codec,
                 "fragment_numel": [s.outer.numel() for s in t.sync.states],
                 "start_step": t.step,
+                "tokens_per_step": tokens_per_step,
             }
         )
-        tokens_per_step = self.options.batch_size * self.run.seq_len
         start, start_step = time.perf_counter(), t.step
         losses: list[float] = []
         while t.step < self.run.steps and not self.stop_event.is_set():
@@ -302,8 +333,11 @@ class SwarmNode:
             for round_ in applied:
                 self._emit(self._round_record(round_))
                 self.failed_rounds += not round_.ok
+                self._vouch(round_)
+            if self.options.eval_every and t.step % self.options.eval_every == 0:
+                self._emit({"event": "eval", "step": t.step, "loss_outer": t.evaluate()})
             if applied:
-                self._refresh_snapshot()
+                self._refresh_snapshot([r.key.fragment for r in applied if r.ok])
             else:
                 with self.snapshot_lock:
                     self.snapshot = OuterState(t.step, self.snapshot.fragments)
@@ -316,7 +350,8 @@ class SwarmNode:
             due = bool(applied) or time.monotonic() - self.published_at > PUBLISH_EVERY
             if self.publish_future is None or (self.publish_future.done() and due):
                 self.published_at = time.monotonic()
-                self.publish_future = self._in_background(self._publish, self._record(tokens_per_s))
+                record, vouches = self._record(tokens_per_s), self._vouches()
+                self.publish_future = self._in_background(self._publish, record, vouches)
             if self.options.checkpoint_every and t.step % self.options.checkpoint_every == 0:
                 t.save_checkpoint()
         return self._finish(time.perf_counter() - start)
@@ -401,6 +436,14 @@ class _SwarmSource:
 
     def read_records(self) -> list[NodeRecord]:
         return self.swarm.read_records()
+
+    def read_vouches(self, fragments: Sequence[int]) -> list[Vouch]:
+        return self.swarm.call(self._read_vouches(fragments))
+
+    async def _read_vouches(self, fragments: Sequence[int]) -> list[Vouch]:
+        dht, run_id = self.swarm.dht, self.swarm.run_id
+        found = await asyncio.gather(*(read_vouches(dht, run_id, p) for p in fragments))
+        return [v for vouches in found for v in vouches]
 
     def fetch_state(
         self, fragments: Sequence[int], expected_numel: Mapping[int, int], donors: Sequence[str]

@@ -6,13 +6,15 @@ import asyncio
 
 from hivemind import DHT
 
-from diloco.protocol.discovery import find_run_configs
+from diloco.protocol.discovery import SignedRunConfig, find_run_configs
 from diloco.protocol.records import NodeRecord, read_records, record_validator
 
+RunStatus = tuple[SignedRunConfig, list[NodeRecord]]
 
-def read_status(initial_peers: list[str], timeout: float = 30.0) -> dict[str, list[NodeRecord]]:
-    """Every run the swarm knows, with its nodes' records (a client DHT, loopback only
-    unless the addresses say otherwise)."""
+
+def read_status(initial_peers: list[str], timeout: float = 30.0) -> dict[str, RunStatus]:
+    """Every run the swarm lists, by run id: its creator-signed configuration and its
+    nodes' records (a client DHT, loopback only unless the addresses say otherwise)."""
     dht = DHT(
         initial_peers=initial_peers,
         start=True,
@@ -24,9 +26,12 @@ def read_status(initial_peers: list[str], timeout: float = 30.0) -> dict[str, li
     )
     try:
 
-        async def gather() -> dict[str, list[NodeRecord]]:
+        async def gather() -> dict[str, RunStatus]:
             configs = await find_run_configs(dht)
-            return {run_id: await read_records(dht, run_id) for run_id in sorted(configs)}
+            return {
+                run_id: (configs[run_id], await read_records(dht, run_id))
+                for run_id in sorted(configs)
+            }
 
         return asyncio.run(asyncio.wait_for(gather(), timeout))
     finally:

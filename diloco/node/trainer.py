@@ -25,9 +25,18 @@ import torch
 
 from diloco.errors import CheckpointError, ConfigError
 from diloco.node.checkpoint import Checkpoint, CheckpointManager, export_weights
+from diloco.node.compute import compile_model, configure_backends
 from diloco.node.config import NodeOptions, RunConfig
-from diloco.node.data import BatchSampler, Corpus, eval_batches, held_out_loss, load_corpus
+from diloco.node.data import (
+    BatchSampler,
+    Corpus,
+    eval_batches,
+    held_out_loss,
+    load_corpus,
+    tokenizer_file,
+)
 from diloco.node.fragments import model_fragments
+from diloco.node.hf_export import export_hf
 from diloco.node.inner import build_inner_optimizer, inner_step, lr_at
 from diloco.node.model import Transformer
 from diloco.node.outer import AppliedRound, FragmentSync, check_tau
@@ -58,9 +67,11 @@ class NodeTrainer:
         tau = run.outer.fragment_sync_delay if options.tau is None else options.tau
         check_tau(tau, run.outer.sync_every)
         self.corpus = corpus or load_corpus(options.data)
+        run.check_corpus(self.corpus.vocab_size, self.corpus.fingerprint, self.corpus.description)
         self.device = torch.device(options.device)
         if options.threads:
             torch.set_num_threads(options.threads)
+        configure_backends(self.device, options.compute.tf32)
         torch.manual_seed(run.seed)
         self.model = Transformer(run.model_config()).to(self.device)
         self.optimizer = build_inner_optimizer(self.model.parameters(), run.inner)
@@ -71,7 +82,11 @@ class NodeTrainer:
         self.fragments = model_fragments(
             self.model, self.model.blocks, run.fragment_size, run.pattern, run.embedding_fragment
         )
-        self.sync = FragmentSync(self.fragments, run.outer, member=member, tau=tau)
+        self.sync = FragmentSync(
+            self.fragments, run.outer, member=member, tau=tau, outer_device=options.outer_device
+        )
+        if options.compute.compile:
+            compile_model(self.model)
         self.eval_set = eval_batches(
             self.corpus.held_out, options.eval_batches, options.batch_size, run.seq_len
         )
@@ -96,11 +111,18 @@ class NodeTrainer:
         inputs, targets = self.sampler.next_batch()
         batch = (inputs.to(self.device), targets.to(self.device))
         lr = lr_at(self.step, self.run.steps, self.run.inner)
-        loss = inner_step(self.model, self.optimizer, batch, lr, self.run.inner.grad_clip)
+        compute = self.options.compute
+        loss = inner_step(
+            self.model,
+            self.optimizer,
+            batch,
+            lr,
+            self.run.inner.grad_clip,
+            precision=compute.precision,
+            micro_batch_size=compute.micro_batch_size,
+        )
         self.sync.record_tokens(self.options.batch_size * self.run.seq_len)
-        for key, contribution in self.sync.contributions_due(self.step):
-            future = self.reducer.reduce(key, [contribution])
-            self.sync.submit(key, future, self.step, contribution.weight)
+        self.sync.send_due(self.step, lambda key, c: self.reducer.reduce(key, [c]))
         self.compute_seconds += time.perf_counter() - start
         applied = self.sync.apply_due(self.step)
         for round_ in applied:
@@ -148,6 +170,13 @@ class NodeTrainer:
             },
         )
 
+    def export_hf(self, folder: str | Path) -> Path:
+        """The outer weights as a ``transformers`` folder (``diloco.node.hf_export``), with
+        the corpus's ``tokenizer.json`` when its prepared folder holds it."""
+        state = self.outer_model().state_dict()
+        tokenizer = tokenizer_file(self.options.data)
+        return export_hf(state, self.run.model_config(), folder, tokenizer)
+
     # -- state -----------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
@@ -194,7 +223,14 @@ class NodeTrainer:
         state = checkpoint.state
         if "run" not in state:
             raise CheckpointError(path, "no run configuration in it")
-        if state["run"] != self.run.to_dict():
+        theirs, mine = state["run"], self.run.to_dict()
+        if theirs != mine:
+            if isinstance(theirs, dict) and theirs | {"creator": None} == mine | {"creator": None}:
+                raise ConfigError(
+                    f"checkpoint {path} belongs to the run created by {theirs.get('creator')}, "
+                    f"and this node is {mine['creator']}: resume with the creator's identity "
+                    "(--identity; `start` keeps it in CHECKPOINT_DIR/identity.key)"
+                )
             raise ConfigError(f"checkpoint {path} belongs to another run configuration")
         try:
             self.model.load_state_dict(checkpoint.model)

@@ -3,12 +3,12 @@
 Member ``j`` of a group of ``M`` reduces part ``j`` of the vector (``butterfly_parts``).
 Every member opens one stream per other reducer and streams its part there as consecutive
 chunks (``chunk_spans``), each encoded on its own (PART); on the same stream it reads back
-the reducer's averaged chunks (AVERAGED). A reducer decodes every contribution, accumulates
-the weighted mean in FP32 in group order (``weighted_mean``, the same float operations as
-``InProcessReducer``), encodes each averaged chunk once with the return codec and sends the
-same bytes, with the mask of members it counted, to every member; it uses the decoded bytes
-itself. So all members hold bit-identical parts. Chunks pipeline the two phases: chunk
-``c`` is averaged and on its way back while chunk ``c + 1`` is still arriving.
+the reducer's averaged chunks (AVERAGED). A reducer decodes every contribution, combines
+them (``aggregation.robust_mean``: capped weights, clipped norms, FP32 in group order, as
+``InProcessReducer``), encodes each averaged chunk once with the return codec and sends
+the same bytes, with the mask of members it counted and their norms, to every member; it
+uses the decoded bytes itself. So all members hold bit-identical parts. Chunks pipeline the
+two phases: chunk ``c`` is averaged and on its way back while chunk ``c + 1`` arrives.
 
 Faults and agreement (the rule every member applies):
 
@@ -35,25 +35,26 @@ Faults and agreement (the rule every member applies):
   that member does not try again.
 * Then every member sends every other member a REPORT and waits, up to
   ``report_timeout``, for the reports of the full contributors (members counted in every
-  part it holds); ``agreement.decide`` says whether the round succeeds for it. If not, it
-  raises ``RoundFailed`` and its outer state stays unchanged. ``RoundResult.members`` are
-  the full contributors, identical on every member because the masks travel with the parts.
+  part it holds); ``agreement.decide`` says whether the round succeeds for it: its result
+  must be the one a strict majority holds. If not, it raises ``RoundFailed`` and its outer
+  state stays unchanged. A member that reported another result than the majority's, like
+  a sender excluded for invalid input, commits an offence (``bans``). ``RoundResult.
+  members`` are the full contributors, identical on every member (masks travel along).
 * In a butterfly every member is a reducer, so a member that dies before delivering its
   averaged part fails the round for all (SPEC 4 allows "all treat the round as failed");
   one that dies after delivering it, before its own contributions arrived, is simply not
   counted.
 * With an ``identity`` every part is sealed (signed once, ``SEAL``), and while the reports
   are exchanged every member checks the parts it did not reduce (``checking``,
-  ``verification``): a reducer caught lying fails the round for the member that caught it,
-  and every peer caught lying is told to ``on_offence``.
+  ``verification``): a reducer caught lying fails the round for the member that caught it;
+  a peer caught lying is banned (``bans``; a reducer's silence is an offence).
 * Residual risk (two generals): a report that is lost while its sender stays alive can
   leave that sender with a different outcome. The fragment state version and hash that
   every node publishes in its DHT record detect this (``records.divergent_peers``); the
   node then heals by state transfer (``Swarm.fetch_state``).
 
-This module (the member side) and ``part_server`` (the reducer side) move the bytes and
-keep the deadlines; what the bytes mean (who counts, the average, the assembled result,
-the verdict) is decided by the pure classes of ``reduction`` and by ``agreement.decide``.
+This module (member side) and ``part_server`` (reducer side) move the bytes and keep the
+deadlines; what the bytes mean is decided by the pure ``reduction`` and ``agreement``.
 Encoding and decoding run in the default executor so the event loop keeps serving streams.
 """
 
@@ -71,8 +72,9 @@ from hivemind.p2p import PeerID
 from diloco.codecs import Codec
 from diloco.errors import ProtocolError, RoundFailed
 from diloco.protocol.agreement import awaited_reports, check_report, decide
+from diloco.protocol.bans import BanList
 from diloco.protocol.check_wire import CheckRequest, Seal
-from diloco.protocol.checking import Checker, OffenceHook, answer_check, convict, log_offence
+from diloco.protocol.checking import Checker, answer_check, blame, convict
 from diloco.protocol.group import GroupInfo, RoundTimeouts
 from diloco.protocol.identity import Identity
 from diloco.protocol.part_server import Deadlines, PartServer
@@ -94,8 +96,7 @@ from diloco.protocol.verification import (
     Judgement,
     OwnContribution,
     PartClaims,
-    Sample,
-    sample_blocks,
+    draw_samples,
     slices_alone,
 )
 from diloco.protocol.wire import (
@@ -142,16 +143,18 @@ class AllReduceRunner:
         delta: torch.Tensor,
         timeouts: RoundTimeouts,
         max_norm_ratio: float,
+        max_weight: float,
+        clip_factor: float,
+        bans: BanList,
         handlers: tuple[str, str, str, str],
         identity: Identity | None = None,
-        on_offence: OffenceHook = log_offence,
     ) -> None:
         if codec.codec_id != group.codec_id or return_codec.codec_id != group.return_codec_id:
             raise ValueError("codecs differ from the group's")
         self.p2p, self.group, self.delta, self.timeouts = p2p, group, delta, timeouts
         self.part_handler, self.report_handler = handlers[:2]
         self.check_handlers = handlers[2:]
-        self.identity, self.on_offence = identity, on_offence
+        self.identity, self.bans = identity, bans
         self.index = group.index(p2p.peer_id)
         self.num_members = len(group.members)
         self.plan = RoundPlan.build(
@@ -163,6 +166,8 @@ class AllReduceRunner:
             codec=codec,
             return_codec=return_codec,
             max_norm_ratio=max_norm_ratio,
+            max_weight=max_weight,
+            clip_factor=clip_factor,
         )
         self.assembly = Assembly(self.plan)
         checked = identity is not None and slices_alone(return_codec)
@@ -191,6 +196,7 @@ class AllReduceRunner:
             own_chunks=self._own_chunks,
             assembly=self.assembly,
             identity=identity,
+            bans=bans,
         )
         self._reports: dict[int, Report] = {}
         self._report_arrived = asyncio.Event()
@@ -236,7 +242,10 @@ class AllReduceRunner:
                     self.server.idle.wait(), max(0.0, self.deadlines.report - loop.time())
                 )
             agreed = loop.time()
-            verdict = decide(assembled.held, assembled.digest, assembled.full, self._reports)
+            verdict = decide(
+                self.index, assembled.held, assembled.digest, assembled.full, self._reports
+            )
+            blame(self.group, verdict.dissent, verdict.accepted, self.bans)
             if not verdict.accepted:
                 raise RoundFailed(key.fragment, key.round, verdict.reason)
             judgements = await checks if checks is not None else {}
@@ -253,7 +262,7 @@ class AllReduceRunner:
             agreed - self._t0,
             loop.time() - self._t0,
         )
-        failed = convict(self.group, judgements, self.on_offence)
+        failed = convict(self.group, judgements, self.bans)
         if failed:
             raise RoundFailed(key.fragment, key.round, failed)
         return RoundResult(
@@ -392,11 +401,7 @@ class AllReduceRunner:
         """Start checking the parts of the other reducers, once all are held (``checking``)."""
         if self.own is None or not all(assembled.held):
             return None
-        samples = {}
-        for j, (lo, hi) in enumerate(self.plan.spans):
-            blocks = sample_blocks((lo, hi), self.samples, self.rng)
-            if j != self.index and blocks:
-                samples[j] = Sample(j, blocks, self.claims[j], assembled.delta[lo:hi])
+        samples = draw_samples(self.plan, self.claims, assembled.delta, self.samples, self.rng)
         checker = Checker(
             p2p=self.p2p,
             group=self.group,
@@ -407,12 +412,7 @@ class AllReduceRunner:
             handlers=self.check_handlers,
             counter=self.counter,
         )
-        return asyncio.create_task(self._check(checker, samples))
-
-    async def _check(self, checker: Checker, samples: dict[int, Sample]) -> dict[int, Judgement]:
-        if self._recording is not None:  # this member's own answers need its records
-            await asyncio.shield(self._recording)
-        return await checker.run(samples)
+        return asyncio.create_task(checker.run(samples, self._recording))
 
     async def answer_check(self, sender: PeerID, request: CheckRequest) -> Reject | bytes:
         """This member's signed CHECK_RES to member ``sender`` (twice per round at most:

@@ -19,9 +19,9 @@ import hashlib
 import logging
 from collections.abc import Callable, Mapping
 
-from hivemind.p2p import PeerID
-
 from diloco.errors import ProtocolError
+from diloco.protocol.agreement import ANOTHER_RESULT
+from diloco.protocol.bans import BanList
 from diloco.protocol.check_wire import (
     CheckEntry,
     CheckRequest,
@@ -62,28 +62,33 @@ logger = logging.getLogger(__name__)
 _FAILED: tuple[type[Exception], ...] = (ProtocolError, *TRANSPORT_ERRORS)
 """What ends a peer's answer early, besides its deadline."""
 
-OffenceHook = Callable[[PeerID, str], None]
-"""Told of every peer caught lying, with what it did (the node bans repeat offenders)."""
 
-
-def log_offence(peer: PeerID, offence: str) -> None:
-    """The default ``OffenceHook``: a warning with the peer id."""
-    logger.warning("offence by %s: %s", peer, offence)
-
-
-def convict(group: GroupInfo, judgements: Mapping[int, Judgement], on_offence: OffenceHook) -> str:
-    """Tell ``on_offence`` of every liar the ``judgements`` name, and log them; return why
-    the round fails here (reducers that lied), or an empty string."""
+def convict(group: GroupInfo, judgements: Mapping[int, Judgement], bans: BanList) -> str:
+    """Ban every liar the ``judgements`` name (a reducer blamed only for silence commits an
+    offence instead, ``bans``); return why the round fails here (reducers that lied), or
+    an empty string."""
     failed = []
     for j, judgement in sorted(judgements.items()):
         for i, offence in sorted(judgement.senders.items()):
             logger.warning("round %s: member %s lied: %s", group.key, group.names[i], offence)
-            on_offence(group.members[i], f"round {group.key}: {offence}")
+            bans.ban(group.members[i], f"round {group.key}: {offence}")
         if judgement.reducer:
             failed.append(f"reducer {group.names[j]} of part {j} lied: {judgement.reducer}")
             logger.warning("round %s: %s", group.key, failed[-1])
-            on_offence(group.members[j], f"round {group.key} part {j}: {judgement.reducer}")
+            punish = bans.offend if judgement.silent else bans.ban
+            punish(group.members[j], f"round {group.key} part {j}: {judgement.reducer}")
     return "; ".join(failed)
+
+
+def blame(group: GroupInfo, dissent: Mapping[int, str], accepted: bool, bans: BanList) -> None:
+    """Log each member that dissented from this member's result (``agreement.decide``); with
+    the majority behind that result, one that reported another commits an offence."""
+    for i, how in dissent.items():
+        peer = group.members[i]
+        level = logging.WARNING if how == ANOTHER_RESULT else logging.INFO
+        logger.log(level, "round %s: member %d (%s) %s", group.key, i, peer, how)
+        if accepted and how == ANOTHER_RESULT:
+            bans.offend(peer, f"round {group.key}: {how}, not the majority's")
 
 
 class Checker:
@@ -106,9 +111,14 @@ class Checker:
         self.check_handler, self.evidence_handler = handlers
         self.answers: dict[int, dict[int, Answer]] = {}
 
-    async def run(self, samples: Mapping[int, Sample]) -> dict[int, Judgement]:
-        """Check every sampled part; a part with no dispute gets an empty ``Judgement``."""
+    async def run(
+        self, samples: Mapping[int, Sample], recording: asyncio.Task[None] | None = None
+    ) -> dict[int, Judgement]:
+        """Check every sampled part; a part with no dispute gets an empty ``Judgement``.
+        ``recording`` records this member's own chunks, which its own answers need."""
         loop = asyncio.get_running_loop()
+        if recording is not None:
+            await asyncio.shield(recording)
         me = self.plan.index
         self.answers = {j: {} for j in samples}
         asks = [
@@ -140,7 +150,9 @@ class Checker:
         }
         try:
             return {
-                j: await disputes[j] if j in disputes else Judgement(findings[j].reducer)
+                j: await disputes[j]
+                if j in disputes
+                else Judgement(findings[j].reducer, silent=findings[j].silent)
                 for j in samples
             }
         finally:

@@ -1,16 +1,29 @@
-"""Finding runs in a swarm: a joiner knows one address, not the run configuration.
+"""Finding runs in a swarm: the run's creator signs its configuration, peers pass it on.
 
-Every node of a run republishes its run's configuration with expiration, as a signed
-record (``signed_records``) under its own subkey::
+A run's configuration names its ``creator`` (the peer id of the node that started it) and
+is signed by the creator's key (SPEC 4.1 "the run configuration only by the run's
+creator")::
 
-    key "diloco-run-configs"    subkey = author's peer id
-    payload = msgpack [run id, canonical JSON of the configuration]
+    SignedRunConfig = msgpack [run id, canonical JSON of the configuration, signature]
+    signature = Ed25519 by config["creator"] over
+        signing_input("diloco-run-config/1", run id, JSON)
 
-so ``diloco-node join`` can read the configuration from the swarm (a joiner needs no
-training flags) and ``diloco-node status`` can list the runs. Values come from untrusted
-peers: a configuration is accepted only if it is JSON within ``MAX_CONFIG_BYTES``, nested
-at most ``MAX_JSON_DEPTH`` deep (``json`` recurses: a 40,000-deep array would crash the
-reader), and hashes to the run id it comes with.
+The run id is ``name-hash(configuration)`` and the configuration holds the creator, so a
+configuration that merely shares a run's name has another run id, and only the creator can
+sign one that names it. The signature carries no expiration: every member of the run passes
+the creator's signed configuration on unchanged, to joiners over RUN_INFO (``run_info``) and
+in the DHT, where each republishes it with expiration under its own subkey (an owned
+record of ``signed_records``)::
+
+    key "diloco-run-configs"    subkey = the publishing member's peer id
+    payload = SignedRunConfig
+
+so ``diloco-node status`` lists a run for as long as any of its nodes lives. A joiner never
+picks a run from these records: it follows the run of the peer whose address it was given.
+Values come from untrusted peers: a configuration is accepted only if it is JSON within
+``MAX_CONFIG_BYTES``, nested at most ``MAX_JSON_DEPTH`` deep (``json`` recurses: a
+40,000-deep array would crash the reader), hashes to the run id it comes with, and carries
+its creator's valid signature.
 """
 
 from __future__ import annotations
@@ -19,12 +32,14 @@ import json
 import logging
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from hivemind import DHT
 from hivemind.utils import get_dht_time
 
 from diloco.errors import ConfigError, ProtocolError
+from diloco.protocol.identity import Identity, signing_input, verify
 from diloco.protocol.run_id import check_run_id, config_hash
 from diloco.protocol.signed_records import pack_payload, read_signed, store_signed, unpack_payload
 
@@ -34,6 +49,9 @@ RUN_CONFIGS_KEY = "diloco-run-configs"
 RUN_CONFIGS_KEY_PATTERN = re.compile(re.escape(RUN_CONFIGS_KEY))
 MAX_CONFIG_BYTES = 64 * 1024
 MAX_JSON_DEPTH = 16
+MAX_SIGNED_CONFIG_BYTES = MAX_CONFIG_BYTES + 1024
+"""Largest SignedRunConfig: the configuration, its run id and the signature."""
+DOMAIN = "diloco-run-config/1"
 _JSON_TOKEN = re.compile(r'["\\\[\]{}]')
 
 
@@ -90,40 +108,84 @@ def check_json_depth(text: str, max_depth: int) -> None:
             depth -= 1
 
 
-def parse_config_payload(payload: bytes) -> tuple[str, dict[str, Any]]:
-    """The run id and configuration in a signed run-config payload.
+@dataclass(frozen=True, slots=True)
+class SignedRunConfig:
+    """A run's configuration as its creator signed it (see the module docstring)."""
 
-    Raises:
-        ProtocolError: the payload is not ``[run id, JSON text]``.
-        ConfigError: from ``parse_config``.
-    """
-    value = unpack_payload(payload, MAX_CONFIG_BYTES + 1024)
-    if not isinstance(value, list) or len(value) != 2 or not isinstance(value[0], str):
-        raise ProtocolError("run configuration payload is not [run id, JSON]")
-    run_id, text = value
-    return run_id, parse_config(run_id, text)
+    run_id: str
+    text: str
+    """The configuration as canonical JSON: the bytes that were hashed and signed."""
+    signature: bytes
+    config: dict[str, Any] = field(compare=False)
+
+    @property
+    def creator(self) -> str:
+        """Peer id of the node that started the run (base58)."""
+        return str(self.config["creator"])
+
+    @classmethod
+    def sign(cls, identity: Identity, run_id: str, config: Mapping[str, Any]) -> SignedRunConfig:
+        """The configuration of run ``run_id`` signed by its creator, ``identity``.
+
+        Raises:
+            ConfigError: ``config`` names another creator, or does not hash to ``run_id``.
+        """
+        if config.get("creator") != identity.peer_id:
+            raise ConfigError(
+                f"only the run's creator signs its configuration, not {identity.peer_id}"
+            )
+        text = encode_config(config)
+        parsed = parse_config(run_id, text)
+        return cls(run_id, text, identity.sign(signing_input(DOMAIN, run_id, text)), parsed)
+
+    def to_payload(self) -> bytes:
+        return pack_payload([self.run_id, self.text, self.signature])
+
+    @classmethod
+    def from_payload(cls, payload: bytes) -> SignedRunConfig:
+        """Parse and verify a signed configuration from a peer.
+
+        Raises:
+            ProtocolError: not ``[run id, JSON, signature]``, no creator, or a signature
+                that is not the creator's.
+            ConfigError: from ``parse_config`` (size, depth, JSON, hash).
+        """
+        value = unpack_payload(payload, MAX_SIGNED_CONFIG_BYTES)
+        if (
+            not isinstance(value, list)
+            or len(value) != 3
+            or not isinstance(value[0], str)
+            or not isinstance(value[2], bytes)
+        ):
+            raise ProtocolError("run configuration is not [run id, JSON, signature]")
+        run_id, text, signature = value
+        config = parse_config(run_id, text)
+        creator = config.get("creator")
+        if not isinstance(creator, str):
+            raise ProtocolError(f"run configuration of {run_id} names no creator")
+        verify(creator, signing_input(DOMAIN, run_id, text), signature)
+        return cls(run_id, text, signature, config)
 
 
 def check_config_payload(key: str, author: str, payload: bytes) -> None:
     """The DHT validator's schema of run-config records (``records.record_validator``)."""
-    parse_config_payload(payload)
+    SignedRunConfig.from_payload(payload)
 
 
-async def publish_run_config(dht: DHT, run_id: str, config: Mapping[str, Any], ttl: float) -> bool:
-    """Store this run's configuration, signed by this node, for ``ttl`` seconds."""
-    payload = pack_payload([run_id, encode_config(config)])
-    return await store_signed(dht, RUN_CONFIGS_KEY, payload, get_dht_time() + ttl)
+async def publish_run_config(dht: DHT, signed: SignedRunConfig, ttl: float) -> bool:
+    """Store the run's signed configuration under this node's subkey for ``ttl`` seconds."""
+    return await store_signed(dht, RUN_CONFIGS_KEY, signed.to_payload(), get_dht_time() + ttl)
 
 
-async def find_run_configs(dht: DHT) -> dict[str, dict[str, Any]]:
-    """Every valid run configuration the swarm holds, by run id; invalid ones are logged
-    with the peer id of their author."""
+async def find_run_configs(dht: DHT) -> dict[str, SignedRunConfig]:
+    """Every valid signed run configuration the swarm holds, by run id; invalid ones are
+    logged with the peer id of the member that published them."""
     configs = {}
     for author, signed in (await read_signed(dht, RUN_CONFIGS_KEY)).items():
         try:
-            run_id, config = parse_config_payload(signed.payload)
+            found = SignedRunConfig.from_payload(signed.payload)
         except (ConfigError, ProtocolError) as error:
             logger.warning("ignoring run configuration from %s: %s", author, error)
             continue
-        configs[run_id] = config
+        configs[found.run_id] = found
     return configs

@@ -18,11 +18,13 @@ import torch
 from diloco.errors import ProtocolError
 
 
-@dataclass(slots=True)
+@dataclass
 class FragmentState:
     """Outer parameters and momentum of one fragment (1-D FP32 CPU tensors of one length).
 
-    Mutable: the outer optimizer updates the tensors and the version in place.
+    Mutable: the outer optimizer updates the tensors and the version in place. Without
+    ``__slots__`` so that a state server can hold weak references to served snapshots
+    (``state_transfer.SnapshotHashes``).
     """
 
     outer: torch.Tensor
@@ -71,6 +73,6 @@ class OuterState:
 
 
 def fp32_bytes(x: torch.Tensor) -> bytes:
-    """FP32 little-endian bytes of a 1-D CPU tensor (the wire and hash layout)."""
-    array = x.detach().to(torch.float32).contiguous().numpy()
+    """FP32 little-endian bytes of a 1-D tensor (the wire and hash layout), from any device."""
+    array = x.detach().to("cpu", torch.float32).contiguous().numpy()
     return array.astype("<f4", copy=False).tobytes()

@@ -6,10 +6,11 @@ Protocol, for every node that reaches the send step of round ``(p, k)``:
    id, and open a lobby for that round (so joins can arrive from now on).
 2. Read the key at once, then (with ``target_group_size``) every ``poll`` seconds and
    whenever a JOIN knocks, or (without) at the end of ``matchmaking_window``. The view is
-   the declarations plus the peers that already sent this node a JOIN. The *leader* is the
-   lowest peer id in the view (self included). A node that sees a lower peer id than its
-   own cannot lead: it JOINs that peer at once, and the JOIN waits there until that peer
-   has chosen its role. A node that is the lowest so far waits until the window ends or
+   the declarations plus the peers that already sent this node a JOIN, less the peers it
+   bans (``bans``). The *leader* is the first peer of the view by ``leader_rank``, a hash
+   of the round key and the peer id (self included). A node that sees a peer ranked before
+   itself cannot lead: it JOINs that peer at once, and the JOIN waits there until that
+   peer has chosen its role. A node that is first so far waits until the window ends or
    ``target_group_size`` peers are in the view, then leads.
 3. A leader waits until every peer it saw has joined, or ``join_timeout``; it then closes
    the lobby and sends the same GROUP (members sorted by peer id bytes, their weights, a
@@ -17,16 +18,22 @@ Protocol, for every node that reaches the send step of round ``(p, k)``:
    bound has passed and sends it again to a member that asks again (its first stream
    broke), so a member never misses the GROUP it is counted in because of one lost
    stream. A JOIN from a non-member after closing gets GROUP_CLOSED: that node misses the
-   round (SPEC 4).
-4. A follower sends JOIN to its leader and waits for GROUP. A node asked to lead that is
+   round (SPEC 4). A JOIN whose weight exceeds the run's cap (``max_weight``) is refused
+   (MISMATCH) and is an offence: every honest node clamps its own weight to the cap, which
+   is part of the run configuration, so only a peer that breaks the run's rules sends one,
+   and a peer that lies about its weight is not trusted with a contribution either.
+4. A follower sends JOIN to its leader and waits for GROUP; a GROUP that is invalid (another
+   round, size or codec, without it, its weight changed, any weight over the cap) fails
+   the round for it and is the leader's offence. A node asked to lead that is
    itself a follower answers NOT_LEADER with its own leader, and the follower follows the
    redirect (each peer at most once), so views that disagree at the edge of the window
    still converge on one leader.
 5. A follower whose JOIN fails in transport (stream refused or cut) tries once more; if
-   that fails too the leader counts as dead and the follower turns to the lowest peer id of
-   its view that is still reachable (itself included: then it leads). Every follower of a
-   dead leader does the same, so views that agree converge on the same new leader; a peer
-   that still redirects to the dead leader (it has not noticed yet) is asked again shortly.
+   that fails too the leader counts as dead and the follower turns to the first peer (by
+   ``leader_rank``) of its view that is still reachable (itself included: then it leads).
+   Every follower of a dead leader does the same, so views that agree converge on the same
+   new leader; a peer that still redirects to the dead leader (it has not noticed yet) is
+   asked again shortly.
 
 The leader's GROUP message is the agreement step: every member takes the same list from the
 same bytes. Failure modes: a leader that dies after sending GROUP to some followers but not
@@ -39,20 +46,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
+import math
 import secrets
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from hivemind import DHT
-from hivemind.p2p import P2P, PeerID
+from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
 
 from diloco.errors import ProtocolError, RoundFailed
 from diloco.protocol import streams, wire
+from diloco.protocol.bans import BanList
 from diloco.protocol.group import GroupInfo, RoundTimeouts
 from diloco.protocol.records import declare_round, read_declarations
 from diloco.protocol.reducer import RoundKey
+from diloco.protocol.swarm_key import ClosedSwarm
 from diloco.protocol.wire import Group, Join, Kind, Reject, RejectCode, RoundTag
 
 logger = logging.getLogger(__name__)
@@ -63,12 +74,25 @@ def round_key(run_id: str, key: RoundKey) -> str:
     return f"{run_id}/frag{key.fragment}/round{key.round}"
 
 
-def choose_leader(view: Collection[PeerID]) -> PeerID:
-    """The leader of a round as a node with this view sees it: the lowest peer id (bytes).
+def leader_rank(key: str, peer: PeerID) -> bytes:
+    """Where ``peer`` stands in line to lead the round of DHT key ``key``:
+    sha256(key | peer id bytes), lowest first.
+
+    The lowest peer id would let one identity, ground once, lead every round. With the
+    round key in the hash, each peer is first in a random-looking ``1/M`` of the rounds;
+    grinding an identity for one future round gains that round only, at the cost of one
+    more identity joining the swarm.
+    """
+    return hashlib.sha256(key.encode() + b"|" + peer.to_bytes()).digest()
+
+
+def choose_leader(view: Collection[PeerID], key: str) -> PeerID:
+    """The leader of round ``key`` (its DHT key) as a node with this view sees it: the
+    peer of lowest ``leader_rank``.
 
     Every node applies the same rule, so nodes whose views agree choose the same leader.
     """
-    return min(view, key=lambda peer: peer.to_bytes())
+    return min(view, key=lambda peer: leader_rank(key, peer))
 
 
 @dataclass
@@ -101,14 +125,19 @@ class Matchmaker:
 
     def __init__(
         self,
-        p2p: P2P,
+        p2p: streams.StreamTransport,
         dht: DHT,
         run_id: str,
         digest: bytes,
         timeouts: RoundTimeouts,
+        bans: BanList,
         min_group_size: int = 2,
         target_group_size: int | None = None,
+        max_weight: float = math.inf,
+        closed: ClosedSwarm | None = None,
     ) -> None:
+        if not max_weight > 0:
+            raise ValueError(f"max_weight must be > 0 tokens, got {max_weight!r}")
         if min_group_size < 1:
             raise ValueError(f"min_group_size must be >= 1, got {min_group_size}")
         if target_group_size is not None and target_group_size < min_group_size:
@@ -116,6 +145,9 @@ class Matchmaker:
         self.target_group_size = target_group_size
         self.p2p, self.dht, self.run_id, self.digest = p2p, dht, run_id, digest
         self.timeouts, self.min_group_size = timeouts, min_group_size
+        self.bans, self.max_weight = bans, max_weight
+        self.closed = closed
+        """A closed swarm's proofs: declarations carry ours, views drop outsiders."""
         self.handler_name = f"/diloco/{run_id}/join/1"
         self._lobbies: dict[RoundKey, _Lobby] = {}
         self._formed: dict[RoundKey, tuple[frozenset[PeerID], bytes]] = {}
@@ -134,6 +166,7 @@ class Matchmaker:
             self._serve_join,
             timeout=t.matchmaking + t.join_timeout,
             reply_timeout=t.reply_timeout,
+            admit=self.bans.admit,
         )
         await self.p2p.add_binary_stream_handler(self.handler_name, handler)
 
@@ -149,6 +182,7 @@ class Matchmaker:
         if key in self._lobbies:
             raise RoundFailed(key.fragment, key.round, "this round is already in matchmaking")
         tag = RoundTag(self.digest, key.fragment, key.round)
+        weight = min(weight, self.max_weight)
         request = Join(tag, numel, codec_id, return_codec_id, weight)
         request.check()
         lobby = _Lobby(request)
@@ -159,7 +193,9 @@ class Matchmaker:
             start = loop.time()
             expiration = get_dht_time() + t.matchmaking + t.allreduce
             await asyncio.wait_for(
-                declare_round(self.dht, round_key(self.run_id, key), weight, expiration),
+                declare_round(
+                    self.dht, round_key(self.run_id, key), weight, expiration, self.closed
+                ),
                 t.join_timeout,
             )
             declared = loop.time()
@@ -171,7 +207,7 @@ class Matchmaker:
                 len(view),
                 loop.time() - start,
             )
-            leader = choose_leader(view)
+            leader = choose_leader(view, round_key(self.run_id, key))
             if leader == self.p2p.peer_id:
                 lobby.decided.set()
                 return await self._lead(key, lobby, view, t.join_timeout)
@@ -191,9 +227,11 @@ class Matchmaker:
         """The peers of the round as far as this node can tell when it must choose a role.
 
         The view is the DHT declarations plus the peers that already sent this node a JOIN
-        (they are in the round too). It returns early as soon as a lower peer id than this
-        node's is known (it cannot lead, so it JOINs that peer now, and the JOIN waits
-        there), or ``target_group_size`` peers are known; otherwise after the window.
+        (they are in the round too), less the banned and those whose weight exceeds the
+        cap (their JOIN would be refused). It returns early as soon as a peer
+        ranked before this node is known (it cannot lead, so it JOINs that peer now, and
+        the JOIN waits there), or ``target_group_size`` peers are known; otherwise after
+        the window.
         """
         loop = asyncio.get_running_loop()
         t = self.timeouts
@@ -203,8 +241,13 @@ class Matchmaker:
             lobby.knock.clear()
             view = await asyncio.wait_for(self._read_view(key), t.join_timeout)
             view.update(lobby.knockers)
+            view = {
+                peer: w
+                for peer, w in view.items()
+                if w <= self.max_weight and not self.bans.banned(peer)
+            }
             known = len(view.keys() | {me})
-            if choose_leader(view.keys() | {me}) != me:
+            if choose_leader(view.keys() | {me}, round_key(self.run_id, key)) != me:
                 return view
             if self.target_group_size is not None and known >= self.target_group_size:
                 return view
@@ -216,8 +259,9 @@ class Matchmaker:
                 await asyncio.wait_for(lobby.knock.wait(), min(poll, remaining))
 
     async def _read_view(self, key: RoundKey) -> dict[PeerID, float]:
-        """Peers declared under the round key; invalid declarations are logged and skipped."""
-        return await read_declarations(self.dht, round_key(self.run_id, key))
+        """Peers declared under the round key; invalid declarations are logged and skipped
+        (declarations are signed: a peer can declare only itself, ``records``)."""
+        return await read_declarations(self.dht, round_key(self.run_id, key), self.closed)
 
     async def _lead(
         self, key: RoundKey, lobby: _Lobby, view: set[PeerID], wait: float
@@ -231,6 +275,9 @@ class Matchmaker:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(lobby.changed.wait(), remaining)
         lobby.closed = True
+        banned = Reject(RejectCode.BANNED, reason="banned while the group formed").serialize()
+        for peer in [p for p in lobby.joiners if self.bans.banned(p)]:
+            lobby.joiners.pop(peer).set_result((Kind.REJECT, banned))
         members = sorted([self.p2p.peer_id, *lobby.joiners], key=lambda peer: peer.to_bytes())
         weights = {**lobby.weights, self.p2p.peer_id: lobby.request.weight}
         if len(members) < self.min_group_size:
@@ -292,7 +339,7 @@ class Matchmaker:
                 dead.add(target)
                 failures = 0
                 alive = view - dead
-                target = choose_leader(alive)
+                target = choose_leader(alive, round_key(self.run_id, key))
                 if target == self.p2p.peer_id:
                     logger.warning("round %s: leader unreachable, leading instead", key)
                     lobby.leader = None
@@ -300,7 +347,7 @@ class Matchmaker:
                 lobby.leader = target
                 continue
             if kind == Kind.GROUP:
-                return self._check_group(key, lobby.request, body)
+                return self._check_group(key, lobby.request, body, target)
             reject = Reject.parse(body)
             if reject.code == RejectCode.NOT_LEADER and reject.redirect:
                 redirect = PeerID(reject.redirect)
@@ -328,7 +375,8 @@ class Matchmaker:
         finally:
             writer.close()
 
-    def _check_group(self, key: RoundKey, request: Join, body: bytes) -> GroupInfo:
+    def _check_group(self, key: RoundKey, request: Join, body: bytes, leader: PeerID) -> GroupInfo:
+        """The GROUP ``leader`` sent, if valid; an invalid one is the leader's offence."""
         try:
             group = Group.parse(body)
             if group.tag != request.tag:
@@ -344,7 +392,10 @@ class Matchmaker:
                 raise ProtocolError("GROUP without me")
             if info.weights[info.index(self.p2p.peer_id)] != request.weight:
                 raise ProtocolError("GROUP with my weight changed")
+            if max(info.weights) > self.max_weight:
+                raise ProtocolError(f"GROUP with a weight over the cap {self.max_weight:g}")
         except (ProtocolError, ValueError) as exc:
+            self.bans.offend(leader, f"round {key}: invalid GROUP: {exc}")
             raise RoundFailed(key.fragment, key.round, f"invalid GROUP: {exc}") from exc
         logger.info("round %s: joined a group of %d", key, len(info.members))
         return info
@@ -378,6 +429,9 @@ class Matchmaker:
         if request.tag.digest != self.digest:
             return reject(RejectCode.WRONG_RUN, "different run configuration")
         key = RoundKey(request.tag.fragment, request.tag.round)
+        if request.weight > self.max_weight:
+            self.bans.offend(peer, f"round {key}: JOIN weight {request.weight:g} over the cap")
+            return reject(RejectCode.MISMATCH, f"weight over the run's cap {self.max_weight:g}")
         formed = self._formed.get(key)
         if formed is not None and peer in formed[0]:
             group = Group.parse(formed[1])

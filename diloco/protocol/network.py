@@ -1,9 +1,9 @@
 """How a node reaches the swarm: the network options of its DHT and p2pd, as one record.
 
 The node builds ``NetworkOptions`` from its flags (SPEC 5 "Local options": listen and
-announce addresses, identity file, relay options) and hands it whole to ``Swarm``, which
-hands it whole to ``make_dht``. Nothing probes the local router unless asked: NAT port
-mapping, AutoNAT and relays are off by default.
+announce addresses, identity file, relay options, a closed swarm's key file) and hands it
+whole to ``Swarm``, which hands it whole to ``make_dht``. Nothing probes the local router
+unless asked: NAT port mapping, AutoNAT and relays are off by default.
 """
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ class NetworkOptions:
     """Ask the router for a port mapping (UPnP)."""
     auto_nat: bool = False
     """Ask peers whether this node is reachable (AutoNAT)."""
+    swarm_key_path: str | None = None
+    """Closed swarms: the file holding the run's shared key (``diloco-node keygen``);
+    None: an open swarm."""
     startup_timeout: float = 60.0
     """Seconds to wait for the DHT process and its p2pd to start."""
 

@@ -7,7 +7,9 @@ serves those streams for one round: it reads chunks by their deadlines into the
 an executor, and streams every averaged chunk, with the counted mask, to every member.
 A stream cut in transport is not an offence: the member may open it again, and the
 chunks it already delivered are skipped. An invalid or late chunk excludes its sender,
-which is told so (REJECT BAD_PART); a failed part is announced the same way.
+which is told so (REJECT BAD_PART) and, for invalid input (not for being late), commits
+an offence (``bans``); a failed part is announced the same way. Contributions that
+clipping scaled down (``aggregation``) are logged.
 
 After its last chunk a sender seals its part (SEAL: its signature over the chunks'
 hashes) and after the last averaged chunk the reducer seals its own. With an ``identity``
@@ -30,6 +32,7 @@ import torch
 from hivemind.p2p import PeerID
 
 from diloco.errors import ProtocolError
+from diloco.protocol.bans import BanList
 from diloco.protocol.check_wire import Evidence, EvidenceRequest, Seal
 from diloco.protocol.group import GroupInfo, RoundTimeouts
 from diloco.protocol.identity import Identity
@@ -101,8 +104,10 @@ class PartServer:
         own_chunks: Sequence[asyncio.Future[torch.Tensor]],
         assembly: Assembly,
         identity: Identity | None,
+        bans: BanList,
     ) -> None:
-        self.reducer, self.group, self.me, self.identity = reducer, group, me, identity
+        self.reducer, self.group, self.me = reducer, group, me
+        self.identity, self.bans = identity, bans
         self.deadlines, self.timeouts, self.counter = deadlines, timeouts, counter
         self.own_chunks, self.assembly = own_chunks, assembly
         self.plan = reducer.plan
@@ -160,7 +165,9 @@ class PartServer:
                 logger.warning("round %s part %d failed: %s", key, index, reducer.failed)
                 return
             own = await self.own_chunks[c]
-            msg, mean = await loop.run_in_executor(None, self.average_chunk, c, own)
+            msg, mean, clipped = await loop.run_in_executor(None, self.average_chunk, c, own)
+            if clipped:
+                logger.info("round %s part %d chunk %d: clipped members %s", key, index, c, clipped)
             reducer.release(c)
             reducer.add_average(c, msg)
             self._touch()
@@ -174,8 +181,9 @@ class PartServer:
         self._touch()
         self.assembly.add(index, reducer.mask, torch.cat(decoded), digest)
 
-    def average_chunk(self, c: int, own: torch.Tensor) -> tuple[Averaged, torch.Tensor]:
-        """Averaged chunk ``c`` and its decoded values (runs in an executor)."""
+    def average_chunk(self, c: int, own: torch.Tensor) -> tuple[Averaged, torch.Tensor, list[int]]:
+        """Averaged chunk ``c``, its decoded values and the members clipped (runs in an
+        executor; ``PartReducer.average``)."""
         return self.reducer.average(c, own)
 
     async def accept_part(
@@ -213,16 +221,18 @@ class PartServer:
             logger.warning("round %s: PART from non-member %s", self.group.key, sender)
             return Reject(RejectCode.NOT_MEMBER, reason="not a member of this group")
         j = self.group.index(sender)
-        if j in self.reducer.excluded:
-            return _bad_part(f"excluded: {self.reducer.excluded[j]}")
-        if j in self._live:
+        # A stream opened again after a cut may come before its reducer saw the cut.
+        if not await self._wait(lambda: j not in self._live, self.deadlines.part):
             logger.warning("round %s: second PART stream from member %d", self.group.key, j)
             return None
+        if j in self.reducer.excluded:
+            return _bad_part(f"excluded: {self.reducer.excluded[j]}")
         self._live.add(j)
         try:
             return await self._serve_member(j, frame, head, reader, writer)
         finally:
             self._live.discard(j)
+            self._touch()
 
     async def _serve_member(
         self,
@@ -243,6 +253,9 @@ class PartServer:
             return None
         except (ProtocolError, asyncio.TimeoutError) as exc:  # bad input, or too slow
             self.exclude(j, str(exc) if isinstance(exc, ProtocolError) else repr(exc))
+            if isinstance(exc, ProtocolError):
+                peer = self.group.members[j]
+                self.bans.offend(peer, f"round {self.group.key}: invalid PART: {exc}")
             stop_sending(sending)
             return _bad_part(f"excluded: {self.reducer.excluded[j]}")
         with contextlib.suppress(asyncio.TimeoutError):

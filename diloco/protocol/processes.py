@@ -1,17 +1,42 @@
-"""The DHT process's p2pd, held by pidfd so that a stalled daemon can be stopped safely.
+"""The helper processes of a node (the DHT process and its p2pd): they end with the node,
+however it ends, and a stalled one can be stopped safely.
 
-hivemind starts p2pd as a child of the DHT process. If that process is killed, or stalls
-during shutdown, p2pd keeps running. A pidfd taken while p2pd is still the DHT process's
-child names that process and no other, so signalling it later can never hit a reused PID
-(Linux only; elsewhere nothing is held and nothing is signalled).
+hivemind forks the DHT process from the node and the DHT process starts p2pd. Neither
+notices by itself when its parent is gone: after a SIGKILL of the node (as the OOM killer
+sends) both would run on for ever, serving in the swarm and holding sockets. So
+``TiedDHT``'s process watches the node and, once it is gone, stops p2pd and exits; and
+p2pd gets SIGTERM from the kernel when the DHT process ends (``PR_SET_PDEATHSIG``), also
+when that one is killed outright.
+
+A pidfd taken while p2pd is still the DHT process's child names that process and no other,
+so signalling it later can never hit a reused PID. pidfds and the death signal are Linux
+only; elsewhere the watch polls the parent's PID and p2pd gets no death signal (logged).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import ctypes
+import functools
+import logging
 import os
 import select
 import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from hivemind import DHT
+
+logger = logging.getLogger(__name__)
+
+PR_SET_PDEATHSIG = 1
+"""``prctl`` option from <linux/prctl.h>: the signal this process gets when its parent ends."""
+PARENT_POLL_INTERVAL = 1.0
+"""Seconds between looks at the parent's PID where no pidfd can be waited on."""
 
 
 def _parent(pid: int) -> int | None:
@@ -53,3 +78,109 @@ def stop(pidfds: list[int], grace: float = 0.5) -> bool:
             select.select([pidfd], [], [], grace)
         os.close(pidfd)
     return signalled
+
+
+def end_with_parent(parent: int, cleanup: Callable[[], None]) -> threading.Thread:
+    """Once process ``parent`` (this process's parent) has ended, however, run ``cleanup``
+    and exit this process. Waits in a daemon thread on a pidfd of the parent, which becomes
+    readable when the whole process has ended (not one of its threads), or polls
+    ``os.getppid()`` where there is no pidfd. A parent already gone counts as ended."""
+    watch = threading.Thread(
+        target=_wait_for_parent, args=(parent, cleanup), name="diloco-parent-watch", daemon=True
+    )
+    watch.start()
+    return watch
+
+
+def _wait_for_parent(parent: int, cleanup: Callable[[], None]) -> None:
+    pidfd = None
+    with contextlib.suppress(AttributeError, OSError):
+        pidfd = os.pidfd_open(parent)
+    if os.getppid() == parent:  # still our parent: the pidfd names it, not a reused PID
+        if pidfd is not None:
+            select.select([pidfd], [], [])
+        else:
+            while os.getppid() == parent:
+                time.sleep(PARENT_POLL_INTERVAL)
+    logger.warning("parent %d has ended: process %d cleans up and exits", parent, os.getpid())
+    try:
+        cleanup()
+    finally:
+        os._exit(0)
+
+
+def _prctl() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return prctl
+
+
+def _end_with(parent: int, prctl: Callable[..., int]) -> None:
+    """In a forked child before exec: SIGTERM when ``parent``'s forking thread ends."""
+    args = (ctypes.c_ulong(signal.SIGTERM), ctypes.c_ulong(0), ctypes.c_ulong(0))
+    if prctl(ctypes.c_int(PR_SET_PDEATHSIG), *args, ctypes.c_ulong(0)) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+    if os.getppid() != parent:  # it ended before the death signal was set
+        raise ChildProcessError(f"parent {parent} ended")
+
+
+@contextlib.contextmanager
+def children_end_with_this_process() -> Iterator[None]:
+    """While active, a process started by ``asyncio.subprocess.create_subprocess_exec`` (not
+    the alias ``asyncio.create_subprocess_exec``) from this process's main thread gets
+    SIGTERM from the kernel when this process ends.
+
+    hivemind starts p2pd exactly so and has no hook for it; hence this wrapper, meant for a
+    process of our own (the DHT process), where nothing else spawns. Only the main thread:
+    the death signal fires when the *thread* that forked ends, and the main thread lasts as
+    long as the process. Elsewhere (or on another thread) the child is started as before.
+    """
+    original = asyncio.subprocess.create_subprocess_exec
+    prctl, here = _prctl(), os.getpid()
+    if prctl is None:
+        logger.info("no PR_SET_PDEATHSIG on %s: p2pd may outlive a killed node", sys.platform)
+
+    async def create(*args: Any, **kwargs: Any) -> asyncio.subprocess.Process:
+        if prctl is not None and threading.current_thread() is threading.main_thread():
+            kwargs.setdefault("preexec_fn", functools.partial(_end_with, here, prctl))
+        return await original(*args, **kwargs)
+
+    asyncio.subprocess.create_subprocess_exec = create
+    try:
+        yield
+    finally:
+        asyncio.subprocess.create_subprocess_exec = original
+
+
+class TiedDHT(DHT):  # type: ignore[misc]  # hivemind ships no type hints
+    """A ``hivemind.DHT`` whose process and p2pd end with the process that started it.
+
+    Its process watches the starting process (``end_with_parent``): once that has ended,
+    by SIGKILL too, it stops p2pd, removes the daemon's and its p2p client's sockets and
+    exits, within about a second. p2pd also gets SIGTERM when the DHT process ends
+    (``children_end_with_this_process``). A clean ``shutdown`` is unchanged. Arguments
+    are ``hivemind.DHT``'s. (The node's own p2p client socket, a file of the node, stays
+    behind after a SIGKILL of the node, held by no process.)
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._owner_pid = os.getpid()  # before the fork: in the child the parent may be gone
+        super().__init__(*args, **kwargs)
+
+    def run(self) -> None:
+        end_with_parent(self._owner_pid, self._orphaned)
+        with children_end_with_this_process():
+            super().run()
+
+    def _orphaned(self) -> None:
+        """In the DHT process, whose owner has ended: stop p2pd, remove the sockets."""
+        stop(child_pidfds(os.getpid()))
+        p2p = getattr(getattr(self, "_node", None), "p2p", None)
+        # What hivemind's P2P._terminate removes; that one runs on the (maybe busy) loop.
+        for name in ("_daemon_listen_maddr", "_client_listen_maddr"):
+            with contextlib.suppress(OSError, TypeError, KeyError):
+                os.remove(getattr(p2p, name)["unix"])

@@ -4,13 +4,17 @@ Layout in the DHT (all keys namespaced by the run id, all values with expiration
 value is a signed envelope of ``signed_records``, subkey = the author's peer id)::
 
     key "{run_id}/nodes"                subkey = author   payload = NodeRecord.to_wire()
-    key "diloco-runs/{name}"            subkey = author   payload = run id
-    key "{run_id}/frag{p}/round{k}"     subkey = author   payload = weight (float > 0)
+    key "{run_id}/frag{p}/round{k}"     subkey = author   payload = weight (float > 0),
+                                                          or [weight, proof] (closed swarm)
+    key "{run_id}/vouch/frag{p}"        subkey = author   payload = vouch_payload(rounds)
+    key "{run_id}/metrics"              subkey = author   payload = ``metrics_records``
 
-The second key lets a node whose configuration differs (same name, other hash) say so
-clearly instead of silently waiting alone; the third is the matchmaking declaration of
-round ``(p, k)``. Records are owned: only the author's key can write its subkey, so a
-record says what its author claims, nothing more (healing must still check claims).
+The second key is the matchmaking declaration of round ``(p, k)``; the third holds a
+member's vouches: the last rounds of fragment ``p`` it applied, each with the outer state
+hash it reached and the round's members (SPEC 4.1: healing adopts only a state a majority
+of its round vouches for). Records are owned: only the author's key can write its subkey,
+so a record says what its author claims, nothing more (healing must still check claims:
+``diloco.node.claims``).
 Payloads come from untrusted peers: ``from_wire`` validates them strictly and rejects
 rather than coerces (hivemind's ``SchemaValidator`` spirit); readers skip and log invalid
 ones. ``record_validator`` gives every DHT node these schemas (and discovery's).
@@ -29,9 +33,9 @@ from hivemind import DHT
 from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
 
-from diloco.errors import ConfigError, ProtocolError
-from diloco.protocol import discovery
-from diloco.protocol.run_id import RUN_ID_PATTERN, check_run_id, run_name
+from diloco.errors import ProtocolError
+from diloco.protocol import discovery, metrics_records
+from diloco.protocol.run_id import RUN_ID_PATTERN, check_run_id
 from diloco.protocol.signed_records import (
     MAX_RECORD_TTL,
     SignedRecordValidator,
@@ -41,6 +45,7 @@ from diloco.protocol.signed_records import (
     store_signed,
     unpack_payload,
 )
+from diloco.protocol.swarm_key import NOT_MEMBER, PROOF_BYTES, ClosedSwarm
 
 logger = logging.getLogger(__name__)
 
@@ -52,13 +57,18 @@ MAX_VERSION_CHARS = 64
 HASH_PATTERN = re.compile(r"^[0-9a-f]{64}$")
 PEER_ID_PATTERN = re.compile(r"^[1-9A-HJ-NP-Za-km-z]{30,64}$")  # base58 multihash
 MAX_NODE_RECORD_BYTES = 64 * 1024
-MAX_DECLARATION_BYTES = 16
-MAX_RUN_MARKER_BYTES = 128
+MAX_DECLARATION_BYTES = 64
+MAX_VOUCH_ROUNDS = 3
+"""Rounds per vouch record: a member's last applied rounds of one fragment."""
+MAX_ROUND_MEMBERS = 256
+"""Members of one round (``wire.MAX_GROUP_SIZE``): 3 rounds of 256 peer ids fit 48 KiB."""
+MAX_VOUCH_BYTES = 60 * 1024
+VOUCH_SCHEMA = 1
 
 _RUN_ID = RUN_ID_PATTERN.pattern.strip("^$")
 NODES_KEY_PATTERN = re.compile(rf"{_RUN_ID}/nodes")
-RUNS_KEY_PATTERN = re.compile(r"diloco-runs/[A-Za-z0-9_-]{1,64}")
 ROUND_KEY_PATTERN = re.compile(rf"{_RUN_ID}/frag[0-9]{{1,9}}/round[0-9]{{1,12}}")
+VOUCH_KEY_PATTERN = re.compile(rf"{_RUN_ID}/vouch/frag([0-9]{{1,9}})")
 """Forms of the keys above (``matchmaking.round_key`` builds the last), matched in full."""
 
 
@@ -181,25 +191,17 @@ def nodes_key(run_id: str) -> str:
     return f"{check_run_id(run_id)}/nodes"
 
 
-def runs_key(run_id: str) -> str:
-    """DHT key listing the run ids that share this run's human name."""
-    return f"diloco-runs/{run_name(run_id)}"
-
-
 async def publish_record(dht: DHT, run_id: str, record: NodeRecord, ttl: float) -> bool:
-    """Store ``record`` (signed by this node) for ``ttl`` seconds and refresh the run-name
-    marker. Returns whether the record was stored; the marker's result is ignored.
+    """Store ``record`` (signed by this node) for ``ttl`` seconds; returns whether it was
+    stored.
 
     Raises:
         ValueError: ``record`` is another peer's (its peer id is not the DHT's identity).
     """
     if record.peer_id != (author := signer(dht).peer_id):
         raise ValueError(f"cannot publish the record of {record.peer_id} as {author}")
-    expiration = get_dht_time() + ttl
     payload = pack_payload(record.to_wire())
-    stored = await store_signed(dht, nodes_key(run_id), payload, expiration)
-    await store_signed(dht, runs_key(run_id), pack_payload(run_id), expiration)
-    return stored
+    return await store_signed(dht, nodes_key(run_id), payload, get_dht_time() + ttl)
 
 
 async def read_records(dht: DHT, run_id: str) -> list[NodeRecord]:
@@ -214,67 +216,156 @@ async def read_records(dht: DHT, run_id: str) -> list[NodeRecord]:
     return sorted(records, key=lambda r: r.peer_id)
 
 
-async def other_run_ids(dht: DHT, run_id: str) -> list[str]:
-    """Run ids with this run's name but another configuration hash, seen in the DHT.
-
-    A node that finds no peers of its own run but some here should tell the user that its
-    configuration differs from theirs.
-    """
-    key = runs_key(run_id)
-    others = set()
-    for peer_id, signed in (await read_signed(dht, key)).items():
-        try:
-            other = parse_run_marker(key, signed.payload)
-        except (ProtocolError, ConfigError) as exc:
-            logger.warning("ignoring run marker from %s: %s", peer_id, exc)
-            continue
-        if other != run_id:
-            others.add(other)
-    return sorted(others)
-
-
-def parse_run_marker(key: str, payload: bytes) -> str:
-    """The run id in a run-name marker stored under ``key``.
-
-    Raises:
-        ProtocolError: not a run id string, or a run of another name than the key's.
-    """
-    run_id = unpack_payload(payload, MAX_RUN_MARKER_BYTES)
-    if not isinstance(run_id, str) or not RUN_ID_PATTERN.match(run_id) or runs_key(run_id) != key:
-        raise ProtocolError(f"run marker {run_id!r:.80} does not belong under {key}")
-    return run_id
-
-
-async def declare_round(dht: DHT, key: str, weight: float, expiration: float) -> bool:
+async def declare_round(
+    dht: DHT, key: str, weight: float, expiration: float, closed: ClosedSwarm | None = None
+) -> bool:
     """Declare this node for the round of DHT key ``key`` (``matchmaking.round_key``) with
     its ``weight`` until ``expiration``, cut to ``MAX_RECORD_TTL`` (a declaration is read
-    only while the round matches)."""
+    only while the round matches). In a ``closed`` swarm the declaration carries this
+    node's proof of membership."""
     expiration = min(expiration, get_dht_time() + MAX_RECORD_TTL)
-    return await store_signed(dht, key, pack_payload(float(weight)), expiration)
+    value: object = float(weight)
+    if closed is not None:
+        value = [float(weight), closed.declaration_proof(key, signer(dht).peer_id)]
+    return await store_signed(dht, key, pack_payload(value), expiration)
 
 
-async def read_declarations(dht: DHT, key: str) -> dict[PeerID, float]:
+async def read_declarations(
+    dht: DHT, key: str, closed: ClosedSwarm | None = None
+) -> dict[PeerID, float]:
     """Peers declared under the round key ``key`` with their weights; invalid declarations
-    are logged with the peer id they claim and skipped."""
+    are logged with the peer id they claim and skipped, and so are, in a ``closed`` swarm,
+    those without a valid proof of membership (outsiders are not in the view)."""
     view: dict[PeerID, float] = {}
     for peer_id, signed in (await read_signed(dht, key)).items():
         try:
-            view[PeerID.from_base58(peer_id)] = parse_declaration(signed.payload)
+            weight, proof = parse_declaration(signed.payload)
         except ProtocolError as exc:
             logger.warning("ignoring declaration of %s under %s: %s", peer_id, key, exc)
+            continue
+        if closed is not None and not closed.check(closed.declaration_proof(key, peer_id), proof):
+            logger.info("ignoring declaration of %s under %s: %s", peer_id, key, NOT_MEMBER)
+            continue
+        view[PeerID.from_base58(peer_id)] = weight
     return view
 
 
-def parse_declaration(payload: bytes) -> float:
-    """The weight in a round declaration.
+def parse_declaration(payload: bytes) -> tuple[float, bytes | None]:
+    """The weight in a round declaration, and its proof of membership (closed swarms).
 
     Raises:
-        ProtocolError: anything but a finite float > 0.
+        ProtocolError: neither a finite float > 0 nor ``[such a float, 32-byte proof]``.
     """
-    weight = unpack_payload(payload, MAX_DECLARATION_BYTES)
+    value = unpack_payload(payload, MAX_DECLARATION_BYTES)
+    weight, proof = value, None
+    if isinstance(value, list) and len(value) == 2 and isinstance(value[1], bytes):
+        weight, proof = value
+        if len(proof) != PROOF_BYTES:
+            raise ProtocolError(f"declaration proof of {len(proof)} bytes, not {PROOF_BYTES}")
     if not isinstance(weight, float) or not math.isfinite(weight) or weight <= 0:
         raise ProtocolError(f"declared weight {weight!r:.80} is not a finite float > 0")
-    return weight
+    return weight, proof
+
+
+@dataclass(frozen=True, slots=True)
+class Vouch:
+    """``author``'s signed word that applying round ``round`` of ``fragment`` left its outer
+    state with hash ``state_hash``, in a round whose full contributors were ``members``
+    (sorted peer ids, the author among them). Evidence only together with the vouches of
+    a majority of ``members`` (``diloco.node.claims.vouched``)."""
+
+    author: str
+    fragment: int
+    round: int
+    state_hash: str
+    members: tuple[str, ...]
+
+    def check(self) -> None:
+        """Raise ProtocolError unless every field is in range.
+
+        Raises:
+            ProtocolError: naming the first bad field.
+        """
+        _vouch(PEER_ID_PATTERN.match(self.author) is not None, f"peer id {self.author!r}")
+        _vouch(_is_int(self.fragment) and self.fragment >= 0, f"fragment {self.fragment!r}")
+        _vouch(_is_int(self.round) and self.round >= 1, f"vouched round {self.round!r}")
+        _vouch(
+            isinstance(self.state_hash, str) and HASH_PATTERN.match(self.state_hash) is not None,
+            f"state hash {self.state_hash!r}",
+        )
+        members = self.members
+        _vouch(0 < len(members) <= MAX_ROUND_MEMBERS, f"{len(members)} members")
+        for peer in members:
+            _vouch(isinstance(peer, str) and PEER_ID_PATTERN.match(peer) is not None, "member")
+        _vouch(list(members) == sorted(set(members)), "members not sorted and distinct")
+        _vouch(self.author in members, "a vouch from outside the round's members")
+
+
+def vouch_key(run_id: str, fragment: int) -> str:
+    """DHT key under which the members of fragment ``fragment``'s rounds vouch."""
+    return f"{check_run_id(run_id)}/vouch/frag{fragment}"
+
+
+def vouch_payload(vouches: Sequence[Vouch]) -> bytes:
+    """The payload of one author's vouches for one fragment (``parse_vouches`` reads it)."""
+    _vouch(0 < len(vouches) <= MAX_VOUCH_ROUNDS, f"{len(vouches)} vouched rounds")
+    for vouch in vouches:
+        vouch.check()
+    rounds = [[v.round, v.state_hash, list(v.members)] for v in vouches]
+    return pack_payload({"v": VOUCH_SCHEMA, "rounds": rounds})
+
+
+def parse_vouches(key: str, author: str, payload: bytes) -> list[Vouch]:
+    """The vouches in ``author``'s record under the vouch key ``key``.
+
+    Raises:
+        ProtocolError: not a vouch key, oversize or malformed payload, a round twice, or a
+            vouch failing ``Vouch.check``.
+    """
+    match = VOUCH_KEY_PATTERN.fullmatch(key)
+    _vouch(match is not None, f"vouch key {key!r}")
+    assert match is not None
+    value = unpack_payload(payload, MAX_VOUCH_BYTES)
+    _vouch(isinstance(value, Mapping) and set(value) == {"v", "rounds"}, "vouch record keys")
+    assert isinstance(value, Mapping)
+    _vouch(value["v"] == VOUCH_SCHEMA, f"vouch schema {value['v']!r}")
+    rounds = value["rounds"]
+    _vouch(isinstance(rounds, list) and 0 < len(rounds) <= MAX_VOUCH_ROUNDS, "vouch rounds")
+    vouches = []
+    for item in rounds:
+        _vouch(isinstance(item, list) and len(item) == 3, f"vouch entry {item!r:.80}")
+        _vouch(isinstance(item[2], list), "vouch members type")
+        vouch = Vouch(author, int(match.group(1)), item[0], item[1], tuple(item[2]))
+        vouch.check()
+        vouches.append(vouch)
+    _vouch(len({v.round for v in vouches}) == len(vouches), "a round vouched twice")
+    return vouches
+
+
+async def publish_vouches(dht: DHT, run_id: str, vouches: Sequence[Vouch], ttl: float) -> bool:
+    """Store this node's ``vouches`` of one fragment (its last applied rounds) for ``ttl`` s.
+
+    Raises:
+        ValueError: vouches of another author, or of several fragments.
+    """
+    author = signer(dht).peer_id
+    if {(v.author, v.fragment) for v in vouches} != {(author, vouches[0].fragment)}:
+        raise ValueError(f"{author} vouches only for itself and one fragment at a time")
+    key = vouch_key(run_id, vouches[0].fragment)
+    return await store_signed(dht, key, vouch_payload(vouches), get_dht_time() + ttl)
+
+
+async def read_vouches(dht: DHT, run_id: str, fragment: int) -> list[Vouch]:
+    """Every valid, correctly signed vouch for ``fragment``; invalid records are logged with
+    the peer id they claim and skipped."""
+    key = vouch_key(run_id, fragment)
+    vouches = []
+    for peer_id, signed in (await read_signed(dht, key)).items():
+        try:
+            vouches.extend(parse_vouches(key, peer_id, signed.payload))
+        except ProtocolError as exc:
+            logger.warning("ignoring vouches of %s under %s: %s", peer_id, key, exc)
+    return vouches
 
 
 def record_validator() -> SignedRecordValidator:
@@ -282,19 +373,16 @@ def record_validator() -> SignedRecordValidator:
     return SignedRecordValidator(
         [
             (NODES_KEY_PATTERN, _check_node_record),
-            (RUNS_KEY_PATTERN, _check_run_marker),
             (ROUND_KEY_PATTERN, _check_declaration),
+            (VOUCH_KEY_PATTERN, parse_vouches),
             (discovery.RUN_CONFIGS_KEY_PATTERN, discovery.check_config_payload),
+            (metrics_records.METRICS_KEY_PATTERN, metrics_records.check_metrics_payload),
         ]
     )
 
 
 def _check_node_record(key: str, author: str, payload: bytes) -> None:
     NodeRecord.from_payload(author, payload)
-
-
-def _check_run_marker(key: str, author: str, payload: bytes) -> None:
-    parse_run_marker(key, payload)
 
 
 def _check_declaration(key: str, author: str, payload: bytes) -> None:
@@ -345,6 +433,10 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _require(condition: bool, what: str) -> None:
+def _require(condition: bool, what: str, kind: str = "node record") -> None:
     if not condition:
-        raise ProtocolError(f"invalid node record: {what}")
+        raise ProtocolError(f"invalid {kind}: {what}")
+
+
+def _vouch(condition: bool, what: str) -> None:
+    _require(condition, what, "vouch")

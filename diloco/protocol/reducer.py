@@ -4,13 +4,15 @@ The outer step and merge (``diloco.node.outer``) see only this interface, so the
 in-process multi-replica trainer and the swarm node run one algorithm ("one algorithm, two
 transports"). ``InProcessReducer`` follows the wire path of the butterfly all-reduce
 (SPEC 4) exactly: every member's part is encoded with the run's codec and decoded by its
-reducer, the weighted mean is accumulated in FP32 in group order (``weighted_mean``), the
+reducer, contributions are combined chunk by chunk as the swarm's reducers combine them
+(``aggregation.robust_mean``: weights capped, norms clipped, FP32 in group order), the
 mean is encoded once and every member (the reducer too) uses the decoded bytes. Bytes are
 counted from the encoded payloads of both phases.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -20,7 +22,9 @@ from dataclasses import dataclass
 import torch
 
 from diloco.codecs import Codec
+from diloco.protocol.aggregation import CLIP_FACTOR, cap_weights, check_clip_factor, robust_mean
 from diloco.protocol.partition import butterfly_parts
+from diloco.protocol.reduction import chunk_spans
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,38 +78,38 @@ class Reducer(ABC):
         """Release transport resources; the default holds none."""
 
 
-def weighted_mean(parts: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
-    """FP32 weighted mean, accumulated in the given (group) order.
-
-    Each contribution is scaled by its normalised weight before it is added, so a single
-    member gets its own values back exactly, and every reducer of every transport performs
-    the same float operations in the same order. The product and the sum are two separate
-    operations, each rounded once on every CPU: ``add_(x, alpha=w)`` fuses them into one FMA
-    where the CPU has it (AVX2) and not elsewhere, and members that recompute a reducer's
-    blocks (``verification``) must get its bits on any machine, value by value.
-    """
-    total = float(sum(weights))
-    if not parts or total <= 0:
-        raise ValueError("weighted_mean needs at least one part with positive total weight")
-    acc = torch.zeros_like(parts[0], dtype=torch.float32)
-    for part, weight in zip(parts, weights, strict=True):
-        acc.add_(part.to(torch.float32) * (float(weight) / total))
-    return acc
-
-
 class InProcessReducer(Reducer):
-    """All members live in this process (``diloco-node local``); results are immediate."""
+    """All members live in this process (``diloco-node local``); results are immediate.
 
-    def __init__(self, codec: Codec, return_codec: Codec | None = None) -> None:
+    ``max_weight`` and ``clip_factor`` are the swarm's rules (``aggregation``): weights
+    clamped to the cap, contributions clipped chunk by chunk (the swarm's chunks), so both
+    transports give the same bits. ``clipped`` counts the contributions to a chunk that
+    clipping scaled down, ``combined`` every contribution to a chunk (honest runs: 0 of N).
+    """
+
+    def __init__(
+        self,
+        codec: Codec,
+        return_codec: Codec | None = None,
+        *,
+        max_weight: float = math.inf,
+        clip_factor: float = CLIP_FACTOR,
+    ) -> None:
+        check_clip_factor(clip_factor)
+        if not max_weight > 0:
+            raise ValueError(f"max_weight must be > 0 tokens, got {max_weight!r}")
         self.codec = codec
         self.return_codec = return_codec or codec
+        self.max_weight, self.clip_factor = max_weight, clip_factor
+        self.clipped = 0
+        self.combined = 0
 
     def reduce(self, key: RoundKey, contributions: Sequence[Contribution]) -> Future[RoundResult]:
         future: Future[RoundResult] = Future()
         start = time.perf_counter()
         num_members = len(contributions)
         numel = contributions[0].delta.numel()
-        weights = [c.weight for c in contributions]
+        weights = cap_weights([c.weight for c in contributions], self.max_weight)
         result = torch.empty(numel, dtype=torch.float32)
         sent = [0] * num_members
         received = [0] * num_members
@@ -117,7 +121,15 @@ class InProcessReducer(Reducer):
                 if member != reducer:
                     sent[member] += len(payload)
                     received[reducer] += len(payload)
-            averaged = self.return_codec.encode(weighted_mean(decoded, weights))
+            mean = torch.empty(hi - lo, dtype=torch.float32)
+            for a, b in chunk_spans(lo, hi) if hi > lo else []:
+                combined = robust_mean(
+                    [d[a - lo : b - lo] for d in decoded], weights, self.clip_factor
+                )
+                mean[a - lo : b - lo] = combined.mean
+                self.clipped += len(combined.clipped)
+                self.combined += num_members
+            averaged = self.return_codec.encode(mean)
             result[lo:hi] = self.return_codec.decode(averaged)
             for member in range(num_members):
                 if member != reducer:

@@ -9,8 +9,8 @@ feeds what arrives into these classes, which never touch a stream, a clock or a 
   plus the norms of its own delta, the bound for what it accepts.
 * ``PartReducer``: the reducer side of this member's part: which chunks arrived from whom
   (kept with their hashes and their senders' seals: evidence for disputes), who is excluded
-  and why, who counts once the gather closes, the combine step (``combine``), and the
-  averaged chunks.
+  and why, who counts once the gather closes, the combine step
+  (``aggregation.robust_mean``), and the averaged chunks.
 * ``AveragedPart``: the member side of one reducer's part, one stream's worth: its AVERAGED
   chunks, validated in order.
 * ``Assembly``: the parts a member holds and the result, masks and digest they make.
@@ -33,9 +33,9 @@ import torch
 
 from diloco.codecs import Codec, CodecError
 from diloco.errors import ProtocolError
+from diloco.protocol.aggregation import cap_weights, check_clip_factor, robust_mean
 from diloco.protocol.norms import Span, block_norms, chunk_norm, num_blocks
 from diloco.protocol.partition import PART_ALIGN, butterfly_parts
-from diloco.protocol.reducer import weighted_mean
 from diloco.protocol.wire import Averaged, Buffer, PartHead, RoundTag
 
 CHUNK_VALUES = 1 << 18
@@ -81,21 +81,6 @@ def check_norm(norm: float, reference_norm: float, max_norm_ratio: float) -> Non
         raise ProtocolError(f"norm {norm:.3g} > {max_norm_ratio:g} x own norm {reference_norm:.3g}")
 
 
-def combine(
-    values: Sequence[torch.Tensor], weights: Sequence[float], norms: Sequence[float]
-) -> torch.Tensor:
-    """The combine step of one chunk: the counted members' values, weights and chunk norms
-    (as AVERAGED carries them) in group order, to the FP32 mean.
-
-    Reducers run it on whole chunks; members that check them (``verification``) on blocks
-    of ``BLOCK_VALUES`` values, with the reducer's norms. Both give the same bits because
-    every operation in it is elementwise and rounded once on every CPU (``weighted_mean``),
-    and whatever depends on more than one value (a robust combine's clipping) depends on
-    the chunk only through ``norms``; the plain weighted mean does not read them.
-    """
-    return weighted_mean(values, weights)
-
-
 def part_digest(bodies: Sequence[Buffer]) -> bytes:
     """sha256 of one part as members compare it and its reducer seals it: its AVERAGED bodies
     in chunk order (mask, norms and payload: what every member must hold alike)."""
@@ -114,7 +99,8 @@ class RoundPlan:
     group_id: bytes
     index: int
     weights: tuple[float, ...]
-    """Members' weights in group order (tokens since their last sync, SPEC 2.4)."""
+    """Members' weights in group order (tokens since their last sync, SPEC 2.4), each
+    clamped to the run's cap (``aggregation.cap_weights``)."""
     spans: tuple[Span, ...]
     """Part ``j`` is ``spans[j]`` of the vector (``butterfly_parts``); member ``j`` reduces it."""
     chunks: tuple[tuple[Span, ...], ...]
@@ -123,6 +109,8 @@ class RoundPlan:
     codec: Codec
     return_codec: Codec
     max_norm_ratio: float
+    clip_factor: float
+    """C of the norm clipping (``aggregation``); 0: the plain weighted mean."""
 
     @classmethod
     def build(
@@ -136,7 +124,10 @@ class RoundPlan:
         codec: Codec,
         return_codec: Codec,
         max_norm_ratio: float,
+        max_weight: float,
+        clip_factor: float,
     ) -> RoundPlan:
+        check_clip_factor(clip_factor)
         spans = butterfly_parts(delta.numel(), len(weights))
         chunks = tuple(tuple(chunk_spans(lo, hi)) for lo, hi in spans)
         norms = tuple(
@@ -146,13 +137,14 @@ class RoundPlan:
             tag,
             group_id,
             index,
-            tuple(weights),
+            cap_weights(weights, max_weight),
             tuple(spans),
             chunks,
             norms,
             codec,
             return_codec,
             max_norm_ratio,
+            clip_factor,
         )
 
     @property
@@ -306,10 +298,12 @@ class PartReducer:
     def fail(self, reason: str) -> None:
         self.failed = reason
 
-    def average(self, c: int, own: torch.Tensor) -> tuple[Averaged, torch.Tensor]:
-        """Chunk ``c`` averaged over the counted members (``own`` is this member's values),
-        encoded once with the return codec, as an unsigned AVERAGED with the norms it was
-        combined by; and the decoded values this member uses itself (pure)."""
+    def average(self, c: int, own: torch.Tensor) -> tuple[Averaged, torch.Tensor, list[int]]:
+        """Chunk ``c`` combined over the counted members (``own`` is this member's values;
+        ``aggregation.robust_mean``: norms clipped against the lower median, FP32 weighted
+        mean in group order), encoded once with the return codec, as an unsigned AVERAGED
+        with the norms it was combined by; the decoded values this member uses itself; the
+        counted members that clipping scaled down (pure)."""
         assert self.mask is not None
         norms = [0.0] * self.plan.num_members
         values = []
@@ -318,12 +312,14 @@ class PartReducer:
             values.append(own if chunk is None else chunk.values)
             norms[i] = chunk_norm(own) if chunk is None else chunk.norm
         weights = [self.plan.weights[i] for i in self.counted]
-        mean = combine(values, weights, [norms[i] for i in self.counted])
-        encoded = self.plan.return_codec.encode(mean)
+        counted_norms = [norms[i] for i in self.counted]
+        combined = robust_mean(values, weights, self.plan.clip_factor, counted_norms)
+        encoded = self.plan.return_codec.encode(combined.mean)
         msg = Averaged(
             self.plan.head(self.index, c), self.mask, tuple(norms), block_norms(own), encoded
         )
-        return msg, self.plan.return_codec.decode(encoded)
+        clipped = [self.counted[k] for k in combined.clipped]
+        return msg, self.plan.return_codec.decode(encoded), clipped
 
     def release(self, c: int) -> None:
         """Drop the decoded values of chunk ``c`` once it is averaged; its bytes stay."""

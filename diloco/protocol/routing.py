@@ -14,6 +14,7 @@ from hivemind.p2p import PeerID
 
 from diloco.errors import ProtocolError, RoundFailed
 from diloco.protocol.allreduce import AllReduceRunner
+from diloco.protocol.bans import BanList
 from diloco.protocol.check_wire import CheckRequest, EvidenceRequest
 from diloco.protocol.group import RoundTimeouts
 from diloco.protocol.reducer import RoundKey
@@ -45,9 +46,14 @@ class AllReduceService:
     """
 
     def __init__(
-        self, p2p: StreamTransport, run_id: str, digest: bytes, timeouts: RoundTimeouts
+        self,
+        p2p: StreamTransport,
+        run_id: str,
+        digest: bytes,
+        timeouts: RoundTimeouts,
+        bans: BanList,
     ) -> None:
-        self.p2p, self.digest, self.timeouts = p2p, digest, timeouts
+        self.p2p, self.digest, self.timeouts, self.bans = p2p, digest, timeouts, bans
         self.part_handler = f"/diloco/{run_id}/part/1"
         self.report_handler = f"/diloco/{run_id}/report/1"
         self.check_handler = f"/diloco/{run_id}/check/1"
@@ -62,7 +68,7 @@ class AllReduceService:
         return self.part_handler, self.report_handler, self.check_handler, self.evidence_handler
 
     async def start(self) -> None:
-        """Register the four handlers on the shared P2P daemon."""
+        """Register the four handlers on the shared P2P daemon (banned peers refused)."""
         t = self.timeouts
         waits = t.connect_timeout + t.matchmaking  # the first frame, then this node's group
         reply = t.reply_timeout
@@ -73,7 +79,9 @@ class AllReduceService:
             (self.check_handler, "CHECK", self._serve_check, checks),
             (self.evidence_handler, "EVIDENCE", self._serve_evidence, checks),
         ):
-            handler = stream_handler(name, serve, timeout=timeout, reply_timeout=reply)
+            handler = stream_handler(
+                name, serve, timeout=timeout, reply_timeout=reply, admit=self.bans.admit
+            )
             await self.p2p.add_binary_stream_handler(handler_name, handler)
 
     def expect(self, key: RoundKey) -> asyncio.Future[AllReduceRunner]:

@@ -50,6 +50,7 @@ from hivemind.utils import get_dht_time
 
 from diloco.errors import ConfigError, ProtocolError
 from diloco.protocol.identity import Identity, load_or_create_identity, signing_input, verify
+from diloco.protocol.processes import TiedDHT
 
 logger = logging.getLogger(__name__)
 
@@ -76,9 +77,9 @@ class SignedValue:
     expiration: float
 
 
-class SigningDHT(DHT):  # type: ignore[misc]  # hivemind ships no type hints
+class SigningDHT(TiedDHT):
     """A ``hivemind.DHT`` whose p2pd runs with this node's Ed25519 ``identity``, which
-    ``store_signed`` signs with in this process.
+    ``store_signed`` signs with in this process; it ends with this process (``TiedDHT``).
 
     With ``identity_path`` None the node gets a fresh identity (a new peer id each start),
     written to a private temporary directory (mode 0700) that is removed once p2pd has read

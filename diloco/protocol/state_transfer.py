@@ -7,6 +7,11 @@ everything before use: run digest, exactly the fragments it asked for, lengths a
 what it expects, finiteness, and the sha256 of the bytes against the header (and against
 the hash the donor published in the DHT when the versions match). A donor that fails any
 check is skipped and the next one is tried.
+
+A donor caps what peers can make it do (issue 11 "Resource caps", ``limits``): one state
+stream per peer at a time, a few requests per minute per peer, a few streams in total;
+refusals are answered with REJECT BUSY and logged once per peer. It hashes each snapshot's
+fragments once (``SnapshotHashes``), not once per request.
 """
 
 from __future__ import annotations
@@ -14,15 +19,19 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
-from hivemind.p2p import P2P, PeerID
+from hivemind.p2p import PeerID
 
 from diloco.errors import ProtocolError
 from diloco.protocol import streams
+from diloco.protocol.bans import BanList
 from diloco.protocol.fragment_state import FragmentState, OuterState, fp32_bytes
+from diloco.protocol.limits import StreamLimiter, StreamLimits
 from diloco.protocol.state_wire import StateEntry, StateHeader, StateRequest
 from diloco.protocol.wire import Kind, Reject, RejectCode
 
@@ -31,32 +40,97 @@ logger = logging.getLogger(__name__)
 MAX_STATE_NUMEL = 2**33
 """Largest fragment a fetcher accepts when it has no expected size (8 G values)."""
 
+MAX_REFUSALS_LOGGED = 10_000
+"""Peers remembered as logged for a refusal; beyond, the memory is cleared."""
+REJECT_TIMEOUT = 2.0
+"""Seconds to tell a refused peer why."""
+
 StateProvider = Callable[[], OuterState]
-"""Returns a consistent snapshot of the current outer state; called off the event loop."""
+"""Returns a consistent snapshot of the current outer state; called off the event loop.
+A snapshot's fragments are never changed afterwards (the server caches their hashes)."""
+
+
+class SnapshotHashes:
+    """sha256 of snapshot fragments, once per fragment object.
+
+    Keyed by object identity, with a weak reference that drops the entry when the snapshot
+    goes: an identity reused by a later object never finds a stale hash, and the cache
+    keeps no state alive.
+    """
+
+    def __init__(self) -> None:
+        self._hashes: dict[int, tuple[weakref.ref[FragmentState], str]] = {}
+
+    def get(self, state: FragmentState) -> str | None:
+        entry = self._hashes.get(id(state))
+        return entry[1] if entry is not None and entry[0]() is state else None
+
+    def put(self, state: FragmentState, digest: str) -> None:
+        key = id(state)
+        self._hashes[key] = (weakref.ref(state, lambda _: self._hashes.pop(key, None)), digest)
+
+    def __len__(self) -> int:
+        return len(self._hashes)
 
 
 class StateServer:
-    """Answers STATE_REQ streams from the provider's snapshot."""
+    """Answers STATE_REQ streams from the provider's snapshot, within ``limits``; banned
+    peers get nothing."""
 
     def __init__(
-        self, p2p: P2P, run_id: str, digest: bytes, provider: StateProvider, timeout: float
+        self,
+        p2p: streams.StreamTransport,
+        run_id: str,
+        digest: bytes,
+        provider: StateProvider,
+        timeout: float,
+        bans: BanList,
+        limits: StreamLimits | None = None,
     ) -> None:
         self.p2p, self.digest, self.provider, self.timeout = p2p, digest, provider, timeout
+        self.bans = bans
         self.handler_name = state_handler_name(run_id)
+        self.limiter = StreamLimiter(limits or StreamLimits())
+        self.hashes = SnapshotHashes()
+        self.refused: set[str] = set()
+        """Peers already logged for a refusal."""
+        self._hashing = asyncio.Lock()
 
     async def start(self) -> None:
         handler = streams.stream_handler(
-            "STATE_REQ", self._serve, timeout=self.timeout, reply_timeout=self.timeout
+            "STATE_REQ",
+            self._serve,
+            timeout=self.timeout,
+            reply_timeout=self.timeout,
+            admit=self.bans.admit,
         )
         await self.p2p.add_binary_stream_handler(self.handler_name, handler)
 
     async def _serve(
         self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> Reject | None:
+        # The request is read before the caps are checked: a refusal sent before it would
+        # cut the stream under the fetcher's write, which then never reads the REJECT.
         _, body = await streams.read_frame(reader, (Kind.STATE_REQ,))
         request = StateRequest.parse(body)
         if request.digest != self.digest:
             return Reject(RejectCode.WRONG_RUN, reason="different run configuration")
+        name = peer.to_base58()
+        refusal = self.limiter.admit(name, time.monotonic())
+        if refusal is not None:
+            # Answered here rather than returned: the stream wrapper would log every one.
+            self._log_refusal(name, refusal)
+            reject = Reject(RejectCode.BUSY, reason=refusal)
+            await streams.send_reject(writer, reject, REJECT_TIMEOUT)
+            return None
+        try:
+            return await self._send_state(request, writer)
+        finally:
+            self.limiter.release(name)
+
+    async def _send_state(
+        self, request: StateRequest, writer: asyncio.StreamWriter
+    ) -> Reject | None:
         loop = asyncio.get_running_loop()
         snapshot = await loop.run_in_executor(None, self.provider)
         wanted = request.fragments or tuple(sorted(snapshot.fragments))
@@ -64,7 +138,7 @@ class StateServer:
         if missing:
             return Reject(RejectCode.NO_STATE, reason=f"no state for fragments {missing}")
         states = [snapshot.fragments[p] for p in wanted]
-        hashes = await loop.run_in_executor(None, lambda: [s.sha256() for s in states])
+        hashes = await self._hash(states)
         header = StateHeader(
             self.digest,
             snapshot.global_step,
@@ -80,13 +154,37 @@ class StateServer:
             )
         return None
 
+    async def _hash(self, states: Sequence[FragmentState]) -> list[str]:
+        """The hashes of ``states``, each computed once per snapshot (off the loop; one
+        computation at a time, so that concurrent requests wait for it instead of
+        hashing the same snapshot twice)."""
+        async with self._hashing:
+            new = [s for s in states if self.hashes.get(s) is None]
+            if new:
+                loop = asyncio.get_running_loop()
+                digests = await loop.run_in_executor(None, lambda: [s.sha256() for s in new])
+                for state, digest in zip(new, digests, strict=True):
+                    self.hashes.put(state, digest)
+            hashes = [self.hashes.get(s) for s in states]
+        # Put above; ``states`` keeps their entries alive.
+        return [h for h in hashes if h is not None]
+
+    def _log_refusal(self, peer: str, reason: str) -> None:
+        if peer in self.refused:
+            logger.debug("state request from %s refused: %s", peer, reason)
+            return
+        if len(self.refused) >= MAX_REFUSALS_LOGGED:
+            self.refused.clear()
+        self.refused.add(peer)
+        logger.warning("state requests from %s refused (BUSY): %s", peer, reason)
+
 
 def state_handler_name(run_id: str) -> str:
     return f"/diloco/{run_id}/state/1"
 
 
 async def fetch_state(
-    p2p: P2P,
+    p2p: streams.StreamTransport,
     peer: PeerID,
     run_id: str,
     digest: bytes,

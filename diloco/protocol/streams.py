@@ -9,7 +9,8 @@ rules every stream of the protocol shares:
   admission check first, a deadline on the whole exchange, a ``ProtocolError`` answered with
   REJECT MALFORMED and logged with the peer id, transport errors logged at debug, an
   unexpected error logged with its traceback (never raised into p2pd's task), and the
-  writer always closed.
+  writer always closed: after an answer, only once the peer has closed its end
+  (``close_after_peer``), for p2pd may turn our close into a reset that cuts the answer.
 
 Bodies are written in ``CHUNK_BYTES`` pieces with a drain after each, which streams large
 parts with bounded buffering.
@@ -97,6 +98,7 @@ def stream_handler(
         info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         peer = info.peer_id
+        answered = False  # the peer is to read what we wrote: let it close first
         try:
             refusal = admit(peer)
             if refusal is None:
@@ -106,18 +108,49 @@ def stream_handler(
                 await asyncio.wait_for(
                     write_frame(writer, Kind.REJECT, refusal.serialize()), reply_timeout
                 )
+            answered = True
         except ProtocolError as exc:
             logger.warning("malformed %s stream from %s: %s", name, peer, exc)
             reject = Reject(RejectCode.MALFORMED, reason=str(exc)[:200])
             await send_reject(writer, reject, reply_timeout)
+            answered = True
         except _ENDED as exc:
             logger.debug("%s stream from %s ended: %r", name, peer, exc)
         except Exception:  # a bug of ours: loud, but the daemon's task must not die of it
             logger.exception("%s stream from %s failed", name, peer)
         finally:
-            writer.close()
+            if answered:
+                await close_after_peer(reader, writer, reply_timeout)
+            else:
+                writer.close()
 
     return handle
+
+
+async def close_after_peer(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, timeout: float
+) -> None:
+    """Close our end once the peer has closed its end, reading and dropping what it still
+    sends; at the latest after ``timeout`` seconds.
+
+    Why not close at once: p2pd (go-libp2p-daemon's stream pipe) answers the end of our
+    unix socket with a yamux ``Close``, which wakes its other copy direction with a reset
+    error before the FIN goes out; that direction then resets the stream, and on a busy
+    machine the reset can win the race. A reset makes the peer's yamux drop every byte it
+    has not yet read (our last frames, a REJECT). Closing with unread input does the same
+    (the daemon reads ECONNRESET and resets). A peer that has closed has read what it
+    wanted, so a reset then costs nothing.
+    """
+
+    async def until_eof() -> None:
+        while await reader.read(CHUNK_BYTES):
+            pass
+
+    try:
+        with contextlib.suppress(*_ENDED):
+            await asyncio.wait_for(until_eof(), timeout)
+    finally:
+        writer.close()
 
 
 def stop_sending(task: asyncio.Task[None]) -> None:

@@ -10,6 +10,7 @@ or block with a deadline.
 Interface for the node (stable)::
 
     swarm = Swarm(run_id, NetworkOptions(initial_peers=(...)))  # DHT + P2P + loop thread
+    # a closed swarm: Swarm(run_id, net, closed=ClosedSwarm(key, run_digest(run_id)))
     reducer = SwarmReducer(swarm, get_codec("e3m0"), timeouts=RoundTimeouts(...),
                            min_group_size=2)
     future = reducer.reduce(RoundKey(p, k), [Contribution(me, delta, weight)])
@@ -33,6 +34,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import logging
+import math
 import os
 import threading
 import time
@@ -46,8 +48,10 @@ from hivemind.p2p import P2P, PeerID
 from diloco.codecs import Codec
 from diloco.errors import ProtocolError, RoundFailed
 from diloco.protocol import processes
+from diloco.protocol.aggregation import CLIP_FACTOR, check_clip_factor, weighted_mean
 from diloco.protocol.allreduce import AllReduceRunner
-from diloco.protocol.checking import OffenceHook, log_offence
+from diloco.protocol.bans import BanList
+from diloco.protocol.event_loop import new_event_loop
 from diloco.protocol.fragment_state import OuterState
 from diloco.protocol.group import RoundTimeouts
 from diloco.protocol.matchmaking import Matchmaker
@@ -56,17 +60,17 @@ from diloco.protocol.partition import butterfly_parts
 from diloco.protocol.records import (
     NodeRecord,
     newest_donors,
-    other_run_ids,
     publish_record,
     read_records,
     record_validator,
 )
-from diloco.protocol.reducer import Contribution, Reducer, RoundKey, RoundResult, weighted_mean
+from diloco.protocol.reducer import Contribution, Reducer, RoundKey, RoundResult
 from diloco.protocol.routing import AllReduceService
 from diloco.protocol.run_id import check_run_id, run_digest
 from diloco.protocol.signed_records import SigningDHT
 from diloco.protocol.state_transfer import StateProvider, StateServer, fetch_state
-from diloco.protocol.streams import TRANSPORT_ERRORS
+from diloco.protocol.streams import TRANSPORT_ERRORS, StreamTransport
+from diloco.protocol.swarm_key import AUTH_TIMEOUT, ClosedSwarm, ClosedTransport
 from diloco.protocol.verification import slices_alone
 
 logger = logging.getLogger(__name__)
@@ -115,15 +119,20 @@ class Swarm:
         *,
         request_timeout: float = 30.0,
         dht: DHT | None = None,
+        closed: ClosedSwarm | None = None,
     ) -> None:
         self.run_id = check_run_id(run_id)
         self.digest = run_digest(run_id)
+        self.closed = closed
         self.request_timeout = request_timeout
+        self.bans = BanList()
+        """Peers this node refuses for a while (``bans``): every part of the protocol, and
+        whoever else catches a peer lying, reports offences here."""
         net = net or NetworkOptions()
         # A joiner that already read the run configuration through its own DHT hands it
         # over (one daemon per node); otherwise the swarm starts one.
         self.dht = dht or make_dht(net)
-        self._loop = asyncio.new_event_loop()
+        self._loop = new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name="diloco-swarm", daemon=True)
         self._thread.start()
         self._state_server: StateServer | None = None
@@ -132,6 +141,10 @@ class Swarm:
         except BaseException:
             self.shutdown()
             raise
+        self.streams: StreamTransport = self.p2p
+        """The run's streams: in a closed swarm every one starts with the AUTH exchange."""
+        if closed is not None:
+            self.streams = ClosedTransport(self.p2p, closed, AUTH_TIMEOUT)
 
     def _run_loop(self) -> None:
         asyncio.set_event_loop(self._loop)
@@ -167,15 +180,13 @@ class Swarm:
         """Every valid unexpired node record of the run."""
         return self.call(read_records(self.dht, self.run_id))
 
-    def other_run_ids(self) -> list[str]:
-        """Run ids with this run's name and another configuration (a user mistake to report)."""
-        return self.call(other_run_ids(self.dht, self.run_id))
-
     def serve_state(self, provider: StateProvider) -> None:
         """Answer state requests from now on with snapshots from ``provider``."""
         if self._state_server is not None:
             raise RuntimeError("serve_state was already called")
-        server = StateServer(self.p2p, self.run_id, self.digest, provider, self.request_timeout)
+        server = StateServer(
+            self.streams, self.run_id, self.digest, provider, self.request_timeout, self.bans
+        )
         self.call(server.start())
         self._state_server = server
 
@@ -191,7 +202,8 @@ class Swarm:
 
         Donors default to the peers whose records hold the newest versions of
         ``fragments`` (all fragments in ``expected_numel`` when None), best first; at most
-        ``max_donors`` are tried, each for ``timeout`` seconds (default ``request_timeout``).
+        ``max_donors`` are tried (banned peers never), each for ``timeout`` seconds (default
+        ``request_timeout``).
 
         Raises:
             ProtocolError: no donor delivered a valid state (the reasons are logged).
@@ -221,11 +233,11 @@ class Swarm:
                     f.fragment: (f.version, f.state_hash) for f in record.fragments
                 }
         errors = []
-        for donor in list(donors)[:max_donors]:
+        for donor in [d for d in donors if not self.bans.banned(d)][:max_donors]:
             try:
                 return await asyncio.wait_for(
                     fetch_state(
-                        self.p2p,
+                        self.streams,
                         donor,
                         self.run_id,
                         self.digest,
@@ -311,12 +323,14 @@ class SwarmReducer(Reducer):
     ``reduce`` returns at once; matchmaking and the all-reduce run on the swarm's loop and
     the future resolves within ``timeouts.total`` seconds. With ``target_group_size`` (e.g.
     the number of live node records) matchmaking ends as soon as that many peers declared,
-    instead of after the whole window. ``runner_type`` is the class that
+    instead of after the whole window. ``max_weight`` caps every member's weight (tokens,
+    the run's cap) and ``clip_factor`` is the C of the reducers' norm clipping
+    (``aggregation``; 0: off). ``bans`` is the swarm's. ``runner_type`` is the class that
     runs one all-reduce (tests substitute faulty subclasses).
 
     With ``verify`` (the default) every chunk is signed with the node's identity and every
     member checks the others' averages (``verification``): a reducer caught lying fails the
-    round here. Every peer caught lying is passed to ``on_offence`` (default: a warning).
+    round here and is banned (``bans``).
     ``verify=False`` is for measuring what that costs; every node of a swarm must then run
     without it (unsigned chunks are refused by nodes that verify).
     """
@@ -333,16 +347,18 @@ class SwarmReducer(Reducer):
         min_group_size: int = 2,
         target_group_size: int | None = None,
         max_norm_ratio: float = 100.0,
+        max_weight: float = math.inf,
+        clip_factor: float = CLIP_FACTOR,
         verify: bool = True,
-        on_offence: OffenceHook = log_offence,
     ) -> None:
         if not max_norm_ratio > 1:
             raise ValueError(f"max_norm_ratio must be > 1, got {max_norm_ratio}")
+        check_clip_factor(clip_factor)
         self.swarm, self.codec, self.return_codec = swarm, codec, return_codec or codec
+        self.bans, self.max_weight, self.clip_factor = swarm.bans, max_weight, clip_factor
         self.timeouts = timeouts or RoundTimeouts()
         self.min_group_size, self.max_norm_ratio = min_group_size, max_norm_ratio
         self.identity = swarm.dht.identity if verify else None
-        self.on_offence = on_offence
         if verify and not slices_alone(self.return_codec):
             logger.warning(
                 "averages encoded with %r cannot be recomputed by block: they are signed, "
@@ -350,15 +366,20 @@ class SwarmReducer(Reducer):
                 self.return_codec,
             )
         self.matchmaker = Matchmaker(
-            swarm.p2p,
+            swarm.streams,
             swarm.dht,
             swarm.run_id,
             swarm.digest,
             self.timeouts,
+            self.bans,
             min_group_size,
             target_group_size,
+            max_weight,
+            swarm.closed,
         )
-        self.service = AllReduceService(swarm.p2p, swarm.run_id, swarm.digest, self.timeouts)
+        self.service = AllReduceService(
+            swarm.streams, swarm.run_id, swarm.digest, self.timeouts, self.bans
+        )
         self.timings: collections.OrderedDict[RoundKey, tuple[float, float]] = (
             collections.OrderedDict()
         )
@@ -423,7 +444,7 @@ class SwarmReducer(Reducer):
                 result = await loop.run_in_executor(None, self._alone, delta, group.names)
             else:
                 runner = self.runner_type(
-                    p2p=self.swarm.p2p,
+                    p2p=self.swarm.streams,
                     group=group,
                     digest=self.swarm.digest,
                     codec=self.codec,
@@ -431,9 +452,11 @@ class SwarmReducer(Reducer):
                     delta=delta,
                     timeouts=self.timeouts,
                     max_norm_ratio=self.max_norm_ratio,
+                    max_weight=self.max_weight,
+                    clip_factor=self.clip_factor,
+                    bans=self.bans,
                     handlers=self.service.handlers,
                     identity=self.identity,
-                    on_offence=self.on_offence,
                 )
                 slot.set_result(runner)
                 result = await runner.run()

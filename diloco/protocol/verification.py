@@ -1,7 +1,8 @@
 """Sampled checks of the reducers' averages, and who lied when one fails (issue 11). Pure.
 
-The combine step is deterministic and elementwise (``reduction.combine``), so a member can
-recompute any block of an averaged part bit for bit from the inputs at that block alone.
+The combine step is deterministic and elementwise given the chunk norms
+(``aggregation.robust_mean``), so a member can recompute any block of an averaged part bit
+for bit from the inputs at that block and the norms the reducer signed.
 After the gather every member checks every part it did not reduce itself:
 
 1. It picks ``SAMPLES_PER_PART`` blocks of ``BLOCK_VALUES`` values of the part with private
@@ -9,9 +10,10 @@ After the gather every member checks every part it did not reduce itself:
    its values will be looked at.
 2. It asks every counted member (CHECK_REQ) for its contribution at those blocks, as its
    reducer decoded it, and its norm over every chunk of the part; answers are signed.
-3. ``check_part`` recomputes each block with the GROUP weights, the counted mask and the
-   norms from the reducer's signed AVERAGED chunks, encodes it with the return codec and
-   compares it exactly with the averaged values held. It also compares every member's
+3. ``check_part`` recomputes each block with the capped GROUP weights, the counted mask,
+   the run's clip factor and the norms from the reducer's signed AVERAGED chunks (so the
+   clipping too), encodes it with the return codec and compares it exactly with the
+   averaged values held. It also compares every member's
    chunk norms with the reducer's, and the reducer's own contribution at the blocks with
    the block norms it signed (its own contribution is the one input nobody else holds:
    the block norms commit it, so a reducer cannot answer with whatever values make its
@@ -48,6 +50,7 @@ import torch
 
 from diloco.codecs import Codec, CodecError, get_codec
 from diloco.errors import ProtocolError
+from diloco.protocol.aggregation import robust_mean
 from diloco.protocol.norms import (
     BLOCK_VALUES,
     FLOAT32_MAX,
@@ -56,7 +59,7 @@ from diloco.protocol.norms import (
     chunk_norm,
     num_blocks,
 )
-from diloco.protocol.reduction import RoundPlan, combine
+from diloco.protocol.reduction import RoundPlan
 from diloco.protocol.wire import Buffer
 
 SAMPLES_PER_PART = 16
@@ -153,6 +156,23 @@ class Sample:
         return torch.cat([self.averaged[a - lo : b - lo] for a, b in self.spans(plan)])
 
 
+def draw_samples(
+    plan: RoundPlan,
+    claims: Mapping[int, PartClaims],
+    averaged: torch.Tensor,
+    count: int,
+    rng: random.Random,
+) -> dict[int, Sample]:
+    """The ``Sample`` of each part this member did not reduce: ``count`` blocks of it
+    (``sample_blocks``), its reducer's ``claims`` and the ``averaged`` vector held."""
+    samples = {}
+    for j, (lo, hi) in enumerate(plan.spans):
+        blocks = sample_blocks((lo, hi), count, rng)
+        if j != plan.index and blocks:
+            samples[j] = Sample(j, blocks, claims[j], averaged[lo:hi])
+    return samples
+
+
 @dataclass(frozen=True, slots=True)
 class Answer:
     """A member's contribution to one part at the sampled blocks and its chunk norms."""
@@ -170,6 +190,8 @@ class Findings:
 
     reducer: str = ""
     """Why the reducer lied, proven by what it signed itself; empty if nothing is proven."""
+    silent: bool = False
+    """The reducer is blamed for not answering (no proof of a lie: maybe a cut stream)."""
     blocks: list[int] = field(default_factory=list)
     """Sampled blocks whose recomputation differs from the values held."""
     norms: list[tuple[int, int]] = field(default_factory=list)
@@ -189,6 +211,8 @@ class Judgement:
 
     reducer: str = ""
     senders: dict[int, str] = field(default_factory=dict)
+    silent: bool = False
+    """The reducer is blamed for silence (no answer or no evidence), not a proven lie."""
 
 
 def expected_values(
@@ -209,7 +233,8 @@ def expected_values(
     for c in sorted(set(chunks)):
         size = sum(n for n, chunk in zip(sizes, chunks, strict=True) if chunk == c)
         norms = [sample.claims.norms[c][i] for i in counted]
-        means.append(combine([x[offset : offset + size] for x in inputs], weights, norms))
+        values = [x[offset : offset + size] for x in inputs]
+        means.append(robust_mean(values, weights, plan.clip_factor, norms).mean)
         offset += size
     encoded = plan.return_codec.encode(torch.cat(means))
     return plan.return_codec.decode(encoded)
@@ -247,7 +272,7 @@ def check_part(plan: RoundPlan, sample: Sample, answers: Mapping[int, Answer]) -
     j, claims = sample.part, sample.claims
     findings = Findings()
     if j not in answers:
-        findings.reducer = "it did not answer the check"
+        findings.reducer, findings.silent = "it did not answer the check", True
         return findings
     findings.reducer = _reducer_claims(plan, sample, answers[j])
     if findings.reducer:
@@ -297,7 +322,8 @@ def judge(
     for i, c in wanted:
         item = evidence.get((i, c), "not sent")
         if isinstance(item, str):
-            return Judgement(f"no signed chunk {c} of member {i} ({item})", senders)
+            silent = item == "not sent"
+            return Judgement(f"no signed chunk {c} of member {i} ({item})", senders, silent)
         a, b = plan.chunks[j][c]
         try:
             values = plan.codec.decode(item)

@@ -27,8 +27,10 @@ Body layouts (``digest`` is the 16-byte run digest, ``gid`` the 16-byte group id
     REPORT    digest | fragment u32 | round u32 | gid | mask length u16 | parts mask
               | result sha256 (32)
     ACK       (empty)
+    AUTH      HMAC-SHA256 proof (32) of a closed swarm's key (``swarm_key``)
+    RUN_INFO  msgpack [run id, config JSON, creator signature] (``discovery``)
 
-An AVERAGED chunk's norms are every member's chunk norm as its reducer computed it (0: not
+An AVERAGED chunk's norms are every member's chunk norm as its reducer clipped by it (0: not
 counted), its block norms those of the reducer's own contribution over each ``PART_ALIGN``
 values (``verification``). After its last PART, and its last AVERAGED, chunk a part is
 sealed (SEAL, signed once per part).
@@ -90,6 +92,8 @@ class Kind(IntEnum):
     EVIDENCE_REQ = 13
     EVIDENCE = 14
     SEAL = 15
+    AUTH = 20
+    RUN_INFO = 21
 
 
 class RejectCode(IntEnum):
@@ -105,6 +109,9 @@ class RejectCode(IntEnum):
     GROUP_TOO_SMALL = 8
     NO_STATE = 9
     MALFORMED = 10
+    BANNED = 11
+    BUSY = 12
+    """Over a server's caps (``limits``): try another peer, or later."""
 
 
 @dataclass

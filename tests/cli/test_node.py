@@ -15,11 +15,13 @@ from click.testing import CliRunner
 
 from diloco.cli import main
 from diloco.cli import node as cli_node
+from diloco.node.compute import ComputeOptions
 from diloco.node.config import NodeOptions, RoundOptions, RunConfig
 from diloco.node.flags import NETWORK_FLAGS, NODE_FLAGS, ROUND_FLAGS, RUN_FLAGS
 from diloco.node.outer import OuterConfig
 from diloco.protocol.network import NetworkOptions
 from diloco.protocol.run_id import make_run_id
+from diloco.protocol.swarm_key import load_swarm_key
 
 FLAGS_BEFORE_THE_SPLIT = {
     "--config", "--name", "--preset", "--seq-len", "--steps", "--H", "--fragment-size",
@@ -44,9 +46,13 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
         net: NetworkOptions,
         params: dict[str, Any],
         join: bool,
-        dht: object = None,
+        joined: tuple[object, object] | None = None,
     ) -> None:
-        calls.append({"run": run, "options": options, "rounds": rounds, "net": net, "dht": dht})
+        signed, dht = joined or (None, None)
+        calls.append(
+            {"run": run, "options": options, "rounds": rounds, "net": net, "dht": dht}
+            | {"signed": signed, "params": params}
+        )
 
     monkeypatch.setattr(cli_node, "_run_node", record)
     return calls
@@ -112,12 +118,12 @@ def test_bad_values_exit_2_before_anything_starts(
     args: list[str],
     message: str,
 ) -> None:
-    import diloco.node.swarm_node
+    import diloco.node.pinned_run
 
     def no_swarm(*args: object) -> None:
         raise AssertionError("the swarm was asked")
 
-    monkeypatch.setattr(diloco.node.swarm_node, "discover_run", no_swarm)
+    monkeypatch.setattr(diloco.node.pinned_run, "discover_run", no_swarm)
     peers = ["--initial-peers", "/ip4/127.0.0.1/tcp/1"] if command == "join" else []
     code, output = invoke(command, *peers, *args)
     assert code == 2, output
@@ -163,18 +169,23 @@ class FakeDHT:
         self.stopped = True
 
 
+SIGNED = object()
+"""Stands for the run's signed configuration, which ``join`` hands to the node unchanged."""
+
+
 @pytest.fixture
 def swarm_run(monkeypatch: pytest.MonkeyPatch) -> tuple[RunConfig, FakeDHT]:
     """A swarm whose run trains 300 steps with H 10, found without a network."""
-    import diloco.node.swarm_node
+    import diloco.node.pinned_run
 
     run, dht = RunConfig(name="t", steps=300, outer=OuterConfig(sync_every=10)), FakeDHT()
 
-    def discover(net: NetworkOptions, run_name: str | None) -> tuple[RunConfig, FakeDHT]:
+    def discover(net: NetworkOptions, run_id: str | None) -> tuple[RunConfig, object, FakeDHT]:
         assert net.initial_peers == ("/ip4/127.0.0.1/tcp/1/p2p/a", "/ip4/127.0.0.2/tcp/1/p2p/b")
-        return run, dht
+        assert run_id in (None, "t-0123456789abcdef")
+        return run, SIGNED, dht
 
-    monkeypatch.setattr(diloco.node.swarm_node, "discover_run", discover)
+    monkeypatch.setattr(diloco.node.pinned_run, "discover_run", discover)
     return run, dht
 
 
@@ -191,6 +202,7 @@ def test_join_trains_the_swarms_run_with_its_own_local_choices(
     first, second = started
     assert first["run"] == second["run"] == swarm_run[0]
     assert first["dht"] is second["dht"] is swarm_run[1]
+    assert first["signed"] is second["signed"] is SIGNED
     assert (first["options"].data, first["options"].batch_size) == (None, 3)
     assert second["options"].data == str(corpus)
 
@@ -211,3 +223,110 @@ def test_join_tau_must_be_below_the_swarms_h(
     code, output = invoke("join", *PEERS, "--tau", "10")
     assert code == 2 and "tau must satisfy 0 <= tau < H=10" in output
     assert started == [] and swarm_run[1].stopped
+
+
+def test_start_with_a_swarm_key_makes_a_closed_run_of_its_own(
+    started: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    key = tmp_path / "swarm.key"
+    code, output = invoke("keygen", "--swarm-key", str(key))
+    assert code == 0 and f"wrote a swarm key to {key}" in output
+    assert invoke("keygen", "--swarm-key", str(key))[0] == 2  # never overwrites a key
+    assert invoke("start", "--swarm-key", str(key)) == (0, "")
+    assert invoke("start") == (0, "")
+    closed, open_ = (call["run"] for call in started)
+    assert closed.swarm_key_id == load_swarm_key(key).key_id and open_.swarm_key_id is None
+    assert started[0]["net"].swarm_key_path == str(key)
+    assert make_run_id("diloco", closed.to_dict()) != make_run_id("diloco", open_.to_dict())
+    assert key.read_bytes().hex() not in repr(closed.to_dict())
+
+
+def test_start_with_a_short_key_file_exits_2(started: list[dict[str, Any]], tmp_path: Path) -> None:
+    key = tmp_path / "short.key"
+    key.write_bytes(b"x" * 16)
+    code, output = invoke("start", "--swarm-key", str(key))
+    assert code == 2 and "not 16" in output
+    assert started == []
+
+
+def test_join_pins_the_run_id_it_is_given(
+    started: list[dict[str, Any]], swarm_run: tuple[RunConfig, FakeDHT]
+) -> None:
+    assert invoke("join", *PEERS, "--run-id", "t-0123456789abcdef")[0] == 0
+    code, output = invoke("join", *PEERS, "--run-id", "t")
+    assert code == 2 and "is not of the form NAME-<16 hex digits>" in output
+    assert len(started) == 1
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, str]:
+    """A folder prepared with a small BPE tokenizer: path, vocabulary, fingerprint."""
+    from bpe_corpus import write_bpe_corpus
+
+    from diloco.node.prepare_data import PrepareConfig, prepare
+
+    root = tmp_path_factory.mktemp("bpe")
+    write_bpe_corpus(root)
+    config = PrepareConfig(
+        inputs=[str(root / "docs.jsonl")],
+        output=str(root / "tokens"),
+        tokenizer=str(root / "tokenizer.json"),
+        processes=1,
+    )
+    manifest = prepare(config)
+    return root / "tokens", manifest.tokenizer.vocab_size, manifest.fingerprint
+
+
+def test_start_takes_the_vocabulary_of_a_prepared_corpus(
+    started: list[dict[str, Any]], prepared: tuple[Path, int, str]
+) -> None:
+    folder, vocab, fingerprint = prepared
+    assert invoke("start", "--data", str(folder))[0] == 0
+    assert invoke("start", "--data", str(folder), "--dataset-fingerprint", fingerprint)[0] == 0
+    assert invoke("start", "--data", str(folder), "--preset", "35M")[0] == 0
+    first, pinned, large = (call["run"] for call in started)
+    assert first.vocab_size == vocab > 256 and first.model_config().vocab_size == vocab
+    assert pinned.dataset_fingerprint == fingerprint
+    assert large.vocab_size is None and large.model_config().vocab_size == 32000
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--vocab-size", "300"], "has a vocabulary of {vocab} tokens but the model only 300"),
+        (["--dataset-fingerprint", "a" * 64], "the run trains on the prepared corpus aaaa"),
+    ],
+)
+def test_start_refuses_data_the_run_cannot_train_on(
+    started: list[dict[str, Any]], prepared: tuple[Path, int, str], args: list[str], message: str
+) -> None:
+    folder, vocab, _ = prepared
+    code, output = invoke("start", "--data", str(folder), *args)
+    assert code == 2 and message.format(vocab=vocab) in output
+    assert started == []
+
+
+def test_join_refuses_data_beyond_the_swarms_vocabulary(
+    started: list[dict[str, Any]],
+    swarm_run: tuple[RunConfig, FakeDHT],
+    prepared: tuple[Path, int, str],
+) -> None:
+    folder, vocab, _ = prepared
+    code, output = invoke("join", *PEERS, "--data", str(folder))
+    assert code == 2 and f"the run needs --vocab-size {vocab}" in output
+    assert started == [] and swarm_run[1].stopped
+
+
+def test_compute_flags_reach_the_node_options(started: list[dict[str, Any]]) -> None:
+    code, output = invoke(
+        "start", "--precision", "bf16", "--micro-batch-size", "2", "--compile", "--no-tf32",
+        "--outer-device", "device",
+    )  # fmt: skip
+    assert code == 0, output
+    options = started[0]["options"]
+    assert options.compute == ComputeOptions(
+        precision="bf16", micro_batch_size=2, compile=True, tf32=False
+    )
+    assert options.outer_device == "device"
+    code, output = invoke("start", "--batch-size", "4", "--micro-batch-size", "5")
+    assert code == 2 and "micro_batch_size 5 exceeds batch_size 4" in output

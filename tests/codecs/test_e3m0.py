@@ -76,7 +76,9 @@ def test_e3m0_golden_bytes_nearest() -> None:
 
 def test_e3m0_golden_bytes_stochastic_with_patched_rand(monkeypatch: pytest.MonkeyPatch) -> None:
     # With every draw 0.5 the value goes up iff it lies strictly above its neighbours' midpoint.
-    monkeypatch.setattr(torch, "rand", lambda *size, generator=None: torch.full(size[0], 0.5))
+    monkeypatch.setattr(
+        torch, "rand", lambda *size, generator=None, device=None: torch.full(size[0], 0.5)
+    )
     x = torch.tensor([1.0, 0.7, 0.8, -0.3, 0.375, 0.006, 0.01, 0.0])  # scale 1 (b 127)
     # 1.0 -> e 7; 0.7 in [0.5, 1], p 0.4 -> down, e 6; 0.8 p 0.6 -> up, e 7; -0.3, p 0.2 -> down,
     # 0x8 | 5; 0.375, p 0.5 -> down, e 5; 0.006 < 2**-6, p 0.384 -> 0; 0.01, p 0.64 -> e 1.
@@ -249,3 +251,17 @@ def test_e3m0_part_encodes_to_matching_scale_and_code_bytes() -> None:
         assert part[5 : 5 + count] == whole[5 + first : 5 + first + count]
         codes = whole[5 + nb + 16 * first : 5 + nb + 16 * (first + count)]
         assert part[5 + count :] == codes
+
+
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_encode_blocks_are_the_body_of_encode_and_decode_blocks_its_values(rounding) -> None:
+    codec = E3M0Codec(rounding)
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(0)) * 3.0
+    x[:40] = 0.0  # an all-zero block, and a padded last one (1000 = 31 * 32 + 8)
+    payload = codec.encode(x, torch.Generator().manual_seed(5))
+    scales, packed = codec.encode_blocks(x, torch.Generator().manual_seed(5))
+    assert scales.shape == (32,) and packed.shape == (32, 16)
+    assert scales.dtype == packed.dtype == torch.uint8
+    assert payload[5:] == scales.numpy().tobytes() + packed.numpy().tobytes()
+    values = E3M0Codec.decode_blocks(scales, packed, x.numel())
+    assert torch.equal(values, codec.decode(payload))

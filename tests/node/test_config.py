@@ -18,6 +18,8 @@ from diloco.node.config import (
 from diloco.node.flags import join_mismatch, run_config
 from diloco.node.inner import InnerConfig
 from diloco.node.outer import OuterConfig
+from diloco.protocol.identity import Identity
+from diloco.protocol.network import NetworkOptions
 from diloco.protocol.run_id import make_run_id
 
 
@@ -93,12 +95,25 @@ def test_typed_flags_override_the_toml_and_tau_sets_the_runs(tmp_path: Path) -> 
         ({"name": "a b"}, "run name 'a b'"),
         ({"evil": 1}, "unknown keys ['evil']"),
         ({"outer": {"evil": 1}}, "unknown keys ['outer.evil']"),
+        ({"max_round_tokens": 0}, "max_round_tokens must be >= 1 tokens"),
+        ({"clip_factor": 0.5}, "clip_factor must be 0 (off) or >= 1"),
+        ({"clip_factor": -1}, "clip_factor must be 0 (off) or >= 1"),
+        ({"creator": "abc"}, "creator: peer id abc is not an Ed25519 peer id"),
+        ({"creator": 5}, "creator: expected a string"),
+        ({"swarm_key_id": "0123456789ABCDEF"}, "is not 16 hex digits"),
+        ({"swarm_key_id": "0123"}, "is not 16 hex digits"),
     ],
 )
 def test_bad_run_values_are_config_errors(data: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError) as error:
         from_mapping(RunConfig, data)
     assert message in str(error.value)
+
+
+def test_weight_cap_defaults_to_32_sequences_per_step_of_a_round() -> None:
+    run = from_mapping(RunConfig, {"seq_len": 64, "outer": {"sync_every": 10}})
+    assert run.round_token_cap() == 32 * 64 * 10
+    assert from_mapping(RunConfig, {"max_round_tokens": 5000}).round_token_cap() == 5000
 
 
 def test_floats_take_integers_and_lists_become_tuples() -> None:
@@ -115,11 +130,27 @@ def test_a_peers_configuration_must_be_complete() -> None:
         RunConfig.from_dict(data)
 
 
-def test_a_data_path_is_never_part_of_the_run() -> None:
-    assert "data" not in {f.name for f in dataclasses.fields(RunConfig)}
-    published = RunConfig().to_dict() | {"data": "/home/victim/.ssh"}
-    with pytest.raises(ConfigError, match=r"unknown keys \['data'\]"):
+LOCAL_CHOICES = sorted(
+    {f.name for f in dataclasses.fields(NodeOptions)}
+    | {f.name for f in dataclasses.fields(NetworkOptions)}
+    | {"metrics_out", "export_path", "config_file", "resume"}
+)
+
+
+@pytest.mark.parametrize("key", LOCAL_CHOICES)
+def test_a_local_choice_is_never_read_from_a_swarms_run(key: str) -> None:
+    """A run configuration from a peer naming a path (or any local choice) is refused."""
+    assert key not in {f.name for f in dataclasses.fields(RunConfig)}
+    published = RunConfig().to_dict() | {key: "/home/victim/.ssh"}
+    with pytest.raises(ConfigError, match=rf"unknown keys \['{key}'\]"):
         RunConfig.from_dict(published)
+
+
+def test_creator_and_swarm_key_id_are_part_of_the_run() -> None:
+    creator = Identity.generate().peer_id
+    run = RunConfig(creator=creator, swarm_key_id="0123456789abcdef")
+    assert RunConfig.from_dict(run.to_dict()) == run
+    assert make_run_id(run.name, run.to_dict()) != make_run_id(run.name, RunConfig().to_dict())
 
 
 @pytest.mark.parametrize(
@@ -169,7 +200,14 @@ def test_inner_config_rejects_out_of_range_values() -> None:
 
 
 def test_joiner_flags_that_contradict_the_swarm_are_listed(tmp_path: Path) -> None:
-    swarm = RunConfig(name="t", steps=600, outer=OuterConfig(fragment_sync_delay=2))
+    creator = Identity.generate().peer_id
+    swarm = RunConfig(
+        name="t",
+        steps=600,
+        outer=OuterConfig(fragment_sync_delay=2),
+        creator=creator,
+        swarm_key_id="0123456789abcdef",
+    )
     assert join_mismatch(swarm, None, {}) == []
     assert join_mismatch(swarm, None, {"steps": 600}) == []
     assert join_mismatch(swarm, None, {"h": 7, "steps": 999}) == [
@@ -181,6 +219,8 @@ def test_joiner_flags_that_contradict_the_swarm_are_listed(tmp_path: Path) -> No
     assert join_mismatch(swarm, toml, {}) == []  # tau is each node's own
     toml.write_text('name = "u"\n')
     assert join_mismatch(swarm, toml, {}) == ["name: yours 'u', swarm's 't'"]
+    toml.write_text(f'name = "t"\ncreator = "{Identity.generate().peer_id}"\n')
+    assert [d.split(":")[0] for d in join_mismatch(swarm, toml, {})] == ["creator"]
 
 
 def test_config_mismatch_reads_nested_tables() -> None:

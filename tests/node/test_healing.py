@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 import pytest
@@ -12,12 +12,16 @@ import torch
 
 from diloco.codecs import get_codec
 from diloco.errors import ProtocolError
+from diloco.node.claims import SwarmView
 from diloco.node.data import load_corpus
 from diloco.node.healing import (
     Healer,
+    catch_up_step,
     choose_donors,
     fragments_to_adopt,
     heal_plan,
+    join_donors,
+    lagging,
     majority_hash,
     missed_rounds,
     open_suspects,
@@ -26,10 +30,11 @@ from diloco.node.inner import InnerConfig
 from diloco.node.outer import OuterConfig
 from diloco.node.trainer import NodeOptions, NodeTrainer, RunConfig
 from diloco.protocol.fragment_state import FragmentState, OuterState
-from diloco.protocol.records import FragmentVersion, NodeRecord
+from diloco.protocol.records import FragmentVersion, NodeRecord, Vouch
 from diloco.protocol.reducer import InProcessReducer, RoundKey
 
 A, B, C = "a" * 64, "b" * 64, "c" * 64
+NONE: frozenset[str] = frozenset()
 
 
 def record(peer: str, step: int, *frags: tuple[int, int, str]) -> NodeRecord:
@@ -40,6 +45,12 @@ def record(peer: str, step: int, *frags: tuple[int, int, str]) -> NodeRecord:
 
 def peers(records: Sequence[NodeRecord]) -> list[str]:
     return [r.peer_id for r in records]
+
+
+def trusting(records: list[NodeRecord], step: int | None = None) -> SwarmView:
+    """A view in which every record is plausible and every state it claims vouched."""
+    claims = {(f.fragment, f.version, f.state_hash) for r in records for f in r.fragments}
+    return SwarmView(tuple(records), dict.fromkeys(claims, frozenset()), step)
 
 
 # -- choose_donors -----------------------------------------------------------------------------
@@ -53,29 +64,38 @@ def test_choose_donors_takes_peers_ahead_newest_first() -> None:
         record("p4", 50, (0, 5, A)),
         record("p5", 50, (1, 9, A)),  # another fragment only
     ]
-    assert peers(choose_donors(records, 0, 3, C, my_step=50)) == ["p2", "p4", "p1"]
+    assert peers(choose_donors(trusting(records), 0, 3, C)) == ["p2", "p4", "p1"]
+
+
+def test_choose_donors_ignores_states_that_are_not_vouched() -> None:
+    records = [record("p1", 50, (0, 4, A)), record("p2", 50, (0, 6, B))]
+    view = SwarmView(tuple(records), {(0, 4, A): frozenset()}, 50)
+    assert peers(choose_donors(view, 0, 3, C)) == ["p1"]
+    # Unvouched at our version with another hash: no conflict to follow either.
+    alone = SwarmView((record("p1", 50, (0, 3, A)), record("p2", 50, (0, 3, A))), {}, 50)
+    assert choose_donors(alone, 0, 3, C) == []
 
 
 def test_choose_donors_none_when_in_line_or_ahead_of_everyone() -> None:
     records = [record("p1", 50, (0, 3, C)), record("p2", 50, (0, 2, A))]
-    assert choose_donors(records, 0, 3, C, my_step=50) == []
-    assert choose_donors([], 0, 3, C, my_step=50) == []
+    assert choose_donors(trusting(records), 0, 3, C) == []
+    assert choose_donors(trusting([]), 0, 3, C) == []
 
 
 def test_choose_donors_follows_the_majority_hash_at_my_version() -> None:
     two_for_b = [record("p1", 50, (0, 3, B)), record("p2", 50, (0, 3, B))]
-    assert peers(choose_donors(two_for_b, 0, 3, C, my_step=50)) == ["p1", "p2"]
+    assert peers(choose_donors(trusting(two_for_b), 0, 3, C)) == ["p1", "p2"]
     # One peer with C sides with me: 2 against 2, the smaller hash (B < C) wins.
     tie = [*two_for_b, record("p3", 50, (0, 3, C))]
-    assert peers(choose_donors(tie, 0, 3, C, my_step=50)) == ["p1", "p2"]
+    assert peers(choose_donors(trusting(tie), 0, 3, C)) == ["p1", "p2"]
     # The same tie seen from a node holding A: A < B, it keeps its state.
     tie_a = [*two_for_b, record("p3", 50, (0, 3, A))]
-    assert choose_donors(tie_a, 0, 3, A, my_step=50) == []
+    assert choose_donors(trusting(tie_a), 0, 3, A) == []
     # One peer against me: a tie, which the smaller hash wins (A < C).
     lone = [record("p1", 50, (0, 3, A))]
-    assert peers(choose_donors(lone, 0, 3, C, my_step=50)) == ["p1"]
+    assert peers(choose_donors(trusting(lone), 0, 3, C)) == ["p1"]
     # With one peer on my side the conflicting peer is the minority.
-    assert choose_donors([*lone, record("p2", 50, (0, 3, C))], 0, 3, C, my_step=50) == []
+    assert choose_donors(trusting([*lone, record("p2", 50, (0, 3, C))]), 0, 3, C) == []
 
 
 def test_choose_donors_majority_counts_only_my_version() -> None:
@@ -85,29 +105,44 @@ def test_choose_donors_majority_counts_only_my_version() -> None:
         record("p3", 50, (0, 2, A)),
     ]
     assert majority_hash(records, 0, 3, C) == B  # 1 each at version 3: B < C
-    assert peers(choose_donors(records, 0, 3, C, my_step=50)) == ["p1"]
+    assert peers(choose_donors(trusting(records), 0, 3, C)) == ["p1"]
     assert majority_hash(records, 0, 3, A) == A
 
 
-def test_choose_donors_lagging_node_takes_the_peer_furthest_ahead() -> None:
-    in_line = [record("p1", 53, (0, 3, C)), record("p2", 60, (0, 3, C))]
-    assert peers(choose_donors(in_line, 0, 3, C, my_step=50)) == ["p2"]
-    # Within MAX_LAG_STEPS (2) a node is not lagging.
-    close = [record("p1", 52, (0, 3, C))]
-    assert choose_donors(close, 0, 3, C, my_step=50) == []
-    # A peer ahead on the fragment is preferred to the furthest step.
-    mixed = [*in_line, record("p3", 51, (0, 4, A))]
-    assert peers(choose_donors(mixed, 0, 3, C, my_step=50)) == ["p3"]
+def test_lagging_against_the_views_robust_step() -> None:
+    assert lagging(trusting([], step=53), my_step=50)
+    assert not lagging(trusting([], step=52), my_step=50)  # within MAX_LAG_STEPS (2)
+    assert not lagging(trusting([], step=None), my_step=0)
 
 
 def test_heal_plan_checks_every_fragment_when_lagging() -> None:
     mine = {0: (3, C), 1: (2, C), 2: (1, C)}
     records = [record("p1", 50, (0, 3, C), (1, 3, A), (2, 1, C))]
-    assert {p: peers(d) for p, d in heal_plan(records, mine, 50, [0, 1]).items()} == {1: ["p1"]}
-    assert heal_plan(records, mine, 50, [0, 2]) == {}
-    lagging = [*records, record("p2", 80, (0, 3, C), (1, 2, C), (2, 1, C))]
-    plan = heal_plan(lagging, mine, 50, [0])
+    in_line = trusting(records, step=50)
+    assert {p: peers(d) for p, d in heal_plan(in_line, mine, 50, [0, 1]).items()} == {1: ["p1"]}
+    assert heal_plan(in_line, mine, 50, [0, 2]) == {}
+    ahead = trusting([*records, record("p2", 80, (0, 4, C), (1, 2, C), (2, 2, C))], step=80)
+    plan = heal_plan(ahead, mine, 50, [0])
     assert {p: peers(d) for p, d in plan.items()} == {0: ["p2"], 1: ["p1"], 2: ["p2"]}
+
+
+def test_join_donors_need_every_fragment_vouched() -> None:
+    full = record("full", 50, (0, 2, A), (1, 1, B))
+    partial = record("partial", 60, (0, 3, A), (1, 1, B))
+    missing = record("missing", 60, (0, 2, A))
+    view = SwarmView((full, partial, missing), dict.fromkeys([(0, 2, A), (1, 1, B)], NONE), 50)
+    assert peers(join_donors(view, 2)) == ["full"]
+    both = SwarmView((full, partial), dict.fromkeys([(0, 2, A), (0, 3, A), (1, 1, B)], NONE), 50)
+    assert peers(join_donors(both, 2)) == ["partial", "full"]  # the newest first
+
+
+def test_donors_who_vouched_come_before_copies_of_their_claim() -> None:
+    member = record("zz-member", 50, (0, 2, A), (1, 1, B))
+    copies = [record(f"sybil{i}", 60, (0, 2, A), (1, 1, B)) for i in range(3)]
+    vouchers = {(0, 2, A): frozenset({"zz-member", "other"}), (1, 1, B): frozenset({"x", "y"})}
+    view = SwarmView((*copies, member), vouchers, 50)
+    assert peers(join_donors(view, 2))[0] == "zz-member"
+    assert peers(choose_donors(view, 0, 1, C))[0] == "zz-member"
 
 
 # -- adopt, missed rounds, suspects ------------------------------------------------------------
@@ -127,7 +162,15 @@ def test_fragments_to_adopt_rules() -> None:
         4: state(5, 2.0),  # newer but a round is in flight
     }
     assert fragments_to_adopt(fetched, mine, in_flight={4}) == [0, 1]
-    assert fragments_to_adopt(fetched, mine, in_flight={4}, take_all=True) == [0, 1, 2, 3]
+
+
+def test_catch_up_step_reaches_the_send_step_of_the_newest_round_adopted() -> None:
+    # H 10, 2 fragments (offsets 0 and 5): round 4 is sent at steps 40 and 45.
+    adopted = {0: state(4, 2.0), 1: state(4, 2.0)}
+    assert catch_up_step(adopted, 39, sync_every=10, num_fragments=2) == 45
+    assert catch_up_step({0: state(4, 2.0)}, 39, sync_every=10, num_fragments=2) == 40
+    assert catch_up_step(adopted, 50, sync_every=10, num_fragments=2) == 50
+    assert catch_up_step({0: state(0, 2.0)}, 0, sync_every=10, num_fragments=2) == 0
 
 
 def test_missed_rounds_by_hand() -> None:
@@ -151,14 +194,22 @@ def test_open_suspects_until_caught_up_or_next_round_sent() -> None:
 
 
 class FakeSwarm:
-    """Records and states to hand out; remembers what was asked."""
+    """Records, vouches and states to hand out; remembers what was asked."""
 
-    def __init__(self, records: list[NodeRecord], states: dict[str, OuterState]) -> None:
-        self.records, self.states = records, states
+    def __init__(
+        self,
+        records: list[NodeRecord],
+        states: dict[str, OuterState],
+        vouches: Sequence[Vouch] = (),
+    ) -> None:
+        self.records, self.states, self.vouches = records, states, list(vouches)
         self.asked: list[tuple[list[int], list[str]]] = []
 
     def read_records(self) -> list[NodeRecord]:
         return list(self.records)
+
+    def read_vouches(self, fragments: Sequence[int]) -> list[Vouch]:
+        return [v for v in self.vouches if v.fragment in fragments]
 
     def fetch_state(
         self, fragments: Sequence[int], expected_numel: Mapping[int, int], donors: Sequence[str]
@@ -169,6 +220,12 @@ class FakeSwarm:
                 full = self.states[donor]
                 return OuterState(full.global_step, {p: full.fragments[p] for p in fragments})
         raise ProtocolError("no donor delivered")
+
+
+def vouches_for(fragment: int, round: int, state_hash: str, *members: str) -> list[Vouch]:
+    """Every member of a round vouching for the state it reached."""
+    listed = tuple(sorted(members))
+    return [Vouch(m, fragment, round, state_hash, listed) for m in listed]
 
 
 @pytest.fixture(scope="module")
@@ -188,10 +245,13 @@ def make_trainer(corpus: Any) -> NodeTrainer:
     return NodeTrainer(run, options, InProcessReducer(get_codec("none")), "me", corpus)
 
 
-def make_healer(trainer: NodeTrainer, swarm: FakeSwarm) -> tuple[Healer, list[dict[str, Any]]]:
+def make_healer(
+    trainer: NodeTrainer, swarm: FakeSwarm, anchors: Sequence[str] = ()
+) -> tuple[Healer, list[dict[str, Any]]]:
     events: list[dict[str, Any]] = []
     worker = ThreadPoolExecutor(1)
-    healer = Healer(trainer, swarm, "me", worker, events.append, lambda: None)
+    initial = [s.sha256() for s in trainer.sync.states]
+    healer = Healer(trainer, swarm, "me", worker, events.append, lambda: None, initial, anchors)
     return healer, events
 
 
@@ -203,23 +263,34 @@ def donor_state(trainer: NodeTrainer, global_step: int, version: int) -> OuterSt
     return OuterState(global_step, fragments)
 
 
+def initial_entries(trainer: NodeTrainer, skip: int | None = None) -> list[tuple[int, int, str]]:
+    """Record entries of the run's initial state (version 0), but for fragment ``skip``."""
+    return [(p, 0, s.sha256()) for p, s in enumerate(trainer.sync.states) if p != skip]
+
+
 def finish_check(healer: Healer, swarm: FakeSwarm) -> list[tuple[list[int], list[str]]]:
     """Wait for the check in flight and apply it; returns what it asked the swarm for (the
     next check may start at once)."""
     assert healer.future is not None
-    healer.future.result(timeout=30)
+    wait([healer.future], timeout=30)
     asked = list(swarm.asked)
     healer.maybe_heal([])
     return asked
 
 
-def test_healer_fetches_a_fragment_a_peer_holds_newer_and_adopts_it(corpus: Any) -> None:
+def test_healer_fetches_a_fragment_vouched_newer_and_adopts_it(corpus: Any) -> None:
     trainer = make_trainer(corpus)
     trainer.step = 6  # fragment 0 sent round 1 at step 6; a periodic check is due
     served = donor_state(trainer, 6, 1)
-    others = [(p, s.version, s.sha256()) for p, s in enumerate(trainer.sync.states) if p]
-    ahead = record("donor", 6, (0, 1, served.fragments[0].sha256()), *others)
-    swarm = FakeSwarm([ahead, record("me", 6, (0, 9, A))], {"donor": served})
+    vouched = served.fragments[0].sha256()
+    others = initial_entries(trainer, skip=0)
+    ahead = record("donor", 6, (0, 1, vouched), *others)
+    liar = record("liar", 6, (0, 1, A), *others)  # newer too, but no majority vouches for A
+    swarm = FakeSwarm(
+        [liar, ahead, record("me", 6, (0, 9, A))],
+        {"donor": served, "liar": donor_state(trainer, 6, 1)},
+        [*vouches_for(0, 1, vouched, "donor", "x"), Vouch("liar", 0, 1, A, ("liar",))],
+    )
     healer, events = make_healer(trainer, swarm)
     healer.maybe_heal([])
     assert finish_check(healer, swarm) == [([0], ["donor"])]  # its own record is ignored
@@ -230,6 +301,30 @@ def test_healer_fetches_a_fragment_a_peer_holds_newer_and_adopts_it(corpus: Any)
     assert torch.equal(live, served.fragments[0].outer)  # theta takes the outer state
     assert events == [{"event": "healed", "step": 6, "fragments": [0]}]
     assert healer.healed_fragments == 1 and trainer.step == 6
+
+
+def test_healer_refuses_bytes_that_do_not_hash_to_the_vouched_state(
+    corpus: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    trainer = make_trainer(corpus)
+    trainer.step = 6
+    vouched = donor_state(trainer, 6, 1).fragments[0].sha256()
+    forged = OuterState(6, {p: s.clone() for p, s in enumerate(trainer.sync.states)})
+    forged.fragments[0].outer.zero_()
+    forged.fragments[0].version = 1
+    before = trainer.sync.states[0].clone()
+    swarm = FakeSwarm(
+        [record("donor", 6, (0, 1, vouched), *initial_entries(trainer, skip=0))],
+        {"donor": forged},
+        vouches_for(0, 1, vouched, "donor", "x"),
+    )
+    healer, events = make_healer(trainer, swarm)
+    healer.maybe_heal([])
+    with caplog.at_level("WARNING"):
+        assert finish_check(healer, swarm) == [([0], ["donor"])]
+    assert trainer.sync.states[0].sha256() == before.sha256() and not events
+    assert "peer donor: download refused: a forged state: fragment 0 at version 1" in caplog.text
+    assert 0 in healer.diverged  # checked again soon
 
 
 def test_healer_failed_round_makes_a_suspect_checked_without_waiting_for_h(corpus: Any) -> None:
@@ -247,32 +342,89 @@ def test_healer_failed_round_makes_a_suspect_checked_without_waiting_for_h(corpu
     assert healer.suspects == {}
 
 
-def test_healer_lagging_node_skips_to_the_donors_step(corpus: Any) -> None:
+def test_healer_lagging_node_skips_to_its_anchors_step_before_any_vouch(corpus: Any) -> None:
     trainer = make_trainer(corpus)
     trainer.step = 12
-    mine = [(p, s.version, s.sha256()) for p, s in enumerate(trainer.sync.states)]
-    served = donor_state(trainer, 30, 0)
-    swarm = FakeSwarm([record("fast", 30, *mine)], {"fast": served})
-    healer, events = make_healer(trainer, swarm)
+    mine = initial_entries(trainer)
+    swarm = FakeSwarm([record("fast", 30, *mine), record("faster", 36, *mine)], {})
+    healer, events = make_healer(trainer, swarm, anchors=["fast"])
     healer.maybe_heal([])
-    num_fragments = trainer.sync.num_fragments
-    assert finish_check(healer, swarm) == [([p], ["fast"]) for p in range(num_fragments)]
-    assert trainer.step == 30
+    assert finish_check(healer, swarm) == []  # in line on every fragment: nothing to fetch
+    assert trainer.step == 30  # the peer it joined through, not the furthest claim
     assert {"event": "caught_up", "from_step": 12, "to_step": 30} in events
     # Version 0 after step 30: every fragment missed its rounds, all suspect now.
-    assert set(healer.suspects) == set(range(num_fragments))
+    assert set(healer.suspects) == set(range(trainer.sync.num_fragments))
 
 
-def test_healer_join_settles_rounds_in_flight(corpus: Any) -> None:
+def test_healer_lagging_node_takes_the_vouchers_step_not_the_sybils(corpus: Any) -> None:
+    trainer = make_trainer(corpus)
+    trainer.step = 12
+    # H 6: the two members that vouched are at step 30 (the pace); steps up to 30 + 2H = 42
+    # are plausible, so five Sybils at 36 outnumber them among the plausible records.
+    served = donor_state(trainer, 30, 4)
+    h = served.fragments[0].sha256()
+    others = initial_entries(trainer, skip=0)
+    honest = [record(peer, 30, (0, 4, h), *others) for peer in ("a", "b")]
+    sybils = [record(f"s{i}", 36, (0, 4, h), *others) for i in range(5)]
+    swarm = FakeSwarm([*sybils, *honest], {"a": served}, vouches_for(0, 4, h, "a", "b"))
+    healer, events = make_healer(trainer, swarm)
+    healer.maybe_heal([])
+    # The members that vouched are tried first: Sybils copying their claim come last.
+    assert finish_check(healer, swarm) == [([0], ["a"])]
+    assert {"event": "caught_up", "from_step": 12, "to_step": 30} in events
+    assert trainer.step == 30 and trainer.sync.states[0].sha256() == h
+
+
+def test_healer_join_takes_the_robust_step_and_settles_rounds_in_flight(corpus: Any) -> None:
     trainer = make_trainer(corpus)
     # H 6, 5 fragments (offsets 0..4): fragment 0 sent round 1 at step 6, during the download.
-    joined = donor_state(trainer, 6, 0)
+    initial = OuterState(6, {p: s.clone() for p, s in enumerate(trainer.sync.states)})
     landed = donor_state(trainer, 8, 1)
-    swarm = FakeSwarm([record("old", 7, (0, 0, A)), record("new", 8, (0, 1, B))], {"new": landed})
+    h = landed.fragments[0].sha256()
+    swarm = FakeSwarm(
+        [record("old", 7, *initial_entries(trainer)), record("new", 6, (0, 1, h))],
+        {"old": initial, "new": landed},
+        vouches_for(0, 1, h, "new", "x"),
+    )
     healer, _ = make_healer(trainer, swarm)
-    assert healer.adopt(joined, take_step=True) == list(range(trainer.sync.num_fragments))
+    healer.join(deadline=time.monotonic() + 30)
+    # "new" publishes fragment 0 only: the joiner downloads all from "old", and starts at
+    # the step of the member that vouched (6), not at its donor's claim (7).
+    assert swarm.asked == [(list(range(trainer.sync.num_fragments)), ["old"])]
     assert trainer.step == 6 and trainer.sync.states[0].version == 0
     healer.settle_rounds_in_flight(deadline=time.monotonic() + 30)
-    assert swarm.asked == [([0], ["new"])]
+    assert swarm.asked[1:] == [([0], ["new"])]
     assert trainer.sync.states[0].version == 1
     assert torch.equal(trainer.sync.states[0].outer, landed.fragments[0].outer)
+
+
+def test_healer_join_skips_a_donor_whose_initial_state_is_not_ours(
+    corpus: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    trainer = make_trainer(corpus)
+    honest = OuterState(5, {p: s.clone() for p, s in enumerate(trainer.sync.states)})
+    zeros = donor_state(trainer, 5, 0)  # version 0, but not the run's initial weights
+    entries = initial_entries(trainer)  # both claim the initial hashes
+    swarm = FakeSwarm(
+        [record("forger", 5, *entries), record("honest", 5, *entries)],
+        {"forger": zeros, "honest": honest},
+    )
+    healer, _ = make_healer(trainer, swarm, anchors=["honest"])
+    with caplog.at_level("WARNING"):
+        healer.join(deadline=time.monotonic() + 30)
+    assert [donors for _, donors in swarm.asked] == [["forger"], ["honest"]]
+    assert [s.sha256() for s in trainer.sync.states] == [h for _, _, h in entries]
+    assert trainer.step == 5
+    assert "peer forger: download refused: a forged state: fragment 0 at version 0" in caplog.text
+
+
+def test_healer_adopting_a_newer_round_moves_on_to_its_send_step(corpus: Any) -> None:
+    trainer = make_trainer(corpus)
+    trainer.step = 3
+    # H 6, 5 fragments: round 1 of fragment 1 is sent at step 7, of fragment 0 at step 6.
+    newer = donor_state(trainer, 8, 1)
+    healer, events = make_healer(trainer, FakeSwarm([], {}))
+    assert healer.adopt(OuterState(8, {1: newer.fragments[1]})) == [1]
+    assert trainer.step == 7 and trainer.sync.states[1].version == 1
+    assert events == [{"event": "caught_up", "from_step": 3, "to_step": 7}]
+    assert healer.suspects == {0: 1}  # round 1 of fragment 0, sent at 6, was skipped

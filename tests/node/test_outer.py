@@ -186,3 +186,28 @@ def test_fragment_sync_adopt_loads_outer_into_theta_and_drops_carried_weight() -
     assert torch.equal(sync.states[1].outer, torch.tensor([9.0, 8.0]))
     with pytest.raises(ConfigError, match="shape"):
         sync.adopt(0, peer)
+
+
+def test_state_hash_follows_every_change_of_the_outer_state() -> None:
+    from concurrent.futures import Future
+
+    from diloco.protocol.fragment_state import FragmentState
+    from diloco.protocol.reducer import RoundResult
+
+    weight = nn.Parameter(torch.tensor([1.0, 2.0]))
+    sync = FragmentSync([[("w", weight)]], OuterConfig(sync_every=2), "me", tau=1)
+    before = sync.state_hash(0)
+    assert before == sync.states[0].sha256()
+    ((key, contribution),) = sync.contributions_due(2)
+    done: Future[RoundResult] = Future()
+    done.set_result(RoundResult(torch.tensor([0.5, 0.5]), ("me",), 0, 0, 0.0))
+    sync.submit(key, done, 2, contribution.weight)
+    (applied,) = sync.apply_due(3)
+    assert sync.state_hash(0) == applied.outer_sha256 == sync.states[0].sha256() != before
+    theirs = FragmentState(torch.tensor([7.0, 8.0]), torch.tensor([0.0, 1.0]), version=1)
+    sync.adopt(0, theirs)  # same version, another state: a heal
+    assert sync.state_hash(0) == theirs.sha256()
+    sync.load_state_dict({**sync.state_dict(), "fragments": [
+        {"outer": torch.tensor([1.0, 1.0]), "momentum": torch.zeros(2), "version": 1}
+    ]})  # fmt: skip
+    assert sync.state_hash(0) == FragmentState(torch.ones(2), torch.zeros(2), 1).sha256()

@@ -281,6 +281,8 @@ def test_single_node_resume_equals_uninterrupted_run(nodes, tmp_path) -> None:
     assert straight.process.wait(300) == 0, straight.output()
     (tmp_path / "d2").mkdir()
     shutil.copytree(tmp_path / "d1" / "step_000000030", tmp_path / "d2" / "step_000000030")
+    # the run's creator resumes it: its identity (kept in the checkpoint dir) comes along
+    shutil.copy(tmp_path / "d1" / "identity.key", tmp_path / "d2" / "identity.key")
 
     resumed = nodes(
         "resumed",
@@ -303,3 +305,90 @@ def test_single_node_resume_equals_uninterrupted_run(nodes, tmp_path) -> None:
     resumed_weights = load_file(str(tmp_path / "resumed.safetensors"))
     assert straight_weights.keys() == resumed_weights.keys()
     assert all(torch.equal(straight_weights[k], resumed_weights[k]) for k in straight_weights)
+
+
+def test_killed_nodes_leave_nothing_running(nodes) -> None:
+    """SIGKILL of the node process alone (as the OOM killer sends it), first of a joiner in
+    the middle of training, then of the starting node: the DHT process, p2pd and torch's
+    manager end too, and the daemon's socket is removed; the survivor trains on."""
+    a = nodes("a", ["start", "--name", "k", "--steps", "100000", *SMALL, *listen(2)])
+    b = nodes("b", ["join", "--initial-peers", a.address(), *SMALL, *listen(3)])
+    b.wait_step(40, timeout=300)  # past its first round (sync_every 30)
+    for node in (b, a):
+        session, others = started_by(node.process.pid)
+        assert len(session) == 2, f"expected the DHT process and p2pd, got {session}"
+        everyone = [node.process.pid, *session, *others]
+        daemon = {path for path in unix_sockets(everyone) if "/hivemind-p2pd-" in path}
+        assert daemon, unix_sockets(everyone)
+        node.process.kill()
+        node.process.wait(10)
+        deadline = time.monotonic() + CLEANUP_S + EXIT_BOUND_S
+        while left := [
+            *[pid for pid in [*session, *others] if stat(pid)],
+            *shm_files(everyone),
+            *[path for path in daemon if Path(path).exists()],
+        ]:
+            assert time.monotonic() < deadline, f"{node.name} left behind: {left}"
+            time.sleep(0.2)
+        if node is b:
+            a.wait_step(a.step() + 20, timeout=300)
+
+
+def test_bf16_nodes_on_prepared_tokens_agree_and_export_for_transformers(
+    nodes, tmp_path, monkeypatch
+) -> None:
+    """Two nodes with bf16 autocast and micro-batches (each its own) on a BPE-prepared
+    corpus: the run takes the tokenizer's vocabulary, every shared round has one outer hash,
+    and `--export-hf` loads in transformers with the logits of the `--export` weights."""
+    from bpe_corpus import write_bpe_corpus
+    from click.testing import CliRunner
+
+    from diloco.cli import main
+
+    write_bpe_corpus(tmp_path)
+    data = tmp_path / "tokens"
+    prepared = CliRunner().invoke(
+        main,
+        ["prepare-data", str(tmp_path / "docs.jsonl"), "-o", str(data), "--processes", "1",
+         "--tokenizer", str(tmp_path / "tokenizer.json")],
+    )  # fmt: skip
+    assert prepared.exit_code == 0, prepared.output
+    common = ["--data", str(data), "--precision", "bf16", "--batch-size", "4", "--threads", "1"]
+    a = nodes(
+        "a",
+        ["start", "--name", "bf", "--steps", "40", "--H", "10", "--seq-len", "32", *common,
+         "--micro-batch-size", "2", *listen(2), "--export", str(tmp_path / "outer.safetensors"),
+         "--export-hf", str(tmp_path / "hf")],
+    )  # fmt: skip
+    b = nodes(
+        "b",
+        ["join", "--initial-peers", a.address(), *common, "--micro-batch-size", "1", *listen(3)],
+    )
+    for node in (a, b):
+        assert node.process.wait(300) == 0, node.output()
+    hashes: dict[tuple[int, int], set[str]] = defaultdict(set)
+    for node in (a, b):
+        for r in node.records():
+            if r["event"] == "round" and r["members"] == 2:
+                hashes[(r["fragment"], r["round"])].add(r["outer_sha256"])
+    assert len(hashes) >= 5 and all(len(h) == 1 for h in hashes.values()), hashes
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a local folder; never the network
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    from diloco.node.model import ModelConfig, Transformer
+
+    with safe_open(str(tmp_path / "outer.safetensors"), framework="pt") as f:
+        config = ModelConfig(**json.loads(f.metadata()["model_config"]))
+    vocab = json.loads((data / "manifest.json").read_text())["tokenizer"]["vocab_size"]
+    assert config.vocab_size == vocab > 256
+    ours = Transformer(config).eval()
+    ours.load_state_dict(load_file(str(tmp_path / "outer.safetensors")))
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    tokens = torch.randint(0, vocab, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(tokens).logits, ours(tokens)[0], atol=1e-4, rtol=0)
+    assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == (
+        tmp_path / "tokenizer.json"
+    ).read_bytes()

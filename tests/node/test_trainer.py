@@ -1,15 +1,30 @@
+import math
+from collections.abc import Sequence
+from concurrent.futures import Future
+from pathlib import Path
+
 import pytest
 import torch
+from bpe_corpus import write_bpe_corpus
+from tokenizers import Tokenizer
 
 from diloco.codecs import get_codec
 from diloco.errors import ConfigError
 from diloco.node.checkpoint import CheckpointManager
+from diloco.node.compute import ComputeOptions
 from diloco.node.config import NodeOptions, RunConfig
 from diloco.node.data import load_corpus
 from diloco.node.inner import InnerConfig
 from diloco.node.outer import OuterConfig
+from diloco.node.prepare_data import PrepareConfig, prepare
 from diloco.node.trainer import NodeTrainer
-from diloco.protocol.reducer import InProcessReducer
+from diloco.protocol.reducer import (
+    Contribution,
+    InProcessReducer,
+    Reducer,
+    RoundKey,
+    RoundResult,
+)
 
 
 @pytest.fixture(scope="module")
@@ -126,3 +141,103 @@ def test_resume_latest_skips_a_checkpoint_that_does_not_fit(corpus, tmp_path) ->
     resumed = make(corpus, tmp_path)
     assert resumed.resume_latest() == older
     assert resumed.step == 3
+
+
+class PairReducer(Reducer):
+    """Both trainers of a test hold this one reducer: a round is reduced in process (the
+    swarm's arithmetic, members in the order they sent) once both have sent it."""
+
+    def __init__(self) -> None:
+        self.reducer = InProcessReducer(get_codec("e3m0"))
+        self.waiting: dict[RoundKey, list[tuple[Contribution, Future[RoundResult]]]] = {}
+
+    def reduce(self, key: RoundKey, contributions: Sequence[Contribution]) -> Future[RoundResult]:
+        future: Future[RoundResult] = Future()
+        entries = self.waiting.setdefault(key, [])
+        entries.append((contributions[0], future))
+        if len(entries) == 2:
+            result = self.reducer.reduce(key, [c for c, _ in entries]).result()
+            for _, waiting in entries:
+                waiting.set_result(result)
+        return future
+
+
+def test_bf16_micro_batched_nodes_learn_and_keep_bit_identical_fp32_outer_states(corpus) -> None:
+    run = RunConfig(steps=30, seq_len=32, outer=OuterConfig(sync_every=6, fragment_sync_delay=2))
+    compute = ComputeOptions(precision="bf16", micro_batch_size=2)
+    pair = PairReducer()
+    nodes = [
+        NodeTrainer(
+            run, NodeOptions(batch_size=4, data_seed=seed, compute=compute), pair, name, corpus
+        )
+        for seed, name in ((1, "a"), (2, "b"))
+    ]
+    losses: list[float] = []
+    applied: dict[str, dict[RoundKey, str]] = {"a": {}, "b": {}}
+    for _ in range(run.steps):
+        for node in nodes:
+            loss, rounds = node.train_step()
+            if node.member == "a":
+                losses.append(loss)
+            applied[node.member].update({r.key: r.outer_sha256 for r in rounds if r.ok})
+    assert len(applied["a"]) >= 10 and applied["a"] == applied["b"]
+    a, b = (node.sync.states for node in nodes)
+    assert [s.sha256() for s in a] == [s.sha256() for s in b]
+    assert all(s.outer.dtype == s.momentum.dtype == torch.float32 for s in a)
+    assert sum(losses[:5]) / 5 > sum(losses[-5:]) / 5 + 0.5
+
+
+def test_bf16_and_micro_batches_reach_the_inner_step(corpus) -> None:
+    def first_loss(compute: ComputeOptions) -> float:
+        node = NodeTrainer(
+            RunConfig(steps=5, seq_len=16),
+            NodeOptions(batch_size=4, data_seed=0, compute=compute),
+            InProcessReducer(get_codec("none")),
+            "x",
+            corpus,
+        )
+        return node.train_step()[0]
+
+    fp32 = first_loss(ComputeOptions())
+    assert first_loss(ComputeOptions(micro_batch_size=1)) == pytest.approx(fp32, abs=1e-5)
+    assert first_loss(ComputeOptions(micro_batch_size=1)) != fp32  # 4 passes, summed
+    assert first_loss(ComputeOptions(precision="bf16")) != pytest.approx(fp32, abs=1e-5)
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> tuple[Path, int]:
+    """A folder prepared with a small BPE tokenizer, and that tokenizer's vocabulary."""
+    root = tmp_path_factory.mktemp("bpe")
+    write_bpe_corpus(root)
+    out = root / "tokens"
+    prepare(
+        PrepareConfig(
+            inputs=[str(root / "docs.jsonl")],
+            output=str(out),
+            tokenizer=str(root / "tokenizer.json"),
+            processes=1,
+        )
+    )
+    return out, Tokenizer.from_file(str(root / "tokenizer.json")).get_vocab_size()
+
+
+def test_node_refuses_a_corpus_beyond_the_runs_vocabulary(prepared) -> None:
+    folder, vocab = prepared
+    corpus = load_corpus(folder)
+    assert corpus.vocab_size == vocab > 300
+
+    def node(run: RunConfig) -> NodeTrainer:
+        options = NodeOptions(batch_size=2, data=str(folder))
+        return NodeTrainer(run, options, InProcessReducer(get_codec("none")), "x", corpus)
+
+    with pytest.raises(ConfigError, match=f"vocabulary of {vocab} tokens but the model only 256"):
+        node(RunConfig(seq_len=16))
+    with pytest.raises(ConfigError, match=f"--vocab-size {vocab}"):
+        node(RunConfig(seq_len=16, vocab_size=300))
+    fits = node(RunConfig(seq_len=16, vocab_size=vocab, dataset_fingerprint=corpus.fingerprint))
+    assert fits.model.tok_emb.weight.shape[0] == vocab
+    assert math.isfinite(fits.train_step()[0])
+    with pytest.raises(ConfigError, match="prepared corpus 000000000000"):
+        node(RunConfig(seq_len=16, vocab_size=vocab, dataset_fingerprint="0" * 64))
+    with pytest.raises(ConfigError, match="64 lowercase hex"):
+        RunConfig(dataset_fingerprint="abc")

@@ -8,6 +8,7 @@ kill a peer start an extra victim that joins the pool's DHT.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator
 
 import pytest
@@ -38,9 +39,12 @@ def fragment() -> int:
 
 @pytest.fixture
 def honest(pool: list[PeerProcess]) -> Iterator[list[PeerProcess]]:
-    """The pool with codec ``none`` and no fault, restored after the test."""
+    """The pool with codec ``none``, no fault and no weight cap, restored after the test,
+    when every peer also forgets the offences it saw."""
     command(pool, "codec", "none")
     command(pool, "fault", Fault.NONE.value)
     yield pool
     command(pool, "codec", "none")
     command(pool, "fault", Fault.NONE.value)
+    command(pool, "cap", math.inf)
+    command(pool, "forgive", None)

@@ -19,6 +19,7 @@ from hivemind.p2p import PeerID
 from diloco.protocol.allreduce import AllReduceRunner
 from diloco.protocol.check_wire import Seal
 from diloco.protocol.part_server import PartServer
+from diloco.protocol.reduction import Assembled
 from diloco.protocol.streams import write_frame
 from diloco.protocol.wire import Averaged, Kind, PartHead, RoundTag
 
@@ -39,6 +40,8 @@ class Fault(enum.Enum):
     CUT_FIRST_JOIN = "cut_first_join"
     CUT_PART_STREAMS = "cut_part_streams"
     LYING_REDUCER = "lying_reducer"
+    LIE_IN_REPORT = "lie_in_report"
+    SCALED_CONTRIBUTION = "scaled_contribution"
 
 
 GARBAGE = [
@@ -125,17 +128,36 @@ class ScalingServer(PartServer):
     factor = -30.0
     blocks: tuple[int, ...] | None = None
 
-    def average_chunk(self, c: int, own: torch.Tensor) -> tuple[Averaged, torch.Tensor]:
-        msg, _ = self.reducer.average(c, own)
+    def average_chunk(self, c: int, own: torch.Tensor) -> tuple[Averaged, torch.Tensor, list[int]]:
+        msg, _, clipped = self.reducer.average(c, own)
         codec = self.plan.return_codec
         lie = codec.decode(msg.payload)
         for block in self.blocks or range(-(-lie.numel() // 256)):
             lie[block * 256 : (block + 1) * 256] *= self.factor
         msg = dataclasses.replace(msg, payload=codec.encode(lie))
-        return msg, codec.decode(msg.payload)
+        return msg, codec.decode(msg.payload), clipped
 
 
 class LyingReducer(AllReduceRunner):
     """Honest member, lying reducer: its part is -30 times the true mean."""
 
     server_type = ScalingServer
+
+
+class LyingReporter(AllReduceRunner):
+    """Reduces honestly, then reports a result digest nobody assembled (issue 11 attack 4)."""
+
+    async def _exchange_reports(self, assembled: Assembled) -> None:
+        await super()._exchange_reports(dataclasses.replace(assembled, digest=b"\x00" * 32))
+
+
+SCALE = 50.0
+"""How much ``ScaledContribution`` inflates its delta: under the reducers' ``max_norm_ratio``
+(100), so its chunks are valid and only clipping bounds them."""
+
+
+class ScaledContribution(AllReduceRunner):
+    """Contributes ``SCALE`` times its delta, everywhere (issue 11 attack 3)."""
+
+    def __init__(self, *, delta: torch.Tensor, **kwargs: Any) -> None:
+        super().__init__(delta=delta * SCALE, **kwargs)

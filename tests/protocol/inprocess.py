@@ -1,14 +1,16 @@
 """One all-reduce round of ``M`` production runners in one process, over ``memory_p2p``.
 
 Shared by the in-process all-reduce and verification tests. Members have real Ed25519
-identities (so chunks are signed and checked as in a swarm); every offence a member's
-runner reports is kept in ``Round.offences``. Expected values come from
-``InProcessReducer``, which shares no stream code with the runner.
+identities (so chunks are signed and checked as in a swarm); each has its ``BanList``
+(``Round.bans``), and every offence or ban its runner reports is also kept in
+``Round.offences``. Expected values come from ``InProcessReducer``, which shares no
+stream code with the runner.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Sequence
 
 import torch
@@ -17,7 +19,9 @@ from memory_p2p import MemoryNetwork, make_identity
 
 from diloco.codecs import get_codec
 from diloco.errors import RoundFailed
+from diloco.protocol.aggregation import CLIP_FACTOR
 from diloco.protocol.allreduce import AllReduceRunner
+from diloco.protocol.bans import BanList
 from diloco.protocol.group import GroupInfo, RoundTimeouts
 from diloco.protocol.reducer import Contribution, InProcessReducer, RoundKey, RoundResult
 from diloco.protocol.routing import AllReduceService
@@ -54,9 +58,31 @@ def expected(
     return reducer.reduce(KEY, contributions).result().delta
 
 
+def member_id(i: int) -> PeerID:
+    """The peer id of member ``i`` of a ``Round``."""
+    return PeerID.from_base58(make_identity(i).peer_id)
+
+
 def names(n: int, left_out: int | None = None) -> tuple[str, ...]:
     """Members' names in group order, as ``RoundResult.members`` lists them."""
     return tuple(make_identity(i).peer_id for i in range(n) if i != left_out)
+
+
+class RecordingBans(BanList):
+    """A ``BanList`` that also keeps every (group index, offence) reported to it."""
+
+    def __init__(self, ids: Sequence[PeerID]) -> None:
+        super().__init__()
+        self.ids = list(ids)
+        self.log: list[tuple[int, str]] = []
+
+    def offend(self, peer: PeerID, reason: str) -> bool:
+        self.log.append((self.ids.index(peer), reason))
+        return super().offend(peer, reason)
+
+    def ban(self, peer: PeerID, reason: str) -> None:
+        self.log.append((self.ids.index(peer), reason))
+        super().ban(peer, reason)
 
 
 class Round:
@@ -70,14 +96,18 @@ class Round:
         codec: str = "none",
         timeouts: RoundTimeouts = TIMEOUTS,
         verify: bool = True,
+        bans: Sequence[BanList] | None = None,
+        max_weight: float = math.inf,
+        clip_factor: float = CLIP_FACTOR,
     ) -> None:
         send, _, back = codec.partition("/")
+        self.max_weight, self.clip_factor = max_weight, clip_factor
         self.codec, self.return_codec = get_codec(send), get_codec(back or send)
         self.deltas, self.runner_types, self.timeouts = inputs, runner_types, timeouts
         self.verify = verify
         self.network = MemoryNetwork()
         self.identities = [make_identity(i) for i in range(len(inputs))]
-        self.ids = [PeerID.from_base58(identity.peer_id) for identity in self.identities]
+        self.ids = [member_id(i) for i in range(len(inputs))]
         self.group = GroupInfo(
             KEY,
             b"G" * 16,
@@ -89,22 +119,23 @@ class Round:
         )
         self.runners: list[AllReduceRunner] = []
         self.tasks: list[asyncio.Task[RoundResult]] = []
-        self.offences: list[list[tuple[int, str]]] = [[] for _ in inputs]
-        """Per member, the (group index, offence) pairs its runner reported."""
+        self.bans = list(bans) if bans is not None else [RecordingBans(self.ids) for _ in inputs]
         self.services: list[AllReduceService] = []
+
+    @property
+    def offences(self) -> list[list[tuple[int, str]]]:
+        """Per member, the (group index, offence) pairs its runner reported."""
+        return [bans.log if isinstance(bans, RecordingBans) else [] for bans in self.bans]
 
     async def start(self) -> None:
         services = []
-        for peer in self.ids:
-            service = AllReduceService(self.network.join(peer), RUN_ID, DIGEST, self.timeouts)
+        for peer, bans in zip(self.ids, self.bans, strict=True):
+            p2p = self.network.join(peer)
+            service = AllReduceService(p2p, RUN_ID, DIGEST, self.timeouts, bans)
             await service.start()
             services.append((service, service.expect(KEY)))
             self.services.append(service)
         for i, (service, slot) in enumerate(services):
-
-            def report(peer: PeerID, offence: str, me: int = i) -> None:
-                self.offences[me].append((self.ids.index(peer), offence))
-
             runner = self.runner_types[i](
                 p2p=self.network.peers[self.ids[i]],
                 group=self.group,
@@ -114,9 +145,11 @@ class Round:
                 delta=self.deltas[i],
                 timeouts=self.timeouts,
                 max_norm_ratio=100.0,
+                max_weight=self.max_weight,
+                clip_factor=self.clip_factor,
+                bans=self.bans[i],
                 handlers=service.handlers,
                 identity=self.identities[i] if self.verify else None,
-                on_offence=report,
             )
             runner.round = self  # type: ignore[attr-defined]  # faults look at the others
             slot.set_result(runner)
@@ -139,11 +172,12 @@ def run_round(
     runner_types: Sequence[type[AllReduceRunner]],
     codec: str = "none",
     verify: bool = True,
+    bans: Sequence[BanList] | None = None,
 ) -> tuple[list[Outcome], Round]:
     """Run one round to its end; the outcomes in group order, and the round."""
 
     async def main() -> tuple[list[Outcome], Round]:
-        round_ = Round(inputs, weights, runner_types, codec, verify=verify)
+        round_ = Round(inputs, weights, runner_types, codec, verify=verify, bans=bans)
         await round_.start()
         return await round_.outcomes(), round_
 

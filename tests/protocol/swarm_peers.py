@@ -21,16 +21,22 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
-from faults import CutPartStreams, Fault, LyingReducer, corrupt_sender
+from faults import (
+    CutPartStreams,
+    Fault,
+    LyingReducer,
+    LyingReporter,
+    ScaledContribution,
+    corrupt_sender,
+)
 from hivemind.p2p import PeerID
 
 from diloco.codecs import get_codec
 from diloco.errors import ProtocolError, RoundFailed
 from diloco.protocol.allreduce import AllReduceRunner
-from diloco.protocol.checking import log_offence
 from diloco.protocol.fragment_state import FragmentState, OuterState
 from diloco.protocol.group import RoundTimeouts
-from diloco.protocol.matchmaking import Matchmaker
+from diloco.protocol.matchmaking import Matchmaker, leader_rank
 from diloco.protocol.network import NetworkOptions
 from diloco.protocol.part_server import PartServer
 from diloco.protocol.records import FragmentVersion, NodeRecord
@@ -120,24 +126,25 @@ def matchmaker_type(fault: Fault) -> type[Matchmaker]:
     )
 
 
-def write_low_identity(path: str, below: list[str]) -> str:
-    """Write an Ed25519 identity (libp2p protobuf) whose peer id sorts before every id in
-    ``below``, so that its peer leads matchmaking; return that peer id (base58)."""
+def write_leading_identity(path: str, others: list[str], key: str) -> str:
+    """Write an Ed25519 identity (libp2p protobuf) that ranks before every peer of
+    ``others`` to lead the round of DHT key ``key`` (``leader_rank``); return its peer id
+    (base58). About ``len(others) + 1`` keys are drawn."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     from hivemind.proto import crypto_pb2
 
     raw = serialization.Encoding.Raw
-    lowest = min(PeerID.from_base58(peer).to_bytes() for peer in below)
+    first = min(leader_rank(key, PeerID.from_base58(peer)) for peer in others)
     while True:
-        key = Ed25519PrivateKey.generate()
-        private = key.private_bytes(
+        private_key = Ed25519PrivateKey.generate()
+        private = private_key.private_bytes(
             raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
         )
-        public = key.public_key().public_bytes(raw, serialization.PublicFormat.Raw)
+        public = private_key.public_key().public_bytes(raw, serialization.PublicFormat.Raw)
         marshalled = crypto_pb2.PublicKey(key_type=crypto_pb2.KeyType.Ed25519, data=public)
         peer_id = bytes([0x00, 0x24]) + marshalled.SerializeToString()  # identity multihash
-        if peer_id < lowest:
+        if leader_rank(key, PeerID(peer_id)) < first:
             break
     message = crypto_pb2.PrivateKey(key_type=crypto_pb2.KeyType.Ed25519, data=private + public)
     with open(path, "wb") as f:
@@ -156,6 +163,10 @@ def runner_type(fault: Fault) -> type[AllReduceRunner]:
         return CutPartStreams
     if fault == Fault.LYING_REDUCER:
         return LyingReducer
+    if fault == Fault.LIE_IN_REPORT:
+        return LyingReporter
+    if fault == Fault.SCALED_CONTRIBUTION:
+        return ScaledContribution
     return corrupt_sender(fault)
 
 
@@ -216,13 +227,7 @@ def peer_main(
     )
     swarm = Swarm(run_id, net)
     sockets = [str(swarm.p2p._client_listen_maddr), *swarm.dht.run_coroutine(_daemon_sockets)]
-    offences: list[tuple[str, str]] = []
-
-    def offence(peer: PeerID, what: str) -> None:
-        offences.append((peer.to_base58(), what))
-        log_offence(peer, what)
-
-    reducer = SwarmReducer(swarm, get_codec(codec), timeouts=TIMEOUTS, on_offence=offence)
+    reducer = SwarmReducer(swarm, get_codec(codec), timeouts=TIMEOUTS)
     _notify(("ready", swarm.peer_id.to_base58(), swarm.maddrs, sockets))
     served: list[OuterState] = []
     try:
@@ -237,6 +242,14 @@ def peer_main(
             elif command == "fault":
                 reducer.runner_type = runner_type(Fault(args))
                 reducer.matchmaker.__class__ = matchmaker_type(Fault(args))
+                _notify(("ok",))
+            elif command == "cap":  # the run's weight cap (a hostile peer ignores it: inf)
+                reducer.max_weight = reducer.matchmaker.max_weight = args
+                _notify(("ok",))
+            elif command == "banned":
+                _notify(("banned", swarm.bans.banned(PeerID.from_base58(args))))
+            elif command == "forgive":  # a fresh start between tests of the shared pool
+                swarm.bans._peers.clear()
                 _notify(("ok",))
             elif command == "reduce":
                 futures = [
@@ -285,11 +298,6 @@ def peer_main(
                         {p: (s.version, s.sha256()) for p, s in state.fragments.items()},
                     )
                 )
-            elif command == "offences":  # the peers this one caught lying since last asked
-                _notify(("offences", offences[:]))
-                offences.clear()
-            elif command == "other_runs":
-                _notify(("other_runs", swarm.other_run_ids()))
             elif command == "records":
                 _notify(("records", [r.peer_id for r in swarm.read_records()]))
     finally:

@@ -1,11 +1,19 @@
-"""The agreement over REPORTs, on hand-made reports: who can fail a round, and who cannot."""
+"""The agreement over REPORTs, on hand-made reports: a strict majority decides, and who
+cannot fail a round for the others."""
 
 from __future__ import annotations
 
 import pytest
 
 from diloco.errors import ProtocolError
-from diloco.protocol.agreement import Verdict, awaited_reports, check_report, decide
+from diloco.protocol.agreement import (
+    ANOTHER_RESULT,
+    MISSING_PARTS,
+    Verdict,
+    awaited_reports,
+    check_report,
+    decide,
+)
 from diloco.protocol.wire import Report, RoundTag
 
 TAG = RoundTag(bytes(range(16)), 1, 3)
@@ -13,6 +21,7 @@ GID = b"g" * 16
 MINE = b"m" * 32
 OTHER = b"o" * 32
 ALL = (True, True, True, True)
+NONE_HELD = (False, False, False, False)
 
 
 def _report(parts: tuple[bool, ...] = ALL, digest: bytes = MINE) -> Report:
@@ -21,32 +30,64 @@ def _report(parts: tuple[bool, ...] = ALL, digest: bytes = MINE) -> Report:
 
 def test_decide_accepts_when_full_contributors_agree() -> None:
     reports = {1: _report(), 2: _report(), 3: _report()}
-    assert decide(ALL, MINE, ALL, reports) == Verdict(True)
-
-
-def test_decide_accepts_with_reports_still_missing() -> None:
-    assert decide(ALL, MINE, ALL, {}) == Verdict(True)
+    assert decide(0, ALL, MINE, ALL, reports) == Verdict(True)
 
 
 def test_decide_missing_part_here_fails() -> None:
-    verdict = decide((True, False, True, False), MINE, ALL, {1: _report()})
+    verdict = decide(0, (True, False, True, False), MINE, ALL, {1: _report()})
     assert verdict == Verdict(False, "parts [1, 3] missing here")
 
 
-def test_decide_full_contributor_missing_a_part_fails() -> None:
-    reports = {1: _report(), 2: _report((True, True, False, True))}
-    assert decide(ALL, MINE, ALL, reports) == Verdict(False, "member 2 is missing parts")
+def test_decide_one_liar_of_four_does_not_fail_the_round() -> None:
+    reports = {1: _report(), 2: _report(), 3: _report(digest=OTHER)}
+    assert decide(0, ALL, MINE, ALL, reports) == Verdict(True, dissent={3: ANOTHER_RESULT})
 
 
-def test_decide_full_contributor_with_another_digest_fails() -> None:
-    reports = {1: _report(), 3: _report(digest=OTHER)}
-    assert decide(ALL, MINE, ALL, reports) == Verdict(False, "member 3 assembled another result")
+def test_decide_one_missing_part_report_of_three_does_not_fail_the_round() -> None:
+    full = (True, True, True, False)
+    reports = {1: _report((True, True, False, True)), 2: _report()}
+    assert decide(0, ALL, MINE, full, reports) == Verdict(True, dissent={1: MISSING_PARTS})
+
+
+def test_decide_half_is_no_majority() -> None:
+    reports = {1: _report(), 2: _report(digest=OTHER), 3: _report(NONE_HELD, OTHER)}
+    verdict = decide(0, ALL, MINE, ALL, reports)
+    assert not verdict.accepted
+    assert verdict.dissent == {2: ANOTHER_RESULT, 3: MISSING_PARTS}
+    assert verdict.reason.startswith("result held by 2 of 4 members, no majority")
+
+
+def test_decide_minority_result_fails_its_holder() -> None:
+    reports = {0: _report(digest=OTHER), 1: _report(digest=OTHER), 3: _report(digest=OTHER)}
+    verdict = decide(2, ALL, MINE, ALL, reports)
+    assert not verdict.accepted
+    assert verdict.dissent == {0: ANOTHER_RESULT, 1: ANOTHER_RESULT, 3: ANOTHER_RESULT}
+
+
+def test_decide_reports_that_did_not_come_are_no_agreement() -> None:
+    assert not decide(0, ALL, MINE, ALL, {1: _report()}).accepted  # 2 of 4
+    assert decide(0, ALL, MINE, ALL, {1: _report(), 2: _report()}).accepted  # 3 of 4
+
+
+def test_decide_two_members_a_liar_can_veto() -> None:
+    pair = (True, True)
+    assert decide(0, pair, MINE, pair, {1: Report(TAG, GID, pair, MINE)}).accepted
+    verdict = decide(0, pair, MINE, pair, {1: Report(TAG, GID, pair, OTHER)})
+    assert not verdict.accepted and verdict.dissent == {1: ANOTHER_RESULT}
 
 
 def test_decide_member_not_counted_everywhere_cannot_veto() -> None:
     full = (True, True, False, True)  # member 2 was excluded from some part
-    reports = {1: _report(), 2: _report((False, False, False, False), OTHER), 3: _report()}
-    assert decide(ALL, MINE, full, reports) == Verdict(True)
+    reports = {1: _report(), 2: _report(NONE_HELD, OTHER), 3: _report()}
+    assert decide(0, ALL, MINE, full, reports) == Verdict(True)
+
+
+def test_decide_late_member_votes_with_the_full_contributors() -> None:
+    full = (True, True, False, True)  # this member (2) counted in its own part only
+    reports = {0: _report(), 1: _report(), 3: _report(digest=OTHER)}
+    # voters 0, 1, 3 and itself: 3 of 4 hold its digest
+    assert decide(2, ALL, MINE, full, reports) == Verdict(True, dissent={3: ANOTHER_RESULT})
+    assert not decide(2, ALL, MINE, full, {0: _report()}).accepted  # 2 of 4
 
 
 def test_awaited_reports_are_the_other_full_contributors() -> None:

@@ -8,19 +8,33 @@ The runners, services and stream handlers are the production ones; only the tran
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import logging
 from collections.abc import Sequence
 
 import pytest
 import torch
-from faults import GARBAGE, CutPartStreams, Fault, corrupt_sender
-from inprocess import TIMEOUTS, Outcome, Round, delta_of, deltas, expected, names, run_round
+from faults import GARBAGE, CutPartStreams, Fault, LyingReporter, corrupt_sender
+from inprocess import (
+    KEY,
+    TIMEOUTS,
+    Outcome,
+    Round,
+    delta_of,
+    deltas,
+    expected,
+    member_id,
+    names,
+    run_round,
+)
 
+from diloco.codecs import get_codec
 from diloco.errors import RoundFailed
 from diloco.protocol.allreduce import AllReduceRunner
+from diloco.protocol.bans import BAN_OFFENCES, BanList
 from diloco.protocol.part_server import PartServer
 from diloco.protocol.partition import butterfly_parts
-from diloco.protocol.reduction import CHUNK_VALUES, Assembled
+from diloco.protocol.reducer import Contribution, InProcessReducer
+from diloco.protocol.reduction import CHUNK_VALUES
 
 
 def _without(
@@ -102,23 +116,102 @@ def test_cut_part_streams_duplicate_chunks_skipped_round_completes() -> None:
     assert all(torch.equal(delta_of(o), want) for o in outcomes)
 
 
-class _LyingReporter(AllReduceRunner):
-    """Reduces honestly, then reports a result digest nobody assembled."""
+def run_rounds(
+    rounds: int,
+    inputs: Sequence[torch.Tensor],
+    weights: Sequence[float],
+    runner_types: Sequence[type[AllReduceRunner]],
+    bans: Sequence[BanList],
+) -> list[list[Outcome]]:
+    """``rounds`` rounds of one group in a row, each member keeping its ``BanList``."""
+    return [run_round(inputs, weights, runner_types, bans=bans)[0] for _ in range(rounds)]
 
-    async def _exchange_reports(self, assembled: Assembled) -> None:
-        await super()._exchange_reports(dataclasses.replace(assembled, digest=b"\x00" * 32))
 
-
-def test_disagreeing_report_fails_the_round_for_everyone() -> None:
+def test_disagreeing_report_does_not_fail_the_round_for_the_majority(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     types: list[type[AllReduceRunner]] = [AllReduceRunner] * 4
-    types[3] = _LyingReporter
+    types[3] = LyingReporter
     inputs = deltas(2_000, 4)
-    outcomes, _ = run_round(inputs, [1.0] * 4, types)
-    for outcome in outcomes[:3]:
-        assert isinstance(outcome, RoundFailed)
-        assert outcome.reason == "member 3 assembled another result"
-    # the liar heard no disagreement: it applies the (true) average alone
-    assert torch.equal(delta_of(outcomes[3]), expected(inputs, [1.0] * 4))
+    bans = [BanList() for _ in range(4)]
+    with caplog.at_level(logging.WARNING, logger="diloco.protocol"):
+        (outcomes,) = run_rounds(1, inputs, [1.0] * 4, types, bans)
+    want = expected(inputs, [1.0] * 4)
+    assert all(torch.equal(delta_of(o), want) for o in outcomes)
+    liar = member_id(3)
+    assert caplog.text.count(f"member 3 ({liar}) reported another result") == 3
+    assert [b.banned(liar) for b in bans] == [False] * 4
+
+
+def test_repeated_disagreeing_reports_ban_the_liar_then_it_is_not_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    types: list[type[AllReduceRunner]] = [AllReduceRunner] * 4
+    types[3] = LyingReporter
+    inputs, weights = deltas(2_000, 4), [1.0, 2.0, 1.0, 1.0]
+    bans = [BanList() for _ in range(4)]
+    liar = member_id(3)
+    with caplog.at_level(logging.WARNING, logger="diloco.protocol"):
+        before = run_rounds(BAN_OFFENCES, inputs, weights, types, bans)
+    assert all(torch.equal(delta_of(o), expected(inputs, weights)) for r in before for o in r)
+    assert [b.banned(liar) for b in bans] == [True, True, True, False]
+    assert caplog.text.count(f"banning {liar} for") == 3
+    # banned: its PART and REPORT streams are refused, so it counts only in its own part
+    (after,) = run_rounds(1, inputs, weights, types, bans)
+    want = _without(inputs, weights, 3)
+    for outcome in after[:3]:
+        assert torch.equal(delta_of(outcome), want)
+        assert outcome.members == names(4, left_out=3)  # type: ignore[union-attr]
+
+
+def _hand_mean(
+    inputs: Sequence[torch.Tensor], weights: Sequence[float], cap: float, clip: float
+) -> torch.Tensor:
+    """The capped, clipped mean spelled out in FP64, part by part (one chunk each)."""
+    numel = inputs[0].numel()
+    capped = [min(w, cap) for w in weights]
+    result = torch.empty(numel, dtype=torch.float64)
+    for lo, hi in butterfly_parts(numel, len(inputs)):
+        xs = [d[lo:hi].double() for d in inputs]
+        norms = [float(x.norm()) for x in xs]
+        ref = sorted(norms)[(len(norms) - 1) // 2]
+        scales = [min(1.0, clip * ref / n) for n in norms]
+        total = sum(capped)
+        result[lo:hi] = sum(w * s * x for w, s, x in zip(capped, scales, xs, strict=True)) / total
+    return result
+
+
+@pytest.mark.parametrize(
+    ("weight", "scale"), [(1e30, 1.0), (1.0, 50.0), (1e30, -50.0)], ids=["weight", "norm", "both"]
+)
+def test_inflated_member_gets_at_most_its_capped_clipped_share(weight: float, scale: float) -> None:
+    cap, clip, numel = 2.0, 2.0, 4_096  # one chunk per part
+    honest = deltas(numel, 4)[:3]
+    hostile = honest[0] * scale + deltas(numel, 5)[4]  # under max_norm_ratio (100)
+    inputs, weights = [*honest, hostile], [1.0, 1.0, 1.0, weight]
+
+    async def main() -> list[Outcome]:
+        round_ = Round(inputs, weights, [AllReduceRunner] * 4, max_weight=cap, clip_factor=clip)
+        await round_.start()
+        return await round_.outcomes()
+
+    outcomes = asyncio.run(main())
+    result = delta_of(outcomes[0])
+    assert all(torch.equal(delta_of(o), result) for o in outcomes)
+    reducer = InProcessReducer(get_codec("none"), max_weight=cap, clip_factor=clip)
+    contributions = [
+        Contribution(str(i), d, w) for i, d, w in zip("abcd", inputs, weights, strict=True)
+    ]
+    assert torch.equal(reducer.reduce(KEY, contributions).result().delta, result)
+    assert torch.allclose(result.double(), _hand_mean(inputs, weights, cap, clip), rtol=1e-5)
+    # The bound, per part: the hostile member moves the honest mean by at most its capped
+    # weight share times (C * ref + the honest mean's norm).
+    share = cap / (cap + 3.0)
+    for lo, hi in butterfly_parts(numel, 4):
+        honest_mean = sum(d[lo:hi].double() for d in honest) / 3
+        ref = sorted(float(d[lo:hi].norm()) for d in inputs)[1]
+        moved = float((result[lo:hi].double() - honest_mean).norm())
+        assert moved <= share * (clip * ref + float(honest_mean.norm())) * (1 + 1e-6)
 
 
 class _DyingServer(PartServer):

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 from faults import LyingReducer, ScalingServer
 from hivemind.p2p import PeerID
-from inprocess import delta_of, deltas, expected, names, run_round
+from inprocess import delta_of, deltas, expected, member_id, names, run_round
 
 from diloco.errors import RoundFailed
 from diloco.protocol.allreduce import AllReduceRunner
@@ -42,11 +42,11 @@ class _OneBlockReducer(AllReduceRunner):
 class _NormServer(PartServer):
     """Averages honestly but reports member 3's chunk norm doubled (and seals that)."""
 
-    def average_chunk(self, c: int, own: torch.Tensor) -> tuple[Averaged, torch.Tensor]:
-        msg, mean = self.reducer.average(c, own)
+    def average_chunk(self, c: int, own: torch.Tensor) -> tuple[Averaged, torch.Tensor, list[int]]:
+        msg, mean, clipped = self.reducer.average(c, own)
         norms = list(msg.norms)
         norms[3] *= 2
-        return dataclasses.replace(msg, norms=tuple(norms)), mean
+        return dataclasses.replace(msg, norms=tuple(norms)), mean, clipped
 
 
 class _NormReducer(AllReduceRunner):
@@ -127,6 +127,7 @@ def test_reducer_sending_minus_30_times_the_mean_fails_the_round_for_every_hones
     for i in _honest(range(4)):
         _fails_naming(outcomes[i], LIAR, LIAR, "is not the average of the signed chunks")
         assert [who for who, _ in round_.offences[i]] == [LIAR]
+        assert round_.bans[i].banned(member_id(LIAR))  # a proven lie bans at once
     # the liar checked the honest parts and found nothing: it alone applies its lie
     assert isinstance(outcomes[LIAR], RoundResult) and round_.offences[LIAR] == []
 
@@ -189,3 +190,4 @@ def test_silent_member_convicted_as_reducer_its_contributions_judged_from_eviden
     for i in _honest(range(4)):
         _fails_naming(outcomes[i], LIAR, LIAR, "it did not answer the check")
         assert [who for who, _ in round_.offences[i]] == [LIAR]
+        assert not round_.bans[i].banned(member_id(LIAR))  # silence: an offence, no ban

@@ -1,4 +1,5 @@
-"""Run configurations read from the swarm: strict parsing, depth and size bounds."""
+"""Run configurations read from the swarm: strict parsing, depth and size bounds, and the
+creator's signature."""
 
 from __future__ import annotations
 
@@ -11,14 +12,16 @@ from diloco.errors import ConfigError, ProtocolError
 from diloco.protocol.discovery import (
     MAX_CONFIG_BYTES,
     MAX_JSON_DEPTH,
+    SignedRunConfig,
     encode_config,
     parse_config,
-    parse_config_payload,
 )
+from diloco.protocol.identity import Identity, signing_input
 from diloco.protocol.run_id import make_run_id
 from diloco.protocol.signed_records import pack_payload
 
-CONFIG = {"model": "tiny", "outer": {"lr": 0.7, "betas": [0.9, 0.95]}}
+CREATOR, MALLORY = Identity.generate(), Identity.generate()
+CONFIG = {"model": "tiny", "outer": {"lr": 0.7, "betas": [0.9, 0.95]}, "creator": CREATOR.peer_id}
 RUN = make_run_id("demo", CONFIG)
 BOMB = "[" * 40_000
 
@@ -31,9 +34,42 @@ def _nested(depth: int) -> dict[str, Any]:
     return config
 
 
+def _signed_by(identity: Identity, run_id: str, text: str) -> bytes:
+    """A signed-config payload built by the documented layout, by ``identity``."""
+    signature = identity.sign(signing_input("diloco-run-config/1", run_id, text))
+    return pack_payload([run_id, text, signature])
+
+
 def test_config_round_trip() -> None:
     assert parse_config(RUN, encode_config(CONFIG)) == CONFIG
-    assert parse_config_payload(pack_payload([RUN, encode_config(CONFIG)])) == (RUN, CONFIG)
+    payload = _signed_by(CREATOR, RUN, encode_config(CONFIG))
+    signed = SignedRunConfig.from_payload(payload)
+    assert (signed.run_id, signed.config, signed.creator) == (RUN, CONFIG, CREATOR.peer_id)
+    assert SignedRunConfig.sign(CREATOR, RUN, CONFIG).to_payload() == payload
+
+
+def test_config_signed_by_another_than_its_creator_is_refused() -> None:
+    with pytest.raises(ProtocolError, match=f"bad signature by {CREATOR.peer_id}"):
+        SignedRunConfig.from_payload(_signed_by(MALLORY, RUN, encode_config(CONFIG)))
+    with pytest.raises(ConfigError, match="only the run's creator"):
+        SignedRunConfig.sign(MALLORY, RUN, CONFIG)
+
+
+def test_config_naming_no_creator_is_refused() -> None:
+    for config in ({"model": "tiny"}, {"model": "tiny", "creator": 7}):
+        run_id = make_run_id("demo", config)
+        with pytest.raises(ProtocolError, match="names no creator"):
+            SignedRunConfig.from_payload(_signed_by(MALLORY, run_id, encode_config(config)))
+
+
+def test_creator_signature_does_not_carry_over_to_another_config() -> None:
+    other = {**CONFIG, "seed": 1}
+    signature = SignedRunConfig.sign(CREATOR, RUN, CONFIG).signature
+    replayed = pack_payload([make_run_id("demo", other), encode_config(other), signature])
+    with pytest.raises(ProtocolError, match="bad signature"):
+        SignedRunConfig.from_payload(replayed)
+    with pytest.raises(ConfigError, match="does not hash"):
+        SignedRunConfig.from_payload(pack_payload([RUN, encode_config(other), signature]))
 
 
 def test_depth_bomb_is_a_config_error_not_a_crash() -> None:
@@ -42,7 +78,7 @@ def test_depth_bomb_is_a_config_error_not_a_crash() -> None:
     with pytest.raises(ConfigError, match=f"deeper than {MAX_JSON_DEPTH}"):
         parse_config(RUN, BOMB)
     with pytest.raises(ConfigError, match="deeper"):
-        parse_config_payload(pack_payload([RUN, BOMB]))
+        SignedRunConfig.from_payload(pack_payload([RUN, BOMB, bytes(64)]))
 
 
 def test_depth_limit_is_exact() -> None:
@@ -84,9 +120,14 @@ def test_malformed_config_rejected(value: object, match: str) -> None:
 
 @pytest.mark.parametrize(
     "payload",
-    [pack_payload(encode_config(CONFIG)), pack_payload([RUN]), pack_payload([7, "{}"])],
-    ids=["bare JSON", "run id only", "run id not a string"],
+    [
+        pack_payload(encode_config(CONFIG)),
+        pack_payload([RUN, encode_config(CONFIG)]),
+        pack_payload([7, "{}", bytes(64)]),
+        pack_payload([RUN, encode_config(CONFIG), "signature"]),
+    ],
+    ids=["bare JSON", "unsigned", "run id not a string", "signature not bytes"],
 )
 def test_config_payload_shape_rejected(payload: bytes) -> None:
-    with pytest.raises(ProtocolError, match=r"\[run id, JSON\]"):
-        parse_config_payload(payload)
+    with pytest.raises(ProtocolError, match=r"\[run id, JSON, signature\]"):
+        SignedRunConfig.from_payload(payload)

@@ -3,12 +3,14 @@ dead leader is replaced."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import pytest
 from hivemind.p2p import PeerID
-from swarm_expected import group_order, in_process_sha
+from swarm_expected import in_process_sha, leader_order
 from swarm_peers import (
+    RUN_ID,
     TIMEOUTS,
     Fault,
     PeerProcess,
@@ -16,10 +18,10 @@ from swarm_peers import (
     run_rounds,
     start_peer,
     stop_peers,
-    write_low_identity,
+    write_leading_identity,
 )
 
-from diloco.protocol.matchmaking import choose_leader, round_key
+from diloco.protocol.matchmaking import choose_leader, leader_rank, round_key
 from diloco.protocol.reducer import RoundKey
 
 
@@ -27,28 +29,37 @@ def test_round_key_namespaced_by_run_and_round() -> None:
     assert round_key("run-0123456789abcdef", RoundKey(3, 7)) == "run-0123456789abcdef/frag3/round7"
 
 
-def test_choose_leader_lowest_peer_id_bytes() -> None:
-    low, mid, high = PeerID(b"\x00\x24\x01"), PeerID(b"\x00\x24\x02\x00"), PeerID(b"\x00\x25")
-    assert choose_leader({high, low, mid}) == low
-    assert choose_leader([mid, high]) == mid
-    assert choose_leader({high}) == high
+KEY = "run-0123456789abcdef/frag3/round7"
 
 
-def test_choose_leader_orders_by_bytes_not_base58() -> None:
-    # base58 text sorts otherwise: the high bytes encode to "2UzHL", the low ones to "LZN"
-    a, b = PeerID(b"\x01" * 3), PeerID(b"\xff" * 3)
-    assert a.to_base58() > b.to_base58()
-    assert choose_leader({a, b}) == a
+def _rank(key: str, peer: PeerID) -> bytes:
+    """The rank spelled out: sha256 of the key's bytes, a bar, the peer id's bytes."""
+    return hashlib.sha256(key.encode() + b"|" + peer.to_bytes()).digest()
 
 
-def test_choose_leader_views_that_agree_choose_alike() -> None:
-    peers = [PeerID(bytes([0x00, 0x24, i])) for i in (9, 3, 7, 5)]
-    assert choose_leader(peers) == choose_leader(peers[::-1]) == peers[1]
+def test_leader_rank_is_sha256_of_round_key_and_peer_id() -> None:
+    peer = PeerID(b"\x00\x24\x01")
+    assert leader_rank(KEY, peer) == _rank(KEY, peer)
+
+
+def test_choose_leader_lowest_rank_not_lowest_peer_id() -> None:
+    peers = [PeerID(bytes([0x00, 0x24, i])) for i in range(8)]
+    first = min(peers, key=lambda p: _rank(KEY, p))
+    assert choose_leader(set(peers), KEY) == first
+    assert choose_leader(peers[::-1], KEY) == first  # views that agree choose alike
+    assert choose_leader({peers[5]}, KEY) == peers[5]
+
+
+def test_choose_leader_changes_with_the_round() -> None:
+    # The lowest peer id would lead every round; by rank each leads about 1/M of them.
+    peers = [PeerID(bytes([0x00, 0x24, i])) for i in range(4)]
+    leaders = {choose_leader(peers, f"run-0123456789abcdef/frag0/round{k}") for k in range(40)}
+    assert leaders == set(peers)
 
 
 def test_choose_leader_empty_view_is_an_error() -> None:
     with pytest.raises(ValueError):
-        choose_leader(set())
+        choose_leader(set(), KEY)
 
 
 @pytest.mark.swarm
@@ -70,8 +81,8 @@ def test_dead_leader_followers_take_over_and_complete(
     honest: list[PeerProcess], fragment: int, tmp_path: Path
 ) -> None:
     ids = [p.peer_id for p in honest]
-    identity = str(tmp_path / "lowest.key")
-    leader_id = write_low_identity(identity, below=ids)
+    identity = str(tmp_path / "leader.key")
+    leader_id = write_leading_identity(identity, ids, round_key(RUN_ID, RoundKey(fragment, 1)))
     leader = start_peer(honest[0].maddrs[:1], identity_path=identity)
     try:
         assert leader.peer_id == leader_id
@@ -95,7 +106,8 @@ def test_member_whose_join_stream_is_cut_asks_again_and_completes(
     honest: list[PeerProcess], fragment: int
 ) -> None:
     ids = [p.peer_id for p in honest]
-    cut = [honest[i] for i in group_order(ids)[1:]]  # every follower (the leader never JOINs)
+    followers = leader_order(ids, RUN_ID, RoundKey(fragment, 1))[1:]
+    cut = [honest[i] for i in followers]  # every follower (the leader never JOINs)
     command(cut, "fault", Fault.CUT_FIRST_JOIN.value)
     numel, seeds = 3_000, [fragment + i for i in range(4)]
     results = run_rounds(

@@ -8,17 +8,21 @@ from diloco.errors import ProtocolError
 from diloco.protocol.matchmaking import round_key
 from diloco.protocol.records import (
     MAX_NODE_RECORD_BYTES,
+    MAX_ROUND_MEMBERS,
+    MAX_VOUCH_ROUNDS,
     NODES_KEY_PATTERN,
     ROUND_KEY_PATTERN,
-    RUNS_KEY_PATTERN,
+    VOUCH_KEY_PATTERN,
     FragmentVersion,
     NodeRecord,
+    Vouch,
     divergent_peers,
     newest_donors,
     nodes_key,
     parse_declaration,
-    parse_run_marker,
-    runs_key,
+    parse_vouches,
+    vouch_key,
+    vouch_payload,
 )
 from diloco.protocol.reducer import RoundKey
 from diloco.protocol.signed_records import pack_payload
@@ -78,7 +82,6 @@ def test_newest_donors_ranks_by_version_then_step() -> None:
 def test_keys_namespaced_by_run() -> None:
     run = "demo-0123456789abcdef"
     assert nodes_key(run) == "demo-0123456789abcdef/nodes"
-    assert runs_key(run) == "diloco-runs/demo"
 
 
 def test_divergent_peers_finds_ahead_and_conflicting() -> None:
@@ -107,11 +110,9 @@ def test_record_payload_round_trip_and_bounds() -> None:
 def test_key_forms_match_the_keys_built() -> None:
     run = "demo-0123456789abcdef"
     assert NODES_KEY_PATTERN.fullmatch(nodes_key(run))
-    assert RUNS_KEY_PATTERN.fullmatch(runs_key(run))
     assert ROUND_KEY_PATTERN.fullmatch(round_key(run, RoundKey(12, 345)))
     for other in ("demo/nodes", "demo-0123456789abcdef/nodes/x", "demo-0123456789abcdef/frag1"):
         assert not any(p.fullmatch(other) for p in (NODES_KEY_PATTERN, ROUND_KEY_PATTERN))
-    assert not RUNS_KEY_PATTERN.fullmatch("diloco-runs/a/b")
 
 
 @pytest.mark.parametrize("weight", [0.0, -1.0, float("inf"), float("nan"), 3, True, "1.0", None])
@@ -120,13 +121,80 @@ def test_declaration_weight_must_be_finite_positive_float(weight: object) -> Non
         parse_declaration(pack_payload(weight))
 
 
-def test_declaration_weight_accepted() -> None:
-    assert parse_declaration(pack_payload(0.25)) == 0.25
+def test_declaration_weight_accepted_with_or_without_proof() -> None:
+    assert parse_declaration(pack_payload(0.25)) == (0.25, None)
+    assert parse_declaration(pack_payload([0.25, b"p" * 32])) == (0.25, b"p" * 32)
 
 
-def test_run_marker_names_a_run_of_its_key() -> None:
-    run = "demo-0123456789abcdef"
-    assert parse_run_marker(runs_key(run), pack_payload(run)) == run
-    for bad in ("other-0123456789abcdef", "demo", 7, ["demo-0123456789abcdef"]):
-        with pytest.raises(ProtocolError, match="run marker"):
-            parse_run_marker(runs_key(run), pack_payload(bad))
+@pytest.mark.parametrize(
+    ("value", "match"),
+    [
+        ([0.25, b"p" * 31], "proof of 31 bytes"),
+        ([0.25, b"p" * 33], "proof of 33 bytes"),
+        ([float("nan"), b"p" * 32], "declared weight"),
+        ([0.25, "p" * 32], "declared weight"),
+        ([0.25, b"p" * 32, 1], "declared weight"),
+    ],
+)
+def test_declaration_with_a_malformed_proof_refused(value: object, match: str) -> None:
+    with pytest.raises(ProtocolError, match=match):
+        parse_declaration(pack_payload(value))
+
+
+# -- vouches -----------------------------------------------------------------------------------
+
+RUN = "demo-0123456789abcdef"
+OTHER = "12D3KooWBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBB"
+MEMBERS = tuple(sorted([PEER, OTHER]))
+
+
+def _vouch(round: int = 3, members: tuple[str, ...] = MEMBERS) -> Vouch:
+    return Vouch(PEER, 2, round, H, members)
+
+
+def test_vouches_round_trip_under_their_fragments_key() -> None:
+    vouches = [_vouch(3), _vouch(4)]
+    assert vouch_key(RUN, 2) == "demo-0123456789abcdef/vouch/frag2"
+    assert VOUCH_KEY_PATTERN.fullmatch(vouch_key(RUN, 2))
+    assert parse_vouches(vouch_key(RUN, 2), PEER, vouch_payload(vouches)) == vouches
+    # The fragment comes from the (signed) key: the same payload under fragment 5 vouches
+    # for fragment 5, never for 2.
+    assert {v.fragment for v in parse_vouches(vouch_key(RUN, 5), PEER, vouch_payload(vouches))} == {
+        5
+    }
+
+
+@pytest.mark.parametrize(
+    ("rounds", "match"),
+    [
+        ([[3, H, list(MEMBERS)], [3, H, list(MEMBERS)]], "a round vouched twice"),
+        ([[0, H, list(MEMBERS)]], "vouched round 0"),
+        ([[True, H, list(MEMBERS)]], "vouched round True"),
+        ([[3, "xyz", list(MEMBERS)]], "state hash"),
+        ([[3, H, list(reversed(MEMBERS))]], "not sorted"),
+        ([[3, H, [PEER, PEER]]], "not sorted"),
+        ([[3, H, [OTHER]]], "outside the round's members"),
+        ([[3, H, []]], "0 members"),
+        ([[3, H, ["not a peer id!"]]], "member"),
+        ([[3, H, list(MEMBERS)]] * (MAX_VOUCH_ROUNDS + 1), "vouch rounds"),
+        ([[3, H]], "vouch entry"),
+        ([], "vouch rounds"),
+    ],
+)
+def test_vouch_payload_rejected(rounds: list[object], match: str) -> None:
+    payload = pack_payload({"v": 1, "rounds": rounds})
+    with pytest.raises(ProtocolError, match=match):
+        parse_vouches(vouch_key(RUN, 0), PEER, payload)
+
+
+def test_vouch_payload_schema_and_key_rejected() -> None:
+    good = vouch_payload([_vouch()])
+    with pytest.raises(ProtocolError, match="vouch key"):
+        parse_vouches(nodes_key(RUN), PEER, good)
+    with pytest.raises(ProtocolError, match="vouch record keys"):
+        parse_vouches(vouch_key(RUN, 0), PEER, pack_payload({"v": 1, "rounds": [], "x": 1}))
+    with pytest.raises(ProtocolError, match="vouch schema"):
+        parse_vouches(vouch_key(RUN, 0), PEER, pack_payload({"v": 2, "rounds": []}))
+    others = [f"12D3KooW{i:044d}".replace("0", "z") for i in range(MAX_ROUND_MEMBERS)]
+    with pytest.raises(ProtocolError, match=f"{MAX_ROUND_MEMBERS + 1} members"):
+        vouch_payload([_vouch(members=tuple(sorted([*others, PEER])))])

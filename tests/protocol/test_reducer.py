@@ -1,47 +1,14 @@
-"""``weighted_mean`` and ``InProcessReducer`` against means and byte counts worked by hand."""
+"""``InProcessReducer`` against means, clipping and byte counts worked by hand."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from diloco.codecs import get_codec
-from diloco.protocol.reducer import Contribution, InProcessReducer, RoundKey, weighted_mean
+from diloco.protocol.reducer import Contribution, InProcessReducer, RoundKey
+from diloco.protocol.reduction import CHUNK_VALUES
 
 KEY = RoundKey(0, 1)
-
-
-def test_weighted_mean_by_hand() -> None:
-    parts = [torch.tensor([1.0, 2.0, -4.0]), torch.tensor([3.0, 6.0, 0.0])]
-    # weights 1 : 3 -> 0.25 a + 0.75 b
-    assert weighted_mean(parts, [1.0, 3.0]).tolist() == [2.5, 5.0, -1.0]
-    assert weighted_mean(parts, [10.0, 10.0]).tolist() == [2.0, 4.0, -2.0]
-
-
-def test_weighted_mean_accumulates_in_fp32_in_the_given_order() -> None:
-    # Scaled by 1/4, 1/4, 1/2 the parts are 2**24, 1 and -2**24 (exact). In FP32,
-    # 2**24 + 1 rounds to 2**24 (half to even), so the given order ends at 0; with the -2**24
-    # second it ends at 1, as exact arithmetic (or FP64) would in either order.
-    big, one, minus = torch.tensor([2.0**26]), torch.tensor([4.0]), torch.tensor([-(2.0**25)])
-    assert weighted_mean([big, one, minus], [1.0, 1.0, 2.0]).tolist() == [0.0]
-    assert weighted_mean([big, minus, one], [1.0, 2.0, 1.0]).tolist() == [1.0]
-    assert weighted_mean([big, one, minus], [1.0, 1.0, 2.0]).dtype == torch.float32
-
-
-def test_weighted_mean_single_part_is_returned_bit_for_bit() -> None:
-    x = torch.randn(1000, generator=torch.Generator().manual_seed(0))
-    assert torch.equal(weighted_mean([x], [7.0]), x)
-
-
-@pytest.mark.parametrize(
-    ("parts", "weights"),
-    [([], []), ([torch.ones(2)], [0.0]), ([torch.ones(2), torch.ones(2)], [1.0, -1.0])],
-)
-def test_weighted_mean_without_positive_weight_raises(
-    parts: list[torch.Tensor], weights: list[float]
-) -> None:
-    with pytest.raises(ValueError, match="positive total weight"):
-        weighted_mean(parts, weights)
 
 
 def test_in_process_reducer_weighted_mean_by_hand() -> None:
@@ -49,9 +16,43 @@ def test_in_process_reducer_weighted_mean_by_hand() -> None:
         Contribution("a", torch.tensor([1.0, 2.0]), 1.0),
         Contribution("b", torch.tensor([3.0, 6.0]), 3.0),
     ]
-    result = InProcessReducer(get_codec("none")).reduce(KEY, contributions).result()
+    # norms sqrt(5) and 3 sqrt(5): the plain mean (clipping off)
+    reducer = InProcessReducer(get_codec("none"), clip_factor=0)
+    result = reducer.reduce(KEY, contributions).result()
     assert result.delta.tolist() == [2.5, 5.0]
     assert result.members == ("a", "b")
+    assert (reducer.clipped, reducer.combined) == (0, 2)
+
+
+def test_in_process_reducer_caps_weights_and_clips_per_chunk() -> None:
+    # Member b claims weight 1e30 (capped to 3) and sends 8x a's values: norm ratio 8 > C = 2,
+    # so b enters at 2x a's values: mean = 1/4 * [1, 2] + 3/4 * [2, 4] = [1.75, 3.5].
+    contributions = [
+        Contribution("a", torch.tensor([1.0, 2.0]), 1.0),
+        Contribution("b", torch.tensor([8.0, 16.0]), 1e30),
+    ]
+    reducer = InProcessReducer(get_codec("none"), max_weight=3.0, clip_factor=2.0)
+    result = reducer.reduce(KEY, contributions).result()
+    assert result.delta.tolist() == [1.75, 3.5]
+    assert (reducer.clipped, reducer.combined) == (1, 2)
+
+
+def test_in_process_reducer_clips_each_chunk_against_its_own_median() -> None:
+    # Two parts of CHUNK_VALUES + 256 values each: chunks [0, C), [C, C+256), and so on.
+    # Member b is 10x a in the first chunk of each part only: those two chunks are clipped.
+    n = 2 * (CHUNK_VALUES + 256)
+    a = torch.ones(n)
+    b = torch.ones(n)
+    for lo, hi in [(0, CHUNK_VALUES), (CHUNK_VALUES + 256, 2 * CHUNK_VALUES + 256)]:
+        b[lo:hi] = 10.0
+    contributions = [Contribution("a", a, 1.0), Contribution("b", b, 1.0)]
+    reducer = InProcessReducer(get_codec("none"), clip_factor=2.0)
+    result = reducer.reduce(KEY, contributions).result()
+    expected = torch.ones(n)
+    expected[0:CHUNK_VALUES] = 1.5  # (1 + 2) / 2: b clipped to twice a's norm
+    expected[CHUNK_VALUES + 256 : 2 * CHUNK_VALUES + 256] = 1.5
+    assert torch.equal(result.delta, expected)
+    assert (reducer.clipped, reducer.combined) == (2, 8)
 
 
 def test_in_process_reducer_uses_decoded_values_both_ways() -> None:

@@ -31,7 +31,9 @@ TAG = RoundTag(bytes(range(16)), 2, 5)
 GID = b"g" * 16
 
 
-def _plan(index: int = 0, weights: tuple[float, ...] = (1.0, 3.0, 1.0)) -> RoundPlan:
+def _plan(
+    index: int = 0, weights: tuple[float, ...] = (1.0, 3.0, 1.0), clip_factor: float = 0.0
+) -> RoundPlan:
     """Three members; part 0 is two chunks of 4 values, parts 1 and 2 one chunk each."""
     return RoundPlan(
         tag=TAG,
@@ -44,6 +46,7 @@ def _plan(index: int = 0, weights: tuple[float, ...] = (1.0, 3.0, 1.0)) -> Round
         codec=NONE,
         return_codec=NONE,
         max_norm_ratio=10.0,
+        clip_factor=clip_factor,
     )
 
 
@@ -88,17 +91,20 @@ def test_round_plan_build_cuts_parts_into_chunks_with_own_norms() -> None:
         tag=TAG,
         group_id=GID,
         index=1,
-        weights=[1.0, 1.0],
+        weights=[1.0, 1e30],
         delta=delta,
         codec=NONE,
         return_codec=NONE,
         max_norm_ratio=10.0,
+        max_weight=5.0,
+        clip_factor=2.0,
     )
     half = CHUNK_VALUES + 256
     assert plan.spans == ((0, half), (half, 2 * CHUNK_VALUES + 512))
     assert plan.chunks[0] == ((0, CHUNK_VALUES), (CHUNK_VALUES, half))
     assert plan.chunk_norms[0] == (5.0, 0.0)
     assert plan.numel == delta.numel() and plan.num_members == 2
+    assert plan.weights == (1.0, 5.0)  # clamped to the cap, whatever the group says
 
 
 def test_part_reducer_counts_only_first_chunks_in_before_the_gather_closed() -> None:
@@ -145,8 +151,9 @@ def test_part_reducer_average_weights_counted_members_in_group_order() -> None:
     reducer = PartReducer(_plan(weights=(1.0, 3.0, 4.0)))
     reducer.add_chunk(1, 0, _chunk(3.0))
     reducer.close_gather()  # member 2 absent: weights renormalised over 1 + 3
-    msg, decoded = reducer.average(0, own=_full(-1.0))
+    msg, decoded, clipped = reducer.average(0, own=_full(-1.0))
     assert torch.equal(decoded, _full(2.0))  # 1/4 * -1 + 3/4 * 3
+    assert clipped == []  # clip factor 0: off
     assert bytes(msg.payload) == NONE.encode(_full(2.0))
     assert msg.head == PartHead(TAG, GID, 0, 0) and msg.mask == (True, True, False)
     # every member's chunk norm (own: 2, member 1's as checked: 6, absent: 0); one block;
@@ -156,6 +163,19 @@ def test_part_reducer_average_weights_counted_members_in_group_order() -> None:
     assert not reducer.averaged_ready(0)
     reducer.add_average(0, msg)
     assert reducer.averaged_ready(0) and reducer.averaged[0] is msg
+
+
+def test_part_reducer_average_clips_against_the_lower_median() -> None:
+    reducer = PartReducer(_plan(weights=(1.0, 3.0, 4.0), clip_factor=2.0))
+    reducer.add_chunk(1, 0, _chunk(3.0))
+    reducer.add_chunk(2, 0, _chunk(-24.0))
+    reducer.close_gather()
+    # norms 2, 6, 48; lower median 6, bound 12: member 2 scaled by 12 / 48 to -6 per value
+    # mean = 1/8 * 1 + 3/8 * 3 + 4/8 * -6 = -1.75 (every factor exact in binary)
+    msg, decoded, clipped = reducer.average(0, own=_full(1.0))
+    assert clipped == [2]
+    assert torch.equal(decoded, _full(-1.75))
+    assert msg.norms == (2.0, 6.0, 48.0)  # the norms it clipped by, for the checkers
 
 
 def test_part_reducer_failed_part_releases_the_senders() -> None:

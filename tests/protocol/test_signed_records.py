@@ -26,23 +26,23 @@ from test_identity_keys import SEED_KEY_FILE, SEED_PEER_ID
 
 from diloco.protocol.discovery import (
     RUN_CONFIGS_KEY,
+    SignedRunConfig,
     encode_config,
     find_run_configs,
     publish_run_config,
 )
-from diloco.protocol.identity import Identity
+from diloco.protocol.identity import Identity, signing_input
 from diloco.protocol.matchmaking import round_key
 from diloco.protocol.network import NetworkOptions
 from diloco.protocol.records import (
     FragmentVersion,
     NodeRecord,
     nodes_key,
-    other_run_ids,
     publish_record,
     read_declarations,
     read_records,
     record_validator,
-    runs_key,
+    vouch_key,
 )
 from diloco.protocol.reducer import RoundKey
 from diloco.protocol.run_id import make_run_id
@@ -55,10 +55,12 @@ from diloco.protocol.signed_records import (
 )
 from diloco.protocol.swarm import make_dht
 
-CONFIG = {"model": "tiny", "steps": 10}
-RUN = make_run_id("owned", CONFIG)
 ALICE, BOB, MALLORY = Identity.generate(), Identity.generate(), Identity.generate()
+CONFIG = {"model": "tiny", "steps": 10, "creator": ALICE.peer_id}
+RUN = make_run_id("owned", CONFIG)
+SIGNED = SignedRunConfig.sign(ALICE, RUN, CONFIG)
 H = "ab" * 32
+ALICE_BOB = [ALICE.peer_id, BOB.peer_id]
 
 
 def _node(identity: Identity, step: int = 10) -> NodeRecord:
@@ -95,11 +97,12 @@ def test_validator_accepts_envelope_built_by_the_documented_layout() -> None:
     ("key", "payload"),
     [
         (nodes_key(RUN), pack_payload(_node(ALICE).to_wire())),
-        (runs_key(RUN), pack_payload(RUN)),
         (round_key(RUN, RoundKey(3, 7)), pack_payload(2.5)),
-        (RUN_CONFIGS_KEY, pack_payload([RUN, encode_config(CONFIG)])),
+        (round_key(RUN, RoundKey(3, 7)), pack_payload([2.5, bytes(32)])),
+        (RUN_CONFIGS_KEY, SIGNED.to_payload()),
+        (vouch_key(RUN, 2), pack_payload({"v": 1, "rounds": [[3, H, sorted(ALICE_BOB)]]})),
     ],
-    ids=["node", "run marker", "declaration", "run config"],
+    ids=["node", "declaration", "closed swarm declaration", "run config", "vouch"],
 )
 def test_validator_accepts_every_kind_signed_by_its_author(key: str, payload: bytes) -> None:
     record, _ = _sealed(key, payload)
@@ -171,16 +174,37 @@ REJECTED: dict[str, Callable[[], DHTRecord]] = {
     "oversize payload": _case(RUN_CONFIGS_KEY, bytes(MAX_PAYLOAD_BYTES + 1)),
     "too deep msgpack": _case(nodes_key(RUN), DEEP_MSGPACK),
     "deep but decodable msgpack": _case(nodes_key(RUN), b"\x91" * 100 + b"\xc0"),
-    "JSON depth bomb config": _case(RUN_CONFIGS_KEY, pack_payload([RUN, BOMB])),
+    "JSON depth bomb config": _case(RUN_CONFIGS_KEY, pack_payload([RUN, BOMB, bytes(64)])),
     "config not hashing to its run": _case(
-        RUN_CONFIGS_KEY, pack_payload([RUN, encode_config({"x": 1})])
+        RUN_CONFIGS_KEY, pack_payload([RUN, encode_config({"x": 1}), bytes(64)])
     ),
-    "run marker of another name": _case(runs_key(RUN), pack_payload("other-0123456789abcdef")),
+    "config not signed by its creator": _case(
+        RUN_CONFIGS_KEY,
+        pack_payload(
+            [
+                RUN,
+                encode_config(CONFIG),
+                MALLORY.sign(signing_input("diloco-run-config/1", RUN, encode_config(CONFIG))),
+            ]
+        ),
+        by=MALLORY,
+    ),
+    "unsigned config": _case(RUN_CONFIGS_KEY, pack_payload([RUN, encode_config(CONFIG)])),
+    "declaration proof of 31 bytes": _case(
+        round_key(RUN, RoundKey(0, 1)), pack_payload([1.0, bytes(31)])
+    ),
     "node record with a string step": _case(
         nodes_key(RUN), pack_payload({**_node(ALICE).to_wire(), "step": "abc"})
     ),
     "declared weight NaN": _case(round_key(RUN, RoundKey(0, 1)), pack_payload(float("nan"))),
     "declared weight int": _case(round_key(RUN, RoundKey(0, 1)), pack_payload(2)),
+    "vouch from outside its members": _case(
+        vouch_key(RUN, 0),
+        pack_payload({"v": 1, "rounds": [[3, H, sorted([BOB.peer_id, MALLORY.peer_id])]]}),
+    ),
+    "vouch for round 0": _case(
+        vouch_key(RUN, 0), pack_payload({"v": 1, "rounds": [[0, H, sorted(ALICE_BOB)]]})
+    ),
     "payload not bytes": lambda: _record(
         nodes_key(RUN), ALICE.peer_id, [nodes_key(RUN), "text", bytes(64)], get_dht_time() + 30
     ),
@@ -222,7 +246,7 @@ REASONS = {
     "extended expiration": "bad signature",
     "replayed under another key": "not the record's",
     "envelope names another key": "not the record's",
-    "node record under a round key": "larger than 16 bytes",
+    "node record under a round key": "larger than 64 bytes",
     "declaration under the nodes key": "record of type float",
     "key of no known form": "no record kind",
     "expiration beyond the bound": "too far ahead",
@@ -231,9 +255,13 @@ REASONS = {
     "deep but decodable msgpack": "record of type list",
     "JSON depth bomb config": "nested deeper",
     "config not hashing to its run": "does not hash",
-    "run marker of another name": "does not belong",
+    "config not signed by its creator": f"bad signature by {ALICE.peer_id}",
+    "unsigned config": "not [run id, JSON, signature]",
+    "declaration proof of 31 bytes": "proof of 31 bytes",
     "node record with a string step": "global step",
     "declared weight NaN": "declared weight",
+    "vouch from outside its members": "outside the round's members",
+    "vouch for round 0": "vouched round 0",
     "declared weight int": "declared weight",
     "payload not bytes": "not bytes of at most",
     "short signature": "not 64 bytes",
@@ -303,34 +331,27 @@ def test_read_records_verifies_what_the_dht_returns(caplog: pytest.LogCaptureFix
 
 
 def test_readers_skip_far_expiration_and_wrong_kinds() -> None:
-    nodes, marker = nodes_key(RUN), runs_key(RUN)
-    rkey, other = round_key(RUN, RoundKey(1, 2)), make_run_id("owned", {"x": 2})
+    nodes, rkey = nodes_key(RUN), round_key(RUN, RoundKey(1, 2))
     dht = _StubDHT(
         {
             nodes: {MALLORY.peer_id: _entry(MALLORY, nodes, NODE, ttl=10**6)},
-            marker: {
-                ALICE.peer_id: _entry(ALICE, marker, pack_payload(RUN)),
-                BOB.peer_id: _entry(BOB, marker, pack_payload(other)),
-                MALLORY.peer_id: _entry(MALLORY, marker, NODE),
-            },
             rkey: {
                 ALICE.peer_id: _entry(ALICE, rkey, pack_payload(1.5)),
                 MALLORY.peer_id: _entry(MALLORY, rkey, pack_payload(float("inf"))),
                 BOB.peer_id: _entry(BOB, rkey, pack_payload(2.0), ttl=10**6),
             },
             RUN_CONFIGS_KEY: {
-                ALICE.peer_id: _entry(
-                    ALICE, RUN_CONFIGS_KEY, pack_payload([RUN, encode_config(CONFIG)])
+                BOB.peer_id: _entry(BOB, RUN_CONFIGS_KEY, SIGNED.to_payload()),
+                MALLORY.peer_id: _entry(
+                    MALLORY, RUN_CONFIGS_KEY, pack_payload([RUN, BOMB, bytes(64)])
                 ),
-                MALLORY.peer_id: _entry(MALLORY, RUN_CONFIGS_KEY, pack_payload([RUN, BOMB])),
             },
         }
     )
     assert asyncio.run(read_records(dht, RUN)) == []  # type: ignore[arg-type]
-    assert asyncio.run(other_run_ids(dht, RUN)) == [other]  # type: ignore[arg-type]
     declared = asyncio.run(read_declarations(dht, rkey))  # type: ignore[arg-type]
     assert {peer.to_base58(): w for peer, w in declared.items()} == {ALICE.peer_id: 1.5}
-    assert asyncio.run(find_run_configs(dht)) == {RUN: CONFIG}  # type: ignore[arg-type]
+    assert asyncio.run(find_run_configs(dht)) == {RUN: SIGNED}  # type: ignore[arg-type]
 
 
 def test_only_a_signing_dht_can_store() -> None:
@@ -395,7 +416,7 @@ def test_hostile_peer_cannot_forge_hide_or_pin_records(tmp_path: Path) -> None:
         record_a, record_b = _node_of(a_id), _node_of(b_id)
         assert asyncio.run(publish_record(alice, RUN, record_a, 30.0))
         assert asyncio.run(publish_record(bob, RUN, record_b, 30.0))
-        assert asyncio.run(publish_run_config(alice, RUN, CONFIG, 30.0))
+        assert asyncio.run(publish_run_config(alice, SIGNED, 30.0))
         with pytest.raises(ValueError, match="cannot publish the record of"):
             asyncio.run(publish_record(alice, RUN, record_b, 30.0))
 
@@ -434,7 +455,7 @@ def test_hostile_peer_cannot_forge_hide_or_pin_records(tmp_path: Path) -> None:
             # ... and their readers see the records unchanged, none of the forged.
             expected = sorted([record_a, record_b, record_m], key=lambda r: r.peer_id)
             assert asyncio.run(read_records(dht, RUN)) == expected
-            assert asyncio.run(find_run_configs(dht)) == {RUN: CONFIG}
+            assert asyncio.run(find_run_configs(dht)) == {RUN: SIGNED}
         # A reader whose DHT validates nothing can be shown forgeries, and its own check
         # drops them: it may miss records, never take a forged one.
         raw = DHT(
@@ -449,7 +470,7 @@ def test_hostile_peer_cannot_forge_hide_or_pin_records(tmp_path: Path) -> None:
         )
         dhts.append(raw)
         assert set(asyncio.run(read_records(raw, RUN))) <= {record_a, record_b, record_m}
-        assert asyncio.run(find_run_configs(raw)) == {RUN: CONFIG}
+        assert asyncio.run(find_run_configs(raw)) == {RUN: SIGNED}
     finally:
         for dht in dhts:
             dht.shutdown()
@@ -461,4 +482,4 @@ def _node_of(peer_id: str, step: int = 10) -> NodeRecord:
 
 
 def _seal_bomb(expiration: float) -> list[Any]:
-    return seal(MALLORY, RUN_CONFIGS_KEY, pack_payload([RUN, BOMB]), expiration)
+    return seal(MALLORY, RUN_CONFIGS_KEY, pack_payload([RUN, BOMB, bytes(64)]), expiration)

@@ -71,15 +71,22 @@ Serve = Callable[[PeerID, asyncio.StreamReader, asyncio.StreamWriter], Awaitable
 async def _exchange(
     serve: Serve, request: bytes = b"", timeout: float = 5.0, **kwargs: object
 ) -> bytes:
-    """Run the wrapped ``serve`` on one in-memory stream; return all the client read."""
+    """Run the wrapped ``serve`` on one in-memory stream; return the one frame the client
+    read (it then closes, as clients do), or b"" when the wrapper closed without one."""
     (reader, writer), (their_reader, their_writer) = await stream_pair()
     handler = streams.stream_handler("TEST", serve, timeout=timeout, reply_timeout=5.0, **kwargs)  # type: ignore[arg-type]
     info = StreamInfo(PEER, Multiaddr("/ip4/127.0.0.1/tcp/1"), "test")
     writer.write(request)
-    await handler(info, their_reader, their_writer)
-    assert their_writer.is_closing()
-    received = await reader.read()  # up to EOF: the wrapper closed its end
+    handling = asyncio.create_task(handler(info, their_reader, their_writer))
+    try:
+        header = await reader.readexactly(12)
+        received = header + await reader.readexactly(int.from_bytes(header[8:], "big"))
+    except asyncio.IncompleteReadError as exc:
+        assert exc.partial == b"", exc.partial
+        received = b""
     writer.close()
+    await handling
+    assert their_writer.is_closing()
     return received
 
 
@@ -184,3 +191,50 @@ def test_transport_errors_name_refused_and_cut_streams_only() -> None:
         assert isinstance(error, streams.TRANSPORT_ERRORS)
     for bug in (ValueError(), KeyError(), RuntimeError(), ProtocolError("bad")):
         assert not isinstance(bug, streams.TRANSPORT_ERRORS)
+
+
+async def _answered_stream(
+    answer: bytes, reply_timeout: float
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, asyncio.Task[None]]:
+    """A handler that writes ``answer`` and returns, running on one in-memory stream."""
+    (reader, writer), (their_reader, their_writer) = await stream_pair()
+
+    async def serve(
+        peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> Reject | None:
+        writer.write(answer)
+        await writer.drain()
+        return None
+
+    handler = streams.stream_handler("TEST", serve, timeout=5.0, reply_timeout=reply_timeout)
+    info = StreamInfo(PEER, Multiaddr("/ip4/127.0.0.1/tcp/1"), "test")
+    return reader, writer, asyncio.create_task(handler(info, their_reader, their_writer))
+
+
+def test_stream_handler_closes_after_an_answer_only_once_the_peer_closed() -> None:
+    """p2pd may turn our close into a reset that drops the answer's unread bytes: the
+    handler keeps its end open until the client has read the answer and closed."""
+
+    async def main() -> None:
+        reader, writer, handling = await _answered_stream(b"answer", reply_timeout=30.0)
+        assert await reader.readexactly(6) == b"answer"
+        writer.write(b"late bytes the handler never reads")  # dropped, not left unread
+        await writer.drain()
+        for _ in range(20):  # the handler gets every chance to run
+            await asyncio.sleep(0)
+        assert not handling.done()
+        writer.close()
+        await asyncio.wait_for(handling, 5.0)
+        assert await reader.read() == b""
+
+    asyncio.run(main())
+
+
+def test_stream_handler_closes_after_reply_timeout_when_the_peer_never_closes() -> None:
+    async def main() -> None:
+        reader, writer, handling = await _answered_stream(b"answer", reply_timeout=0.05)
+        await asyncio.wait_for(handling, 5.0)  # the client never closes
+        assert await reader.read() == b"answer"  # then EOF: the handler closed
+        writer.close()
+
+    asyncio.run(main())

@@ -17,6 +17,7 @@ import torch
 
 from diloco.codecs import Codec, get_codec
 from diloco.errors import ProtocolError
+from diloco.protocol.aggregation import CLIP_FACTOR
 from diloco.protocol.norms import chunk_norm, num_blocks
 from diloco.protocol.partition import butterfly_parts
 from diloco.protocol.reduction import PartReducer, RoundPlan, chunk_spans
@@ -52,7 +53,9 @@ def _plan(index: int, codec: Codec, return_codec: Codec) -> RoundPlan:
     spans = tuple(butterfly_parts(NUMEL, len(WEIGHTS)))
     chunks = tuple(tuple(chunk_spans(lo, hi, CHUNK)) for lo, hi in spans)
     norms = tuple(tuple(1.0 for _ in part) for part in chunks)
-    return RoundPlan(TAG, GID, index, WEIGHTS, spans, chunks, norms, codec, return_codec, 1e6)
+    return RoundPlan(
+        TAG, GID, index, WEIGHTS, spans, chunks, norms, codec, return_codec, 1e6, CLIP_FACTOR
+    )
 
 
 @dataclass
@@ -64,12 +67,16 @@ class Scenario:
     sample: Sample
     answers: dict[int, Answer]
     evidence: dict[tuple[int, int], bytes | str]
+    clipped: list[int]
+    """Members clipping scaled down, over all chunks."""
 
 
-def _scenario(codec: str = "e3m0", return_codec: str = "e3m0") -> Scenario:
+def _scenario(codec: str = "e3m0", return_codec: str = "e3m0", scale: float = 1.0) -> Scenario:
+    """``scale``: member 2 sends that many times its delta (50: clipped in every chunk)."""
     send, back = get_codec(codec), get_codec(return_codec)
     generator = torch.Generator().manual_seed(3)
     deltas = [torch.randn(NUMEL, generator=generator) * 1e-2 for _ in WEIGHTS]
+    deltas[2] = deltas[2] * scale
     reducer = PartReducer(_plan(PART, send, back))
     own = [OwnContribution(_plan(i, send, back), deltas[i]) for i in range(len(WEIGHTS))]
     chunks = reducer.plan.chunks[PART]
@@ -79,11 +86,12 @@ def _scenario(codec: str = "e3m0", return_codec: str = "e3m0") -> Scenario:
             own[i].record(PART, c, payload)
             reducer.add_chunk(i, c, reducer.check_chunk(c, payload))
     reducer.close_gather()
-    values, norms, block_norms = [], [], []
+    values, norms, block_norms, clipped = [], [], [], []
     for c, (a, b) in enumerate(chunks):
         payload = send.encode(deltas[PART][a:b].contiguous())
         own[PART].record(PART, c, payload)
-        msg, mean = reducer.average(c, send.decode(payload))
+        msg, mean, scaled_down = reducer.average(c, send.decode(payload))
+        clipped += scaled_down
         values.append(mean)
         norms.append(msg.norms)
         block_norms.append(msg.block_norms)
@@ -95,7 +103,7 @@ def _scenario(codec: str = "e3m0", return_codec: str = "e3m0") -> Scenario:
     evidence: dict[tuple[int, int], bytes | str] = {
         (i, c): bytes(reducer.received[i][c].payload) for i in (0, 2) for c in range(len(chunks))
     }
-    return Scenario(_plan(0, send, back), reducer, sample, answers, evidence)
+    return Scenario(_plan(0, send, back), reducer, sample, answers, evidence, clipped)
 
 
 def _edited(answer: Answer, k: int, factor: float = 2.0, add: float = 0.0) -> Answer:
@@ -153,15 +161,23 @@ def test_expected_block_by_hand() -> None:
     inputs = [torch.full((256,), v) for v in (6.5, 2.6, -1.3)]
     got = expected_values(plan, sample, inputs)
     assert got.shape == (256,) and torch.allclose(got, torch.full((256,), 1.4), atol=1e-6)
+    # member 2's claimed norm 10 > C * 1 (lower median): its values scaled by 3 / 10
+    # -> (6.5 + 6.5 - 3 * 1.3 * 0.3) / 6.5 = 1.82
+    norms = (1.0, 1.0, 10.0)
+    clipped = dataclasses.replace(claims, norms=(norms, norms, norms))
+    got = expected_values(plan, dataclasses.replace(sample, claims=clipped), inputs)
+    assert torch.allclose(got, torch.full((256,), 1.82), atol=1e-6)
 
 
 @pytest.mark.parametrize(
-    ("codec", "return_codec"), [("e3m0", "e3m0"), ("none", "e3m0"), ("int8", "none")]
+    ("codec", "return_codec", "scale"),
+    [("e3m0", "e3m0", 1.0), ("none", "e3m0", 1.0), ("int8", "none", 1.0), ("e3m0", "e3m0", 50.0)],
 )
 def test_every_block_recomputed_bit_identical_to_the_part_reducer(
-    codec: str, return_codec: str
+    codec: str, return_codec: str, scale: float
 ) -> None:
-    s = _scenario(codec, return_codec)
+    s = _scenario(codec, return_codec, scale)
+    assert s.clipped == ([2] * 4 if scale > 1 else [])  # clipping recomputed too
     inputs = [s.answers[i].values for i in (0, 1, 2)]
     assert torch.equal(expected_values(s.plan, s.sample, inputs), s.sample.averaged)
     # any subset of the blocks too (every block is sampled in the scenario)

@@ -1,0 +1,116 @@
+"""Cost of norm clipping on honest runs (issue 11): eval loss with clipping vs the plain mean.
+
+Runs ``diloco-node local`` (streaming, its defaults) for each replica count, seed and clip
+factor C (0 is the plain weighted mean), and records, for every chunk every round combined,
+the ratio of the largest member norm to the lower median (the reference): clipping at C
+fires exactly on the chunks whose ratio exceeds C, so one plain run tells how often any C
+would fire. Writes every summary to a JSON file and prints a markdown table.
+
+    nice -n 10 python benchmarks/trust_clipping.py --replicas 2 4 --seeds 0 1 \
+        --clip-factors 0 2 3 --out benchmarks/results/trust_clipping.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from diloco.node.data import load_corpus
+from diloco.node.local import LocalConfig, LocalTrainer
+from diloco.protocol import aggregation, reducer
+from diloco.protocol.aggregation import Combined
+
+RATIOS: list[float] = []
+"""Per combined chunk: largest norm / lower median (the reference), of the current run."""
+
+
+def recording_robust_mean(
+    parts: Sequence[torch.Tensor], weights: Sequence[float], clip_factor: float
+) -> Combined:
+    """``aggregation.robust_mean``, noting each chunk's largest norm over its reference."""
+    combined = aggregation.robust_mean(parts, weights, clip_factor)
+    ref = sorted(combined.norms)[(len(combined.norms) - 1) // 2]
+    if ref > 0:
+        RATIOS.append(max(combined.norms) / ref)
+    return combined
+
+
+def run(config: LocalConfig, corpus: Any) -> dict[str, Any]:
+    RATIOS.clear()
+    summary = LocalTrainer(config, corpus).train()
+    ratios = sorted(RATIOS)
+    return {
+        "replicas": config.replicas,
+        "seed": config.seed,
+        "clip_factor": config.clip_factor,
+        "eval_loss": summary["eval_loss"],
+        "clipped": summary["clipped_contributions"],
+        "combined": summary["combined_contributions"],
+        "chunks": len(ratios),
+        "ratio_max": ratios[-1],
+        "ratio_p99": ratios[int(0.99 * (len(ratios) - 1))],
+        "ratio_median": ratios[(len(ratios) - 1) // 2],
+        "wall_s": summary["wall_s"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--replicas", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--clip-factors", type=float, nargs="+", default=[0.0, 2.0, 3.0])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--eval-batches", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    reducer.robust_mean = recording_robust_mean  # type: ignore[assignment]  # measure only
+
+    corpus = load_corpus(None)
+    results = []
+    for replicas in args.replicas:
+        for seed in args.seeds:
+            for clip_factor in args.clip_factors:
+                config = LocalConfig(
+                    replicas=replicas,
+                    steps=args.steps,
+                    seed=seed,
+                    eval_batches=args.eval_batches,
+                    log_every=10**9,
+                    clip_factor=clip_factor,
+                )
+                start = time.perf_counter()
+                result = run(config, corpus)
+                results.append(result)
+                print(
+                    f"M={replicas} seed {seed} C={clip_factor:g}: eval {result['eval_loss']:.4f} "
+                    f"clipped {result['clipped']}/{result['combined']} "
+                    f"norm ratio max {result['ratio_max']:.3f} p99 {result['ratio_p99']:.3f} "
+                    f"({time.perf_counter() - start:.0f} s)",
+                    flush=True,
+                )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(
+        json.dumps({"args": vars(args) | {"out": str(args.out)}, "results": results}, indent=1)
+    )
+    print("\n| M | seed | C | eval loss | vs plain | clipped / combined | norm ratio max |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    plain = {(r["replicas"], r["seed"]): r["eval_loss"] for r in results if r["clip_factor"] == 0}
+    for r in results:
+        base = plain.get((r["replicas"], r["seed"]))
+        diff = f"{100 * (r['eval_loss'] / base - 1):+.3f}%" if base else ""
+        print(
+            f"| {r['replicas']} | {r['seed']} | {r['clip_factor']:g} | {r['eval_loss']:.4f} | "
+            f"{diff} | {r['clipped']} / {r['combined']} | {r['ratio_max']:.3f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""``prepare-data`` through CliRunner on a small JSONL file with a BPE tokenizer.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from bpe_corpus import write_bpe_corpus
+from click.testing import CliRunner
+from tokenizers import Tokenizer
+
+from diloco.cli import main
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    root = tmp_path_factory.mktemp("inputs")
+    return root, write_bpe_corpus(root)
+
+
+def invoke(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.output
+
+
+def test_prepare_data_writes_the_tokens_of_tokenizers_and_a_manifest(
+    inputs: tuple[Path, list[str]], tmp_path: Path
+) -> None:
+    root, texts = inputs
+    out = tmp_path / "tokens"
+    code, output = invoke(
+        "prepare-data", str(root / "docs.jsonl"), "--tokenizer", str(root / "tokenizer.json"),
+        "-o", str(out), "--val-fraction", "0", "--processes", "2", "--shard-bytes", "2000",
+    )  # fmt: skip
+    assert code == 0, output
+    reference = Tokenizer.from_file(str(root / "tokenizer.json"))
+    eos = reference.token_to_id("<|endoftext|>")
+    expected = [i for text in texts for i in [*reference.encode(text).ids, eos]]
+    assert np.fromfile(out / "train.bin", dtype=np.uint16).tolist() == expected
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["train"]["tokens"] == len(expected)
+    assert manifest["train"]["documents"] == len(texts)
+    assert manifest["tokenizer"]["vocab_size"] == reference.get_vocab_size()
+    assert f"fingerprint {manifest['fingerprint']}" in output
+    assert f"--dataset-fingerprint {manifest['fingerprint']}" in output
+    assert (out / "tokenizer.json").read_bytes() == (root / "tokenizer.json").read_bytes()
+
+
+def test_prepare_data_with_bytes_is_the_utf8_of_the_texts(
+    inputs: tuple[Path, list[str]], tmp_path: Path
+) -> None:
+    root, texts = inputs
+    code, output = invoke(
+        "prepare-data", str(root / "docs.jsonl"), "-o", str(tmp_path), "--val-fraction", "0",
+        "--processes", "1",
+    )  # fmt: skip
+    assert code == 0, output
+    tokens = np.fromfile(tmp_path / "train.bin", dtype=np.uint16).tobytes()
+    assert np.frombuffer(tokens, dtype=np.uint16).astype(np.uint8).tobytes() == "".join(
+        texts
+    ).encode("utf-8")
+    assert not (tmp_path / "tokenizer.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        ([], 2, "give INPUTS files or folders, or --hf-dataset NAME"),
+        (["--hf-dataset", "x/y", "{docs}"], 2, "not both"),
+        (["{docs}", "--val-fraction", "1.5"], 2, "val_fraction must be in [0, 1)"),
+        (["/missing.jsonl"], 2, "'/missing.jsonl' does not exist"),
+        (["{docs}", "--tokenizer", "{docs}"], 1, "cannot load tokenizer"),
+        (["{docs}", "--text-field", "body"], 1, "no text found for training (field 'body')"),
+    ],
+)
+def test_prepare_data_names_the_fix(
+    inputs: tuple[Path, list[str]], tmp_path: Path, args: list[str], code: int, message: str
+) -> None:
+    docs = str(inputs[0] / "docs.jsonl")
+    argv = [a.replace("{docs}", docs) for a in args]
+    result = invoke("prepare-data", *argv, "-o", str(tmp_path / "out"), "--processes", "1")
+    assert result[0] == code, result[1]
+    assert message in result[1]

@@ -1,0 +1,172 @@
+"""Attacks of issue 11 on real `diloco-node` processes, by a hostile peer that really
+misbehaves (``hostile_claims.py``, built from the project's classes, with validly signed
+records of its own identities).
+
+- Attack 1: a peer claims every fragment at version +1000 and the run's last step, vouches
+  for its forged state alone and serves zeros; it also spams the honest nodes' state
+  handler (attack 6's "hash and stream the whole state for every 30-byte request").
+- Attack 6: Sybil records crowd the donors (copies of the honest claims, newer unvouched
+  claims, claims of the run's last step); a late joiner must still join honestly.
+
+Each test fails without its defence: without the schedule bound and the vouch rule the
+joiner of the first test adopts the zeros at the last step and exits at once; without them
+the late joiner of the second tries Sybils only and never joins.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_swarm_node import SMALL, Node, listen
+
+pytestmark = pytest.mark.swarm
+
+HOSTILE = Path(__file__).with_name("hostile_claims.py")
+STEPS = 240
+TIMEOUT = 900.0
+
+
+class Hostile:
+    """The hostile peer process; its stdout holds JSON lines (``hostile_claims.py``)."""
+
+    def __init__(self, mode: str, address: str, folder: Path, host: int) -> None:
+        self.log = folder / f"hostile-{mode}.log"
+        with self.log.open("w") as log:
+            where = ["--initial-peers", address, "--listen", f"/ip4/127.0.0.{host}/tcp/0"]
+            self.process = subprocess.Popen(
+                [sys.executable, str(HOSTILE), mode, *where],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+
+    def lines(self) -> list[dict[str, Any]]:
+        text = self.log.read_text() if self.log.exists() else ""
+        return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+    def ready(self, timeout: float = 120.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if found := [line for line in self.lines() if "ready" in line]:
+                return found[0]
+            assert self.process.poll() is None, self.log.read_text()
+            time.sleep(0.5)
+        raise AssertionError(f"the hostile peer did not start:\n{self.log.read_text()}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+
+
+@pytest.fixture
+def processes() -> Iterator[list[Node | Hostile]]:
+    started: list[Node | Hostile] = []
+    yield started
+    for process in started:
+        process.stop()
+
+
+def round_hashes(nodes: list[Node]) -> dict[tuple[int, int], dict[str, str]]:
+    hashes: dict[tuple[int, int], dict[str, str]] = defaultdict(dict)
+    for node in nodes:
+        for r in node.records():
+            if r["event"] == "round":
+                hashes[(r["fragment"], r["round"])][node.name] = r["outer_sha256"]
+    return hashes
+
+
+def zero_hashes(node: Node) -> list[str]:
+    """Per fragment, the hash of the all-zero state the forger serves."""
+    config = next(r for r in node.records() if r["event"] == "config")
+    return [hashlib.sha256(bytes(8 * n)).hexdigest() for n in config["fragment_numel"]]
+
+
+def test_forged_versions_last_step_and_state_spam_change_nothing(tmp_path, processes) -> None:
+    a = Node("a", ["start", "--name", "atk", "--steps", str(STEPS), *SMALL, *listen(2)], tmp_path)
+    processes.append(a)
+    address = a.address()
+    hostile = Hostile("forge", address, tmp_path, host=6)
+    processes.append(hostile)
+    forger = hostile.ready()["peer_id"]
+    b = Node("b", ["join", "--initial-peers", address, *SMALL, *listen(3)], tmp_path)
+    processes.append(b)
+    for node in (a, b):
+        assert node.process.wait(TIMEOUT) == 0, node.output()
+        summary = node.summary()
+        assert summary["step"] == STEPS and not summary["interrupted"]
+
+    # Nobody jumped to the last step: b joined early; a catch-up (if any) is a short one.
+    joined = next(r for r in b.records() if r["event"] == "joined")
+    assert joined["step"] < STEPS // 2, joined
+    for node in (a, b):
+        jumps = [r for r in node.records() if r["event"] == "caught_up"]
+        assert all(r["to_step"] - r["from_step"] < 30 for r in jumps), jumps
+
+    # Nothing of the forged state reached them: their rounds agree, their states are equal.
+    zeros = zero_hashes(a)
+    hashes = round_hashes([a, b])
+    shared = {k: v for k, v in hashes.items() if len(v) == 2}
+    assert len(shared) >= 10
+    assert all(len(set(v.values())) == 1 for v in shared.values()), shared
+    assert all(h != zeros[p] for (p, _), v in hashes.items() for h in v.values())
+    assert a.summary()["outer_sha256"] == b.summary()["outer_sha256"]
+    assert not set(a.summary()["outer_sha256"]) & set(zeros)
+
+    # The offender is named with its offence, by the joiner and by the node it spammed.
+    offence = f"peer {forger}: record ignored: fragment 0 at version 1000 is beyond round"
+    assert offence in b.output(), b.output()
+    assert f"peer {forger}: record ignored:" in a.output(), a.output()
+    assert f"state requests from {forger} refused (BUSY)" in a.output()
+    counts = [line for line in hostile.lines() if "refused" in line]
+    assert counts and counts[-1]["refused"] > counts[-1]["served"] >= 1, counts[-1:]
+    assert_no_honest_offender([a, b])
+
+
+def assert_no_honest_offender(nodes: list[Node]) -> None:
+    """No honest node took another for an offender (the bounds leave honest claims room)."""
+    ids = [next(r for r in n.records() if r["event"] == "config")["peer_id"] for n in nodes]
+    for node in nodes:
+        assert not [i for i in ids if f"peer {i}: " in node.output()], node.output()
+
+
+def test_sybil_records_do_not_crowd_out_a_late_joiners_honest_donors(tmp_path, processes) -> None:
+    a = Node("a", ["start", "--name", "syb", "--steps", str(STEPS), *SMALL, *listen(2)], tmp_path)
+    processes.append(a)
+    address = a.address()
+    b = Node("b", ["join", "--initial-peers", address, *SMALL, *listen(3)], tmp_path)
+    processes.append(b)
+    hostile = Hostile("sybil", address, tmp_path, host=6)
+    processes.append(hostile)
+    sybils = hostile.ready()["sybils"]
+    a.wait_step(STEPS // 3, timeout=TIMEOUT)
+    c = Node("c", ["join", "--initial-peers", address, *SMALL, *listen(4)], tmp_path)
+    processes.append(c)
+    for node in (a, b, c):
+        assert node.process.wait(TIMEOUT) == 0, node.output()
+        assert node.summary()["step"] == STEPS
+
+    joined = next(r for r in c.records() if r["event"] == "joined")
+    assert STEPS // 3 <= joined["step"] < STEPS
+    # The joiner took an honest, vouched state: it trains in line with the others.
+    hashes = round_hashes([a, b, c])
+    c_rounds = [v for v in hashes.values() if "c" in v and len(v) >= 2]
+    assert c_rounds and all(len(set(v.values())) == 1 for v in c_rounds)
+    assert a.summary()["outer_sha256"] == b.summary()["outer_sha256"]
+    assert a.summary()["outer_sha256"] == c.summary()["outer_sha256"]
+    # The Sybils that claim the run's last step (every third) are named with the offence.
+    for sybil in sybils[2::3]:
+        assert f"peer {sybil}: step not followed: global step {STEPS} runs ahead" in c.output()
+    assert_no_honest_offender([a, b, c])

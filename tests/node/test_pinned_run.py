@@ -1,0 +1,164 @@
+"""Trust, as a user meets it: real `diloco-node` processes and a hostile peer on loopback.
+
+A joiner follows the run of the peer whose address it was given, never a configuration
+that merely shares the run's name, and never a path from the swarm (issue 11, attack 5).
+A closed swarm (``--swarm-key``) trains its members normally and gives outsiders nothing:
+no group, no part, no state, not even a place in a round's view; both sides log it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_swarm_node import SMALL, Node, listen, nodes  # noqa: F401  (the fixture)
+
+pytestmark = pytest.mark.swarm
+
+HOSTILE = str(Path(__file__).with_name("hostile_peer.py"))
+NOT_MEMBER = "not a member of this closed swarm"
+
+
+def diloco(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+    """One short-lived command (a join that is refused, status, keygen)."""
+    command = [sys.executable, "-m", "diloco", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+
+
+def hostile(log: Path, *args: str) -> subprocess.Popen[str]:
+    with log.open("w") as out:
+        return subprocess.Popen(
+            [sys.executable, HOSTILE, *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+
+
+def report_of(process: subprocess.Popen[str], log: Path, timeout: float = 120.0) -> dict[str, Any]:
+    """The JSON line a hostile peer prints once it has done its work."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in log.read_text().splitlines():
+            if line.startswith("{"):
+                report: dict[str, Any] = json.loads(line)
+                return report
+        assert process.poll() is None or process.returncode == 0, log.read_text()
+        time.sleep(0.5)
+    raise AssertionError(f"no report from the hostile peer:\n{log.read_text()}")
+
+
+def stop(process: subprocess.Popen[str]) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, 9)
+        process.wait(10)
+
+
+def peer_of(node: Node) -> str:
+    match = re.search(r"^run \S+, peer (\S+)$", node.output(), re.MULTILINE)
+    assert match, node.output()
+    return match.group(1)
+
+
+def test_joiner_follows_the_peer_it_was_given_not_a_same_name_run(nodes, tmp_path) -> None:  # noqa: F811
+    tripwire = tmp_path / "victims-data"
+    os.mkfifo(tripwire)  # opening it to read would block the reader for good
+    a = nodes("a", ["start", "--name", "h", "--steps", "600", *SMALL, *listen(2)])
+    address = a.address()
+    log = tmp_path / "hostile.log"
+    attacker = hostile(log, "hijack", address, "/ip4/127.0.0.9/tcp/0", str(tripwire))
+    try:
+        report = report_of(attacker, log)
+        honest_run, own_run = report["honest_run"], report["own_run"]
+        hostile_address = next(x for x in log.read_text().split() if x.startswith("/ip4/127.0.0.9"))
+        assert report["own_published"] and own_run.startswith("h-") and own_run != honest_run
+
+        b = nodes("b", ["join", "--initial-peers", address, *SMALL, *listen(3)])
+
+        # `status` shows both runs named h apart, with their creators; no forgery is listed
+        status = diloco("status", "--initial-peers", address)
+        assert status.returncode == 0, status.stderr
+        assert f"run {honest_run}: creator {peer_of(a)}, " in status.stdout
+        assert f"run {own_run}: creator {report['peer_id']}, " in status.stdout
+        assert report["forged_run"] not in status.stdout
+        # given both addresses, a joiner refuses to choose; --run-id pins; the hostile
+        # run itself cannot be joined (its configuration names a path) and nothing is read
+        both = diloco("join", "--initial-peers", f"{address} {hostile_address}", *listen(5))
+        assert both.returncode == 1 and "train different runs" in both.stderr, both.stderr
+        pinned = diloco(
+            "join", "--initial-peers", hostile_address, "--run-id", honest_run, *listen(7)
+        )
+        assert pinned.returncode == 1, pinned.stderr
+        assert f"no initial peer trains run {honest_run}" in pinned.stderr
+        assert "the swarm lists these runs named h" in pinned.stderr
+        lured = diloco("join", "--initial-peers", hostile_address, *listen(6))
+        assert lured.returncode == 1 and "unknown keys ['data']" in lured.stderr, lured.stderr
+
+        for node in (a, b):
+            assert node.process.wait(300) == 0, node.output()
+    finally:
+        stop(attacker)
+    assert f"run {honest_run}, peer " in b.output()
+    assert b.summary()["run_id"] == a.summary()["run_id"] == honest_run
+    assert b.summary()["step"] == 600 and next(r for r in b.records() if r["event"] == "joined")
+    assert a.summary()["outer_sha256"] == b.summary()["outer_sha256"]
+    assert str(tripwire) not in b.output()
+
+
+def test_closed_swarm_trains_members_and_gives_outsiders_nothing(nodes, tmp_path) -> None:  # noqa: F811
+    key, other = tmp_path / "swarm.key", tmp_path / "other.key"
+    for path in (key, other):
+        assert diloco("keygen", "--swarm-key", str(path)).returncode == 0
+    closed = ["--steps", "300", "--swarm-key", str(key), *SMALL]
+    a = nodes("a", ["-v", "start", "--name", "c", *closed, *listen(2)])
+    address = a.address()
+    b = nodes(
+        "b", ["join", "--initial-peers", address, "--swarm-key", str(key), *SMALL, *listen(3)]
+    )
+    logs = [tmp_path / "no_key.log", tmp_path / "other_key.log"]
+    outsiders = [
+        hostile(logs[0], "outsider", address, "/ip4/127.0.0.8/tcp/0"),
+        hostile(logs[1], "outsider", address, "/ip4/127.0.0.9/tcp/0", str(other)),
+    ]
+    try:
+        no_key = diloco("join", "--initial-peers", address, *listen(5))
+        assert no_key.returncode == 1, no_key.stderr
+        assert "is a closed swarm" in no_key.stderr and "--swarm-key FILE" in no_key.stderr
+        wrong_key = diloco(
+            "join", "--initial-peers", address, "--swarm-key", str(other), *listen(6)
+        )
+        assert wrong_key.returncode == 1 and "is not the key of run" in wrong_key.stderr
+        reports = [report_of(p, log) for p, log in zip(outsiders, logs, strict=True)]
+        for node in (a, b):
+            assert node.process.wait(300) == 0, node.output()
+    finally:
+        for process in outsiders:
+            stop(process)
+
+    # outsiders got no state, no group and no part, and were not in any round's view
+    for report in reports:
+        assert report["declared"] > 0
+        for request in ("state", "join", "part"):
+            assert NOT_MEMBER in report[request], report
+    a_log = a.output()
+    for report in reports:
+        for handler in ("STATE", "JOIN", "PART"):
+            assert f"refused {handler} from {report['peer_id']}: {NOT_MEMBER}" in a_log
+        assert f"ignoring declaration of {report['peer_id']} under" in a_log
+    assert f"{peer_of(a)} refused JOIN from us: {NOT_MEMBER}" in logs[1].read_text()
+    assert re.search(r"saw 2 peers", a_log) and not re.search(r"saw [3-9] peers", a_log)
+
+    # members trained together: rounds of two, identical states
+    rounds = [r for r in b.records() if r["event"] == "round"]
+    assert rounds and all(r["members"] == 2 for r in rounds)
+    assert a.summary()["outer_sha256"] == b.summary()["outer_sha256"]
+    assert b.summary()["step"] == 300

@@ -1,0 +1,160 @@
+"""Issue 11 attacks 2, 3 and 4 by a hostile peer process against the pool's honest peers.
+
+Attack 2, "set the weights as a reducer": the hostile peer is honest everywhere except
+that, as reducer of its part, it returns -30 times the true mean, the same signed bytes
+to every member, so the REPORT digests agree. The members' sampled checks
+(``verification``) find the lie and a dispute proves it from the signed chunks: no honest
+peer applies the round, every honest peer bans the liar at once, and the next round is
+the honest peers' alone.
+Attack 3, "own the mean by weight": the hostile peer ignores the run's weight cap and
+contributes 50 times its delta. Within the cap it gets at most its capped, clipped share
+(``aggregation``: bound asserted per part); over the cap its JOIN is refused, and repeated
+refusals ban it. Attack 4, "veto every round": the hostile peer reports a wrong result
+digest every round; the honest majority applies every round, and after ``BAN_OFFENCES``
+rounds every honest peer bans it, after which it is in no honest group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from faults import SCALE, Fault
+from swarm_expected import group_order, in_process_delta, leader_order, sha
+from swarm_peers import (
+    RUN_ID,
+    TIMEOUTS,
+    PeerProcess,
+    command,
+    make_delta,
+    run_rounds,
+    start_peer,
+    stop_peers,
+)
+
+from diloco.protocol.aggregation import CLIP_FACTOR
+from diloco.protocol.bans import BAN_OFFENCES
+from diloco.protocol.partition import butterfly_parts
+from diloco.protocol.reducer import RoundKey
+
+NUMEL = 4_096
+ROUND_TIMEOUT = TIMEOUTS.total + 60
+
+
+@pytest.fixture
+def hostile(honest: list[PeerProcess]) -> Iterator[PeerProcess]:
+    """A fifth peer, bootstrapped from the pool, that misbehaves as a test tells it."""
+    peer = start_peer(honest[0].maddrs[:1])
+    try:
+        yield peer
+    finally:
+        stop_peers([peer])
+
+
+def _banned(peers: list[PeerProcess], suspect: PeerProcess) -> list[bool]:
+    for peer in peers:
+        peer.send("banned", suspect.peer_id)
+    return [bool(peer.recv(30)[1]) for peer in peers]
+
+
+def _rounds_led_by_one(ids: list[str], fragment: int, count: int) -> tuple[int, list[int]]:
+    """An honest peer (index < 4) and ``count`` rounds of ``fragment`` that it leads with the
+    hostile peer (index 4) second in line, so the hostile peer can only JOIN it."""
+    led: dict[int, list[int]] = {}
+    for k in range(1, 10_000):
+        order = leader_order(ids, RUN_ID, RoundKey(fragment, k))
+        if order[1] == 4:
+            led.setdefault(order[0], []).append(k)
+            if len(led[order[0]]) == count:
+                return order[0], led[order[0]]
+    raise AssertionError("no such rounds")
+
+
+@pytest.mark.swarm
+def test_attack2_lying_reducer_part_reaches_no_honest_peer_and_the_liar_is_banned(
+    honest: list[PeerProcess], hostile: PeerProcess, fragment: int
+) -> None:
+    command([hostile], "fault", Fault.LYING_REDUCER.value)
+    peers = [*honest, hostile]
+    ids = [p.peer_id for p in peers]
+    part = group_order(ids).index(4)  # the part the hostile peer reduces
+    seeds, weights = [fragment * 10 + i for i in range(5)], [1.0, 2.0, 1.0, 1.0, 1.0]
+    specs = [[(fragment, 1, NUMEL, seeds[i], weights[i])] for i in range(5)]
+    results = [r[0] for r in run_rounds(peers, specs, ROUND_TIMEOUT)]
+    lied = f"reducer {ids[4]} of part {part} lied: block "
+    assert all(not r["ok"] and r["reason"].startswith(lied) for r in results[:4]), results
+    assert results[4]["ok"]  # it found nothing wrong in the honest parts: it applies its lie
+    assert _banned(honest, hostile) == [True] * 4
+    # Banned: dropped from every honest view, its JOIN and streams refused.
+    specs = [[(fragment, 2, NUMEL, seeds[i], weights[i])] for i in range(5)]
+    results = [r[0] for r in run_rounds(peers, specs, ROUND_TIMEOUT)]
+    honest_only = sha(in_process_delta(ids[:4], NUMEL, seeds[:4], weights[:4], "none"))
+    assert [r.get("sha256") for r in results[:4]] == [honest_only] * 4, results
+    assert not results[4]["ok"], results[4]
+
+
+@pytest.mark.swarm
+def test_attack3_inflated_weight_and_contribution_get_at_most_the_capped_clipped_share(
+    honest: list[PeerProcess], hostile: PeerProcess, fragment: int
+) -> None:
+    cap = 2.0
+    command(honest, "cap", cap)  # the hostile peer keeps no cap
+    command([hostile], "fault", Fault.SCALED_CONTRIBUTION.value)
+    peers = [*honest, hostile]
+    ids = [p.peer_id for p in peers]
+    seeds = [fragment * 10 + i for i in range(5)]
+
+    # At the cap (the most it may claim): in the group, with 50x its delta.
+    weights = [1.0, 1.0, 1.0, 1.0, cap]
+    specs = [[(fragment, 1, NUMEL, seeds[i], weights[i])] for i in range(5)]
+    results = [r[0] for r in run_rounds(peers, specs, ROUND_TIMEOUT)]
+    scales = [1.0, 1.0, 1.0, 1.0, SCALE]
+    expected = in_process_delta(ids, NUMEL, seeds, weights, "none", scales=scales, max_weight=cap)
+    assert [r.get("sha256") for r in results] == [sha(expected)] * 5, results
+    honest_mean = sum(make_delta(NUMEL, s).double() for s in seeds[:4]) / 4
+    share = cap / (cap + 4.0)
+    for lo, hi in butterfly_parts(NUMEL, 5):
+        parts = [
+            make_delta(NUMEL, s)[lo:hi].double() * c for s, c in zip(seeds, scales, strict=True)
+        ]
+        ref = sorted(float(x.norm()) for x in parts)[2]  # lower median of five
+        moved = float((expected[lo:hi].double() - honest_mean[lo:hi]).norm())
+        bound = share * (CLIP_FACTOR * ref + float(honest_mean[lo:hi].norm()))
+        assert moved <= bound * (1 + 1e-6), (lo, moved, bound)
+        unclipped = (sum(parts[:4]) + cap * parts[4]) / (4 + cap)  # capped only
+        assert float((unclipped - honest_mean[lo:hi]).norm()) > 3 * bound  # what clipping saves
+
+    # Over the cap: refused by the leader it JOINs, an offence; BAN_OFFENCES of them ban it.
+    leader, rounds = _rounds_led_by_one(ids, fragment, BAN_OFFENCES)
+    honest_only = sha(in_process_delta(ids[:4], NUMEL, seeds[:4], [1.0] * 4, "none"))
+    for k in rounds:
+        specs = [[(fragment, k, NUMEL, seeds[i], 1.0)] for i in range(4)]
+        specs.append([(fragment, k, NUMEL, seeds[4], 1e30)])
+        results = [r[0] for r in run_rounds(peers, specs, ROUND_TIMEOUT)]
+        assert [r.get("sha256") for r in results[:4]] == [honest_only] * 4, results
+        assert not results[4]["ok"] and "weight over the run's cap" in results[4]["reason"]
+    assert _banned(honest, hostile)[leader]
+
+
+@pytest.mark.swarm
+def test_attack4_wrong_report_every_round_fails_no_round_and_gets_the_liar_banned(
+    honest: list[PeerProcess], hostile: PeerProcess, fragment: int
+) -> None:
+    command([hostile], "fault", Fault.LIE_IN_REPORT.value)
+    peers = [*honest, hostile]
+    ids = [p.peer_id for p in peers]
+    seeds = [fragment * 10 + i for i in range(5)]
+    everyone = sha(in_process_delta(ids, NUMEL, seeds, [1.0] * 5, "none"))
+    for k in range(1, BAN_OFFENCES + 1):
+        specs = [[(fragment, k, NUMEL, seeds[i], 1.0)] for i in range(5)]
+        results = [r[0] for r in run_rounds(peers, specs, ROUND_TIMEOUT)]
+        assert [r.get("sha256") for r in results[:4]] == [everyone] * 4, (k, results)
+        assert all(sorted(r["members"]) == sorted(ids) for r in results[:4])
+    assert _banned(honest, hostile) == [True] * 4
+    # Banned: dropped from every honest view, its JOIN and streams refused.
+    k = BAN_OFFENCES + 1
+    specs = [[(fragment, k, NUMEL, seeds[i], 1.0)] for i in range(5)]
+    results = [r[0] for r in run_rounds(peers, specs, ROUND_TIMEOUT)]
+    honest_only = sha(in_process_delta(ids[:4], NUMEL, seeds[:4], [1.0] * 4, "none"))
+    assert [r.get("sha256") for r in results[:4]] == [honest_only] * 4, results
+    assert not results[4]["ok"], results[4]

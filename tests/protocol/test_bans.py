@@ -1,0 +1,118 @@
+"""Offences, bans and releases on a hand-driven clock."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from hivemind.p2p import PeerID
+
+from diloco.protocol.bans import BanList
+from diloco.protocol.wire import RejectCode
+
+LIAR, OTHER = PeerID(b"\x00\x24liar"), PeerID(b"\x00\x24other")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _bans(clock: Clock) -> BanList:
+    return BanList(max_offences=3, window=60.0, duration=600.0, clock=clock)
+
+
+def test_third_offence_within_the_window_bans() -> None:
+    clock = Clock()
+    bans = _bans(clock)
+    assert not bans.offend(LIAR, "a")
+    clock.now += 20
+    assert not bans.offend(LIAR, "b")
+    assert not bans.banned(LIAR)
+    clock.now += 20
+    assert bans.offend(LIAR, "c")
+    assert bans.banned(LIAR) and not bans.banned(OTHER)
+
+
+def test_offences_older_than_the_window_do_not_count() -> None:
+    clock = Clock()
+    bans = _bans(clock)
+    bans.offend(LIAR, "a")
+    clock.now += 30
+    bans.offend(LIAR, "b")
+    clock.now += 31  # the first is 61 s old now
+    assert not bans.offend(LIAR, "c")
+    clock.now += 1
+    assert bans.offend(LIAR, "d")
+
+
+def test_ban_runs_out_and_the_peer_starts_clean() -> None:
+    clock = Clock()
+    bans = _bans(clock)
+    for reason in "abc":
+        bans.offend(LIAR, reason)
+    clock.now += 599
+    assert bans.banned(LIAR)
+    clock.now += 1
+    assert not bans.banned(LIAR)
+    assert not bans.offend(LIAR, "again")  # one offence after release: not banned
+
+
+def test_offences_while_banned_do_not_extend_the_ban() -> None:
+    clock = Clock()
+    bans = _bans(clock)
+    for reason in "abc":
+        bans.offend(LIAR, reason)
+    clock.now += 500
+    assert bans.offend(LIAR, "more")
+    clock.now += 100
+    assert not bans.banned(LIAR)
+
+
+def test_admit_refuses_only_banned_peers() -> None:
+    clock = Clock()
+    bans = _bans(clock)
+    for reason in "abc":
+        bans.offend(LIAR, reason)
+    refusal = bans.admit(LIAR)
+    assert refusal is not None and refusal.code == RejectCode.BANNED
+    assert bans.admit(OTHER) is None
+
+
+def test_ban_and_release_are_logged_with_peer_and_offence(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = Clock()
+    bans = _bans(clock)
+    with caplog.at_level(logging.WARNING, logger="diloco.protocol.bans"):
+        for reason in ("bad PART", "bad REPORT", "reported another result"):
+            bans.offend(LIAR, reason)
+        clock.now += 600
+        bans.banned(LIAR)
+    text = caplog.text
+    assert f"banning {LIAR} for 600 s after 3 offences, the last: reported another result" in text
+    assert f"releasing {LIAR}: its ban (for reported another result) ran out" in text
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"max_offences": 0}, {"window": 0.0}, {"duration": -1.0}], ids=str
+)
+def test_ban_list_refuses_rules_that_cannot_work(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        BanList(**kwargs)  # type: ignore[arg-type]
+
+
+def test_proven_lie_bans_at_once_for_the_ban_duration(caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    bans = _bans(clock)
+    with caplog.at_level(logging.WARNING, logger="diloco.protocol.bans"):
+        bans.ban(LIAR, "block 3 is not the average of the signed chunks")
+    assert bans.banned(LIAR) and not bans.banned(OTHER)
+    assert f"banning {LIAR} for 600 s: block 3 is not the average" in caplog.text
+    bans.ban(LIAR, "again")  # banned already: the ban is not extended
+    clock.now += 600
+    assert not bans.banned(LIAR)
+    assert not bans.offend(LIAR, "a")  # a clean slate after the ban

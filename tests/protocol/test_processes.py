@@ -1,0 +1,268 @@
+"""A node's helper processes end with it however it ends: the parent watch, the death
+signal of spawned children, and a real Swarm (DHT process + p2pd) whose owner is SIGKILLed.
+
+Every scenario runs in a fresh interpreter in its own session (``_Owner``), which the test
+SIGKILLs as the OOM killer would; the test then polls /proc for what is left (generous
+bound, no timing threshold). Processes a failing test leaves are killed by PID.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+GONE_BOUND_S = 30.0
+"""Generous bound for a process to end once its owner is gone (typically about 1 s)."""
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in "ZX"
+
+
+def children(pid: int) -> list[int]:
+    """Running children of ``pid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and alive(int(entry.name)):
+            try:
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if stat[1] == str(pid):
+                found.append(int(entry.name))
+    return found
+
+
+def wait_gone(pids: list[int]) -> list[int]:
+    """Those of ``pids`` still running after ``GONE_BOUND_S`` seconds (empty: all ended)."""
+    deadline = time.monotonic() + GONE_BOUND_S
+    while (left := [pid for pid in pids if alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def held_unix_sockets() -> set[str]:
+    """Paths of unix sockets that some running process holds open."""
+    inodes = set()
+    for entry in Path("/proc").glob("[0-9]*/fd/*"):
+        try:
+            link = os.readlink(entry)
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[len("socket:[") : -1])
+    lines = Path("/proc/net/unix").read_text().splitlines()[1:]
+    return {f[7] for f in map(str.split, lines) if len(f) == 8 and f[6] in inodes}
+
+
+class _Owner:
+    """A Python process (``code``) in its own session; reads the PIDs it prints."""
+
+    def __init__(self, code: str) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        self.started: list[int] = []
+
+    def read_pid(self) -> int:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        assert line.strip().isdigit(), f"owner printed {line!r}, exit {self.process.poll()}"
+        self.started.append(int(line))
+        return int(line)
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait(10)
+
+    def clean_up(self) -> None:
+        if self.process.poll() is None:
+            self.kill()
+        for pid in self.started:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def owners() -> Iterator[list[_Owner]]:
+    started: list[_Owner] = []
+    yield started
+    for owner in started:
+        owner.clean_up()
+
+
+def start(owners: list[_Owner], code: str) -> _Owner:
+    owner = _Owner(code)
+    owners.append(owner)
+    return owner
+
+
+def test_end_with_parent_runs_cleanup_and_exits_when_parent_is_killed(
+    owners: list[_Owner], tmp_path: Path
+) -> None:
+    marker = tmp_path / "cleaned"
+    owner = start(
+        owners,
+        f"""
+        import os, time
+        from diloco.protocol import processes
+        parent = os.getpid()
+        if (child := os.fork()) == 0:
+            processes.end_with_parent(parent, lambda: open({str(marker)!r}, "w").close())
+            time.sleep(600)
+            os._exit(1)
+        print(child, flush=True)
+        time.sleep(600)
+        """,
+    )
+    child = owner.read_pid()
+    assert alive(child)
+    owner.kill()
+    assert not wait_gone([child])
+    assert marker.exists()
+
+
+def test_end_with_parent_counts_a_parent_gone_before_the_watch(
+    owners: list[_Owner], tmp_path: Path
+) -> None:
+    marker = tmp_path / "cleaned"
+    owner = start(
+        owners,
+        f"""
+        import os, time
+        from diloco.protocol import processes
+        parent = os.getpid()
+        if (child := os.fork()) == 0:
+            while os.getppid() == parent:
+                time.sleep(0.05)
+            processes.end_with_parent(parent, lambda: open({str(marker)!r}, "w").close())
+            time.sleep(600)
+            os._exit(1)
+        print(child, flush=True)
+        time.sleep(600)
+        """,
+    )
+    child = owner.read_pid()
+    owner.kill()
+    assert not wait_gone([child])
+    assert marker.exists()
+
+
+SPAWN_SLEEP = """
+    import asyncio, os, threading, time, uvloop
+    from diloco.protocol import processes
+
+    async def spawn():  # as hivemind starts p2pd
+        process = await asyncio.subprocess.create_subprocess_exec("sleep", "600")
+        print(process.pid, flush=True)
+
+    def run():
+        with processes.children_end_with_this_process():
+            {run}
+
+    {main}
+    time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_children_end_with_this_process_gives_spawned_children_a_death_signal(
+    owners: list[_Owner], loop: str
+) -> None:
+    owner = start(owners, SPAWN_SLEEP.format(run=f"{loop}.run(spawn())", main="run()"))
+    child = owner.read_pid()
+    assert alive(child)
+    owner.kill()
+    assert not wait_gone([child])
+
+
+def test_children_end_with_this_process_leaves_children_of_other_threads_alone(
+    owners: list[_Owner],
+) -> None:
+    """The death signal fires when the forking *thread* ends: a child started from a
+    thread that then ends must keep running (its process still lives)."""
+    main = "thread = threading.Thread(target=run); thread.start(); thread.join()\n"
+    main += "    time.sleep(1); print(os.getpid(), flush=True)"
+    owner = start(owners, SPAWN_SLEEP.format(run="asyncio.run(spawn())", main=main))
+    child = owner.read_pid()
+    owner.read_pid()  # printed a second after its spawning thread ended
+    assert alive(child)
+
+
+def test_children_end_with_this_process_restores_the_spawn_function() -> None:
+    import asyncio
+
+    from diloco.protocol import processes
+
+    original = asyncio.subprocess.create_subprocess_exec
+    with processes.children_end_with_this_process():
+        assert asyncio.subprocess.create_subprocess_exec is not original
+    assert asyncio.subprocess.create_subprocess_exec is original
+
+
+SWARM_OWNER = """
+    import os, threading, time
+    from diloco.protocol.network import NetworkOptions
+    from diloco.protocol.run_id import make_run_id
+    from diloco.protocol.swarm import Swarm
+
+    def start():
+        global swarm
+        net = NetworkOptions(host_maddrs=("/ip4/127.0.0.1/tcp/0",))
+        swarm = Swarm(make_run_id("orphans", {}), net)
+
+    # Started from a thread that then ends: the DHT process must live on regardless.
+    thread = threading.Thread(target=start); thread.start(); thread.join()
+    time.sleep(1)
+    print(swarm.dht.pid, flush=True)
+    time.sleep(600)
+"""
+
+
+def _swarm(owners: list[_Owner]) -> tuple[_Owner, int, int, set[str]]:
+    """A Swarm in its own process: (owner, DHT process, p2pd, p2pd's socket paths)."""
+    owner = start(owners, SWARM_OWNER)
+    dht = owner.read_pid()
+    (p2pd,) = children(dht)
+    owner.started.append(p2pd)
+    sockets = {path for path in held_unix_sockets() if "/hivemind-p2pd-" in path}
+    cmdline = Path(f"/proc/{p2pd}/cmdline").read_text()
+    mine = {path for path in sockets if path in cmdline}
+    assert len(mine) == 1, (sockets, cmdline)
+    assert alive(dht) and alive(p2pd)
+    return owner, dht, p2pd, mine
+
+
+@pytest.mark.swarm
+def test_swarm_helpers_end_when_its_process_is_killed(owners: list[_Owner]) -> None:
+    owner, dht, p2pd, sockets = _swarm(owners)
+    owner.kill()
+    assert not wait_gone([dht, p2pd])
+    assert not [path for path in sockets if Path(path).exists()]
+    assert not sockets & held_unix_sockets()
+
+
+@pytest.mark.swarm
+def test_p2pd_ends_when_its_dht_process_is_killed(owners: list[_Owner]) -> None:
+    """As when the OOM killer picks the DHT process: nothing runs in it to stop p2pd."""
+    owner, dht, p2pd, sockets = _swarm(owners)
+    os.kill(dht, signal.SIGKILL)
+    assert not wait_gone([dht, p2pd])
+    assert owner.process.poll() is None
+    assert not [path for path in sockets if Path(path).exists()]
