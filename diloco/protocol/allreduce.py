@@ -177,7 +177,8 @@ class AllReduceRunner:
         self._sent: dict[tuple[int, int], tuple[bytes, bytes]] = {}
         """Payload and sha256 of every chunk sent, by (part, chunk)."""
         self._recorded = asyncio.Event()
-        self._recording: asyncio.Task[None] | None = None
+        self._part_records: dict[int, asyncio.Future[None]] = {}
+        self._recording: asyncio.Future[list[None]] | None = None
         self._asked: dict[int, int] = {}
         self.counter = ByteCounter()
         loop = asyncio.get_running_loop()
@@ -233,7 +234,8 @@ class AllReduceRunner:
         assembled_at = loop.time()
         self.assembly.clear()  # what stays of the round is what its checks need
         self._own_chunks.clear()
-        self._recording = asyncio.create_task(self._record_sent())
+        self._sent = {}  # the gather is over; what checks need is in the parts' records
+        self._recording = asyncio.gather(*self._part_records.values())
         checks = self._start_checks(assembled)  # alongside the reports: one phase, not two
         try:
             await self._exchange_reports(assembled)
@@ -252,15 +254,12 @@ class AllReduceRunner:
         finally:
             if checks is not None:
                 checks.cancel()
+        times = [t - self._t0 for t in (encoded, reduced, assembled_at, agreed, loop.time())]
         logger.info(
             "round %s: encoded %.3fs, own part averaged %.3fs, all parts %.3fs, agreed %.3fs, "
             "checked %.3fs",
             key,
-            encoded - self._t0,
-            reduced - self._t0,
-            assembled_at - self._t0,
-            agreed - self._t0,
-            loop.time() - self._t0,
+            *times,
         )
         failed = convict(self.group, judgements, self.bans)
         if failed:
@@ -295,15 +294,14 @@ class AllReduceRunner:
             self._sent[(j, c)] = (payload, hashlib.sha256(payload).digest())
         return self._part_head(j, c).serialize(), self._sent[(j, c)][0]
 
-    async def _record_sent(self) -> None:
-        """Record the chunks sent for the checks, once the gather is over: their norms are
-        work that would otherwise slow the reduction down (answers wait for them)."""
-        sent, self._sent = self._sent, {}
-        if self.own is not None:
-            own = self.own
-            chunks = [(j, c, payload) for (j, c), (payload, _) in sent.items()]
-            await asyncio.get_running_loop().run_in_executor(None, own.record_all, chunks)
-            self._touch_recorded()
+    def _record_part(self, j: int) -> None:
+        """Record this member's chunks of part ``j`` for the checks (their norms, in an
+        executor) once all are sent: while the averaged parts are awaited, not after."""
+        if self.own is not None and j not in self._part_records:
+            chunks = [(j, c, self._sent[(j, c)][0]) for c in range(len(self.plan.chunks[j]))]
+            job = asyncio.get_running_loop().run_in_executor(None, self.own.record_all, chunks)
+            job.add_done_callback(lambda _: self._touch_recorded())
+            self._part_records[j] = job
 
     def stop_answering(self) -> None:
         """Drop what answering checks needs (the delta): every member's checks are over."""
@@ -366,6 +364,7 @@ class AllReduceRunner:
                 frame = await loop.run_in_executor(None, self._part_frame, j, c)
                 await write_frame(writer, Kind.PART, *frame, counter=self.counter)
             await write_frame(writer, Kind.SEAL, self._seal(j), counter=self.counter)
+            self._record_part(j)
 
         sending = asyncio.create_task(send())
         try:

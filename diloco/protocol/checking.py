@@ -112,7 +112,7 @@ class Checker:
         self.answers: dict[int, dict[int, Answer]] = {}
 
     async def run(
-        self, samples: Mapping[int, Sample], recording: asyncio.Task[None] | None = None
+        self, samples: Mapping[int, Sample], recording: asyncio.Future[list[None]] | None = None
     ) -> dict[int, Judgement]:
         """Check every sampled part; a part with no dispute gets an empty ``Judgement``.
         ``recording`` records this member's own chunks, which its own answers need."""
