@@ -41,7 +41,13 @@ Faults and agreement (the rule every member applies):
   against the majority, like a sender excluded for invalid input, commits an offence
   (``bans``). ``RoundResult.members`` are the full contributors, identical on every
   member because the masks travel with the parts.
-* In a butterfly every member is a reducer, so a member that dies before delivering its
+* A *client* (``GroupInfo.clients``: a member nobody can dial, or a demoted one) reduces
+  no part: its part is empty, nobody streams to it, and every member holds that part as
+  empty with every member counted (so it changes neither the result nor the full
+  contributors). It streams its chunks to the reducers and reads the averages back on the
+  streams it opened, so it never needs to be dialled, except for REPORTs, which arrive on
+  the connections its PART streams opened (libp2p reuses a live connection to a peer).
+* Otherwise every member is a reducer, so a member that dies before delivering its
   averaged part fails the round for all (SPEC 4 allows "all treat the round as failed");
   one that dies after delivering it, before its own contributions arrived, is simply not
   counted.
@@ -73,7 +79,14 @@ from diloco.protocol.bans import BanList
 from diloco.protocol.group import GroupInfo, RoundTimeouts
 from diloco.protocol.part_server import Deadlines, PartServer
 from diloco.protocol.reducer import RoundKey, RoundResult
-from diloco.protocol.reduction import Assembled, Assembly, AveragedPart, PartReducer, RoundPlan
+from diloco.protocol.reduction import (
+    Assembled,
+    Assembly,
+    AveragedPart,
+    PartReducer,
+    RoundPlan,
+    part_digest,
+)
 from diloco.protocol.streams import (
     TRANSPORT_ERRORS,
     StreamTransport,
@@ -148,8 +161,14 @@ class AllReduceRunner:
             max_norm_ratio=max_norm_ratio,
             max_weight=max_weight,
             clip_factor=clip_factor,
+            clients=group.clients,
         )
         self.assembly = Assembly(self.plan)
+        everyone = (True,) * self.num_members
+        for j in range(self.num_members):
+            if group.is_client(j):  # an empty part, alike on every member (module docstring)
+                empty = torch.zeros(0, dtype=torch.float32)
+                self.assembly.add(j, everyone, empty, part_digest(everyone, []))
         self.counter = ByteCounter()
         loop = asyncio.get_running_loop()
         self._t0 = loop.time()
@@ -180,11 +199,12 @@ class AllReduceRunner:
         """
         loop = asyncio.get_running_loop()
         key = self.group.key
-        reduce_task = asyncio.create_task(self.server.reduce())
+        client = self.group.is_client(self.index)
+        reduce_task = asyncio.create_task(self._nothing() if client else self.server.reduce())
         exchanges = [
             asyncio.create_task(self._exchange(j))
             for j in range(self.num_members)
-            if j != self.index
+            if j != self.index and not self.group.is_client(j)
         ]
         try:
             for c, future in enumerate(self._own_chunks):
@@ -228,6 +248,10 @@ class AllReduceRunner:
             bytes_received=self.counter.received,
             seconds=loop.time() - self._t0,
         )
+
+    @staticmethod
+    async def _nothing() -> None:
+        """A client's reducer side: it has no part to serve."""
 
     def _encode_chunk(self, j: int, c: int) -> bytes:
         """Payload of chunk ``c`` of part ``j`` (sent to reducer ``j``)."""
