@@ -76,6 +76,7 @@ from diloco.codecs import Codec
 from diloco.errors import ProtocolError, RoundFailed
 from diloco.protocol.agreement import ANOTHER_RESULT, awaited_reports, check_report, decide
 from diloco.protocol.bans import BanList
+from diloco.protocol.demotion import own_part_missing
 from diloco.protocol.group import GroupInfo, RoundTimeouts
 from diloco.protocol.part_server import Deadlines, PartServer
 from diloco.protocol.reducer import RoundKey, RoundResult
@@ -189,6 +190,8 @@ class AllReduceRunner:
         )
         self._reports: dict[int, Report] = {}
         self._report_arrived = asyncio.Event()
+        self.part_missing = True
+        """Whether this member's own part failed (``demotion``); True until ``run`` ends."""
 
     async def run(self) -> RoundResult:
         """Exchange parts, agree by reports, and return the round's result.
@@ -234,6 +237,9 @@ class AllReduceRunner:
             reduced - self._t0,
             assembled_at - self._t0,
             loop.time() - self._t0,
+        )
+        self.part_missing = own_part_missing(
+            self.index, not assembled.held[self.index], self._reports
         )
         verdict = decide(
             self.index, assembled.held, assembled.digest, assembled.full, self._reports

@@ -87,6 +87,7 @@ class Round:
         bans: Sequence[BanList] | None = None,
         max_weight: float = math.inf,
         clip_factor: float = CLIP_FACTOR,
+        clients: tuple[bool, ...] = (),
     ) -> None:
         send, _, back = codec.partition("/")
         self.bans = list(bans) if bans is not None else [BanList() for _ in deltas]
@@ -103,6 +104,7 @@ class Round:
             deltas[0].numel(),
             self.codec.codec_id,
             self.return_codec.codec_id,
+            clients,
         )
         self.runners: list[AllReduceRunner] = []
         self.tasks: list[asyncio.Task[RoundResult]] = []
@@ -181,6 +183,27 @@ def test_honest_round_every_member_gets_the_in_process_bytes(codec: str, numel: 
     for outcome in outcomes:
         assert torch.equal(_delta(outcome), expected)
     assert all(o.members == _names(4) for o in outcomes)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("codec", ["none", "e3m0"])
+def test_client_reduces_nothing_and_every_member_gets_the_in_process_bytes(codec: str) -> None:
+    """Member 1 is a client (nobody can open a PART stream to it: its handler is gone), yet
+    its contribution counts and every member, itself included, gets the mean of all."""
+    weights = [1.0, 2.0, 3.0]
+    deltas = _deltas(3 * CHUNK_VALUES // 2 + 999, 3)
+
+    async def main() -> list[Outcome]:
+        round_ = Round(deltas, weights, [AllReduceRunner] * 3, codec, clients=(False, True, False))
+        await round_.start()
+        client = round_.network.peers[round_.ids[1]]
+        del client.handlers[round_.runners[1].part_handler]
+        return await round_.outcomes()
+
+    outcomes = asyncio.run(main())
+    expected = _expected(deltas, weights, codec)
+    for outcome in outcomes:
+        assert torch.equal(_delta(outcome), expected)
+        assert outcome.members == _names(3)  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("fault", GARBAGE, ids=lambda f: f.value)
