@@ -14,7 +14,7 @@ dialable through another peer's bandwidth. Both stay off unless the user asks
 The peer opens plain TCP connections (no data) to those addresses, each within
 ``DIAL_TIMEOUT``, and answers whether one was accepted. It dials only addresses on the IP
 the request came from (``StreamInfo.addr``: behind NAT, the router's) or, when that IP is
-not global, on non-global IPs (a LAN or this machine), so that nobody can make it dial a
+not global, on non-global IPs (a LAN; loopback only from loopback), so that nobody can make it dial a
 third party on the internet; one request per peer per ``REQUEST_INTERVAL``. A node behind
 a masquerading router lists its private address, which the peer cannot reach: client.
 No answer at all (old peers, a failure) leaves the node a reducer, and it says so.
@@ -82,6 +82,8 @@ def dial_targets(requested: object, observed_ip: str) -> list[Address]:
             raise ValueError(f"port {port} out of range")
         if ip.is_unspecified or ip.is_multicast:
             continue
+        if ip.is_loopback != observed.is_loopback:
+            continue  # another machine's loopback is not this one's
         if ip == observed or (not observed.is_global and not ip.is_global):
             targets.append((str(ip), port))
     return targets

@@ -30,6 +30,10 @@ def test_dial_targets_only_the_observed_ip_or_non_global_from_non_global() -> No
     assert dial_targets(asked, "93.184.216.34") == [("93.184.216.34", 4001)]
     # Behind a masquerading router on a private network: its private address only.
     assert dial_targets(asked, "10.1.0.2") == [("192.168.1.5", 4001)]
+    # Loopback only from loopback: the requester's 127.0.0.1 is not ours otherwise.
+    local = [["127.0.0.1", 5], ["10.1.0.2", 6]]
+    assert dial_targets(local, "10.1.0.2") == [("10.1.0.2", 6)]
+    assert dial_targets(local, "127.0.0.3") == [("127.0.0.1", 5)]
 
 
 @pytest.mark.parametrize(
