@@ -7,9 +7,11 @@ own part failed when its reducer side could not average it (``PartReducer.failed
 the round's deadline passed before its all-reduce ended, or when a member's REPORT says that
 part is missing (``own_part_missing``). Once ``max_failures`` of its last ``window`` rounds as a
 reducer failed so, it asks to be a *client* in its next ``cooldown`` rounds (the JOIN's
-client flag; a client reduces no part and never leads). The leader copies each JOIN's flag
-into GROUP and every member checks its own, so all members take the roles from the same
-bytes: the agreement is the GROUP, as for the member list.
+client flag: it reduces no part; unlike a node nobody can dial, it may still lead). The
+leader copies each JOIN's flag into GROUP (and reduces itself when nobody else would) and
+every member checks its own, so all members take the roles from the same bytes: the
+agreement is the GROUP, as for the member list. Rounds without a group count towards the
+cooldown too, so a demotion always ends.
 
 Why the node's own view, not its peers': the peers' views differ (each saw other rounds
 fail, and views published in the DHT arrive at different times), and a rule over them

@@ -11,15 +11,16 @@ Protocol, for every node that reaches the send step of round ``(p, k)``:
    of the round key and the peer id (self included). A node that sees a peer ranked before
    itself cannot lead: it JOINs that peer at once, and the JOIN waits there until that
    peer has chosen its role. A node that is first so far waits until the window ends or
-   ``target_group_size`` peers are in the view, then leads. Clients (nodes that declared
-   they reduce no part: nobody can dial them, or they are demoted) are in the view but
-   never lead; a client that sees no other peer fails the round.
+   ``target_group_size`` peers are in the view, then leads. Nodes that declared they cannot
+   be dialled (clients, ``reachability``) are in the view but never lead; such a node
+   that sees no peer that may lead fails the round.
 3. A leader waits until every peer it saw has joined, or ``join_timeout``; it then closes
    the lobby and sends the same GROUP (members sorted by peer id bytes, their weights, a
-   random group id, the members whose JOIN asked to be clients) to every joiner. It keeps
-   that GROUP until the round's matchmaking bound has passed and sends it again to a member
-   that asks again (its first stream broke), so a member never misses the GROUP it is
-   counted in because of one lost stream. A JOIN from a non-member after closing gets
+   random group id, the members whose JOIN asked to reduce no part: clients, and demoted
+   nodes, ``demotion``; the leader itself reduces when nobody else would) to every joiner.
+   It keeps that GROUP until the round's matchmaking bound has passed and sends it again to
+   a member that asks again (its first stream broke), so a member never misses the GROUP it
+   is counted in because of one lost stream. A JOIN from a non-member after closing gets
    GROUP_CLOSED: that node misses the round (SPEC 4). A JOIN whose weight exceeds the run's
    cap (``max_weight``) is refused (MISMATCH) and is an offence: every honest node clamps
    its own weight to the cap, which is part of the run configuration, so only a peer that
@@ -109,8 +110,8 @@ class _Lobby:
     """
 
     request: Join
-    client: bool = False
-    """This node takes no reducer part: it never leads."""
+    may_lead: bool = True
+    """False for a node nobody can dial: it never leads."""
     decided: asyncio.Event = field(default_factory=asyncio.Event)
     leader: PeerID | None = None
     knock: asyncio.Event = field(default_factory=asyncio.Event)
@@ -188,14 +189,16 @@ class Matchmaker:
         return_codec_id: int,
         weight: float,
         client: bool = False,
+        may_lead: bool = True,
     ) -> GroupInfo:
         """Declare, wait the window, and assemble or join the group of round ``key``; a
-        ``client`` asks to reduce no part (and never leads).
+        ``client`` asks to reduce no part; a node that may not lead (nobody can dial it)
+        declares so.
 
         Raises:
             RoundFailed: no group of at least ``min_group_size`` formed in time, this node
-                arrived after its group had closed, or it is a client and saw no peer
-                that may lead.
+                arrived after its group had closed, or it may not lead and saw no peer that
+                may.
         """
         if key in self._lobbies:
             raise RoundFailed(key.fragment, key.round, "this round is already in matchmaking")
@@ -203,7 +206,7 @@ class Matchmaker:
         weight = min(weight, self.max_weight)
         request = Join(tag, numel, codec_id, return_codec_id, weight, client)
         request.check()
-        lobby = _Lobby(request, client)
+        lobby = _Lobby(request, may_lead)
         self._lobbies[key] = lobby
         try:
             t = self.timeouts
@@ -212,7 +215,12 @@ class Matchmaker:
             expiration = get_dht_time() + t.matchmaking + t.allreduce
             await asyncio.wait_for(
                 declare_round(
-                    self.dht, round_key(self.run_id, key), weight, expiration, self.closed, client
+                    self.dht,
+                    round_key(self.run_id, key),
+                    weight,
+                    expiration,
+                    self.closed,
+                    client=not may_lead,
                 ),
                 t.join_timeout,
             )
@@ -229,7 +237,7 @@ class Matchmaker:
                 loop.time() - start,
             )
             if not leaders:
-                raise RoundFailed(key.fragment, key.round, "a client saw no peer that may lead")
+                raise RoundFailed(key.fragment, key.round, "no peer that may lead")
             leader = choose_leader(leaders, round_key(self.run_id, key))
             if leader == self.p2p.peer_id:
                 lobby.decided.set()
@@ -247,9 +255,10 @@ class Matchmaker:
             del self._lobbies[key]
 
     def _may_lead(self, view: dict[PeerID, tuple[float, bool]], lobby: _Lobby) -> set[PeerID]:
-        """The peers of ``view`` (and this node) that are not clients: those who may lead."""
+        """The peers of ``view`` (and this node) that did not declare they cannot be dialled:
+        those who may lead."""
         leaders = {peer for peer, (_, client) in view.items() if not client}
-        return leaders if lobby.client else leaders | {self.p2p.peer_id}
+        return leaders | {self.p2p.peer_id} if lobby.may_lead else leaders
 
     async def _wait_window(self, key: RoundKey, lobby: _Lobby) -> dict[PeerID, tuple[float, bool]]:
         """The peers of the round as far as this node can tell when it must choose a role.
@@ -258,8 +267,8 @@ class Matchmaker:
         (they are in the round too), less the banned and those whose weight exceeds the
         cap (their JOIN would be refused). It returns early as soon as a peer that may lead
         and is ranked before this node is known (it cannot lead, so it JOINs that peer now,
-        and the JOIN waits there; a client cannot lead at all), or ``target_group_size``
-        peers are known; otherwise after the window.
+        and the JOIN waits there; a node nobody can dial cannot lead at all), or
+        ``target_group_size`` peers are known; otherwise after the window.
         """
         loop = asyncio.get_running_loop()
         t = self.timeouts
@@ -268,7 +277,8 @@ class Matchmaker:
         while True:
             lobby.knock.clear()
             view = await asyncio.wait_for(self._read_view(key), t.join_timeout)
-            view.update(lobby.knockers)
+            for peer, joined in lobby.knockers.items():  # a declaration says more than a JOIN
+                view.setdefault(peer, joined)
             view = {
                 peer: (w, client)
                 for peer, (w, client) in view.items()
@@ -308,7 +318,7 @@ class Matchmaker:
         banned = Reject(RejectCode.BANNED, reason="banned while the group formed").serialize()
         for peer in [p for p in lobby.joiners if self.bans.banned(p)]:
             lobby.joiners.pop(peer).set_result((Kind.REJECT, banned))
-        assert not lobby.client, "a client never leads"
+        assert lobby.may_lead, "a node nobody can dial never leads"
         members = sorted([self.p2p.peer_id, *lobby.joiners], key=lambda peer: peer.to_bytes())
         weights = {**lobby.weights, self.p2p.peer_id: lobby.request.weight}
         if len(members) < self.min_group_size:
@@ -318,6 +328,7 @@ class Matchmaker:
                 future.set_result((Kind.REJECT, too_small))
             raise RoundFailed(key.fragment, key.round, f"no group: {reason}")
         request = lobby.request
+        me_client = request.client and any(p not in lobby.clients for p in lobby.joiners)
         group = Group(
             request.tag,
             secrets.token_bytes(wire.GROUP_ID_BYTES),
@@ -326,7 +337,7 @@ class Matchmaker:
             request.return_codec_id,
             tuple(peer.to_bytes() for peer in members),
             tuple(weights[p] for p in members),
-            tuple(p in lobby.clients for p in members),
+            tuple(p in lobby.clients or (p == self.p2p.peer_id and me_client) for p in members),
         )
         message = group.serialize()
         self._formed[key] = (frozenset(members), message)
@@ -334,7 +345,10 @@ class Matchmaker:
         for future in lobby.joiners.values():
             future.set_result((Kind.GROUP, message))
         logger.info(
-            "round %s: leading a group of %d (%d clients)", key, len(members), len(lobby.clients)
+            "round %s: leading a group of %d (%d clients)",
+            key,
+            len(members),
+            len(lobby.clients) + me_client,
         )
         return self._group_info(key, group)
 

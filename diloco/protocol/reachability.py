@@ -14,9 +14,10 @@ dialable through another peer's bandwidth. Both stay off unless the user asks
 The peer opens plain TCP connections (no data) to those addresses, each within
 ``DIAL_TIMEOUT``, and answers whether one was accepted. It dials only addresses on the IP
 the request came from (``StreamInfo.addr``: behind NAT, the router's) or, when that IP is
-not global, on non-global IPs (a LAN; loopback only from loopback), so that nobody can make it dial a
-third party on the internet; one request per peer per ``REQUEST_INTERVAL``. A node behind
-a masquerading router lists its private address, which the peer cannot reach: client.
+not global, on non-global IPs (a LAN; loopback only from loopback), so that nobody can
+make it dial a third party on the internet; one request per peer per
+``REQUEST_INTERVAL``. A node behind a masquerading router lists its private address, which
+the peer cannot reach: client.
 No answer at all (old peers, a failure) leaves the node a reducer, and it says so.
 """
 

@@ -469,6 +469,7 @@ class SwarmReducer(Reducer):
         start = loop.time()
         delta = contribution.delta.detach().contiguous()
         slot = self.service.expect(key)
+        reduced, failed = False, False  # a round without a group serves a demotion too
         try:
             group = await self.matchmaker.form_group(
                 key,
@@ -477,7 +478,9 @@ class SwarmReducer(Reducer):
                 self.return_codec.codec_id,
                 float(contribution.weight),
                 client=self.client or self.demotion.demoted,
+                may_lead=not self.client,
             )
+            reduced = not group.is_client(group.index(self.swarm.peer_id))
             matched = loop.time()
             if len(group.members) == 1:
                 result = await loop.run_in_executor(None, self._alone, delta, group.names)
@@ -498,13 +501,13 @@ class SwarmReducer(Reducer):
                     report_handler=self.service.report_handler,
                 )
                 slot.set_result(runner)
-                reduced = not group.is_client(group.index(self.swarm.peer_id))
                 try:
                     result = await runner.run()
                 finally:  # also when the round fails or its deadline cancels it
-                    self.demotion.record(reduced, runner.part_missing)
+                    failed = runner.part_missing
         finally:
             self.service.finish(key)
+            self.demotion.record(reduced, failed)
         self.timings[key] = (matched - start, loop.time() - matched)
         while len(self.timings) > 64:
             self.timings.popitem(last=False)

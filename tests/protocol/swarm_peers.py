@@ -27,6 +27,7 @@ from hivemind.p2p import PeerID
 from diloco.codecs import get_codec
 from diloco.errors import ProtocolError, RoundFailed
 from diloco.protocol.allreduce import AllReduceRunner
+from diloco.protocol.demotion import Demotion
 from diloco.protocol.fragment_state import FragmentState, OuterState
 from diloco.protocol.group import RoundTimeouts
 from diloco.protocol.matchmaking import Matchmaker, leader_rank
@@ -241,6 +242,7 @@ def peer_main(
                 _notify(("banned", swarm.bans.banned(PeerID.from_base58(args))))
             elif command == "forgive":  # a fresh start between tests of the shared pool
                 swarm.bans._peers.clear()
+                reducer.demotion = Demotion()  # faults of earlier tests failed its parts
                 _notify(("ok",))
             elif command == "reduce":
                 futures = [
