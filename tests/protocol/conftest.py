@@ -48,4 +48,5 @@ def honest(pool: list[PeerProcess]) -> Iterator[list[PeerProcess]]:
     command(pool, "codec", "none")
     command(pool, "fault", Fault.NONE.value)
     command(pool, "cap", math.inf)
+    command(pool, "role", "reducer")
     command(pool, "forgive", None)

@@ -238,6 +238,12 @@ def peer_main(
             elif command == "cap":  # the run's weight cap (a hostile peer ignores it: inf)
                 reducer.max_weight = reducer.matchmaker.max_weight = args
                 _notify(("ok",))
+            elif command == "role":  # "client": nobody can dial it; "demoted": its parts failed
+                reducer.client = args == "client"
+                reducer.demotion = Demotion()
+                if args == "demoted":
+                    reducer.demotion.remaining = reducer.demotion.cooldown
+                _notify(("ok",))
             elif command == "banned":
                 _notify(("banned", swarm.bans.banned(PeerID.from_base58(args))))
             elif command == "forgive":  # a fresh start between tests of the shared pool
