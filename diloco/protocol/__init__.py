@@ -1,7 +1,8 @@
 """The swarm protocol: DHT records, matchmaking, butterfly all-reduce, state transfer.
 
 Pure pieces (``partition``, ``aggregation``, ``reducer``, ``reduction``, ``agreement``,
-``run_id``, ``wire``, ``state_wire``, ``fragment_state``, ``limits``) import nothing of
+``run_id``, ``wire``, ``state_wire``, ``fragment_state``, ``limits``, ``demotion``) import
+nothing of
 hivemind, so the in-process trainer can use them without starting it; ``group`` and ``bans``
 need only hivemind's ``PeerID``.
 
@@ -23,6 +24,8 @@ Modules, one concern each (hivemind ``averaging/`` style)::
     reduction       pure core of a round: who sent what, who counts, average, assembly
     agreement       pure: whether a member applies a round, from the REPORTs (majority)
     bans            offences per peer; repeated ones ban the peer for a while
+    demotion        pure: a node whose own reducer part keeps failing asks for none a while
+    reachability    dial-back check: a node nobody can dial becomes a client (no part)
     part_server     reducer side of a round over streams (PART in, AVERAGED out)
     allreduce       member side of a round over streams, reports; stream routing
     fragment_state  FragmentState (outer params, momentum, version) and its one hash
