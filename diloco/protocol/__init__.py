@@ -2,9 +2,8 @@
 
 Pure pieces (``partition``, ``aggregation``, ``reducer``, ``reduction``, ``agreement``,
 ``run_id``, ``wire``, ``state_wire``, ``fragment_state``, ``limits``, ``demotion``) import
-nothing of
-hivemind, so the in-process trainer can use them without starting it; ``group`` and ``bans``
-need only hivemind's ``PeerID``.
+nothing of hivemind, so the in-process trainer can use them without starting it; ``group``
+and ``bans`` need only hivemind's ``PeerID``.
 
 Modules, one concern each (hivemind ``averaging/`` style)::
 
