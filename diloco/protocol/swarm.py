@@ -187,7 +187,10 @@ class Swarm:
             coros = (ask_dial_back(self.p2p, self.run_id, peer, timeout) for peer in peers)
             return list(await asyncio.gather(*coros))
 
-        answers = self.call(ask(), 2 * timeout + 1)
+        try:
+            answers = self.call(ask(), 2 * timeout + 1)
+        except concurrent.futures.TimeoutError:
+            answers = []
         client = reachability_verdict(answers)
         if client is None:
             logger.warning("no peer answered the dial-back check: taking reducer parts")
