@@ -117,11 +117,11 @@ class Node:
     def output(self) -> str:
         return self.log.read_text() if self.log.exists() else ""
 
-    def address(self, timeout: float = 120.0) -> str:
+    def address(self, prefix: str = f"/ip4/{WAN_HOST}/", timeout: float = 120.0) -> str:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for line in self.output().splitlines():
-                if line.startswith(f"/ip4/{WAN_HOST}/"):
+                if line.startswith(prefix):
                     return line.strip()
             assert self.process.poll() is None, self.output()
             time.sleep(0.5)
@@ -169,3 +169,30 @@ def test_node_behind_nat_trains_as_a_client_with_two_dialable_nodes(nat, tmp_pat
     assert len(with_c) >= 3, dict(hashes)
     assert all(len(v) >= 2 and len(set(v.values())) == 1 for v in with_c.values()), with_c
     assert c.records()[-1]["event"] == "summary"
+
+
+def test_forced_client_mode_trains_with_a_dialable_node(tmp_path) -> None:
+    """`--client-mode` on loopback: the node is dialable but told to be a client (its DHT
+    in hivemind's client mode too); it takes part in rounds, which agree."""
+    started: list[Node] = []
+    try:
+        start = ["start", "--name", "cm", "--steps", "90", *SMALL]
+        a = Node("a", [*start, "--listen", "/ip4/127.0.0.2/tcp/0"], tmp_path)
+        started.append(a)
+        join = ["join", "--initial-peers", a.address("/ip4/127.0.0.2/"), *SMALL]
+        c = Node("c", [*join, "--client-mode", "--listen", "/ip4/127.0.0.4/tcp/0"], tmp_path)
+        started.append(c)
+        for node in started:
+            assert node.process.wait(600) == 0, node.output()
+    finally:
+        for node in started:
+            node.stop()
+    hashes: dict[tuple[int, int], dict[str, str]] = defaultdict(dict)
+    for node in started:
+        for r in node.records():
+            if r["event"] == "round" and r["members"] == 2:
+                hashes[(r["fragment"], r["round"])][node.name] = r["outer_sha256"]
+    both = {k: v for k, v in hashes.items() if len(v) == 2}
+    assert len(both) >= 2, dict(hashes)
+    assert all(len(set(v.values())) == 1 for v in both.values()), both
+    assert "dial this node back" not in c.output()  # forced: nobody was asked
