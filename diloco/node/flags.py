@@ -229,6 +229,12 @@ NETWORK_FLAGS = Flags(
         ),
         Flag("--use-relay", ("use_relay",), "Reach and be reached through relays (behind NAT)."),
         Flag("--nat-port-map", ("nat_port_map",), "Ask the router for a port mapping (UPnP)."),
+        Flag(
+            "--client-mode",
+            ("client_mode",),
+            "Nobody can dial this node (behind NAT): train without reducing any part "
+            "[default: ask the initial peers to dial back, and be a client if none can].",
+        ),
     ),
 )
 

@@ -123,6 +123,7 @@ class SwarmNode:
                 min_group_size=rounds.min_group_size,
                 max_weight=run.round_token_cap(),
                 clip_factor=run.clip_factor,
+                client=not self.swarm.dialable(),
             )
             member = self.swarm.peer_id.to_base58()
             self.trainer = NodeTrainer(run, options, self.reducer, member)

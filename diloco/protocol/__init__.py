@@ -2,9 +2,9 @@
 
 Pure pieces (``partition``, ``aggregation``, ``reducer``, ``reduction``, ``norms``,
 ``agreement``, ``verification``, ``grid``, ``staged``, ``run_id``, ``wire``, ``state_wire``,
-``check_wire``, ``fragment_state``, ``limits``) import nothing of hivemind, so the
-in-process trainer can use them without starting it; ``group`` and ``bans`` need only
-hivemind's ``PeerID``.
+``check_wire``, ``fragment_state``, ``limits``, ``demotion``) import nothing of hivemind,
+so the in-process trainer can use them without starting it; ``group`` and ``bans`` need
+only hivemind's ``PeerID``.
 
 Modules, one concern each (hivemind ``averaging/`` style)::
 
@@ -28,6 +28,8 @@ Modules, one concern each (hivemind ``averaging/`` style)::
     staged          pure: the in-process reducer following a grid plan's stages
     verification    pure: sampled checks of reducers' parts, who lied in a dispute
     bans            offences per peer; repeated ones (or one proven lie) ban the peer a while
+    demotion        pure: a node whose own reducer part keeps failing asks for none a while
+    reachability    dial-back check: a node nobody can dial becomes a client (no part)
     check_wire      SEAL, CHECK_REQ / CHECK_RES, EVIDENCE_REQ / EVIDENCE bodies
     signatures      what members sign in a round (seals, check answers), and checks
     part_server     reducer side of a round over streams (PART in, AVERAGED out, evidence)

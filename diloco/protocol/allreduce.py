@@ -37,10 +37,17 @@ Faults and agreement (the rule every member applies):
   ``report_timeout``, for the reports of the full contributors (members counted in every
   part it holds); ``agreement.decide`` says whether the round succeeds for it: its result
   must be the one a strict majority holds. If not, it raises ``RoundFailed`` and its outer
-  state stays unchanged. A member that reported another result than the majority's, like
-  a sender excluded for invalid input, commits an offence (``bans``). ``RoundResult.
-  members`` are the full contributors, identical on every member (masks travel along).
-* In a butterfly every member is a reducer, so a member that dies before delivering its
+  state stays unchanged. A dissenting member is logged; one that reported another result
+  against the majority, like a sender excluded for invalid input, commits an offence
+  (``bans``). ``RoundResult.members`` are the full contributors, identical on every
+  member because the masks travel with the parts.
+* A *client* (``GroupInfo.clients``: a member nobody can dial, or a demoted one) reduces
+  no part: its part is empty, nobody streams to it, and every member holds that part as
+  empty with every member counted (so it changes neither the result nor the full
+  contributors). It streams its chunks to the reducers and reads the averages back on the
+  streams it opened, so it never needs to be dialled, except for REPORTs, which arrive on
+  the connections its PART streams opened (libp2p reuses a live connection to a peer).
+* Otherwise every member is a reducer, so a member that dies before delivering its
   averaged part fails the round for all (SPEC 4 allows "all treat the round as failed");
   one that dies after delivering it, before its own contributions arrived, is simply not
   counted.
@@ -75,11 +82,19 @@ from diloco.protocol.agreement import awaited_reports, check_report, decide
 from diloco.protocol.bans import BanList
 from diloco.protocol.check_wire import CheckRequest, Seal
 from diloco.protocol.checking import Checker, answer_check, blame, convict
+from diloco.protocol.demotion import own_part_missing
 from diloco.protocol.group import GroupInfo, RoundTimeouts
 from diloco.protocol.identity import Identity
 from diloco.protocol.part_server import Deadlines, PartServer
 from diloco.protocol.reducer import RoundResult
-from diloco.protocol.reduction import Assembled, Assembly, AveragedPart, PartReducer, RoundPlan
+from diloco.protocol.reduction import (
+    Assembled,
+    Assembly,
+    AveragedPart,
+    PartReducer,
+    RoundPlan,
+    part_digest,
+)
 from diloco.protocol.signatures import sign_part, verify_averaged
 from diloco.protocol.streams import (
     TRANSPORT_ERRORS,
@@ -168,6 +183,7 @@ class AllReduceRunner:
             max_norm_ratio=max_norm_ratio,
             max_weight=max_weight,
             clip_factor=clip_factor,
+            clients=group.clients,
         )
         self.assembly = Assembly(self.plan)
         checked = identity is not None and slices_alone(return_codec)
@@ -180,6 +196,11 @@ class AllReduceRunner:
         self._part_records: dict[int, asyncio.Future[None]] = {}
         self._recording: asyncio.Future[list[None]] | None = None
         self._asked: dict[int, int] = {}
+        everyone = (True,) * self.num_members
+        for j in range(self.num_members):
+            if group.is_client(j):  # an empty part, alike on every member (module docstring)
+                empty = torch.zeros(0, dtype=torch.float32)
+                self.assembly.add(j, everyone, empty, part_digest([]))
         self.counter = ByteCounter()
         loop = asyncio.get_running_loop()
         self._t0 = loop.time()
@@ -201,6 +222,8 @@ class AllReduceRunner:
         )
         self._reports: dict[int, Report] = {}
         self._report_arrived = asyncio.Event()
+        self.part_missing = True
+        """Whether this member's own part failed (``demotion``); True until ``run`` ends."""
 
     async def run(self) -> RoundResult:
         """Exchange parts, agree by reports, and return the round's result.
@@ -211,11 +234,12 @@ class AllReduceRunner:
         """
         loop = asyncio.get_running_loop()
         key = self.group.key
-        reduce_task = asyncio.create_task(self.server.reduce())
+        client = self.group.is_client(self.index)
+        reduce_task = asyncio.create_task(self._nothing() if client else self.server.reduce())
         exchanges = [
             asyncio.create_task(self._exchange(j))
             for j in range(self.num_members)
-            if j != self.index
+            if j != self.index and not self.group.is_client(j)
         ]
         try:
             for c, future in enumerate(self._own_chunks):
@@ -244,6 +268,9 @@ class AllReduceRunner:
                     self.server.idle.wait(), max(0.0, self.deadlines.report - loop.time())
                 )
             agreed = loop.time()
+            self.part_missing = own_part_missing(
+                self.index, not assembled.held[self.index], self._reports
+            )
             verdict = decide(
                 self.index, assembled.held, assembled.digest, assembled.full, self._reports
             )
@@ -271,6 +298,10 @@ class AllReduceRunner:
             bytes_received=self.counter.received,
             seconds=loop.time() - self._t0,
         )
+
+    @staticmethod
+    async def _nothing() -> None:
+        """A client's reducer side: it has no part to serve."""
 
     def _encode_chunk(self, j: int, c: int) -> bytes:
         """Payload of chunk ``c`` of part ``j`` (sent to reducer ``j``)."""

@@ -102,6 +102,7 @@ class GroupInfo:
 
     ``members`` are in group order (sorted peer id bytes): member ``j`` reduces part ``j``.
     ``weights`` are the members' announced weights (tokens since their last sync).
+    ``clients`` marks the members that reduce nothing (their part is empty); empty: none.
     """
 
     key: RoundKey
@@ -111,6 +112,11 @@ class GroupInfo:
     numel: int
     codec_id: int
     return_codec_id: int
+    clients: tuple[bool, ...] = ()
+
+    def is_client(self, index: int) -> bool:
+        """Whether member ``index`` reduces no part."""
+        return bool(self.clients) and self.clients[index]
 
     def index(self, peer: PeerID) -> int:
         """Group index of ``peer``; raises ValueError if it is not a member."""

@@ -11,26 +11,32 @@ Protocol, for every node that reaches the send step of round ``(p, k)``:
    of the round key and the peer id (self included). A node that sees a peer ranked before
    itself cannot lead: it JOINs that peer at once, and the JOIN waits there until that
    peer has chosen its role. A node that is first so far waits until the window ends or
-   ``target_group_size`` peers are in the view, then leads.
+   ``target_group_size`` peers are in the view, then leads. Nodes that declared they cannot
+   be dialled (clients, ``reachability``) are in the view but never lead; such a node
+   that sees no peer that may lead fails the round.
 3. A leader waits until every peer it saw has joined, or ``join_timeout``; it then closes
    the lobby and sends the same GROUP (members sorted by peer id bytes, their weights, a
-   random group id) to every joiner. It keeps that GROUP until the round's matchmaking
-   bound has passed and sends it again to a member that asks again (its first stream
-   broke), so a member never misses the GROUP it is counted in because of one lost
-   stream. A JOIN from a non-member after closing gets GROUP_CLOSED: that node misses the
-   round (SPEC 4). A JOIN whose weight exceeds the run's cap (``max_weight``) is refused
-   (MISMATCH) and is an offence: every honest node clamps its own weight to the cap, which
-   is part of the run configuration, so only a peer that breaks the run's rules sends one,
-   and a peer that lies about its weight is not trusted with a contribution either.
+   random group id, the members whose JOIN asked to reduce no part: clients, and demoted
+   nodes, ``demotion``; the leader itself reduces when nobody else would) to every joiner.
+   It keeps that GROUP until the round's matchmaking bound has passed and sends it again to
+   a member that asks again (its first stream broke), so a member never misses the GROUP it
+   is counted in because of one lost stream. A JOIN from a non-member after closing gets
+   GROUP_CLOSED: that node misses the round (SPEC 4). A JOIN whose weight exceeds the run's
+   cap (``max_weight``) is refused (MISMATCH) and is an offence: every honest node clamps
+   its own weight to the cap, which is part of the run configuration, so only a peer that
+   breaks the run's rules sends one, and a peer that lies about its weight is not trusted
+   with a contribution either.
 4. A follower sends JOIN to its leader and waits for GROUP; a GROUP that is invalid (another
-   round, size or codec, without it, its weight changed, any weight over the cap) fails
+   round, size or codec, without it, its weight or client flag changed, any weight over
+   the cap) fails
    the round for it and is the leader's offence. A node asked to lead that is
    itself a follower answers NOT_LEADER with its own leader, and the follower follows the
    redirect (each peer at most once), so views that disagree at the edge of the window
    still converge on one leader.
 5. A follower whose JOIN fails in transport (stream refused or cut) tries once more; if
    that fails too the leader counts as dead and the follower turns to the first peer (by
-   ``leader_rank``) of its view that is still reachable (itself included: then it leads).
+   ``leader_rank``) of its view that is still reachable and not a client (itself included:
+   then it leads).
    Every follower of a dead leader does the same, so views that agree converge on the same
    new leader; a peer that still redirects to the dead leader (it has not noticed yet) is
    asked again shortly.
@@ -61,7 +67,7 @@ from diloco.errors import ProtocolError, RoundFailed
 from diloco.protocol import streams, wire
 from diloco.protocol.bans import BanList
 from diloco.protocol.group import GroupInfo, RoundTimeouts
-from diloco.protocol.records import declare_round, read_declarations
+from diloco.protocol.records import declare_round, read_round_view
 from diloco.protocol.reducer import RoundKey
 from diloco.protocol.swarm_key import ClosedSwarm
 from diloco.protocol.wire import Group, Join, Kind, Reject, RejectCode, RoundTag
@@ -117,14 +123,19 @@ class _Lobby:
     request: Join
     dht_key: str
     """The round's DHT key, with this member's prior state (``round_key``)."""
+    may_lead: bool = True
+    """False for a node nobody can dial: it never leads."""
     decided: asyncio.Event = field(default_factory=asyncio.Event)
     leader: PeerID | None = None
     knock: asyncio.Event = field(default_factory=asyncio.Event)
     """Set by every JOIN that arrives: a peer has seen a view, so re-read it now."""
-    knockers: dict[PeerID, float] = field(default_factory=dict)
-    """Peers that sent a JOIN for this round, with their weights: part of the view."""
+    knockers: dict[PeerID, tuple[float, bool]] = field(default_factory=dict)
+    """Peers that sent a JOIN for this round, with their weights and client flags: part of
+    the view."""
     joiners: dict[PeerID, asyncio.Future[tuple[Kind, bytes]]] = field(default_factory=dict)
     weights: dict[PeerID, float] = field(default_factory=dict)
+    clients: set[PeerID] = field(default_factory=set)
+    """Joiners that asked to reduce no part."""
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     closed: bool = False
 
@@ -191,21 +202,26 @@ class Matchmaker:
         return_codec_id: int,
         weight: float,
         prior: str = "",
+        client: bool = False,
+        may_lead: bool = True,
     ) -> GroupInfo:
         """Declare, wait the window, and assemble or join the group of round ``key`` among
-        the members that start it from the same ``prior`` state hash (``round_key``).
+        the members that start it from the same ``prior`` state hash (``round_key``); a
+        ``client`` asks to reduce no part; a node that may not lead (nobody can dial it)
+        declares so.
 
         Raises:
-            RoundFailed: no group of at least ``min_group_size`` formed in time, or this node
-                arrived after its group had closed.
+            RoundFailed: no group of at least ``min_group_size`` formed in time, this node
+                arrived after its group had closed, or it may not lead and saw no peer that
+                may.
         """
         if key in self._lobbies:
             raise RoundFailed(key.fragment, key.round, "this round is already in matchmaking")
         tag = RoundTag(self.digest, key.fragment, key.round)
         weight = min(weight, self.max_weight)
-        request = Join(tag, numel, codec_id, return_codec_id, weight)
+        request = Join(tag, numel, codec_id, return_codec_id, weight, client)
         request.check()
-        lobby = _Lobby(request, round_key(self.run_id, key, prior))
+        lobby = _Lobby(request, round_key(self.run_id, key, prior), may_lead)
         self._lobbies[key] = lobby
         try:
             t = self.timeouts
@@ -213,25 +229,37 @@ class Matchmaker:
             start = loop.time()
             expiration = get_dht_time() + t.matchmaking + t.allreduce
             await asyncio.wait_for(
-                declare_round(self.dht, lobby.dht_key, weight, expiration, self.closed),
+                declare_round(
+                    self.dht,
+                    lobby.dht_key,
+                    weight,
+                    expiration,
+                    self.closed,
+                    client=not may_lead,
+                ),
                 t.join_timeout,
             )
             declared = loop.time()
-            view = set(await self._wait_window(key, lobby)) | {self.p2p.peer_id}
+            seen = await self._wait_window(key, lobby)
+            view = set(seen) | {self.p2p.peer_id}
+            leaders = self._may_lead(seen, lobby)
             logger.info(
-                "round %s: declared in %.3fs, saw %d peers after %.3fs",
+                "round %s: declared in %.3fs, saw %d peers (%d may lead) after %.3fs",
                 key,
                 declared - start,
                 len(view),
+                len(leaders),
                 loop.time() - start,
             )
-            leader = choose_leader(view, lobby.dht_key)
+            if not leaders:
+                raise RoundFailed(key.fragment, key.round, "no peer that may lead")
+            leader = choose_leader(leaders, lobby.dht_key)
             if leader == self.p2p.peer_id:
                 lobby.decided.set()
                 return await self._lead(key, lobby, view, t.join_timeout)
             lobby.leader = leader
             lobby.decided.set()
-            return await self._follow(key, lobby, view, start + t.matchmaking)
+            return await self._follow(key, lobby, view, leaders, start + t.matchmaking)
         finally:
             lobby.closed = True
             lobby.decided.set()
@@ -241,15 +269,21 @@ class Matchmaker:
                     reply.set_result((Kind.REJECT, closed.serialize()))
             del self._lobbies[key]
 
-    async def _wait_window(self, key: RoundKey, lobby: _Lobby) -> dict[PeerID, float]:
+    def _may_lead(self, view: dict[PeerID, tuple[float, bool]], lobby: _Lobby) -> set[PeerID]:
+        """The peers of ``view`` (and this node) that did not declare they cannot be dialled:
+        those who may lead."""
+        leaders = {peer for peer, (_, client) in view.items() if not client}
+        return leaders | {self.p2p.peer_id} if lobby.may_lead else leaders
+
+    async def _wait_window(self, key: RoundKey, lobby: _Lobby) -> dict[PeerID, tuple[float, bool]]:
         """The peers of the round as far as this node can tell when it must choose a role.
 
         The view is the DHT declarations plus the peers that already sent this node a JOIN
         (they are in the round too), less the banned and those whose weight exceeds the
-        cap (their JOIN would be refused). It returns early as soon as a peer
-        ranked before this node is known (it cannot lead, so it JOINs that peer now, and
-        the JOIN waits there), or ``target_group_size`` peers are known; otherwise after
-        the window.
+        cap (their JOIN would be refused). It returns early as soon as a peer that may lead
+        and is ranked before this node is known (it cannot lead, so it JOINs that peer now,
+        and the JOIN waits there; a node nobody can dial cannot lead at all), or
+        ``target_group_size`` peers are known; otherwise after the window.
         """
         loop = asyncio.get_running_loop()
         t = self.timeouts
@@ -258,14 +292,16 @@ class Matchmaker:
         while True:
             lobby.knock.clear()
             view = await asyncio.wait_for(self._read_view(lobby.dht_key), t.join_timeout)
-            view.update(lobby.knockers)
+            for peer, joined in lobby.knockers.items():  # a declaration says more than a JOIN
+                view.setdefault(peer, joined)
             view = {
-                peer: w
-                for peer, w in view.items()
+                peer: (w, client)
+                for peer, (w, client) in view.items()
                 if w <= self.max_weight and not self.bans.banned(peer)
             }
             known = len(view.keys() | {me})
-            if choose_leader(view.keys() | {me}, lobby.dht_key) != me:
+            leaders = self._may_lead(view, lobby)
+            if leaders and choose_leader(leaders, lobby.dht_key) != me:
                 return view
             if self.target_group_size is not None and known >= self.target_group_size:
                 return view
@@ -276,10 +312,11 @@ class Matchmaker:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(lobby.knock.wait(), min(poll, remaining))
 
-    async def _read_view(self, dht_key: str) -> dict[PeerID, float]:
-        """Peers declared under the round's DHT key; invalid declarations are logged and
-        skipped (declarations are signed: a peer can declare only itself, ``records``)."""
-        return await read_declarations(self.dht, dht_key, self.closed)
+    async def _read_view(self, dht_key: str) -> dict[PeerID, tuple[float, bool]]:
+        """Peers declared under the round's DHT key, with their weights and client flags;
+        invalid declarations are logged and skipped (declarations are signed: a peer can
+        declare only itself, ``records``)."""
+        return await read_round_view(self.dht, dht_key, self.closed)
 
     async def _lead(
         self, key: RoundKey, lobby: _Lobby, view: set[PeerID], wait: float
@@ -296,6 +333,7 @@ class Matchmaker:
         banned = Reject(RejectCode.BANNED, reason="banned while the group formed").serialize()
         for peer in [p for p in lobby.joiners if self.bans.banned(p)]:
             lobby.joiners.pop(peer).set_result((Kind.REJECT, banned))
+        assert lobby.may_lead, "a node nobody can dial never leads"
         members = sorted([self.p2p.peer_id, *lobby.joiners], key=lambda peer: peer.to_bytes())
         weights = {**lobby.weights, self.p2p.peer_id: lobby.request.weight}
         if len(members) < self.min_group_size:
@@ -305,6 +343,7 @@ class Matchmaker:
                 future.set_result((Kind.REJECT, too_small))
             raise RoundFailed(key.fragment, key.round, f"no group: {reason}")
         request = lobby.request
+        me_client = request.client and any(p not in lobby.clients for p in lobby.joiners)
         group = Group(
             request.tag,
             secrets.token_bytes(wire.GROUP_ID_BYTES),
@@ -313,20 +352,32 @@ class Matchmaker:
             request.return_codec_id,
             tuple(peer.to_bytes() for peer in members),
             tuple(weights[p] for p in members),
+            tuple(p in lobby.clients or (p == self.p2p.peer_id and me_client) for p in members),
         )
         message = group.serialize()
         self._formed[key] = (frozenset(members), message)
         loop.call_later(self.timeouts.matchmaking, self._formed.pop, key, None)
         for future in lobby.joiners.values():
             future.set_result((Kind.GROUP, message))
-        logger.info("round %s: leading a group of %d", key, len(members))
+        logger.info(
+            "round %s: leading a group of %d (%d clients)",
+            key,
+            len(members),
+            len(lobby.clients) + me_client,
+        )
         return self._group_info(key, group)
 
     async def _follow(
-        self, key: RoundKey, lobby: _Lobby, view: set[PeerID], deadline: float
+        self,
+        key: RoundKey,
+        lobby: _Lobby,
+        view: set[PeerID],
+        leaders: set[PeerID],
+        deadline: float,
     ) -> GroupInfo:
-        """JOIN the leader (following redirects, retrying and failing over; see step 5);
-        give up at ``deadline`` (loop time)."""
+        """JOIN the leader (following redirects, retrying and failing over to the next of
+        ``leaders``, the peers of ``view`` that may lead; see step 5); give up at
+        ``deadline`` (loop time)."""
         loop = asyncio.get_running_loop()
         visited: set[PeerID] = set()
         dead: set[PeerID] = set()
@@ -357,7 +408,11 @@ class Matchmaker:
                 dead.add(target)
                 failures = 0
                 alive = view - dead
-                target = choose_leader(alive, lobby.dht_key)
+                if not leaders - dead:
+                    raise RoundFailed(
+                        key.fragment, key.round, "no live peer that may lead"
+                    ) from exc
+                target = choose_leader(leaders - dead, lobby.dht_key)
                 if target == self.p2p.peer_id:
                     logger.warning("round %s: leader unreachable, leading instead", key)
                     lobby.leader = None
@@ -410,6 +465,8 @@ class Matchmaker:
                 raise ProtocolError("GROUP without me")
             if info.weights[info.index(self.p2p.peer_id)] != request.weight:
                 raise ProtocolError("GROUP with my weight changed")
+            if info.is_client(info.index(self.p2p.peer_id)) != request.client:
+                raise ProtocolError("GROUP with my client flag changed")
             if max(info.weights) > self.max_weight:
                 raise ProtocolError(f"GROUP with a weight over the cap {self.max_weight:g}")
         except (ProtocolError, ValueError) as exc:
@@ -428,6 +485,7 @@ class Matchmaker:
             group.numel,
             group.codec_id,
             group.return_codec_id,
+            group.clients,
         )
 
     async def _serve_join(
@@ -470,7 +528,7 @@ class Matchmaker:
             mine.return_codec_id,
         ):
             return reject(RejectCode.MISMATCH, "fragment size or codec differs")
-        lobby.knockers.setdefault(peer, request.weight)
+        lobby.knockers.setdefault(peer, (request.weight, request.client))
         lobby.knock.set()
         await lobby.decided.wait()
         if lobby.leader is not None:
@@ -483,5 +541,7 @@ class Matchmaker:
         reply: asyncio.Future[tuple[Kind, bytes]] = asyncio.get_running_loop().create_future()
         lobby.joiners[peer] = reply
         lobby.weights[peer] = request.weight
+        if request.client:
+            lobby.clients.add(peer)
         lobby.changed.set()
         return await reply

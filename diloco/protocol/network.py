@@ -3,7 +3,9 @@
 The node builds ``NetworkOptions`` from its flags (SPEC 5 "Local options": listen and
 announce addresses, identity file, relay options, a closed swarm's key file) and hands it
 whole to ``Swarm``, which hands it whole to ``make_dht``. Nothing probes the local router
-unless asked: NAT port mapping, AutoNAT and relays are off by default.
+unless asked: NAT port mapping, AutoNAT and relays are off by default. A node that nobody
+can dial (behind NAT) is a *client*: it trains with the swarm but reduces no part; it finds
+out by itself (``reachability``) or is told so (``client_mode``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ class NetworkOptions:
     """Ask the router for a port mapping (UPnP)."""
     auto_nat: bool = False
     """Ask peers whether this node is reachable (AutoNAT)."""
+    client_mode: bool = False
+    """Take no reducer part and never lead a round, and run the DHT as a client (hivemind's
+    ``client_mode``: it serves no DHT requests); for a node nobody can dial. Without it a
+    joining node asks its initial peers to dial it back and becomes a client if none can."""
     swarm_key_path: str | None = None
     """Closed swarms: the file holding the run's shared key (``diloco-node keygen``);
     None: an open swarm."""

@@ -24,7 +24,9 @@ def butterfly_parts(
     """Cut ``range(numel)`` into ``num_parts`` contiguous ``(start, end)`` spans.
 
     Spans are aligned to ``align`` values (the last one ends at ``numel``) and sized in
-    proportion to ``weights`` (default equal). A span may be empty when the vector is small.
+    proportion to ``weights`` (default equal). A span may be empty when the vector is small;
+    a weight of 0 gives an empty span (a client, which reduces no part), at least one
+    weight must be positive.
     """
     if num_parts < 1:
         raise ValueError(f"num_parts must be >= 1, got {num_parts}")
@@ -32,8 +34,12 @@ def butterfly_parts(
         raise ValueError(f"numel must be >= 0, got {numel}")
     if weights is None:
         weights = [1.0] * num_parts
-    if len(weights) != num_parts or any(not w > 0 for w in weights):
-        raise ValueError(f"need {num_parts} positive weights, got {list(weights)}")
+    if (
+        len(weights) != num_parts
+        or any(not w >= 0 for w in weights)
+        or not any(w > 0 for w in weights)
+    ):
+        raise ValueError(f"need {num_parts} weights >= 0, one positive, got {list(weights)}")
     num_blocks = -(-numel // align)
     total = float(sum(weights))
     spans: list[tuple[int, int]] = []

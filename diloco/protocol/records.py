@@ -5,7 +5,9 @@ value is a signed envelope of ``signed_records``, subkey = the author's peer id)
 
     key "{run_id}/nodes"                subkey = author   payload = NodeRecord.to_wire()
     key "{run_id}/frag{p}/round{k}"     subkey = author   payload = weight (float > 0),
-                                                          or [weight, proof] (closed swarm)
+                                                          or [weight, proof] (closed swarm),
+                                                          or [weight, proof or b"", True]
+                                                          (a client: it reduces no part)
     key "{run_id}/vouch/frag{p}"        subkey = author   payload = vouch_payload(rounds)
     key "{run_id}/metrics"              subkey = author   payload = ``metrics_records``
 
@@ -219,54 +221,79 @@ async def read_records(dht: DHT, run_id: str) -> list[NodeRecord]:
 
 
 async def declare_round(
-    dht: DHT, key: str, weight: float, expiration: float, closed: ClosedSwarm | None = None
+    dht: DHT,
+    key: str,
+    weight: float,
+    expiration: float,
+    closed: ClosedSwarm | None = None,
+    client: bool = False,
 ) -> bool:
     """Declare this node for the round of DHT key ``key`` (``matchmaking.round_key``) with
     its ``weight`` until ``expiration``, cut to ``MAX_RECORD_TTL`` (a declaration is read
     only while the round matches). In a ``closed`` swarm the declaration carries this
-    node's proof of membership."""
+    node's proof of membership; a ``client`` (it reduces no part, and nobody can dial it)
+    says so, and is then never chosen to lead."""
     expiration = min(expiration, get_dht_time() + MAX_RECORD_TTL)
+    proof = b"" if closed is None else closed.declaration_proof(key, signer(dht).peer_id)
     value: object = float(weight)
-    if closed is not None:
-        value = [float(weight), closed.declaration_proof(key, signer(dht).peer_id)]
+    if client:
+        value = [float(weight), proof, True]
+    elif closed is not None:
+        value = [float(weight), proof]
     return await store_signed(dht, key, pack_payload(value), expiration)
 
 
 async def read_declarations(
     dht: DHT, key: str, closed: ClosedSwarm | None = None
 ) -> dict[PeerID, float]:
-    """Peers declared under the round key ``key`` with their weights; invalid declarations
-    are logged with the peer id they claim and skipped, and so are, in a ``closed`` swarm,
-    those without a valid proof of membership (outsiders are not in the view)."""
-    view: dict[PeerID, float] = {}
+    """Peers declared under the round key ``key`` with their weights (``read_round_view``)."""
+    view = await read_round_view(dht, key, closed)
+    return {peer: weight for peer, (weight, _) in view.items()}
+
+
+async def read_round_view(
+    dht: DHT, key: str, closed: ClosedSwarm | None = None
+) -> dict[PeerID, tuple[float, bool]]:
+    """Peers declared under the round key ``key`` with their weights and client flags;
+    invalid declarations are logged with the peer id they claim and skipped, and so are, in
+    a ``closed`` swarm, those without a valid proof of membership (outsiders are not in the
+    view)."""
+    view: dict[PeerID, tuple[float, bool]] = {}
     for peer_id, signed in (await read_signed(dht, key)).items():
         try:
-            weight, proof = parse_declaration(signed.payload)
+            weight, proof, client = parse_declaration(signed.payload)
         except ProtocolError as exc:
             logger.warning("ignoring declaration of %s under %s: %s", peer_id, key, exc)
             continue
         if closed is not None and not closed.check(closed.declaration_proof(key, peer_id), proof):
             logger.info("ignoring declaration of %s under %s: %s", peer_id, key, NOT_MEMBER)
             continue
-        view[PeerID.from_base58(peer_id)] = weight
+        view[PeerID.from_base58(peer_id)] = (weight, client)
     return view
 
 
-def parse_declaration(payload: bytes) -> tuple[float, bytes | None]:
-    """The weight in a round declaration, and its proof of membership (closed swarms).
+def parse_declaration(payload: bytes) -> tuple[float, bytes | None, bool]:
+    """The weight in a round declaration, its proof of membership (closed swarms; None
+    without one) and whether the node declared itself a client.
 
     Raises:
-        ProtocolError: neither a finite float > 0 nor ``[such a float, 32-byte proof]``.
+        ProtocolError: neither a finite float > 0, nor ``[such a float, 32-byte proof]``,
+            nor ``[such a float, 32-byte proof or b"", True]``.
     """
     value = unpack_payload(payload, MAX_DECLARATION_BYTES)
-    weight, proof = value, None
-    if isinstance(value, list) and len(value) == 2 and isinstance(value[1], bytes):
+    weight, proof, client = value, None, False
+    if isinstance(value, list) and len(value) == 3 and isinstance(value[1], bytes):
+        weight, proof, client = value
+        if client is not True:
+            raise ProtocolError(f"declared client flag {client!r:.20} is not True")
+        proof = proof or None
+    elif isinstance(value, list) and len(value) == 2 and isinstance(value[1], bytes):
         weight, proof = value
-        if len(proof) != PROOF_BYTES:
-            raise ProtocolError(f"declaration proof of {len(proof)} bytes, not {PROOF_BYTES}")
+    if proof is not None and len(proof) != PROOF_BYTES:
+        raise ProtocolError(f"declaration proof of {len(proof)} bytes, not {PROOF_BYTES}")
     if not isinstance(weight, float) or not math.isfinite(weight) or weight <= 0:
         raise ProtocolError(f"declared weight {weight!r:.80} is not a finite float > 0")
-    return weight, proof
+    return weight, proof, client
 
 
 @dataclass(frozen=True, slots=True)

@@ -126,9 +126,12 @@ class RoundPlan:
         max_norm_ratio: float,
         max_weight: float,
         clip_factor: float,
+        clients: Sequence[bool] = (),
     ) -> RoundPlan:
+        """``clients`` marks members that reduce nothing: their parts are empty."""
         check_clip_factor(clip_factor)
-        spans = butterfly_parts(delta.numel(), len(weights))
+        shares = [0.0 if client else 1.0 for client in clients] or None
+        spans = butterfly_parts(delta.numel(), len(weights), shares)
         chunks = tuple(tuple(chunk_spans(lo, hi)) for lo, hi in spans)
         norms = tuple(
             tuple(float(torch.linalg.vector_norm(delta[a:b])) for a, b in part) for part in chunks

@@ -51,12 +51,15 @@ from diloco.protocol import processes
 from diloco.protocol.aggregation import CLIP_FACTOR, check_clip_factor, weighted_mean
 from diloco.protocol.allreduce import AllReduceRunner
 from diloco.protocol.bans import BanList
+from diloco.protocol.demotion import Demotion
 from diloco.protocol.event_loop import new_event_loop
 from diloco.protocol.fragment_state import OuterState
 from diloco.protocol.group import RoundTimeouts
 from diloco.protocol.matchmaking import Matchmaker
 from diloco.protocol.network import NetworkOptions
 from diloco.protocol.partition import butterfly_parts
+from diloco.protocol.reachability import DIAL_TIMEOUT, DialBackService, ask_dial_back
+from diloco.protocol.reachability import verdict as reachability_verdict
 from diloco.protocol.records import (
     NodeRecord,
     newest_donors,
@@ -104,6 +107,7 @@ def make_dht(net: NetworkOptions) -> DHT:
         use_auto_relay=net.use_relay,
         nat_port_map=net.nat_port_map,
         auto_nat=net.auto_nat,
+        client_mode=net.client_mode,
         startup_timeout=net.startup_timeout,
         check_if_identity_free=False,
     )
@@ -129,6 +133,7 @@ class Swarm:
         """Peers this node refuses for a while (``bans``): every part of the protocol, and
         whoever else catches a peer lying, reports offences here."""
         net = net or NetworkOptions()
+        self.net = net
         # A joiner that already read the run configuration through its own DHT hands it
         # over (one daemon per node); otherwise the swarm starts one.
         self.dht = dht or make_dht(net)
@@ -145,6 +150,11 @@ class Swarm:
         """The run's streams: in a closed swarm every one starts with the AUTH exchange."""
         if closed is not None:
             self.streams = ClosedTransport(self.p2p, closed, AUTH_TIMEOUT)
+        try:
+            self.call(DialBackService(self.p2p, self.run_id).start())
+        except BaseException:
+            self.shutdown()
+            raise
 
     def _run_loop(self) -> None:
         asyncio.set_event_loop(self._loop)
@@ -158,6 +168,40 @@ class Swarm:
     def maddrs(self) -> list[str]:
         """Full multiaddrs (with ``/p2p/<id>``) that other nodes bootstrap from."""
         return [str(addr) for addr in self.dht.get_visible_maddrs()]
+
+    def dialable(self, max_peers: int = 3) -> bool:
+        """Whether other nodes can dial this one: asks up to ``max_peers`` initial peers to
+        dial it back (``reachability``); True when forced a client is not asked for, when
+        no initial peer is named (the first node) or when nobody answered (logged)."""
+        if self.net.client_mode:
+            return False
+        peers = [
+            PeerID.from_base58(a.rsplit("/p2p/", 1)[1])
+            for a in self.net.initial_peers
+            if "/p2p/" in a
+        ]
+        peers = list(dict.fromkeys(p for p in peers if p != self.peer_id))[:max_peers]
+        if not peers:
+            return True
+        timeout = DIAL_TIMEOUT + self.net.startup_timeout / 10
+
+        async def ask() -> list[int | None]:
+            coros = (ask_dial_back(self.p2p, self.run_id, peer, timeout) for peer in peers)
+            return list(await asyncio.gather(*coros))
+
+        try:
+            answers = self.call(ask(), 2 * timeout + 1)
+        except concurrent.futures.TimeoutError:
+            answers = []
+        client = reachability_verdict(answers)
+        if client is None:
+            logger.warning("no peer answered the dial-back check: taking reducer parts")
+        elif client:
+            logger.warning(
+                "no peer could dial this node back (behind NAT?): it trains as a client and "
+                "reduces no part; forward a port and --announce it to reduce"
+            )
+        return not client
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """Run ``coro`` on the swarm's loop; the future can be awaited from any thread."""
@@ -333,6 +377,9 @@ class SwarmReducer(Reducer):
     round here and is banned (``bans``).
     ``verify=False`` is for measuring what that costs; every node of a swarm must then run
     without it (unsigned chunks are refused by nodes that verify).
+    A ``client`` (nobody can dial it: ``reachability``) takes part in every round but
+    reduces no part and never leads; a node whose own part keeps failing becomes one for a
+    while (``demotion``).
     """
 
     runner_type: type[AllReduceRunner] = AllReduceRunner
@@ -350,6 +397,8 @@ class SwarmReducer(Reducer):
         max_weight: float = math.inf,
         clip_factor: float = CLIP_FACTOR,
         verify: bool = True,
+        client: bool = False,
+        demotion: Demotion | None = None,
     ) -> None:
         if not max_norm_ratio > 1:
             raise ValueError(f"max_norm_ratio must be > 1, got {max_norm_ratio}")
@@ -365,6 +414,8 @@ class SwarmReducer(Reducer):
                 "not checked",
                 self.return_codec,
             )
+        self.client = client
+        self.demotion = demotion or Demotion()
         self.matchmaker = Matchmaker(
             swarm.streams,
             swarm.dht,
@@ -431,6 +482,7 @@ class SwarmReducer(Reducer):
         start = loop.time()
         delta = contribution.delta.detach().contiguous()
         slot = self.service.expect(key)
+        reduced, failed = False, False  # a round without a group serves a demotion too
         try:
             group = await self.matchmaker.form_group(
                 key,
@@ -439,7 +491,10 @@ class SwarmReducer(Reducer):
                 self.return_codec.codec_id,
                 float(contribution.weight),
                 contribution.prior,
+                client=self.client or self.demotion.demoted,
+                may_lead=not self.client,
             )
+            reduced = not group.is_client(group.index(self.swarm.peer_id))
             matched = loop.time()
             if len(group.members) == 1:
                 result = await loop.run_in_executor(None, self._alone, delta, group.names)
@@ -460,9 +515,13 @@ class SwarmReducer(Reducer):
                     identity=self.identity,
                 )
                 slot.set_result(runner)
-                result = await runner.run()
+                try:
+                    result = await runner.run()
+                finally:  # also when the round fails or its deadline cancels it
+                    failed = runner.part_missing
         finally:
             self.service.finish(key)
+            self.demotion.record(reduced, failed)
         self.timings[key] = (matched - start, loop.time() - matched)
         while len(self.timings) > 64:
             self.timings.popitem(last=False)

@@ -14,9 +14,10 @@ dataclass with ``parse``/``serialize``/``check`` (websockets' ``frames.py`` shap
 Body layouts (``digest`` is the 16-byte run digest, ``gid`` the 16-byte group id)::
 
     JOIN      digest | fragment u32 | round u32 | numel u64 | codec u8 | return codec u8
-              | weight f64
+              | weight f64 | client u8 (1: takes no reducer part)
     GROUP     digest | fragment u32 | round u32 | gid | numel u64 | codec u8 | return codec u8
               | count u16 | count x (peer id length u16 | peer id | weight f64)
+              | clients mask (members that reduce no part)
     REJECT    code u8 | peer id length u16 | peer id (a redirect, may be empty) | utf-8 reason
     PART      digest | fragment u32 | round u32 | gid | part u16 | chunk u32 | codec payload
     AVERAGED  digest | fragment u32 | round u32 | gid | part u16 | chunk u32 | mask length u16
@@ -66,7 +67,7 @@ Buffer = bytes | bytearray | memoryview
 
 _ROUND = struct.Struct(f"!{DIGEST_BYTES}sII")
 _ROUND_GROUP = struct.Struct(f"!{DIGEST_BYTES}sII{GROUP_ID_BYTES}s")
-_JOIN = struct.Struct(f"!{DIGEST_BYTES}sIIQBBd")
+_JOIN = struct.Struct(f"!{DIGEST_BYTES}sIIQBBdB")
 _GROUP_HEAD = struct.Struct(f"!{DIGEST_BYTES}sII{GROUP_ID_BYTES}sQBBH")
 _U16 = struct.Struct("!H")
 _U32 = struct.Struct("!I")
@@ -175,12 +176,15 @@ class Join:
     codec_id: int
     return_codec_id: int
     weight: float
+    client: bool = False
+    """The follower reduces no part (it cannot be dialled, or it is demoted)."""
 
     def check(self) -> None:
         self.tag.check()
         _require(0 <= self.numel < 2**63, "numel range")
         _require(0 <= self.codec_id < 256 and 0 <= self.return_codec_id < 256, "codec id range")
         _require(math.isfinite(self.weight) and self.weight > 0, f"weight {self.weight!r}")
+        _require(isinstance(self.client, bool), "client flag")
 
     def serialize(self) -> bytes:
         self.check()
@@ -193,20 +197,23 @@ class Join:
             self.codec_id,
             self.return_codec_id,
             self.weight,
+            int(self.client),
         )
 
     @classmethod
     def parse(cls, body: Buffer) -> Join:
         _require(len(body) == _JOIN.size, "JOIN length")
-        digest, frag, rnd, numel, codec, ret, weight = _JOIN.unpack(body)
-        msg = cls(RoundTag(digest, frag, rnd), numel, codec, ret, weight)
+        digest, frag, rnd, numel, codec, ret, weight, client = _JOIN.unpack(body)
+        _require(client in (0, 1), "JOIN client flag")
+        msg = cls(RoundTag(digest, frag, rnd), numel, codec, ret, weight, bool(client))
         msg.check()
         return msg
 
 
 @dataclass(frozen=True, slots=True)
 class Group:
-    """The leader's final member list for a round, in group order, with weights."""
+    """The leader's final member list for a round, in group order, with weights and the
+    members that reduce no part (``clients``; empty: none)."""
 
     tag: RoundTag
     group_id: bytes
@@ -215,6 +222,11 @@ class Group:
     return_codec_id: int
     members: tuple[bytes, ...]
     weights: tuple[float, ...]
+    clients: tuple[bool, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.clients:  # one spelling of "no clients", so parse(serialize(m)) == m
+            object.__setattr__(self, "clients", (False,) * len(self.members))
 
     def check(self) -> None:
         self.tag.check()
@@ -228,6 +240,8 @@ class Group:
             _require(0 < len(peer) <= MAX_PEER_ID_BYTES, "peer id length")
         for w in self.weights:
             _require(math.isfinite(w) and w > 0, f"weight {w!r}")
+        _require(len(self.clients) == len(self.members), "one client flag per member")
+        _require(not all(self.clients), "a group without a reducer")
 
     def serialize(self) -> bytes:
         self.check()
@@ -246,6 +260,7 @@ class Group:
         ]
         for peer, weight in zip(self.members, self.weights, strict=True):
             out += [_U16.pack(len(peer)), peer, _F64.pack(weight)]
+        out.append(pack_mask(self.clients))
         return b"".join(out)
 
     @classmethod
@@ -266,9 +281,16 @@ class Group:
                 offset += _F64.size
         except struct.error as exc:
             raise ProtocolError("GROUP truncated") from exc
-        _require(offset == len(body), "GROUP trailing bytes")
+        clients = unpack_mask(body[offset:], count)
         msg = cls(
-            RoundTag(digest, frag, rnd), gid, numel, codec, ret, tuple(members), tuple(weights)
+            RoundTag(digest, frag, rnd),
+            gid,
+            numel,
+            codec,
+            ret,
+            tuple(members),
+            tuple(weights),
+            clients,
         )
         msg.check()
         return msg

@@ -43,8 +43,10 @@ def honest(pool: list[PeerProcess]) -> Iterator[list[PeerProcess]]:
     when every peer also forgets the offences it saw."""
     command(pool, "codec", "none")
     command(pool, "fault", Fault.NONE.value)
+    command(pool, "forgive", None)  # the pool's first round may have failed a part
     yield pool
     command(pool, "codec", "none")
     command(pool, "fault", Fault.NONE.value)
     command(pool, "cap", math.inf)
+    command(pool, "role", "reducer")
     command(pool, "forgive", None)

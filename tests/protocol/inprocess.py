@@ -99,6 +99,7 @@ class Round:
         bans: Sequence[BanList] | None = None,
         max_weight: float = math.inf,
         clip_factor: float = CLIP_FACTOR,
+        clients: tuple[bool, ...] = (),
     ) -> None:
         send, _, back = codec.partition("/")
         self.max_weight, self.clip_factor = max_weight, clip_factor
@@ -116,6 +117,7 @@ class Round:
             inputs[0].numel(),
             self.codec.codec_id,
             self.return_codec.codec_id,
+            clients,
         )
         self.runners: list[AllReduceRunner] = []
         self.tasks: list[asyncio.Task[RoundResult]] = []

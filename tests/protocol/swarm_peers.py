@@ -34,6 +34,7 @@ from hivemind.p2p import PeerID
 from diloco.codecs import get_codec
 from diloco.errors import ProtocolError, RoundFailed
 from diloco.protocol.allreduce import AllReduceRunner
+from diloco.protocol.demotion import Demotion
 from diloco.protocol.fragment_state import FragmentState, OuterState
 from diloco.protocol.group import RoundTimeouts
 from diloco.protocol.matchmaking import Matchmaker, leader_rank
@@ -246,10 +247,17 @@ def peer_main(
             elif command == "cap":  # the run's weight cap (a hostile peer ignores it: inf)
                 reducer.max_weight = reducer.matchmaker.max_weight = args
                 _notify(("ok",))
+            elif command == "role":  # "client": nobody can dial it; "demoted": its parts failed
+                reducer.client = args == "client"
+                reducer.demotion = Demotion()
+                if args == "demoted":
+                    reducer.demotion.remaining = reducer.demotion.cooldown
+                _notify(("ok",))
             elif command == "banned":
                 _notify(("banned", swarm.bans.banned(PeerID.from_base58(args))))
             elif command == "forgive":  # a fresh start between tests of the shared pool
                 swarm.bans._peers.clear()
+                reducer.demotion = Demotion()  # faults of earlier tests failed its parts
                 _notify(("ok",))
             elif command == "reduce":
                 futures = [

@@ -67,6 +67,27 @@ def test_honest_round_every_member_gets_the_in_process_bytes(codec: str, numel: 
     assert all(o.members == names(4) for o in outcomes)  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("codec", ["none", "e3m0"])
+def test_client_reduces_nothing_and_every_member_gets_the_in_process_bytes(codec: str) -> None:
+    """Member 1 is a client (nobody can open a PART stream to it: its handler is gone), yet
+    its contribution counts and every member, itself included, gets the mean of all."""
+    weights = [1.0, 2.0, 3.0]
+    inputs = deltas(3 * CHUNK_VALUES // 2 + 999, 3)
+
+    async def main() -> list[Outcome]:
+        round_ = Round(inputs, weights, [AllReduceRunner] * 3, codec, clients=(False, True, False))
+        await round_.start()
+        client = round_.network.peers[round_.ids[1]]
+        del client.handlers[round_.services[1].part_handler]
+        return await round_.outcomes()
+
+    outcomes = asyncio.run(main())
+    want = expected(inputs, weights, codec)
+    for outcome in outcomes:
+        assert torch.equal(delta_of(outcome), want)
+        assert outcome.members == names(3)  # type: ignore[union-attr]
+
+
 @pytest.mark.parametrize("fault", GARBAGE, ids=lambda f: f.value)
 def test_bad_sender_excluded_others_complete(fault: Fault) -> None:
     weights = [1.0, 1.0, 2.0, 1.0]

@@ -141,3 +141,23 @@ def test_member_whose_join_stream_is_cut_asks_again_and_completes(
     )
     expected = in_process_sha(ids, numel, seeds, [1.0] * 4, "none")
     assert [r[0].get("sha256") for r in results] == [expected] * 4, results
+
+
+@pytest.mark.swarm
+def test_client_and_demoted_members_reduce_nothing_yet_count(
+    honest: list[PeerProcess], fragment: int
+) -> None:
+    """Of four peers, the first in line to lead is a client (nobody can dial it: it may not
+    lead) and the three others are demoted (they ask for no part, yet may lead). The second
+    in line leads and, since nobody else would, reduces the whole vector itself: every
+    member, client and demoted ones included, gets the in-process mean of all four."""
+    ids = [p.peer_id for p in honest]
+    first = leader_order(ids, RUN_ID, RoundKey(fragment, 1))[0]
+    command(honest[first : first + 1], "role", "client")
+    command([p for i, p in enumerate(honest) if i != first], "role", "demoted")
+    numel, seeds = 20_000, [fragment * 10 + i for i in range(4)]
+    specs = [[(fragment, 1, numel, seeds[i], 1.0)] for i in range(4)]
+    results = [r[0] for r in run_rounds(honest, specs, timeout=TIMEOUTS.total + 60)]
+    expected = in_process_sha(ids, numel, seeds, [1.0] * 4, "none")
+    assert [r.get("sha256") for r in results] == [expected] * 4, results
+    assert all(sorted(r["members"]) == sorted(ids) for r in results)

@@ -63,6 +63,13 @@ def test_butterfly_parts_cover_the_vector_in_aligned_order(
         assert start % PART_ALIGN == 0 or start == numel
 
 
+def test_butterfly_parts_zero_weight_gives_a_client_an_empty_part() -> None:
+    # 4 blocks of 256 shared by the two members of weight 1: 2 blocks each; the client
+    # (weight 0) in the middle gets the empty span at the boundary.
+    assert butterfly_parts(1024, 3, weights=[1.0, 0.0, 1.0]) == [(0, 512), (512, 512), (512, 1024)]
+    assert butterfly_parts(1000, 3, weights=[0.0, 0.0, 1.0]) == [(0, 0), (0, 0), (0, 1000)]
+
+
 def test_part_align_is_a_multiple_of_every_codec_block() -> None:
     # Why parts encode to the bytes of the whole: no codec block straddles a part boundary.
     assert all(PART_ALIGN % get_codec(name).block_size == 0 for name in CODEC_NAMES)
@@ -73,10 +80,10 @@ def test_part_align_is_a_multiple_of_every_codec_block() -> None:
     [
         ((100, 0), {}, "num_parts must be >= 1"),
         ((-1, 2), {}, "numel must be >= 0"),
-        ((100, 2), {"weights": [1.0]}, "need 2 positive weights"),
-        ((100, 2), {"weights": [1.0, 0.0]}, "need 2 positive weights"),
-        ((100, 2), {"weights": [1.0, -1.0]}, "need 2 positive weights"),
-        ((100, 2), {"weights": [1.0, float("nan")]}, "need 2 positive weights"),
+        ((100, 2), {"weights": [1.0]}, "need 2 weights >= 0, one positive"),
+        ((100, 2), {"weights": [0.0, 0.0]}, "need 2 weights >= 0, one positive"),
+        ((100, 2), {"weights": [1.0, -1.0]}, "need 2 weights >= 0, one positive"),
+        ((100, 2), {"weights": [1.0, float("nan")]}, "need 2 weights >= 0, one positive"),
     ],
 )
 def test_butterfly_parts_bad_arguments_raise(

@@ -122,8 +122,13 @@ def test_declaration_weight_must_be_finite_positive_float(weight: object) -> Non
 
 
 def test_declaration_weight_accepted_with_or_without_proof() -> None:
-    assert parse_declaration(pack_payload(0.25)) == (0.25, None)
-    assert parse_declaration(pack_payload([0.25, b"p" * 32])) == (0.25, b"p" * 32)
+    assert parse_declaration(pack_payload(0.25)) == (0.25, None, False)
+    assert parse_declaration(pack_payload([0.25, b"p" * 32])) == (0.25, b"p" * 32, False)
+
+
+def test_declaration_of_a_client_with_or_without_proof() -> None:
+    assert parse_declaration(pack_payload([0.5, b"", True])) == (0.5, None, True)
+    assert parse_declaration(pack_payload([0.5, b"p" * 32, True])) == (0.5, b"p" * 32, True)
 
 
 @pytest.mark.parametrize(
@@ -133,7 +138,9 @@ def test_declaration_weight_accepted_with_or_without_proof() -> None:
         ([0.25, b"p" * 33], "proof of 33 bytes"),
         ([float("nan"), b"p" * 32], "declared weight"),
         ([0.25, "p" * 32], "declared weight"),
-        ([0.25, b"p" * 32, 1], "declared weight"),
+        ([0.25, b"p" * 32, 1], "client flag"),
+        ([0.25, b"p" * 32, False], "client flag"),
+        ([0.25, b"p" * 5, True], "proof of 5 bytes"),
     ],
 )
 def test_declaration_with_a_malformed_proof_refused(value: object, match: str) -> None:

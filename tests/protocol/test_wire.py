@@ -34,7 +34,7 @@ def test_join_round_trip() -> None:
 
 @pytest.mark.parametrize("weight", [0.0, -1.0, float("nan"), float("inf")])
 def test_join_bad_weight_rejected(weight: float) -> None:
-    body = struct.pack("!16sIIQBBd", TAG.digest, 3, 9, 10, 0, 0, weight)
+    body = struct.pack("!16sIIQBBdB", TAG.digest, 3, 9, 10, 0, 0, weight, 0)
     with pytest.raises(ProtocolError, match="weight"):
         Join.parse(body)
 
@@ -45,8 +45,30 @@ def test_group_round_trip_and_truncation() -> None:
     assert Group.parse(body) == msg
     with pytest.raises(ProtocolError):
         Group.parse(body[:-1])
-    with pytest.raises(ProtocolError, match="trailing"):
+    with pytest.raises(ProtocolError, match="mask length"):
         Group.parse(body + b"x")
+
+
+def test_join_client_flag_round_trip_and_bad_flag_rejected() -> None:
+    msg = Join(TAG, 1_000, 4, 4, 2.5, client=True)
+    body = msg.serialize()
+    assert body[-1:] == b"\x01" and Join.parse(body) == msg
+    with pytest.raises(ProtocolError, match="client flag"):
+        Join.parse(body[:-1] + b"\x02")
+
+
+def test_group_clients_mask_round_trip() -> None:
+    msg = Group(TAG, GID, 10, 0, 0, (b"a", b"b", b"c"), (1.0, 1.0, 1.0), (False, True, False))
+    body = msg.serialize()
+    assert body[-1:] == bytes([0b010])  # bit i is member i (pack_mask)
+    assert Group.parse(body) == msg
+    plain = Group(TAG, GID, 10, 0, 0, (b"a", b"b"), (1.0, 1.0))
+    assert plain.clients == (False, False) and plain.serialize()[-1:] == b"\x00"
+
+
+def test_group_without_a_reducer_rejected() -> None:
+    with pytest.raises(ProtocolError, match="without a reducer"):
+        Group(TAG, GID, 10, 0, 0, (b"a", b"b"), (1.0, 1.0), (True, True)).serialize()
 
 
 def test_group_duplicate_members_rejected() -> None:
