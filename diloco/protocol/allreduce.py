@@ -10,55 +10,12 @@ the same bytes, with the mask of members it counted and their norms, to every me
 uses the decoded bytes itself. So all members hold bit-identical parts. Chunks pipeline the
 two phases: chunk ``c`` is averaged and on its way back while chunk ``c + 1`` arrives.
 
-Faults and agreement (the rule every member applies):
-
-* A reducer waits for the first chunk of every member until ``sender_timeout`` after its
-  start; members whose first chunk did not arrive valid by then are not counted, for the
-  whole part, and the weights are renormalised over those that were. A late member's
-  chunks are read, not counted, and it still receives the averaged chunks, so a slow
-  member ends with the same values as the others. A counted member that stops sending, or
-  sends an invalid chunk, after that point fails the reducer's part (the average cannot be
-  taken back): its part is then missing for everyone.
-* Every chunk is validated (run digest, round, group, part and chunk index, exact length
-  for the codec, decodes, finite, norm at most ``max_norm_ratio`` times the reducer's own
-  chunk norm when that is non-zero). An invalid sender is excluded and logged and its
-  stream closed. Averaged chunks are validated the same way; an invalid one makes the part
-  missing.
-* A member waits for averaged parts until ``reducer_timeout`` after the reducers' deadline.
-  A part that did not come (dead or invalid reducer) is *missing*: never replaced by local
-  values.
-* A member whose part stream is cut in transport (refused, or closed before the reducer
-  refused it) opens it once more and sends the part again; the reducer keeps what arrived,
-  skips the repeated chunks and streams the averaged chunks again from the first. A cut
-  counted member thus delays its reducer's part (up to the part deadline) instead of
-  failing it. A reducer that excludes a member, or whose part failed, says so (REJECT), so
-  that member does not try again.
-* Then every member sends every other member a REPORT and waits, up to
-  ``report_timeout``, for the reports of the full contributors (members counted in every
-  part it holds); ``agreement.decide`` says whether the round succeeds for it: its result
-  must be the one a strict majority holds. If not, it raises ``RoundFailed`` and its outer
-  state stays unchanged. A dissenting member is logged; one that reported another result
-  against the majority, like a sender excluded for invalid input, commits an offence
-  (``bans``). ``RoundResult.members`` are the full contributors, identical on every
-  member because the masks travel with the parts.
-* A *client* (``GroupInfo.clients``: a member nobody can dial, or a demoted one) reduces
-  no part: its part is empty, nobody streams to it, and every member holds that part as
-  empty with every member counted (so it changes neither the result nor the full
-  contributors). It streams its chunks to the reducers and reads the averages back on the
-  streams it opened, so it never needs to be dialled, except for REPORTs, which arrive on
-  the connections its PART streams opened (libp2p reuses a live connection to a peer).
-* Otherwise every member is a reducer, so a member that dies before delivering its
-  averaged part fails the round for all (SPEC 4 allows "all treat the round as failed");
-  one that dies after delivering it, before its own contributions arrived, is simply not
-  counted.
-* With an ``identity`` every part is sealed (signed once, ``SEAL``), and while the reports
-  are exchanged every member checks the parts it did not reduce (``checking``,
-  ``verification``): a reducer caught lying fails the round for the member that caught it;
-  a peer caught lying is banned (``bans``; a reducer's silence is an offence).
-* Residual risk (two generals): a report that is lost while its sender stays alive can
-  leave that sender with a different outcome. The fragment state version and hash that
-  every node publishes in its DHT record detect this (``records.divergent_peers``); the
-  node then heals by state transfer (``Swarm.fetch_state``).
+Faults and agreement (the whole rule: ``docs/allreduce.md``): a member whose first chunk
+is late or invalid is not counted; a part whose reducer dies or lies is missing, never
+replaced by local values; members exchange REPORTs and apply the result a strict majority
+of the full contributors holds (``agreement.decide``), dissenters commit an offence
+(``bans``); a *client* (nobody can dial it, or demoted) reduces no part; with an
+``identity`` parts are sealed and checked (``checking``, ``verification``).
 
 This module (member side) and ``part_server`` (reducer side) move the bytes and keep the
 deadlines; what the bytes mean is decided by the pure ``reduction`` and ``agreement``.
