@@ -31,6 +31,7 @@ class NodeProcess:
         self.process = self._spawn()
 
     def _spawn(self) -> subprocess.Popen[bytes]:
+        self.log_offset = self.log.stat().st_size if self.log.exists() else 0
         with self.log.open("a") as log:
             return subprocess.Popen(
                 [sys.executable, "-m", "diloco", *self.args, "--metrics-out", str(self.metrics)],
@@ -40,10 +41,10 @@ class NodeProcess:
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
 
-    def restart(self, extra: list[str]) -> None:
-        """Start the node again with the same arguments plus ``extra`` (e.g. ``--resume``);
-        its log and metrics go on in the same files."""
-        self.args = [*self.args, *[a for a in extra if a not in self.args]]
+    def restart(self, args: list[str]) -> None:
+        """Start the node again with ``args`` (e.g. with ``--resume``); its log and metrics
+        go on in the same files."""
+        self.args = args
         self.process = self._spawn()
 
     @property
@@ -56,12 +57,25 @@ class NodeProcess:
     def output(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
+    def current_output(self) -> str:
+        """The log of the running incarnation only."""
+        with self.log.open("rb") as log:
+            log.seek(self.log_offset)
+            return log.read().decode(errors="replace")
+
+    def printed_address(self) -> str | None:
+        """The loopback multiaddr the running incarnation printed, if it has yet."""
+        for line in self.current_output().splitlines():
+            if line.startswith("/ip4/127."):
+                return line.strip()
+        return None
+
     def address(self, timeout: float = 180.0) -> str:
+        """Wait for the running incarnation's address."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            for line in self.output().splitlines():
-                if line.startswith("/ip4/127."):
-                    return line.strip()
+            if address := self.printed_address():
+                return address
             if not self.alive():
                 raise RuntimeError(f"{self.name} exited:\n{self.output()[-3000:]}")
             time.sleep(0.5)
