@@ -106,7 +106,7 @@ class Swarm:
             for n in self.nodes
             if n.alive() and n.name not in self.frozen and (address := n.printed_address())
         ]
-        return ["join", "--initial-peers", *peers, *common]
+        return ["join", "--initial-peers", " ".join(peers), *common]
 
     def launch(self) -> None:
         """The creator first; the joiners at once, all bootstrapping from it."""
