@@ -173,13 +173,27 @@ class Swarm:
         time.sleep(rng.uniform(*c.downtime_s))
         if left := in_session(session):
             self.orphans.append({"node": victim.name, "pids": left})
+        steps_before = self.steps_logged(victim)
         victim.restart(self.args(self.nodes.index(victim), resume=True))
         self.log(action="restart", node=victim.name)
         time.sleep(max(0.0, frozen_at + c.freeze_s - time.monotonic()))
         os.killpg(frozen.pid, signal.SIGCONT)
         self.frozen.discard(frozen.name)
         self.log(action="thaw", node=frozen.name, step=frozen.step())
+        # The next faults wait for the restarted node to train again (its start takes
+        # seconds to a minute on a busy machine); one that never does is hung.
+        deadline = time.monotonic() + c.hang_s
+        while self.steps_logged(victim) == steps_before and victim.alive():
+            if time.monotonic() > deadline:
+                self.hang(victim)
+                break
+            time.sleep(0.5)
+        self.log(action="back", node=victim.name, step=victim.step())
         time.sleep(rng.uniform(*c.gap_s))
+
+    @staticmethod
+    def steps_logged(node: NodeProcess) -> int:
+        return sum(r.get("event") == "step" for r in node.records())
 
     def finish(self, timeout: float) -> None:
         """Wait for every node to end; one whose step stands still ``hang_s`` is hung."""

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.swarm
 def test_chaos_kills_and_freezes_leave_survivors_equal_and_finishing(tmp_path) -> None:
     config = ChaosConfig(
         nodes=4,
-        steps=200,
+        steps=300,
         sync_every=12,
         cycles=2,
         seed=1,
@@ -27,7 +27,7 @@ def test_chaos_kills_and_freezes_leave_survivors_equal_and_finishing(tmp_path) -
         downtime_s=(0.5, 1.5),
         gap_s=(0.5, 1.5),
         hang_s=90.0,
-        faults_until=0.8,
+        faults_until=0.5,
     )
     result = run_chaos(config, tmp_path, timeout=600)
     logs = {p.name: p.read_text()[-2000:] for p in tmp_path.glob("*.log")}
