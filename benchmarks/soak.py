@@ -141,31 +141,44 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def plot(samples: list[dict[str, Any]], warmup_s: float, path: Path) -> None:
+    """RSS, RSS change since the end of warm-up, fds, sockets: colour = role, style = node."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(3, 1, figsize=(10, 10), sharex=True)
+    fig, axes = plt.subplots(4, 1, figsize=(10, 12), sharex=True)
     keys = sorted({f"{n}/{r}" for s in samples for n, roles in s["nodes"].items() for r in roles})
+    colours = {"node": "C0", "dht": "C1", "p2pd": "C2", "shm_manager": "C7"}
+    styles = ["-", "--", ":"]
+    nodes = sorted({k.split("/")[0] for k in keys})
     for key in keys:
         node, role = key.split("/")
-        points = [(s["t"] / 60, s["nodes"][node][role]) for s in samples
+        points = [(s["t"], s["nodes"][node][role]) for s in samples
                   if role in s["nodes"].get(node, {})]  # fmt: skip
-        t = [p[0] for p in points]
-        axes[0].plot(t, [p[1]["rss_kb"] / 1024 for p in points], label=key)
-        axes[1].plot(t, [p[1]["fds"] for p in points], label=key)
-        axes[2].plot(t, [p[1]["sockets"] for p in points], label=key)
-    for ax, label in zip(axes, ("RSS (MB)", "open file descriptors", "sockets"), strict=True):
+        t = [p[0] / 60 for p in points]
+        rss = [p[1]["rss_kb"] / 1024 for p in points]
+        warm = next((r for (sec, _), r in zip(points, rss, strict=True) if sec >= warmup_s), rss[0])
+        style = {
+            "color": colours.get(role.split("#")[0], "C3"),
+            "linestyle": styles[nodes.index(node) % 3],
+        }
+        axes[0].plot(t, rss, label=key, **style)
+        axes[1].plot(t, [r - warm for r in rss], label=key, **style)
+        axes[2].plot(t, [p[1]["fds"] for p in points], label=key, **style)
+        axes[3].plot(t, [p[1]["sockets"] for p in points], label=key, **style)
+    labels = ("RSS (MB)", "RSS change since warm-up end (MB)", "open file descriptors", "sockets")
+    for ax, label in zip(axes, labels, strict=True):
         ax.axvline(warmup_s / 60, color="grey", linestyle="--", linewidth=1)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7, ncol=3)
+    axes[1].set_ylim(-30, 30)
+    axes[0].legend(fontsize=7, ncol=4)
     axes[0].set_title("Soak: 3 diloco-node processes on loopback (dashed: end of warm-up)")
-    axes[2].set_xlabel("minutes")
+    axes[3].set_xlabel("minutes")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
 
 
 def rounds(node: NodeProcess) -> dict[str, int]:
@@ -187,7 +200,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=HERE / "results" / "soak.json")
     parser.add_argument("--fig", type=Path, default=HERE / "figures" / "soak.png")
     parser.add_argument("--workdir", type=Path, default=None, help="logs and metrics")
+    parser.add_argument("--replot", action="store_true", help="redraw --out; run nothing")
     args = parser.parse_args()
+    if args.replot:
+        saved = json.loads(args.out.read_text())
+        plot(saved["samples"], saved["warmup_s"], args.fig)
+        print(markdown(saved["rows"]))
+        return
     warmup_s = 60 * (args.warmup_minutes if args.warmup_minutes is not None
                      else min(5.0, args.minutes / 4))  # fmt: skip
     folder = args.workdir or Path(tempfile.mkdtemp(prefix="soak-"))
