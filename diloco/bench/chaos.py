@@ -155,14 +155,18 @@ class Swarm:
         self.asked.add(node.pid)
         node.process.kill()
         node.process.wait(10)
-        self.log(action="kill", node=node.name, step=step, mid_round=mid_round)
+        saved = self.has_checkpoint(node)
+        self.log(action="kill", node=node.name, step=step, mid_round=mid_round, saved=saved)
 
     def cycle(self, rng: random.Random, n: int) -> None:
         """One freeze of a random node and, meanwhile, a kill and restart of another."""
         c = self.config
         running = [x for x in self.nodes if x.alive()]
         frozen = rng.choice(running)
-        victim = rng.choice([x for x in running if x is not frozen and x.name != "a"])
+        joiners = [x for x in running if x is not frozen and x.name != "a"]
+        # a node with a checkpoint, when there is one: then --resume has something to resume
+        saved = [x for x in joiners if self.has_checkpoint(x)]
+        victim = rng.choice(saved or joiners)
         os.killpg(frozen.pid, signal.SIGSTOP)
         self.frozen.add(frozen.name)
         frozen_at = time.monotonic()
@@ -190,6 +194,10 @@ class Swarm:
             time.sleep(0.5)
         self.log(action="back", node=victim.name, step=victim.step())
         time.sleep(rng.uniform(*c.gap_s))
+
+    def has_checkpoint(self, node: NodeProcess) -> bool:
+        folder = self.folder / f"ckpt_{self.nodes.index(node)}"
+        return any(folder.glob("step_*"))
 
     @staticmethod
     def steps_logged(node: NodeProcess) -> int:
