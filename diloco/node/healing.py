@@ -53,6 +53,9 @@ VOUCH_POLL = 0.5
 JOIN_RETRY = 2.0
 """Seconds between a joiner's attempts to find and download a vouched state."""
 MAX_DONORS_TRIED = 8
+VERIFY_AFTER = 2.0
+"""Seconds after a fragment's version moved (a round applied) before checking it against
+the swarm: its members publish their vouches right after applying it."""
 """Donors one download tries in turn before the check gives up until the next one."""
 
 Mine = Mapping[int, tuple[int, str]]
@@ -266,6 +269,11 @@ class Healer:
         self.checked_at = 0.0
         self.future: Future[OuterState | None] | None = None
         self.healed_fragments = 0
+        self.seen_versions = self.versions()
+        self.verify_at: dict[int, float] = {}
+        """Fragment -> when to check it once: its version moved. A round that succeeds can
+        still leave us apart from its other members when we entered it from another
+        state (a split at the previous round: the chaos run, issue 12)."""
 
     @property
     def sync_every(self) -> int:
@@ -425,6 +433,9 @@ class Healer:
         checked again every ``HEAL_CHECK_EVERY`` seconds until a check finds it in line.
         Before, such a fragment waited for the next ``H``-step check, which falls on
         fragment 0's send step: a joiner could stay diverged on it for the whole run.
+        A fragment whose version moved (a round applied) is checked once ``VERIFY_AFTER``
+        seconds later: members that entered the round from different states leave it with
+        different states, all of them "successful".
         """
         t = self.trainer
         for key in failed:
@@ -433,13 +444,21 @@ class Healer:
             self._apply_check(self.future)
             self.future = None
         H = self.sync_every
-        self.suspects = open_suspects(self.suspects, self.versions(), t.step, H)
+        now, versions = time.monotonic(), self.versions()
+        for p, (before, after) in enumerate(zip(self.seen_versions, versions, strict=True)):
+            if after > before:
+                self.verify_at[p] = now + VERIFY_AFTER
+        self.seen_versions = versions
+        self.suspects = open_suspects(self.suspects, versions, t.step, H)
         periodic = t.step % H == 0
-        rested = time.monotonic() - self.checked_at > HEAL_CHECK_EVERY
-        recheck = set(self.suspects) | self.diverged
+        rested = now - self.checked_at > HEAL_CHECK_EVERY
+        due = {p for p, at in self.verify_at.items() if at <= now}
+        recheck = set(self.suspects) | self.diverged | due
         if self.future is None and ((recheck and rested) or periodic):
-            self.checked_at = time.monotonic()
+            self.checked_at = now
             self.checking = list(range(len(self.numel))) if periodic else sorted(recheck)
+            for p in self.checking:
+                self.verify_at.pop(p, None)
             mine = {p: (s.version, s.sha256()) for p, s in enumerate(t.sync.states)}
             self.future = self.worker.submit(self.check_and_fetch, self.checking, mine, t.step)
 

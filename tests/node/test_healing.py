@@ -342,6 +342,36 @@ def test_healer_failed_round_makes_a_suspect_checked_without_waiting_for_h(corpu
     assert healer.suspects == {}
 
 
+def test_healer_checks_a_fragment_once_after_a_round_and_follows_the_majority(
+    corpus: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chaos run's split (issue 12): we applied round 1 of fragment 0 "successfully"
+    from another prior state than the round's other members, who vouch for another state
+    at version 1; the check after the round (not only after failures) heals us to theirs."""
+    monkeypatch.setattr("diloco.node.healing.VERIFY_AFTER", 0.0)
+    trainer = make_trainer(corpus)
+    trainer.step = 8  # not a multiple of H: no periodic check
+    served = donor_state(trainer, 8, 1)
+    majority = served.fragments[0].sha256()
+    others = initial_entries(trainer, skip=0)
+    swarm = FakeSwarm(
+        [record("donor", 8, (0, 1, majority), *others), record("x", 8, (0, 1, majority), *others)],
+        {"donor": served},
+        vouches_for(0, 1, majority, "donor", "x", "me"),
+    )
+    healer, events = make_healer(trainer, swarm)
+    healer.maybe_heal([])
+    assert healer.future is None  # nothing moved, nothing failed: no check
+    mine = trainer.sync.states[0]
+    mine.outer.add_(0.25)  # our round result, from our own prior state
+    mine.version = 1
+    healer.maybe_heal([])
+    assert healer.checking == [0]
+    assert finish_check(healer, swarm) == [([0], ["donor"])]
+    assert trainer.sync.states[0].sha256() == majority
+    assert events == [{"event": "healed", "step": 8, "fragments": [0]}]
+
+
 def test_healer_lagging_node_skips_to_its_anchors_step_before_any_vouch(corpus: Any) -> None:
     trainer = make_trainer(corpus)
     trainer.step = 12

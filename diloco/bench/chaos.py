@@ -1,0 +1,341 @@
+"""Chaos run (issue 12): real node processes, killed and frozen at random; what survives?
+
+The swarm: ``diloco-node start`` (node ``a``) and ``nodes - 1`` joiners on loopback, each
+with its own checkpoint folder, data seed and loopback address. After every node has made
+its first checkpoint, the controller runs ``cycles`` fault cycles (all choices from one
+seeded ``random.Random``):
+
+1. *freeze*: SIGSTOP a random node's whole session (node, DHT process, p2pd: a machine
+   that stalls) for ``freeze_s``, longer than a round's deadline (matchmaking window plus
+   round timeout), then SIGCONT;
+2. meanwhile *kill*: SIGKILL a random other joiner's node process alone (as the OOM killer
+   does), either at a random moment or, every other cycle, right after it logs a send step
+   of the schedule (SPEC 2.3: a round of its is then being matched or reduced: mid-round);
+   after a random downtime it is started again with ``--resume`` (same checkpoint folder)
+   and the addresses of the nodes then running as initial peers.
+
+The creator ``a`` is frozen but never killed: a restarted ``start`` node has no peers to
+bootstrap from. Then every node trains to the end. Recorded from the nodes' ``--metrics-out``
+lines: rounds attempted / applied / failed, heals, non-finite losses, the outer state hash of
+every (fragment, round) per node, final eval losses; from the processes: incarnations that
+exited unasked (crashed), nodes whose step stood still ``hang_s`` while not frozen (hung),
+helper processes left in a killed node's session (orphans). ``faults=False`` runs the same
+swarm without the controller: the fault-free reference.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import signal
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from diloco.bench.procs import NodeProcess
+
+
+@dataclass(kw_only=True, slots=True)
+class ChaosConfig:
+    """One chaos (or fault-free) run."""
+
+    nodes: int = 6
+    steps: int = 600
+    sync_every: int = 30
+    """H of the run."""
+    cycles: int = 3
+    """Fault cycles (one freeze and one kill with restart each)."""
+    seed: int = 0
+    faults: bool = True
+    matchmaking_window: float = 2.0
+    round_timeout: float = 10.0
+    freeze_margin_s: float = 3.0
+    """A freeze lasts matchmaking_window + round_timeout + this."""
+    checkpoint_every: int = 20
+    downtime_s: tuple[float, float] = (1.0, 4.0)
+    gap_s: tuple[float, float] = (2.0, 6.0)
+    hang_s: float = 180.0
+    """A running, unfrozen node whose step stands still this long is hung."""
+    faults_until: float = 0.75
+    """No fault starts after the leading node passed this share of the steps."""
+    extra_args: tuple[str, ...] = ("--seq-len", "32", "--batch-size", "4", "--threads", "1")
+
+    @property
+    def freeze_s(self) -> float:
+        return self.matchmaking_window + self.round_timeout + self.freeze_margin_s
+
+
+class Swarm:
+    """The node processes of one run and what the controller did to them."""
+
+    def __init__(self, config: ChaosConfig, folder: Path) -> None:
+        self.config = config
+        self.folder = folder
+        self.nodes: list[NodeProcess] = []
+        self.frozen: set[str] = set()
+        self.asked: set[int] = set()
+        """PIDs the controller killed: their exit is no crash."""
+        self.events: list[dict[str, Any]] = []
+        self.crashed: list[dict[str, Any]] = []
+        self.hung: list[str] = []
+        self.orphans: list[dict[str, Any]] = []
+        self.start = time.monotonic()
+
+    def args(self, i: int, resume: bool = False) -> list[str]:
+        c = self.config
+        common = [
+            *c.extra_args,
+            "--data-seed", str(i),
+            "--listen", f"/ip4/127.0.0.{2 + i}/tcp/0",
+            "--checkpoint-dir", str(self.folder / f"ckpt_{i}"),
+            "--checkpoint-every", str(c.checkpoint_every),
+            "--matchmaking-window", str(c.matchmaking_window),
+            "--round-timeout", str(c.round_timeout),
+            "--log-every", "50",
+            *(["--resume"] if resume else []),
+        ]  # fmt: skip
+        if i == 0:
+            return ["start", "--name", "chaos", "--steps", str(c.steps),
+                    "--H", str(c.sync_every), *common]  # fmt: skip
+        peers = [
+            address
+            for n in self.nodes
+            if n.alive() and n.name not in self.frozen and (address := n.printed_address())
+        ]
+        return ["join", "--initial-peers", " ".join(peers), *common]
+
+    def launch(self) -> None:
+        """The creator first; the joiners at once, all bootstrapping from it."""
+        self.nodes.append(NodeProcess("a", self.args(0), self.folder))
+        self.nodes[0].address()
+        joiners = [self.args(i) for i in range(1, self.config.nodes)]
+        for i, args in enumerate(joiners, start=1):
+            self.nodes.append(NodeProcess(chr(ord("a") + i), args, self.folder))
+        for node in self.nodes:
+            node.address()
+
+    def log(self, **event: Any) -> None:
+        self.events.append({"t": round(time.monotonic() - self.start, 2), **event})
+
+    def check(self) -> None:
+        """Record incarnations that exited unasked with an error."""
+        for node in self.nodes:
+            code = node.process.poll()
+            if code not in (None, 0) and node.pid not in self.asked:
+                self.crashed.append({"node": node.name, "code": code, "step": node.step()})
+                self.asked.add(node.pid)
+
+    def wait_all(self, ready: Callable[[NodeProcess], bool], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not all(ready(n) for n in self.nodes):
+            self.check()
+            if time.monotonic() > deadline or self.crashed:
+                raise TimeoutError(f"nodes not ready: {[(n.name, n.step()) for n in self.nodes]}")
+            time.sleep(0.5)
+
+    def send_steps(self, node: NodeProcess) -> set[int]:
+        """The steps at which some fragment sends (SPEC 2.3: t_p + kH, k >= 1)."""
+        config = next(r for r in node.records() if r.get("event") == "config")
+        h, f = int(config["sync_every"]), int(config["num_fragments"])
+        return {
+            (p * h) // f + k * h for p in range(f) for k in range(1, self.config.steps // h + 1)
+        }
+
+    def kill(self, node: NodeProcess, mid_round: bool) -> None:
+        """SIGKILL the node process alone; mid-round: right after it logs a send step."""
+        if mid_round:
+            sends, deadline = self.send_steps(node), time.monotonic() + 60
+            while node.step() not in sends and time.monotonic() < deadline and node.alive():
+                time.sleep(0.02)
+        step = node.step()
+        self.asked.add(node.pid)
+        node.process.kill()
+        node.process.wait(10)
+        saved = self.has_checkpoint(node)
+        self.log(action="kill", node=node.name, step=step, mid_round=mid_round, saved=saved)
+
+    def cycle(self, rng: random.Random, n: int) -> None:
+        """One freeze of a random node and, meanwhile, a kill and restart of another."""
+        c = self.config
+        running = [x for x in self.nodes if x.alive()]
+        frozen = rng.choice(running)
+        joiners = [x for x in running if x is not frozen and x.name != "a"]
+        # a node with a checkpoint, when there is one: then --resume has something to resume
+        saved = [x for x in joiners if self.has_checkpoint(x)]
+        victim = rng.choice(saved or joiners)
+        os.killpg(frozen.pid, signal.SIGSTOP)
+        self.frozen.add(frozen.name)
+        frozen_at = time.monotonic()
+        self.log(action="freeze", node=frozen.name, step=frozen.step(), seconds=c.freeze_s)
+        time.sleep(rng.uniform(0.0, 2.0))
+        session = victim.pid
+        self.kill(victim, mid_round=n % 2 == 0)
+        time.sleep(rng.uniform(*c.downtime_s))
+        if left := in_session(session):
+            self.orphans.append({"node": victim.name, "pids": left})
+        steps_before = self.steps_logged(victim)
+        victim.restart(self.args(self.nodes.index(victim), resume=True))
+        self.log(action="restart", node=victim.name)
+        time.sleep(max(0.0, frozen_at + c.freeze_s - time.monotonic()))
+        os.killpg(frozen.pid, signal.SIGCONT)
+        self.frozen.discard(frozen.name)
+        self.log(action="thaw", node=frozen.name, step=frozen.step())
+        # The next faults wait for the restarted node to train again (its start takes
+        # seconds to a minute on a busy machine); one that never does is hung.
+        deadline = time.monotonic() + c.hang_s
+        while self.steps_logged(victim) == steps_before and victim.alive():
+            if time.monotonic() > deadline:
+                self.hang(victim)
+                break
+            time.sleep(0.5)
+        self.log(action="back", node=victim.name, step=victim.step())
+        time.sleep(rng.uniform(*c.gap_s))
+
+    def has_checkpoint(self, node: NodeProcess) -> bool:
+        folder = self.folder / f"ckpt_{self.nodes.index(node)}"
+        return any(folder.glob("step_*"))
+
+    @staticmethod
+    def steps_logged(node: NodeProcess) -> int:
+        return sum(r.get("event") == "step" for r in node.records())
+
+    def finish(self, timeout: float) -> None:
+        """Wait for every node to end; one whose step stands still ``hang_s`` is hung."""
+        last: dict[str, tuple[int, float]] = {}
+        deadline = time.monotonic() + timeout
+        while any(n.alive() for n in self.nodes) and time.monotonic() < deadline:
+            self.check()
+            now = time.monotonic()
+            for node in self.nodes:
+                step = node.step()
+                if last.get(node.name, (None,))[0] != step:
+                    last[node.name] = (step, now)
+                elif node.alive() and now - last[node.name][1] > self.config.hang_s:
+                    self.hang(node)
+            time.sleep(1.0)
+        for node in self.nodes:
+            if node.alive():
+                self.hang(node)
+        self.check()
+
+    def hang(self, node: NodeProcess) -> None:
+        self.hung.append(node.name)
+        self.asked.add(node.pid)
+        node.kill_group()
+
+    def cleanup(self) -> None:
+        for node in self.nodes:
+            if node.alive():
+                self.asked.add(node.pid)
+                node.kill_group()
+
+
+def in_session(session: int) -> list[int]:
+    """Running processes of a session (a killed node's DHT process, p2pd...)."""
+    left = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] not in "ZX" and fields[3] == str(session):
+            left.append(int(entry.name))
+    return left
+
+
+def finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def tally(swarm: Swarm) -> dict[str, Any]:
+    """What the nodes' metrics lines and the controller recorded."""
+    steps = swarm.config.steps
+    per_node: dict[str, Any] = {}
+    hashes: dict[tuple[int, int], dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    non_finite = []
+    for node in swarm.nodes:
+        records = node.records()
+        kinds = [r.get("event") for r in records]
+        summary = next((r for r in reversed(records) if r.get("event") == "summary"), None)
+        for r in records:
+            if r.get("event") == "round":
+                hashes[(r["fragment"], r["round"])][node.name].add(r["outer_sha256"])
+            for key in ("loss", "eval_loss", "loss_outer"):
+                if key in r and not finite(r[key]):
+                    non_finite.append({"node": node.name, "event": r.get("event"), key: r[key]})
+        per_node[node.name] = {
+            "rounds_applied": kinds.count("round"),
+            "rounds_failed": kinds.count("round_failed"),
+            "heals": kinds.count("healed"),
+            "caught_up": kinds.count("caught_up"),
+            "final_step": summary["step"] if summary else node.step(),
+            "reached_end": bool(summary and summary["step"] == steps and not summary["interrupted"])
+            and node.process.returncode == 0,
+            "eval_loss": summary["eval_loss"] if summary else None,
+            "exit_code": node.process.returncode,
+            "outer_sha256": summary.get("outer_sha256") if summary else None,
+        }
+    shared = {k: v for k, v in hashes.items() if len(v) >= 2}
+    mismatched = {
+        f"{k[0]}/{k[1]}": {name: sorted(h) for name, h in v.items()}
+        for k, v in sorted(shared.items())
+        if len(set().union(*v.values())) > 1
+    }
+    finals = {name: n.pop("outer_sha256") for name, n in per_node.items()}
+    final_split = [
+        p
+        for p in range(max((len(h) for h in finals.values() if h), default=0))
+        if len({tuple(h)[p] for h in finals.values() if h}) > 1
+    ]
+    losses = [n["eval_loss"] for n in per_node.values() if finite(n["eval_loss"])]
+    return {
+        "config": asdict(swarm.config),
+        "events": swarm.events,
+        "nodes": per_node,
+        "rounds_attempted": sum(
+            n["rounds_applied"] + n["rounds_failed"] for n in per_node.values()
+        ),
+        "rounds_applied": sum(n["rounds_applied"] for n in per_node.values()),
+        "rounds_failed": sum(n["rounds_failed"] for n in per_node.values()),
+        "heals": sum(n["heals"] for n in per_node.values()),
+        "kills": sum(e["action"] == "kill" for e in swarm.events),
+        "kills_mid_round": sum(e["action"] == "kill" and e["mid_round"] for e in swarm.events),
+        "freezes": sum(e["action"] == "freeze" for e in swarm.events),
+        "crashed": swarm.crashed,
+        "hung": swarm.hung,
+        "orphans": swarm.orphans,
+        "non_finite": non_finite,
+        "shared_rounds": len(shared),
+        "mismatched_rounds": mismatched,
+        "final_split_fragments": final_split,
+        "all_reached_end": all(n["reached_end"] for n in per_node.values()),
+        "eval_loss_mean": sum(losses) / len(losses) if losses else None,
+        "seconds": round(time.monotonic() - swarm.start, 1),
+    }
+
+
+def run_chaos(config: ChaosConfig, folder: Path, timeout: float = 3600.0) -> dict[str, Any]:
+    """Run the swarm (with the controller if ``config.faults``) to its end; the tally."""
+    folder.mkdir(parents=True, exist_ok=True)
+    swarm = Swarm(config, folder)
+    rng = random.Random(config.seed)
+    try:
+        swarm.launch()
+        first = config.checkpoint_every + 1
+        swarm.wait_all(lambda n: n.step() >= first, timeout=timeout / 4)
+        n = 0
+        while config.faults and n < config.cycles:
+            if max(x.step() for x in swarm.nodes) > config.faults_until * config.steps:
+                break
+            swarm.cycle(rng, n)
+            n += 1
+        swarm.finish(timeout=timeout)
+    finally:
+        swarm.cleanup()
+    return tally(swarm)
