@@ -48,6 +48,8 @@ class BenchConfig:
     numel: int = 10_000_000
     codec: str = "e3m0"
     compare_hivemind: bool = False
+    unverified: bool = False
+    """Ours without signatures and checks of the reducers (what they cost is the difference)."""
     bandwidth_mbit: float | None = None
     """Per-link rate limit in Mbit/s (each direction); None: plain loopback."""
     matchmaking_window: float = 2.0
@@ -103,6 +105,8 @@ def exact_mean(num_peers: int, round_: int, numel: int) -> torch.Tensor:
 def run_allreduce_bench(config: BenchConfig) -> BenchResult:
     """Run the benchmark; always tears down processes and network namespaces."""
     implementation = "hivemind-fp16" if config.compare_hivemind else f"diloco-{config.codec}"
+    if config.unverified and not config.compare_hivemind:
+        implementation += "-unverified"
     result = BenchResult(implementation, asdict(config))
     sockets_before = set(glob.glob(_SOCKETS))
     with _network(config) as namespaces, _remove_stale_sockets(sockets_before):
@@ -288,7 +292,11 @@ class _DilocoPeer:
             connect_timeout=10.0,
         )
         self.reducer = SwarmReducer(
-            self.swarm, get_codec(config.codec), timeouts=timeouts, target_group_size=config.peers
+            self.swarm,
+            get_codec(config.codec),
+            timeouts=timeouts,
+            target_group_size=config.peers,
+            verify=not config.unverified,
         )
         self.maddrs = self.swarm.maddrs
         self.bytes_sent = self.bytes_received = 0

@@ -123,6 +123,11 @@ BENCH_FLAGS = Flags(
             "Run hivemind's DecentralizedAverager (fp16) instead.",
         ),
         Flag(
+            "--no-verify",
+            ("unverified",),
+            "Ours without signed chunks and checks of the reducers, to measure their cost.",
+        ),
+        Flag(
             "--bandwidth-mbit",
             ("bandwidth_mbit",),
             "Throttle each peer's link to this many Mbit/s (own network namespace; root only).",

@@ -148,6 +148,26 @@ class Codec(ABC):
             CodecError: if the payload is too short, names an unknown codec or another codec,
                 has the wrong length for its element count, or holds invalid body values.
         """
+        numel = self._checked_numel(data)
+        if numel == 0:
+            return torch.empty(0, dtype=torch.float32)
+        return self._decode_body(memoryview(data)[HEADER_BYTES:], numel)
+
+    def decoded_norm(self, data: bytes | bytearray | memoryview) -> float:
+        """The L2 norm of ``decode(data)``, summed in FP64 (to about ``1e-12`` relative,
+        whatever the order); codecs whose layout allows it get it without building the
+        values, several times faster than decoding.
+
+        Raises:
+            CodecError: as ``decode``.
+        """
+        numel = self._checked_numel(data)
+        if numel == 0:
+            return 0.0
+        return self._body_norm(memoryview(data)[HEADER_BYTES:], numel)
+
+    def _checked_numel(self, data: bytes | bytearray | memoryview) -> int:
+        """The element count of a payload of this codec whose length matches it."""
         header = Header.parse(data)
         if header.codec_id != self.codec_id:
             other = CodecId(header.codec_id).name.lower()
@@ -158,9 +178,7 @@ class Codec(ABC):
                 f"{self.name} payload of {header.numel} values must be {expected} bytes, "
                 f"got {len(data)}"
             )
-        if header.numel == 0:
-            return torch.empty(0, dtype=torch.float32)
-        return self._decode_body(memoryview(data)[HEADER_BYTES:], header.numel)
+        return header.numel
 
     def encoded_size(self, numel: int) -> int:
         """Exact payload size in bytes for ``numel`` values, header included."""
@@ -182,3 +200,7 @@ class Codec(ABC):
     @abstractmethod
     def _decode_body(self, body: memoryview, numel: int) -> torch.Tensor:
         """Values from a body whose length already matches ``numel`` (> 0)."""
+
+    def _body_norm(self, body: memoryview, numel: int) -> float:
+        """``decoded_norm`` of a checked body; the default decodes it."""
+        return float(torch.linalg.vector_norm(self._decode_body(body, numel), dtype=torch.float64))

@@ -1,9 +1,10 @@
 """The swarm protocol: DHT records, matchmaking, butterfly all-reduce, state transfer.
 
-Pure pieces (``partition``, ``aggregation``, ``reducer``, ``reduction``, ``agreement``,
-``grid``, ``staged``, ``run_id``, ``wire``, ``state_wire``, ``fragment_state``, ``limits``)
-import nothing of hivemind, so the in-process trainer can use them without starting it;
-``group`` and ``bans`` need only hivemind's ``PeerID``.
+Pure pieces (``partition``, ``aggregation``, ``reducer``, ``reduction``, ``norms``,
+``agreement``, ``verification``, ``grid``, ``staged``, ``run_id``, ``wire``, ``state_wire``,
+``check_wire``, ``fragment_state``, ``limits``) import nothing of hivemind, so the
+in-process trainer can use them without starting it; ``group`` and ``bans`` need only
+hivemind's ``PeerID``.
 
 Modules, one concern each (hivemind ``averaging/`` style)::
 
@@ -21,12 +22,18 @@ Modules, one concern each (hivemind ``averaging/`` style)::
     matchmaking     DHT declaration per round key run_id/frag{p}/round{k}, leader, GROUP
     aggregation     pure: how contributions combine (weight cap, norm clipping, the mean)
     reduction       pure core of a round: who sent what, who counts, average, assembly
+    norms           pure: the chunk and block norms reducers clip by, report and members check
     agreement       pure: whether a member applies a round, from the REPORTs (majority)
     grid            pure: bounded groups, members placed on a grid, the plan of stages
     staged          pure: the in-process reducer following a grid plan's stages
-    bans            offences per peer; repeated ones ban the peer for a while
-    part_server     reducer side of a round over streams (PART in, AVERAGED out)
-    allreduce       member side of a round over streams, reports; stream routing
+    verification    pure: sampled checks of reducers' parts, who lied in a dispute
+    bans            offences per peer; repeated ones (or one proven lie) ban the peer a while
+    check_wire      SEAL, CHECK_REQ / CHECK_RES, EVIDENCE_REQ / EVIDENCE bodies
+    signatures      what members sign in a round (seals, check answers), and checks
+    part_server     reducer side of a round over streams (PART in, AVERAGED out, evidence)
+    allreduce       member side of a round over streams, reports, checks
+    checking        the verification phase over streams: checks, answers, disputes, blame
+    routing         PART / REPORT / CHECK / EVIDENCE streams to their round
     fragment_state  FragmentState (outer params, momentum, version) and its one hash
     state_transfer  serve/fetch outer params + momentum, validated; caps, hashes per snapshot
     limits          pure caps on a server's streams: per peer, per-peer rate, in total

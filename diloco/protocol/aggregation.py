@@ -42,6 +42,8 @@ from dataclasses import dataclass
 
 import torch
 
+from diloco.protocol.norms import chunk_norm
+
 CLIP_FACTOR = 3.0
 """Default C. Measured on honest ``diloco-node local`` runs (benchmarks/RESULTS.md, "Trust";
 2 and 4 replicas, 2 seeds, 300 steps): a member's chunk norm reached at most 2.65 times the
@@ -69,14 +71,6 @@ def check_clip_factor(clip_factor: float) -> None:
         raise ValueError(f"clip_factor must be 0 (off) or >= 1, got {clip_factor!r}")
 
 
-def chunk_norm(values: torch.Tensor) -> float:
-    """L2 norm of one decoded chunk (FP32; in FP64 only when the FP32 sum overflows)."""
-    norm = float(torch.linalg.vector_norm(values))
-    if math.isinf(norm):
-        norm = float(torch.linalg.vector_norm(values, dtype=torch.float64))
-    return norm
-
-
 def clip_scales(norms: Sequence[float], clip_factor: float) -> tuple[float, ...]:
     """``min(1, C * ref / norm_i)`` per member, ``ref`` the lower median of ``norms``.
 
@@ -102,7 +96,10 @@ def weighted_mean(
     Each contribution is scaled by its normalised weight (times its clip scale, 1.0 when
     not clipped: an exact multiplication) before it is added, so a single member gets its
     own values back exactly, and every reducer of every transport performs the same float
-    operations in the same order.
+    operations in the same order. The product and the sum are two separate operations,
+    each rounded once on every CPU: ``add_(x, alpha=w)`` fuses them into one FMA where the
+    CPU has it (AVX2) and not elsewhere, and members that recompute a reducer's blocks
+    (``verification``) must get its bits on any machine, value by value.
     """
     total = float(sum(weights))
     if not parts or total <= 0:
@@ -110,7 +107,7 @@ def weighted_mean(
     scales = scales if scales is not None else (1.0,) * len(parts)
     acc = torch.zeros_like(parts[0], dtype=torch.float32)
     for part, weight, scale in zip(parts, weights, scales, strict=True):
-        acc.add_(part.to(torch.float32), alpha=float(weight) / total * scale)
+        acc.add_(part.to(torch.float32) * (float(weight) / total * scale))
     return acc
 
 
@@ -129,10 +126,22 @@ class Combined:
 
 
 def robust_mean(
-    parts: Sequence[torch.Tensor], weights: Sequence[float], clip_factor: float
+    parts: Sequence[torch.Tensor],
+    weights: Sequence[float],
+    clip_factor: float,
+    norms: Sequence[float] | None = None,
 ) -> Combined:
     """The combine step of one chunk: norm clipping against the lower median, then the
-    FP32 weighted mean in the given order (module docstring: rules, bound, cost)."""
-    norms = tuple(chunk_norm(part) for part in parts)
+    FP32 weighted mean in the given order (module docstring: rules, bound, cost).
+
+    ``norms`` are the parts' chunk norms (``norms.chunk_norm``; computed when None).
+    Reducers combine whole chunks; members that check them (``verification``) combine a
+    few blocks of ``parts`` with the reducer's signed norms of the whole chunks, and get
+    the same bits: every operation here is elementwise and rounded once on every CPU, and
+    all that depends on more than one value (the clip scales) depends on the chunk only
+    through ``norms``.
+    """
+    if norms is None:
+        norms = tuple(chunk_norm(part) for part in parts)
     scales = clip_scales(norms, clip_factor)
-    return Combined(weighted_mean(parts, weights, scales), norms, scales)
+    return Combined(weighted_mean(parts, weights, scales), tuple(norms), scales)

@@ -3,12 +3,12 @@
 Member ``j`` of a group of ``M`` reduces part ``j`` of the vector (``butterfly_parts``).
 Every member opens one stream per other reducer and streams its part there as consecutive
 chunks (``chunk_spans``), each encoded on its own (PART); on the same stream it reads back
-the reducer's averaged chunks (AVERAGED). A reducer decodes every contribution, accumulates
-the weighted mean in FP32 in group order (``weighted_mean``, the same float operations as
-``InProcessReducer``), encodes each averaged chunk once with the return codec and sends the
-same bytes, with the mask of members it counted, to every member; it uses the decoded bytes
-itself. So all members hold bit-identical parts. Chunks pipeline the two phases: chunk
-``c`` is averaged and on its way back while chunk ``c + 1`` is still arriving.
+the reducer's averaged chunks (AVERAGED). A reducer decodes every contribution, combines
+them (``aggregation.robust_mean``: capped weights, clipped norms, FP32 in group order, as
+``InProcessReducer``), encodes each averaged chunk once with the return codec and sends
+the same bytes, with the mask of members it counted and their norms, to every member; it
+uses the decoded bytes itself. So all members hold bit-identical parts. Chunks pipeline the
+two phases: chunk ``c`` is averaged and on its way back while chunk ``c + 1`` arrives.
 
 Faults and agreement (the rule every member applies):
 
@@ -37,22 +37,24 @@ Faults and agreement (the rule every member applies):
   ``report_timeout``, for the reports of the full contributors (members counted in every
   part it holds); ``agreement.decide`` says whether the round succeeds for it: its result
   must be the one a strict majority holds. If not, it raises ``RoundFailed`` and its outer
-  state stays unchanged. A dissenting member is logged; one that reported another result
-  against the majority, like a sender excluded for invalid input, commits an offence
-  (``bans``). ``RoundResult.members`` are the full contributors, identical on every
-  member because the masks travel with the parts.
+  state stays unchanged. A member that reported another result than the majority's, like
+  a sender excluded for invalid input, commits an offence (``bans``). ``RoundResult.
+  members`` are the full contributors, identical on every member (masks travel along).
 * In a butterfly every member is a reducer, so a member that dies before delivering its
   averaged part fails the round for all (SPEC 4 allows "all treat the round as failed");
   one that dies after delivering it, before its own contributions arrived, is simply not
   counted.
+* With an ``identity`` every part is sealed (signed once, ``SEAL``), and while the reports
+  are exchanged every member checks the parts it did not reduce (``checking``,
+  ``verification``): a reducer caught lying fails the round for the member that caught it;
+  a peer caught lying is banned (``bans``; a reducer's silence is an offence).
 * Residual risk (two generals): a report that is lost while its sender stays alive can
   leave that sender with a different outcome. The fragment state version and hash that
   every node publishes in its DHT record detect this (``records.divergent_peers``); the
   node then heals by state transfer (``Swarm.fetch_state``).
 
-This module (the member side) and ``part_server`` (the reducer side) move the bytes and
-keep the deadlines; what the bytes mean (who counts, the average, the assembled result,
-the verdict) is decided by the pure classes of ``reduction`` and by ``agreement.decide``.
+This module (member side) and ``part_server`` (reducer side) move the bytes and keep the
+deadlines; what the bytes mean is decided by the pure ``reduction`` and ``agreement``.
 Encoding and decoding run in the default executor so the event loop keeps serving streams.
 """
 
@@ -60,20 +62,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
-from collections.abc import Mapping
+import random
 
 import torch
 from hivemind.p2p import PeerID
 
 from diloco.codecs import Codec
 from diloco.errors import ProtocolError, RoundFailed
-from diloco.protocol.agreement import ANOTHER_RESULT, awaited_reports, check_report, decide
+from diloco.protocol.agreement import awaited_reports, check_report, decide
 from diloco.protocol.bans import BanList
+from diloco.protocol.check_wire import CheckRequest, Seal
+from diloco.protocol.checking import Checker, answer_check, blame, convict
 from diloco.protocol.group import GroupInfo, RoundTimeouts
+from diloco.protocol.identity import Identity
 from diloco.protocol.part_server import Deadlines, PartServer
-from diloco.protocol.reducer import RoundKey, RoundResult
+from diloco.protocol.reducer import RoundResult
 from diloco.protocol.reduction import Assembled, Assembly, AveragedPart, PartReducer, RoundPlan
+from diloco.protocol.signatures import sign_part, verify_averaged
 from diloco.protocol.streams import (
     TRANSPORT_ERRORS,
     StreamTransport,
@@ -82,11 +89,19 @@ from diloco.protocol.streams import (
     read_frame,
     read_frame_header,
     stop_sending,
-    stream_handler,
     write_frame,
+)
+from diloco.protocol.verification import (
+    SAMPLES_PER_PART,
+    Judgement,
+    OwnContribution,
+    PartClaims,
+    draw_samples,
+    slices_alone,
 )
 from diloco.protocol.wire import (
     MAX_SMALL_BODY,
+    SIGNATURE_BYTES,
     Averaged,
     ByteCounter,
     Kind,
@@ -108,10 +123,14 @@ class AllReduceRunner:
 
     It moves bytes and keeps time; what the bytes mean is decided by ``AveragedPart``,
     ``self.assembly`` and ``agreement.decide``; ``self.server`` serves its own part.
-    ``server_type`` is the class that does (tests substitute faulty subclasses).
+    ``server_type`` is the class that does (tests substitute faulty subclasses). Without
+    an ``identity`` nothing is signed or checked (for measurements: every member of a
+    group must then run without). ``rng`` picks the blocks checked: private randomness.
     """
 
     server_type: type[PartServer] = PartServer
+    samples: int = SAMPLES_PER_PART
+    rng: random.Random = random.SystemRandom()
 
     def __init__(
         self,
@@ -127,14 +146,15 @@ class AllReduceRunner:
         max_weight: float,
         clip_factor: float,
         bans: BanList,
-        part_handler: str,
-        report_handler: str,
+        handlers: tuple[str, str, str, str],
+        identity: Identity | None = None,
     ) -> None:
         if codec.codec_id != group.codec_id or return_codec.codec_id != group.return_codec_id:
             raise ValueError("codecs differ from the group's")
         self.p2p, self.group, self.delta, self.timeouts = p2p, group, delta, timeouts
-        self.part_handler, self.report_handler = part_handler, report_handler
-        self.bans = bans
+        self.part_handler, self.report_handler = handlers[:2]
+        self.check_handlers = handlers[2:]
+        self.identity, self.bans = identity, bans
         self.index = group.index(p2p.peer_id)
         self.num_members = len(group.members)
         self.plan = RoundPlan.build(
@@ -150,6 +170,15 @@ class AllReduceRunner:
             clip_factor=clip_factor,
         )
         self.assembly = Assembly(self.plan)
+        checked = identity is not None and slices_alone(return_codec)
+        self.own = OwnContribution(self.plan, delta) if checked else None
+        """What this member sent, for checks; None when nothing is checked."""
+        self.claims: dict[int, PartClaims] = {}
+        self._sent: dict[tuple[int, int], tuple[bytes, bytes]] = {}
+        """Payload and sha256 of every chunk sent, by (part, chunk)."""
+        self._recorded = asyncio.Event()
+        self._recording: asyncio.Task[None] | None = None
+        self._asked: dict[int, int] = {}
         self.counter = ByteCounter()
         loop = asyncio.get_running_loop()
         self._t0 = loop.time()
@@ -166,6 +195,7 @@ class AllReduceRunner:
             counter=self.counter,
             own_chunks=self._own_chunks,
             assembly=self.assembly,
+            identity=identity,
             bans=bans,
         )
         self._reports: dict[int, Report] = {}
@@ -188,9 +218,8 @@ class AllReduceRunner:
         ]
         try:
             for c, future in enumerate(self._own_chunks):
-                own = await loop.run_in_executor(
-                    None, self.plan.through_codec, self.delta, self.index, c
-                )
+                own = await loop.run_in_executor(None, self._own_chunk, c)
+                self._touch_recorded()
                 future.set_result(own)
             encoded = loop.time()
             await reduce_task
@@ -202,25 +231,40 @@ class AllReduceRunner:
                 task.cancel()
         assembled = self.assembly.result()
         assembled_at = loop.time()
-        await self._exchange_reports(assembled)
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(
-                self.server.idle.wait(), max(0.0, self.deadlines.report - loop.time())
+        self.assembly.clear()  # what stays of the round is what its checks need
+        self._own_chunks.clear()
+        self._recording = asyncio.create_task(self._record_sent())
+        checks = self._start_checks(assembled)  # alongside the reports: one phase, not two
+        try:
+            await self._exchange_reports(assembled)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(
+                    self.server.idle.wait(), max(0.0, self.deadlines.report - loop.time())
+                )
+            agreed = loop.time()
+            verdict = decide(
+                self.index, assembled.held, assembled.digest, assembled.full, self._reports
             )
+            blame(self.group, verdict.dissent, verdict.accepted, self.bans)
+            if not verdict.accepted:
+                raise RoundFailed(key.fragment, key.round, verdict.reason)
+            judgements = await checks if checks is not None else {}
+        finally:
+            if checks is not None:
+                checks.cancel()
         logger.info(
-            "round %s: encoded %.3fs, own part averaged %.3fs, all parts %.3fs, agreed %.3fs",
+            "round %s: encoded %.3fs, own part averaged %.3fs, all parts %.3fs, agreed %.3fs, "
+            "checked %.3fs",
             key,
             encoded - self._t0,
             reduced - self._t0,
             assembled_at - self._t0,
+            agreed - self._t0,
             loop.time() - self._t0,
         )
-        verdict = decide(
-            self.index, assembled.held, assembled.digest, assembled.full, self._reports
-        )
-        self._blame(verdict.dissent, verdict.accepted)
-        if not verdict.accepted:
-            raise RoundFailed(key.fragment, key.round, verdict.reason)
+        failed = convict(self.group, judgements, self.bans)
+        if failed:
+            raise RoundFailed(key.fragment, key.round, failed)
         return RoundResult(
             delta=assembled.delta,
             members=tuple(n for n, ok in zip(self.group.names, assembled.full, strict=True) if ok),
@@ -233,6 +277,51 @@ class AllReduceRunner:
         """Payload of chunk ``c`` of part ``j`` (sent to reducer ``j``)."""
         a, b = self.plan.chunks[j][c]
         return self.plan.codec.encode(self.delta[a:b].contiguous())
+
+    def _own_chunk(self, c: int) -> torch.Tensor:
+        """Chunk ``c`` of this member's own part as its reducer (itself) uses it."""
+        a, b = self.plan.chunks[self.index][c]
+        payload = self.plan.codec.encode(self.delta[a:b].contiguous())
+        values = self.plan.codec.decode(payload)
+        if self.own is not None:
+            self.own.record(self.index, c, payload, values)
+        return values
+
+    def _part_frame(self, j: int, c: int) -> tuple[bytes, bytes]:
+        """Head and payload of chunk ``c`` of part ``j`` (in an executor). Encoded once:
+        a stream opened again after a cut resends the same bytes, which the seal covers."""
+        if (j, c) not in self._sent:
+            payload = self._encode_chunk(j, c)
+            self._sent[(j, c)] = (payload, hashlib.sha256(payload).digest())
+        return self._part_head(j, c).serialize(), self._sent[(j, c)][0]
+
+    async def _record_sent(self) -> None:
+        """Record the chunks sent for the checks, once the gather is over: their norms are
+        work that would otherwise slow the reduction down (answers wait for them)."""
+        sent, self._sent = self._sent, {}
+        if self.own is not None:
+            own = self.own
+            chunks = [(j, c, payload) for (j, c), (payload, _) in sent.items()]
+            await asyncio.get_running_loop().run_in_executor(None, own.record_all, chunks)
+            self._touch_recorded()
+
+    def stop_answering(self) -> None:
+        """Drop what answering checks needs (the delta): every member's checks are over."""
+        self.own = None
+        self.delta = torch.empty(0)
+
+    def _seal(self, j: int) -> bytes:
+        """The SEAL of this member's chunks of part ``j`` (all of them sent)."""
+        head = self.plan.seal_head(j)
+        if self.identity is None:
+            return Seal(head, bytes(SIGNATURE_BYTES)).serialize()
+        hashes = [self._sent[(j, c)][1] for c in range(len(self.plan.chunks[j]))]
+        return Seal(head, sign_part(self.identity, head, hashes)).serialize()
+
+    def _touch_recorded(self) -> None:
+        """Wake ``answer_check``: another chunk was recorded."""
+        recorded, self._recorded = self._recorded, asyncio.Event()
+        recorded.set()
 
     def _part_head(self, j: int, c: int) -> PartHead:
         return self.plan.head(j, c)
@@ -261,6 +350,8 @@ class AllReduceRunner:
             else:
                 assert part.mask is not None
                 self.assembly.add(j, part.mask, torch.cat(part.values), part.digest())
+                claims = PartClaims(part.mask, tuple(part.norms), tuple(part.block_norms))
+                self.claims[j] = claims
                 return
         logger.warning("round %s: part %d from %s missing: %r", self.group.key, j, peer, reason)
 
@@ -272,9 +363,9 @@ class AllReduceRunner:
 
         async def send() -> None:
             for c in range(len(self.plan.chunks[j])):
-                payload = await loop.run_in_executor(None, self._encode_chunk, j, c)
-                head = self._part_head(j, c).serialize()
-                await write_frame(writer, Kind.PART, head, payload, counter=self.counter)
+                frame = await loop.run_in_executor(None, self._part_frame, j, c)
+                await write_frame(writer, Kind.PART, *frame, counter=self.counter)
+            await write_frame(writer, Kind.SEAL, self._seal(j), counter=self.counter)
 
         sending = asyncio.create_task(send())
         try:
@@ -289,24 +380,59 @@ class AllReduceRunner:
                     raise ProtocolError(
                         f"{frame.kind.name} of {frame.body_len} bytes, expected {expected}"
                     )
-                msg = Averaged.parse(await read_body(reader, frame.body_len, self.counter))
+                body = await read_body(reader, frame.body_len, self.counter)
+                msg = Averaged.parse(body)
                 part.check(c, msg)
                 values = await loop.run_in_executor(None, part.decode, c, msg.payload)
-                part.add(c, msg, values)
+                part.add(c, msg, values, body)
+            _, body = await read_frame(reader, (Kind.SEAL,), Seal.SIZE, self.counter)
+            seal = Seal.parse(body)
+            if seal.head != self.plan.seal_head(j):
+                raise ProtocolError("SEAL of another part")
+            if self.identity is not None:
+                args = (self.group.names[j], seal.head, part.digest(), seal.signature)
+                await loop.run_in_executor(None, verify_averaged, *args)
             return part
         finally:
             stop_sending(sending)
             writer.close()
 
-    def _blame(self, dissent: Mapping[int, str], accepted: bool) -> None:
-        """Log each dissenting member; with the majority behind this member's result, a
-        member that reported another one commits an offence."""
-        for i, how in dissent.items():
-            peer = self.group.members[i]
-            level = logging.WARNING if how == ANOTHER_RESULT else logging.INFO
-            logger.log(level, "round %s: member %d (%s) %s", self.group.key, i, peer, how)
-            if accepted and how == ANOTHER_RESULT:
-                self.bans.offend(peer, f"round {self.group.key}: {how}, not the majority's")
+    def _start_checks(self, assembled: Assembled) -> asyncio.Task[dict[int, Judgement]] | None:
+        """Start checking the parts of the other reducers, once all are held (``checking``)."""
+        if self.own is None or not all(assembled.held):
+            return None
+        samples = draw_samples(self.plan, self.claims, assembled.delta, self.samples, self.rng)
+        checker = Checker(
+            p2p=self.p2p,
+            group=self.group,
+            plan=self.plan,
+            own=self.own,
+            deadlines=self.deadlines,
+            timeouts=self.timeouts,
+            handlers=self.check_handlers,
+            counter=self.counter,
+        )
+        return asyncio.create_task(checker.run(samples, self._recording))
+
+    async def answer_check(self, sender: PeerID, request: CheckRequest) -> Reject | bytes:
+        """This member's signed CHECK_RES to member ``sender`` (twice per round at most:
+        once more after a cut stream), or why not."""
+        if sender not in self.group.members or sender == self.p2p.peer_id:
+            return Reject(RejectCode.NOT_MEMBER, reason="not a member of this group")
+        i = self.group.index(sender)
+        self._asked[i] = self._asked.get(i, 0) + 1
+        if self.own is None or self.identity is None or self._asked[i] > 2:
+            return Reject(RejectCode.MISMATCH, reason="no checks here, or asked before")
+        answer = await answer_check(
+            sender=i,
+            request=request,
+            plan=self.plan,
+            own=self.own,
+            identity=self.identity,
+            recorded=lambda: self._recorded,
+            deadline=self.deadlines.check,
+        )
+        return answer if isinstance(answer, Reject) else answer.serialize()
 
     def exclude(self, peer: PeerID, reason: str) -> None:
         """Stop waiting for ``peer``'s contribution (it broke the protocol elsewhere)."""
@@ -371,113 +497,3 @@ class AllReduceRunner:
         check_report(report, self.group.group_id, self.num_members)
         self._reports.setdefault(self.group.index(sender), report)
         self._report_arrived.set()
-
-
-class AllReduceService:
-    """Routes PART and REPORT streams to the round they belong to.
-
-    A round is registered (``expect``) before its node declares itself in matchmaking, so
-    a member that formed its group first and sends early is held until this node's group is
-    known (bounded by the matchmaking time), not refused.
-    """
-
-    def __init__(
-        self,
-        p2p: StreamTransport,
-        run_id: str,
-        digest: bytes,
-        timeouts: RoundTimeouts,
-        bans: BanList,
-    ) -> None:
-        self.p2p, self.digest, self.timeouts, self.bans = p2p, digest, timeouts, bans
-        self.part_handler = f"/diloco/{run_id}/part/1"
-        self.report_handler = f"/diloco/{run_id}/report/1"
-        self._rounds: dict[RoundKey, asyncio.Future[AllReduceRunner]] = {}
-
-    async def start(self) -> None:
-        """Register both handlers on the shared P2P daemon."""
-        t = self.timeouts
-        waits = t.connect_timeout + t.matchmaking  # the first frame, then this node's group
-        part = stream_handler(
-            "PART",
-            self._serve_part,
-            timeout=waits + t.allreduce,
-            reply_timeout=t.reply_timeout,
-            admit=self.bans.admit,
-        )
-        report = stream_handler(
-            "REPORT",
-            self._serve_report,
-            timeout=waits + t.reply_timeout,
-            reply_timeout=t.reply_timeout,
-            admit=self.bans.admit,
-        )
-        await self.p2p.add_binary_stream_handler(self.part_handler, part)
-        await self.p2p.add_binary_stream_handler(self.report_handler, report)
-
-    def expect(self, key: RoundKey) -> asyncio.Future[AllReduceRunner]:
-        """Open the slot of round ``key``; resolve it with the runner once the group is known."""
-        if key in self._rounds:
-            raise RoundFailed(key.fragment, key.round, "this round is already in flight")
-        future: asyncio.Future[AllReduceRunner] = asyncio.get_running_loop().create_future()
-        self._rounds[key] = future
-        return future
-
-    def finish(self, key: RoundKey) -> None:
-        """Close the slot of round ``key``; new streams for it are refused from now on."""
-        future = self._rounds.pop(key, None)
-        if future is not None and not future.done():
-            future.cancel()
-
-    async def _runner_for(
-        self, tag: RoundTag, group_id: bytes, sender: PeerID
-    ) -> AllReduceRunner | Reject:
-        future = self._rounds.get(RoundKey(tag.fragment, tag.round))
-        if tag.digest != self.digest:
-            if (
-                future is not None
-                and future.done()
-                and not future.cancelled()
-                and future.exception() is None
-            ):
-                future.result().exclude(sender, "message of another run")
-            return Reject(RejectCode.WRONG_RUN, reason="different run configuration")
-        if future is None:
-            return Reject(RejectCode.UNKNOWN_ROUND, reason="round not in flight here")
-        await asyncio.wait({future}, timeout=self.timeouts.matchmaking)
-        if not future.done() or future.cancelled() or future.exception() is not None:
-            return Reject(RejectCode.UNKNOWN_ROUND, reason="no group for this round here")
-        runner = future.result()
-        if runner.group.group_id != group_id:
-            return Reject(RejectCode.NOT_MEMBER, reason="another group")
-        return runner
-
-    async def _serve_part(
-        self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> Reject | None:
-        connect = self.timeouts.connect_timeout
-        frame = await asyncio.wait_for(read_frame_header(reader), connect)
-        if frame.kind != Kind.PART or frame.body_len < PartHead.SIZE:
-            raise ProtocolError(f"{frame.kind.name} of {frame.body_len} bytes on the part stream")
-        head = PartHead.parse(await asyncio.wait_for(read_body(reader, PartHead.SIZE), connect))
-        runner = await self._runner_for(head.tag, head.group_id, peer)
-        if isinstance(runner, Reject):
-            return runner
-        return await runner.server.accept_part(peer, frame, head, reader, writer)
-
-    async def _serve_report(
-        self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> Reject | None:
-        t = self.timeouts
-        _, body = await asyncio.wait_for(read_frame(reader, (Kind.REPORT,)), t.connect_timeout)
-        report = Report.parse(body)
-        runner = await self._runner_for(report.tag, report.group_id, peer)
-        if isinstance(runner, Reject):
-            return runner
-        runner.accept_report(peer, report)
-        await asyncio.wait_for(write_frame(writer, Kind.ACK), t.reply_timeout)
-        return None
-
-
-def _bad_part(reason: str) -> Reject:
-    return Reject(RejectCode.BAD_PART, reason=reason[:200])

@@ -2,8 +2,10 @@
 
 An *offence* is protocol evidence that a peer lied or sent what no honest peer sends: a
 contribution that fails validation, a REPORT of a result the majority did not assemble, a
-JOIN or GROUP that breaks the run's rules. Faults an honest peer also has (a timeout, a
-cut stream, a missing part) are not offences. ``BAN_OFFENCES`` offences within
+JOIN or GROUP that breaks the run's rules, a reducer that answers neither the checks
+of its part nor the dispute (how a lie would hide). Faults an honest peer also has (a
+timeout, a cut stream, a missing part) are not offences. A lie proven by the liar's own
+signatures (reducer verification) bans at once (``ban``). ``BAN_OFFENCES`` offences within
 ``BAN_WINDOW`` seconds ban the peer for ``BAN_SECONDS``: its streams are refused at
 admission (``streams.stream_handler``'s hook), leaders do not admit it to groups and
 followers drop it from their views. Bans and releases are logged with the peer id and the
@@ -11,8 +13,9 @@ offence.
 
 One ``BanList`` per node (``Swarm.bans``), shared by matchmaking, the all-reduce, state
 transfer and whoever else catches a peer lying (reducer verification, healing): its API is
-``offend(peer, reason)`` and ``banned(peer)``. Thread-safe: the swarm's loop and the
-node's threads both report. The clock is injectable, so the rules test without sleeping.
+``offend(peer, reason)``, ``ban(peer, reason)`` and ``banned(peer)``. Thread-safe: the
+swarm's loop and the node's threads both report. The clock is injectable, so the rules
+test without sleeping.
 """
 
 from __future__ import annotations
@@ -90,6 +93,19 @@ class BanList:
             reason,
         )
         return True
+
+    def ban(self, peer: PeerID, reason: str) -> None:
+        """Ban ``peer`` now, whatever its offences: it was caught in a lie that its own
+        signatures prove (``verification``), which no fault of an honest peer produces."""
+        now = self._clock()
+        with self._lock:
+            record = self._peers.setdefault(peer, _Record())
+            self._release_if_due(peer, record, now)
+            if record.banned_until is not None:
+                return
+            record.banned_until, record.reason = now + self.duration, reason
+            record.offences.clear()
+        logger.warning("banning %s for %.0f s: %s", peer, self.duration, reason)
 
     def banned(self, peer: PeerID) -> bool:
         """Whether ``peer`` is banned now (a ban that ran out is released and logged)."""

@@ -33,6 +33,9 @@ class RoundTimeouts:
     """How much longer a member waits for averaged parts after the reducers stopped waiting."""
     report_timeout: float = 3.0
     """How long a member waits for the others' reports once every part is due."""
+    verify_timeout: float = 5.0
+    """How long a member waits for the answers to its checks after the reports are due, and
+    as long again for a reducer's evidence in a dispute (``verification``)."""
     connect_timeout: float = 5.0
     """Opening one stream to a peer."""
 
@@ -43,6 +46,7 @@ class RoundTimeouts:
             "sender_timeout",
             "reducer_timeout",
             "report_timeout",
+            "verify_timeout",
             "connect_timeout",
         ):
             if not getattr(self, name) > 0:
@@ -64,6 +68,11 @@ class RoundTimeouts:
         return self.sender_timeout + self.reducer_timeout + self.report_timeout
 
     @property
+    def verification(self) -> float:
+        """Upper bound of the checks of a round and of a dispute after them."""
+        return 2 * self.verify_timeout
+
+    @property
     def reply_timeout(self) -> float:
         """Writing one small frame (ACK, REJECT, GROUP) to a stream that is open: bounded
         like opening one, a round trip at most."""
@@ -72,7 +81,7 @@ class RoundTimeouts:
     @property
     def total(self) -> float:
         """Upper bound of a whole round, with a second of slack for local work."""
-        return self.matchmaking + self.allreduce + 1.0
+        return self.matchmaking + self.allreduce + self.verification + 1.0
 
     def scaled(self, factor: float) -> RoundTimeouts:
         """Every timeout multiplied by ``factor`` (tests use one time unit)."""
@@ -82,6 +91,7 @@ class RoundTimeouts:
             sender_timeout=self.sender_timeout * factor,
             reducer_timeout=self.reducer_timeout * factor,
             report_timeout=self.report_timeout * factor,
+            verify_timeout=self.verify_timeout * factor,
             connect_timeout=self.connect_timeout * factor,
         )
 

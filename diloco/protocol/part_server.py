@@ -10,6 +10,13 @@ chunks it already delivered are skipped. An invalid or late chunk excludes its s
 which is told so (REJECT BAD_PART) and, for invalid input (not for being late), commits
 an offence (``bans``); a failed part is announced the same way. Contributions that
 clipping scaled down (``aggregation``) are logged.
+
+After its last chunk a sender seals its part (SEAL: its signature over the chunks'
+hashes) and after the last averaged chunk the reducer seals its own. With an ``identity``
+(verification on) a seal that does not verify makes the last chunk invalid (so a part is
+averaged only from sealed contributions), the reducer signs its seal, and the chunks
+counted are kept with their seals until the round is forgotten: ``serve_evidence`` shows
+them to a member that disputes the part (``verification``), once per member.
 """
 
 from __future__ import annotations
@@ -26,17 +33,30 @@ from hivemind.p2p import PeerID
 
 from diloco.errors import ProtocolError
 from diloco.protocol.bans import BanList
+from diloco.protocol.check_wire import Evidence, EvidenceRequest, Seal
 from diloco.protocol.group import GroupInfo, RoundTimeouts
-from diloco.protocol.reduction import Assembly, PartReducer
+from diloco.protocol.identity import Identity
+from diloco.protocol.reduction import Assembly, Chunk, PartReducer
+from diloco.protocol.signatures import sign_averaged, verify_part
 from diloco.protocol.streams import (
     TRANSPORT_ERRORS,
     read_body,
+    read_frame,
     read_frame_header,
     send_reject,
     stop_sending,
     write_frame,
 )
-from diloco.protocol.wire import ByteCounter, Frame, Kind, PartHead, Reject, RejectCode
+from diloco.protocol.wire import (
+    SIGNATURE_BYTES,
+    Averaged,
+    ByteCounter,
+    Frame,
+    Kind,
+    PartHead,
+    Reject,
+    RejectCode,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -51,12 +71,22 @@ class Deadlines:
     """Reducers stop waiting for chunks; members for averaged parts (``reducer_timeout``)."""
     report: float
     """Members stop waiting for reports (``report_timeout``)."""
+    check: float
+    """Members stop waiting for answers to their checks (``verify_timeout``)."""
+    dispute: float
+    """Members stop waiting for a reducer's evidence (``verify_timeout``)."""
+    forget: float
+    """The round's evidence is dropped: every member's dispute is over."""
 
     @classmethod
     def starting(cls, t0: float, timeouts: RoundTimeouts) -> Deadlines:
         gather = t0 + timeouts.sender_timeout
         part = gather + timeouts.reducer_timeout
-        return cls(gather, part, part + timeouts.report_timeout)
+        report = part + timeouts.report_timeout
+        check = report + timeouts.verify_timeout
+        dispute = check + timeouts.verify_timeout
+        # Members start their rounds up to a matchmaking apart.
+        return cls(gather, part, report, check, dispute, dispute + timeouts.matchmaking)
 
 
 class PartServer:
@@ -73,9 +103,11 @@ class PartServer:
         counter: ByteCounter,
         own_chunks: Sequence[asyncio.Future[torch.Tensor]],
         assembly: Assembly,
+        identity: Identity | None,
         bans: BanList,
     ) -> None:
-        self.reducer, self.group, self.me, self.bans = reducer, group, me, bans
+        self.reducer, self.group, self.me = reducer, group, me
+        self.identity, self.bans = identity, bans
         self.deadlines, self.timeouts, self.counter = deadlines, timeouts, counter
         self.own_chunks, self.assembly = own_chunks, assembly
         self.plan = reducer.plan
@@ -88,6 +120,7 @@ class PartServer:
         self.idle.set()
         self.delivered = 0
         """Members this reducer wrote its whole averaged part to so far."""
+        self._evidence_served: set[int] = set()
 
     def _touch(self) -> None:
         """Wake every ``_wait``: some state they look at changed."""
@@ -131,18 +164,27 @@ class PartServer:
                 self._touch()
                 logger.warning("round %s part %d failed: %s", key, index, reducer.failed)
                 return
-            values, weights = reducer.inputs(c, await self.own_chunks[c])
-            encoded, mean, clipped = await loop.run_in_executor(
-                None, reducer.average, values, weights
-            )
+            own = await self.own_chunks[c]
+            msg, mean, clipped = await loop.run_in_executor(None, self.average_chunk, c, own)
             if clipped:
-                members = [reducer.counted[i] for i in clipped]
-                logger.info("round %s part %d chunk %d: clipped members %s", key, index, c, members)
-            reducer.add_average(c, encoded)
+                logger.info("round %s part %d chunk %d: clipped members %s", key, index, c, clipped)
+            reducer.release(c)
+            reducer.add_average(c, msg)
             self._touch()
             decoded.append(mean)
         assert reducer.mask is not None
-        self.assembly.add(index, reducer.mask, torch.cat(decoded), reducer.digest())
+        digest = reducer.digest()
+        if self.identity is None:
+            reducer.seal = bytes(SIGNATURE_BYTES)
+        else:
+            reducer.seal = sign_averaged(self.identity, self.plan.seal_head(index), digest)
+        self._touch()
+        self.assembly.add(index, reducer.mask, torch.cat(decoded), digest)
+
+    def average_chunk(self, c: int, own: torch.Tensor) -> tuple[Averaged, torch.Tensor, list[int]]:
+        """Averaged chunk ``c``, its decoded values and the members clipped (runs in an
+        executor; ``PartReducer.average``)."""
+        return self.reducer.average(c, own)
 
     async def accept_part(
         self,
@@ -179,16 +221,18 @@ class PartServer:
             logger.warning("round %s: PART from non-member %s", self.group.key, sender)
             return Reject(RejectCode.NOT_MEMBER, reason="not a member of this group")
         j = self.group.index(sender)
-        if j in self.reducer.excluded:
-            return _bad_part(f"excluded: {self.reducer.excluded[j]}")
-        if j in self._live:
+        # A stream opened again after a cut may come before its reducer saw the cut.
+        if not await self._wait(lambda: j not in self._live, self.deadlines.part):
             logger.warning("round %s: second PART stream from member %d", self.group.key, j)
             return None
+        if j in self.reducer.excluded:
+            return _bad_part(f"excluded: {self.reducer.excluded[j]}")
         self._live.add(j)
         try:
             return await self._serve_member(j, frame, head, reader, writer)
         finally:
             self._live.discard(j)
+            self._touch()
 
     async def _serve_member(
         self,
@@ -229,6 +273,7 @@ class PartServer:
         """
         loop = asyncio.get_running_loop()
         reducer, index = self.reducer, self.plan.index
+        last: Chunk | None = None  # counted only once the seal over it verifies
         for c, (a, b) in enumerate(reducer.chunks):
             counting = reducer.counting(j, c)
             deadline = self.deadlines.gather if c == 0 and counting else self.deadlines.part
@@ -251,8 +296,27 @@ class PartServer:
             )
             if not counting or not reducer.wants(j, c):
                 continue  # late, or sent again after a cut: read to keep the stream flowing
-            values = await loop.run_in_executor(None, reducer.check_chunk, c, payload)
-            if reducer.add_chunk(j, c, values):
+            chunk = await loop.run_in_executor(None, reducer.check_chunk, c, payload)
+            if c == reducer.num_chunks - 1:
+                last = chunk
+            elif reducer.add_chunk(j, c, chunk):
+                self._touch()
+        _, body = await asyncio.wait_for(
+            read_frame(reader, (Kind.SEAL,), Seal.SIZE, self.counter),
+            max(0.0, self.deadlines.part - loop.time()),
+        )
+        seal = Seal.parse(body)
+        if seal.head != self.plan.seal_head(index):
+            raise ProtocolError("SEAL of another part")
+        if last is not None:
+            if self.identity is not None:
+                hashes = [*reducer.hashes(j), last.sha256]
+                sender = self.group.names[j]
+                await loop.run_in_executor(
+                    None, verify_part, sender, seal.head, hashes, seal.signature
+                )
+                reducer.seals[j] = seal.signature
+            if reducer.add_chunk(j, reducer.num_chunks - 1, last):
                 self._touch()
 
     async def _send_averages(self, j: int, writer: asyncio.StreamWriter) -> None:
@@ -265,11 +329,44 @@ class PartServer:
                 await send_reject(writer, _bad_part(reason), self.timeouts.reply_timeout)
                 writer.close()  # the member sees the part missing
                 return
-            msg = reducer.averaged_message(c)
+            msg = reducer.averaged[c]
             await write_frame(
                 writer, Kind.AVERAGED, msg.prefix(), msg.payload, counter=self.counter
             )
+        await self._wait(lambda: reducer.seal is not None, self.deadlines.part)
+        if reducer.seal is None:
+            return  # the member sees the part missing
+        seal = Seal(self.plan.seal_head(self.plan.index), reducer.seal)
+        await write_frame(writer, Kind.SEAL, seal.serialize(), counter=self.counter)
         self.delivered += 1
+
+    async def serve_evidence(
+        self, sender: PeerID, request: EvidenceRequest, writer: asyncio.StreamWriter
+    ) -> Reject | None:
+        """Show a member that disputes this part the signed chunks it asks for (once per
+        member and round), one EVIDENCE frame each; refuse what this reducer never counted."""
+        if sender not in self.group.members or sender == self.me:
+            return Reject(RejectCode.NOT_MEMBER, reason="not a member of this group")
+        i = self.group.index(sender)
+        reducer = self.reducer
+        if request.part != self.plan.index or i in self._evidence_served:
+            return Reject(RejectCode.MISMATCH, reason="not this reducer's part, or asked before")
+        held = [reducer.received.get(m, []) for m, _ in request.items]
+        if not all(
+            m in reducer.counted and c < len(h)
+            for (m, c), h in zip(request.items, held, strict=True)
+        ):
+            return Reject(RejectCode.MISMATCH, reason="asks for chunks this reducer did not count")
+        self._evidence_served.add(i)
+        logger.info("round %s: member %d disputes part %d", self.group.key, i, self.plan.index)
+        for (m, c), chunks in zip(request.items, held, strict=True):
+            hashes = tuple(chunk.sha256 for chunk in chunks)
+            seal = reducer.seals.get(m, bytes(SIGNATURE_BYTES))
+            prefix = Evidence(m, c, seal, hashes, chunks[c].payload).prefix()
+            await write_frame(
+                writer, Kind.EVIDENCE, prefix, chunks[c].payload, counter=self.counter
+            )
+        return None
 
     def exclude(self, j: int, reason: str) -> None:
         """Count nothing more from member ``j`` (logged once)."""

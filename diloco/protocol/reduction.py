@@ -7,21 +7,23 @@ feeds what arrives into these classes, which never touch a stream, a clock or a 
 
 * ``RoundPlan``: what every member derives alike from the group (parts, chunks, codecs)
   plus the norms of its own delta, the bound for what it accepts.
-* ``PartReducer``: the reducer side of this member's part: which chunks arrived from whom,
-  who is excluded and why, who counts once the gather closes, the combine step, and the
-  averaged chunk bytes.
+* ``PartReducer``: the reducer side of this member's part: which chunks arrived from whom
+  (kept with their hashes and their senders' seals: evidence for disputes), who is excluded
+  and why, who counts once the gather closes, the combine step
+  (``aggregation.robust_mean``), and the averaged chunks.
 * ``AveragedPart``: the member side of one reducer's part, one stream's worth: its AVERAGED
   chunks, validated in order.
 * ``Assembly``: the parts a member holds and the result, masks and digest they make.
 
-The agreement over REPORTs is in ``agreement``. Methods that decode or encode
-(``PartReducer.check_chunk``, ``PartReducer.average``, ``AveragedPart.decode``,
-``RoundPlan.through_codec``) read nothing that changes during a round, so the glue runs them
-in an executor; every other method is called on the event loop.
+The agreement over REPORTs is in ``agreement``, the checks of other reducers' parts in
+``verification``. Methods that decode or encode (``PartReducer.check_chunk``,
+``PartReducer.average``, ``AveragedPart.decode``) read nothing that changes while they run,
+so the glue runs them in an executor; every other method is called on the event loop.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from collections.abc import Sequence
@@ -32,13 +34,14 @@ import torch
 from diloco.codecs import Codec, CodecError
 from diloco.errors import ProtocolError
 from diloco.protocol.aggregation import cap_weights, check_clip_factor, robust_mean
+from diloco.protocol.norms import Span, block_norms, chunk_norm, num_blocks
 from diloco.protocol.partition import PART_ALIGN, butterfly_parts
-from diloco.protocol.wire import Averaged, Buffer, PartHead, RoundTag, pack_mask
+from diloco.protocol.wire import Averaged, Buffer, PartHead, RoundTag
 
 CHUNK_VALUES = 1 << 18
 """Values per chunk of a part (a multiple of ``PART_ALIGN``): 1 MiB as FP32, 136 KiB as E3M0."""
 
-Span = tuple[int, int]
+_RELEASED = torch.empty(0)
 
 
 def chunk_spans(lo: int, hi: int, chunk_values: int = CHUNK_VALUES) -> list[Span]:
@@ -67,16 +70,23 @@ def check_values(x: torch.Tensor, reference_norm: float, max_norm_ratio: float) 
         if not bool(torch.isfinite(x).all()):
             raise ProtocolError("values are not all finite")
         norm = float(torch.linalg.vector_norm(x, dtype=torch.float64))  # FP32 overflowed
+    check_norm(norm, reference_norm, max_norm_ratio)
+
+
+def check_norm(norm: float, reference_norm: float, max_norm_ratio: float) -> None:
+    """Raise ProtocolError unless ``norm`` is finite and within ``check_values``' bound."""
+    if not math.isfinite(norm):
+        raise ProtocolError("values are not all finite")
     if reference_norm > 0 and norm > max_norm_ratio * reference_norm:
         raise ProtocolError(f"norm {norm:.3g} > {max_norm_ratio:g} x own norm {reference_norm:.3g}")
 
 
-def part_digest(mask: Sequence[bool], payloads: Sequence[Buffer]) -> bytes:
-    """sha256 of one part as members compare it: the averaged payloads, then the mask."""
+def part_digest(bodies: Sequence[Buffer]) -> bytes:
+    """sha256 of one part as members compare it and its reducer seals it: its AVERAGED bodies
+    in chunk order (mask, norms and payload: what every member must hold alike)."""
     digest = hashlib.sha256()
-    for payload in payloads:
-        digest.update(payload)
-    digest.update(pack_mask(mask))
+    for body in bodies:
+        digest.update(body)
     return digest.digest()
 
 
@@ -149,10 +159,20 @@ class RoundPlan:
         """The head of chunk ``chunk`` of part ``part`` in this round (PART and AVERAGED)."""
         return PartHead(self.tag, self.group_id, part, chunk)
 
-    def through_codec(self, delta: torch.Tensor, part: int, chunk: int) -> torch.Tensor:
-        """A chunk of ``delta`` as its reducer will see it: encoded and decoded."""
-        a, b = self.chunks[part][chunk]
-        return self.codec.decode(self.codec.encode(delta[a:b].contiguous()))
+    def seal_head(self, part: int) -> PartHead:
+        """The head of the SEAL of part ``part``: its chunk field counts the chunks."""
+        return PartHead(self.tag, self.group_id, part, len(self.chunks[part]))
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """A member's checked chunk as its reducer keeps it: the decoded values and their norm,
+    and the bytes with their sha256 (what the sender's seal covers; evidence in disputes)."""
+
+    values: torch.Tensor
+    norm: float
+    payload: Buffer
+    sha256: bytes
 
 
 class PartReducer:
@@ -170,14 +190,18 @@ class PartReducer:
         self.plan = plan
         self.index = plan.index
         self.chunks = plan.chunks[plan.index]
-        self.received: dict[int, list[torch.Tensor]] = {}
+        self.received: dict[int, list[Chunk]] = {}
         """Valid chunks of every member whose chunk 0 counted, in chunk order."""
         self.excluded: dict[int, str] = {}
         self.mask: tuple[bool, ...] | None = None
         """Members counted in this part; fixed when the gather closes."""
-        self.averaged: list[bytes] = []
-        """Averaged chunks encoded with the return codec: the bytes every member gets."""
+        self.averaged: list[Averaged] = []
+        """Averaged chunks (return codec, signed): the bytes every member gets."""
         self.failed: str | None = None
+        self.seals: dict[int, bytes] = {}
+        """Each counted sender's seal of its chunks (the signature)."""
+        self.seal: bytes | None = None
+        """This reducer's seal of its averaged part, once every chunk is averaged."""
 
     @property
     def num_chunks(self) -> int:
@@ -203,7 +227,7 @@ class PartReducer:
         """Whether to check and keep chunk ``c`` of ``j``: not excluded, not held already."""
         return j not in self.excluded and c >= len(self.received.get(j, ()))
 
-    def check_chunk(self, c: int, payload: Buffer) -> torch.Tensor:
+    def check_chunk(self, c: int, payload: Buffer) -> Chunk:
         """Decode and validate chunk ``c`` of a contribution to this part (pure).
 
         Raises:
@@ -220,19 +244,20 @@ class PartReducer:
         a, b = self.chunks[c]
         if values.numel() != b - a:
             raise ProtocolError(f"{values.numel()} values, expected {b - a}")
-        check_values(values, self.plan.chunk_norms[self.index][c], self.plan.max_norm_ratio)
-        return values
+        norm = chunk_norm(values)
+        check_norm(norm, self.plan.chunk_norms[self.index][c], self.plan.max_norm_ratio)
+        return Chunk(values, norm, payload, hashlib.sha256(payload).digest())
 
-    def add_chunk(self, j: int, c: int, values: torch.Tensor) -> bool:
+    def add_chunk(self, j: int, c: int, chunk: Chunk) -> bool:
         """Keep a checked chunk; False when it came too late to count (chunk 0 after the
         gather closed)."""
         if c == 0:
             if self.gather_closed:
                 return False
-            self.received[j] = [values]
+            self.received[j] = [chunk]
         else:
             assert len(self.received[j]) == c, "chunks of a member are kept in order"
-            self.received[j].append(values)
+            self.received[j].append(chunk)
         return True
 
     def exclude(self, j: int, reason: str) -> bool:
@@ -273,39 +298,51 @@ class PartReducer:
     def fail(self, reason: str) -> None:
         self.failed = reason
 
-    def inputs(self, c: int, own: torch.Tensor) -> tuple[list[torch.Tensor], list[float]]:
-        """Values and weights of chunk ``c`` for the combine step, in group order."""
-        counted = self.counted
-        values = [own if i == self.index else self.received[i][c] for i in counted]
-        return values, [self.plan.weights[i] for i in counted]
-
-    def average(
-        self, values: Sequence[torch.Tensor], weights: Sequence[float]
-    ) -> tuple[bytes, torch.Tensor, list[int]]:
-        """The combine step (``aggregation.robust_mean``: norms clipped against the lower
-        median, FP32 weighted mean in group order), encoded once with the return codec; the
-        decoded bytes this member uses itself; the positions in ``values`` that were
-        clipped (pure)."""
-        combined = robust_mean(values, weights, self.plan.clip_factor)
+    def average(self, c: int, own: torch.Tensor) -> tuple[Averaged, torch.Tensor, list[int]]:
+        """Chunk ``c`` combined over the counted members (``own`` is this member's values;
+        ``aggregation.robust_mean``: norms clipped against the lower median, FP32 weighted
+        mean in group order), encoded once with the return codec, as an unsigned AVERAGED
+        with the norms it was combined by; the decoded values this member uses itself; the
+        counted members that clipping scaled down (pure)."""
+        assert self.mask is not None
+        norms = [0.0] * self.plan.num_members
+        values = []
+        for i in self.counted:
+            chunk = None if i == self.index else self.received[i][c]
+            values.append(own if chunk is None else chunk.values)
+            norms[i] = chunk_norm(own) if chunk is None else chunk.norm
+        weights = [self.plan.weights[i] for i in self.counted]
+        counted_norms = [norms[i] for i in self.counted]
+        combined = robust_mean(values, weights, self.plan.clip_factor, counted_norms)
         encoded = self.plan.return_codec.encode(combined.mean)
-        return encoded, self.plan.return_codec.decode(encoded), combined.clipped
+        msg = Averaged(
+            self.plan.head(self.index, c), self.mask, tuple(norms), block_norms(own), encoded
+        )
+        clipped = [self.counted[k] for k in combined.clipped]
+        return msg, self.plan.return_codec.decode(encoded), clipped
 
-    def add_average(self, c: int, encoded: bytes) -> None:
+    def release(self, c: int) -> None:
+        """Drop the decoded values of chunk ``c`` once it is averaged; its bytes stay."""
+        for chunks in self.received.values():
+            if len(chunks) > c:
+                chunks[c] = dataclasses.replace(chunks[c], values=_RELEASED)
+
+    def add_average(self, c: int, msg: Averaged) -> None:
         assert len(self.averaged) == c, "averaged chunks are produced in order"
-        self.averaged.append(encoded)
+        self.averaged.append(msg)
+
+    def hashes(self, j: int) -> list[bytes]:
+        """The sha256 of each chunk held from member ``j``, in chunk order."""
+        return [chunk.sha256 for chunk in self.received.get(j, ())]
 
     def averaged_ready(self, c: int) -> bool:
         """Averaged chunk ``c`` can be sent, or never will be (the part failed)."""
         return len(self.averaged) > c or self.failed is not None
 
-    def averaged_message(self, c: int) -> Averaged:
-        assert self.mask is not None
-        return Averaged(self.plan.head(self.index, c), self.mask, self.averaged[c])
-
     def digest(self) -> bytes:
         """This part as members compare it (``part_digest``), once every chunk is averaged."""
-        assert self.mask is not None and len(self.averaged) == self.num_chunks
-        return part_digest(self.mask, self.averaged)
+        assert len(self.averaged) == self.num_chunks
+        return part_digest([msg.prefix() + bytes(msg.payload) for msg in self.averaged])
 
 
 class AveragedPart:
@@ -321,6 +358,10 @@ class AveragedPart:
         self.chunks = plan.chunks[part]
         self.mask: tuple[bool, ...] | None = None
         self.values: list[torch.Tensor] = []
+        self.norms: list[tuple[float, ...]] = []
+        """Per chunk, the members' chunk norms as the reducer reported them."""
+        self.block_norms: list[tuple[float, ...]] = []
+        """Per chunk, the block norms of the reducer's own contribution."""
         self._sha = hashlib.sha256()
 
     @property
@@ -331,16 +372,19 @@ class AveragedPart:
         """The exact body length of AVERAGED chunk ``c``, checked before it is read."""
         a, b = self.chunks[c]
         payload = self.plan.return_codec.encoded_size(b - a)
-        return Averaged.body_size(self.plan.num_members, payload)
+        return Averaged.body_size(self.plan.num_members, num_blocks((a, b)), payload)
 
     def check(self, c: int, msg: Averaged) -> None:
-        """Raise ProtocolError unless ``msg`` is chunk ``c`` of this part with the same mask."""
+        """Raise ProtocolError unless ``msg`` is chunk ``c`` of this part with the same mask
+        and a block norm per block."""
         if msg.head != self.plan.head(self.part, c):
             raise ProtocolError("AVERAGED for another round, group, part or chunk")
         if len(msg.mask) != self.plan.num_members:
             raise ProtocolError(f"mask of {len(msg.mask)} members")
         if self.mask is not None and msg.mask != self.mask:
             raise ProtocolError("counted mask changed mid-part")
+        if len(msg.block_norms) != num_blocks(self.chunks[c]):
+            raise ProtocolError(f"{len(msg.block_norms)} block norms")
 
     def decode(self, c: int, payload: Buffer) -> torch.Tensor:
         """Decode and validate averaged chunk ``c`` (pure).
@@ -355,18 +399,19 @@ class AveragedPart:
         check_values(values, self.plan.chunk_norms[self.part][c], self.plan.max_norm_ratio)
         return values
 
-    def add(self, c: int, msg: Averaged, values: torch.Tensor) -> None:
+    def add(self, c: int, msg: Averaged, values: torch.Tensor, body: Buffer) -> None:
+        """Keep chunk ``c``: ``msg`` parsed from ``body``, its payload decoded to ``values``."""
         assert len(self.values) == c, "averaged chunks arrive in order"
         self.mask = msg.mask
         self.values.append(values)
-        self._sha.update(msg.payload)
+        self.norms.append(msg.norms)
+        self.block_norms.append(msg.block_norms)
+        self._sha.update(body)
 
     def digest(self) -> bytes:
-        """``part_digest`` of the payloads received, hashed as they came."""
-        assert self.mask is not None and self.complete
-        sha = self._sha.copy()
-        sha.update(pack_mask(self.mask))
-        return sha.digest()
+        """``part_digest`` of the chunks received, hashed as they came."""
+        assert self.complete
+        return self._sha.digest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,6 +440,10 @@ class Assembly:
         if values.numel() != hi - lo:
             raise ValueError(f"part {part} of {values.numel()} values, expected {hi - lo}")
         self._parts[part] = (mask, values, digest)
+
+    def clear(self) -> None:
+        """Forget the parts (``result`` has copied them)."""
+        self._parts.clear()
 
     def result(self) -> Assembled:
         n = self.plan.num_members

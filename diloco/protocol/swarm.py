@@ -49,7 +49,7 @@ from diloco.codecs import Codec
 from diloco.errors import ProtocolError, RoundFailed
 from diloco.protocol import processes
 from diloco.protocol.aggregation import CLIP_FACTOR, check_clip_factor, weighted_mean
-from diloco.protocol.allreduce import AllReduceRunner, AllReduceService
+from diloco.protocol.allreduce import AllReduceRunner
 from diloco.protocol.bans import BanList
 from diloco.protocol.event_loop import new_event_loop
 from diloco.protocol.fragment_state import OuterState
@@ -65,11 +65,13 @@ from diloco.protocol.records import (
     record_validator,
 )
 from diloco.protocol.reducer import Contribution, Reducer, RoundKey, RoundResult
+from diloco.protocol.routing import AllReduceService
 from diloco.protocol.run_id import check_run_id, run_digest
 from diloco.protocol.signed_records import SigningDHT
 from diloco.protocol.state_transfer import StateProvider, StateServer, fetch_state
 from diloco.protocol.streams import TRANSPORT_ERRORS, StreamTransport
 from diloco.protocol.swarm_key import AUTH_TIMEOUT, ClosedSwarm, ClosedTransport
+from diloco.protocol.verification import slices_alone
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -325,6 +327,12 @@ class SwarmReducer(Reducer):
     the run's cap) and ``clip_factor`` is the C of the reducers' norm clipping
     (``aggregation``; 0: off). ``bans`` is the swarm's. ``runner_type`` is the class that
     runs one all-reduce (tests substitute faulty subclasses).
+
+    With ``verify`` (the default) every chunk is signed with the node's identity and every
+    member checks the others' averages (``verification``): a reducer caught lying fails the
+    round here and is banned (``bans``).
+    ``verify=False`` is for measuring what that costs; every node of a swarm must then run
+    without it (unsigned chunks are refused by nodes that verify).
     """
 
     runner_type: type[AllReduceRunner] = AllReduceRunner
@@ -341,6 +349,7 @@ class SwarmReducer(Reducer):
         max_norm_ratio: float = 100.0,
         max_weight: float = math.inf,
         clip_factor: float = CLIP_FACTOR,
+        verify: bool = True,
     ) -> None:
         if not max_norm_ratio > 1:
             raise ValueError(f"max_norm_ratio must be > 1, got {max_norm_ratio}")
@@ -349,6 +358,13 @@ class SwarmReducer(Reducer):
         self.bans, self.max_weight, self.clip_factor = swarm.bans, max_weight, clip_factor
         self.timeouts = timeouts or RoundTimeouts()
         self.min_group_size, self.max_norm_ratio = min_group_size, max_norm_ratio
+        self.identity = swarm.dht.identity if verify else None
+        if verify and not slices_alone(self.return_codec):
+            logger.warning(
+                "averages encoded with %r cannot be recomputed by block: they are signed, "
+                "not checked",
+                self.return_codec,
+            )
         self.matchmaker = Matchmaker(
             swarm.streams,
             swarm.dht,
@@ -377,12 +393,7 @@ class SwarmReducer(Reducer):
     def close(self) -> None:
         """Stop answering this reducer's streams; rounds in flight fail or finish by their
         deadlines. The swarm itself stays up (``Swarm.shutdown`` ends it)."""
-        names = (
-            self.matchmaker.handler_name,
-            self.service.part_handler,
-            self.service.report_handler,
-        )
-        for name in names:
+        for name in (self.matchmaker.handler_name, *self.service.handlers):
             try:
                 self.swarm.call(self.swarm.p2p.remove_binary_stream_handler(name), 5.0)
             except Exception as exc:  # the daemon may already be gone at shutdown
@@ -444,8 +455,8 @@ class SwarmReducer(Reducer):
                     max_weight=self.max_weight,
                     clip_factor=self.clip_factor,
                     bans=self.bans,
-                    part_handler=self.service.part_handler,
-                    report_handler=self.service.report_handler,
+                    handlers=self.service.handlers,
+                    identity=self.identity,
                 )
                 slot.set_result(runner)
                 result = await runner.run()

@@ -20,7 +20,8 @@ Body layouts (``digest`` is the 16-byte run digest, ``gid`` the 16-byte group id
     REJECT    code u8 | peer id length u16 | peer id (a redirect, may be empty) | utf-8 reason
     PART      digest | fragment u32 | round u32 | gid | part u16 | chunk u32 | codec payload
     AVERAGED  digest | fragment u32 | round u32 | gid | part u16 | chunk u32 | mask length u16
-              | counted mask | codec payload
+              | counted mask | mask length x norm f64 | block count u32 | block count x
+              block norm f32 | codec payload
               (a part travels as consecutive chunks, each encoded on its own, so that a
               reducer averages and returns chunk c while chunk c + 1 is still arriving)
     REPORT    digest | fragment u32 | round u32 | gid | mask length u16 | parts mask
@@ -29,7 +30,13 @@ Body layouts (``digest`` is the 16-byte run digest, ``gid`` the 16-byte group id
     AUTH      HMAC-SHA256 proof (32) of a closed swarm's key (``swarm_key``)
     RUN_INFO  msgpack [run id, config JSON, creator signature] (``discovery``)
 
-The bodies of STATE_REQ, STATE_HDR and STATE_DAT are in ``state_wire``.
+An AVERAGED chunk's norms are every member's chunk norm as its reducer clipped by it (0: not
+counted), its block norms those of the reducer's own contribution over each ``PART_ALIGN``
+values (``verification``). After its last PART, and its last AVERAGED, chunk a part is
+sealed (SEAL, signed once per part).
+
+The bodies of STATE_REQ, STATE_HDR and STATE_DAT are in ``state_wire``; those of SEAL,
+CHECK_REQ, CHECK_RES, EVIDENCE_REQ and EVIDENCE in ``check_wire``.
 """
 
 from __future__ import annotations
@@ -48,6 +55,8 @@ PROTOCOL_VERSION = 1
 FRAME_HEADER = struct.Struct("!2sBBQ")
 GROUP_ID_BYTES = 16
 SHA256_BYTES = 32
+SIGNATURE_BYTES = 64
+"""An Ed25519 signature (``identity``)."""
 MAX_GROUP_SIZE = 256
 MAX_PEER_ID_BYTES = 128
 MAX_REASON_BYTES = 1024
@@ -78,6 +87,11 @@ class Kind(IntEnum):
     STATE_REQ = 8
     STATE_HDR = 9
     STATE_DAT = 10
+    CHECK_REQ = 11
+    CHECK_RES = 12
+    EVIDENCE_REQ = 13
+    EVIDENCE = 14
+    SEAL = 15
     AUTH = 20
     RUN_INFO = 21
 
@@ -358,13 +372,18 @@ def unpack_mask(data: Buffer, num_members: int) -> tuple[bool, ...]:
 
 @dataclass(frozen=True, slots=True)
 class Averaged:
-    """A reducer's averaged chunk and the mask of members it counted in its part.
+    """A reducer's averaged chunk, the mask of members it counted in its part, and the norms
+    it combined them by (see the layout above).
 
     The reducer sends the same bytes to every member; it always counts itself.
     """
 
     head: PartHead
     mask: tuple[bool, ...]
+    norms: tuple[float, ...]
+    """Every member's chunk norm as the reducer computed it; 0 for members not counted."""
+    block_norms: tuple[float, ...]
+    """Norms of the reducer's own contribution over each ``PART_ALIGN`` values of the chunk."""
     payload: Buffer
 
     def check(self) -> None:
@@ -372,16 +391,32 @@ class Averaged:
         _require(0 < len(self.mask) <= MAX_GROUP_SIZE, "counted mask size")
         _require(self.head.part < len(self.mask), f"part {self.head.part} outside the mask")
         _require(self.mask[self.head.part], "counted mask without the reducer")
+        _require(len(self.norms) == len(self.mask), "one norm per member")
+        for norm, counted in zip(self.norms, self.mask, strict=True):
+            ok = math.isfinite(norm) and norm >= 0 and (counted or norm == 0)
+            _require(ok, f"norm {norm!r}")
+        _require(len(self.block_norms) < 2**32, "block norm count")
+        # A finite sum proves every term finite (NaN and inf propagate); then min is exact.
+        blocks = self.block_norms
+        _require(not blocks or (math.isfinite(sum(blocks)) and min(blocks) >= 0), "block norms")
 
     @staticmethod
-    def body_size(num_members: int, payload_bytes: int) -> int:
+    def body_size(num_members: int, num_blocks: int, payload_bytes: int) -> int:
         """Body length of an AVERAGED frame, known before it is read."""
-        return PartHead.SIZE + _U16.size + mask_bytes(num_members) + payload_bytes
+        fixed = PartHead.SIZE + _U16.size + _U32.size
+        return fixed + mask_bytes(num_members) + 8 * num_members + 4 * num_blocks + payload_bytes
 
     def prefix(self) -> bytes:
         """The body up to the payload (sent ahead of it, so the payload is never copied)."""
         self.check()
-        return self.head.serialize() + _U16.pack(len(self.mask)) + pack_mask(self.mask)
+        return (
+            self.head.serialize()
+            + _U16.pack(len(self.mask))
+            + pack_mask(self.mask)
+            + struct.pack(f"!{len(self.norms)}d", *self.norms)
+            + _U32.pack(len(self.block_norms))
+            + struct.pack(f"!{len(self.block_norms)}f", *self.block_norms)
+        )
 
     def serialize(self) -> bytes:
         return self.prefix() + bytes(self.payload)
@@ -389,14 +424,21 @@ class Averaged:
     @classmethod
     def parse(cls, body: Buffer) -> Averaged:
         """Parse without copying the payload (a view into ``body``)."""
-        start = PartHead.SIZE + _U16.size
-        _require(len(body) >= start, "AVERAGED length")
+        offset = PartHead.SIZE + _U16.size
+        _require(len(body) >= offset, "AVERAGED length")
         head = PartHead.parse(body[: PartHead.SIZE])
         (count,) = _U16.unpack_from(body, PartHead.SIZE)
         _require(0 < count <= MAX_GROUP_SIZE, "counted mask size")
-        end = start + mask_bytes(count)
+        end = offset + mask_bytes(count) + _F64.size * count + _U32.size
         _require(len(body) >= end, "AVERAGED mask truncated")
-        msg = cls(head, unpack_mask(body[start:end], count), memoryview(body)[end:])
+        mask = unpack_mask(body[offset : offset + mask_bytes(count)], count)
+        offset += mask_bytes(count)
+        norms = struct.unpack_from(f"!{count}d", body, offset)
+        (blocks,) = _U32.unpack_from(body, end - _U32.size)
+        payload_at = end + 4 * blocks
+        _require(len(body) >= payload_at, "AVERAGED block norms truncated")
+        block_norms = struct.unpack_from(f"!{blocks}f", body, end)
+        msg = cls(head, mask, norms, block_norms, memoryview(body)[payload_at:])
         msg.check()
         return msg
 

@@ -3,6 +3,7 @@ framing), run against every registered codec."""
 
 from __future__ import annotations
 
+import math
 import struct
 
 import pytest
@@ -154,3 +155,18 @@ def test_decode_unknown_id_raises(codec: Codec, bad_id: int) -> None:
 def test_encoded_size_negative_raises(codec: Codec) -> None:
     with pytest.raises(CodecError):
         codec.encoded_size(-1)
+
+
+@pytest.mark.parametrize("n", [0, 1, 33, 1000, 1 << 16])
+def test_decoded_norm_is_the_fp64_norm_of_the_decoded_values(codec: Codec, n: int) -> None:
+    data = codec.encode(_vector(n, seed=n) * 1e-3)
+    exact = math.sqrt(sum(v * v for v in codec.decode(data).double().tolist()))
+    assert codec.decoded_norm(data) == pytest.approx(exact, rel=1e-12, abs=0.0)
+
+
+def test_decoded_norm_checks_the_payload_like_decode(codec: Codec) -> None:
+    data = codec.encode(_vector(40))
+    with pytest.raises(CodecError, match="must be"):
+        codec.decoded_norm(data[:-1])
+    with pytest.raises(CodecError, match="handed to"):
+        codec.decoded_norm(bytes([(data[0] + 1) % 5]) + data[1:])

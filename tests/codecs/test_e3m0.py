@@ -134,6 +134,16 @@ def test_e3m0_decode_scale_byte_255_raises() -> None:
         NEAREST.decode(bytes(payload))
 
 
+def test_e3m0_decoded_norm_ignores_padding_codes_and_refuses_scale_byte_255() -> None:
+    payload = bytearray(NEAREST.encode(torch.full((40,), 0.5)))  # 2 blocks, 24 padding codes
+    assert NEAREST.decoded_norm(bytes(payload)) == math.sqrt(40) * 0.5
+    payload[-1] = 0x77  # two padding codes at full scale: decode ignores them, and so must it
+    assert NEAREST.decoded_norm(bytes(payload)) == math.sqrt(40) * 0.5
+    payload[5 + 1] = 255
+    with pytest.raises(CodecError, match="invalid scale byte 255"):
+        NEAREST.decoded_norm(bytes(payload))
+
+
 def test_e3m0_nearest_picks_a_nearest_representable_value_ties_away() -> None:
     """Brute force against the 15 values of each block; on a tie, the larger magnitude."""
     x = _hard_vector(300)

@@ -1,8 +1,8 @@
 """Members that send what a broken or hostile peer sends (fault injection by subclass).
 
-Shared by the real-process tests (``swarm_peers``) and the in-process ones: the faults
-corrupt only what a member *sends* as contributions, so a faulty member still reduces its
-own part honestly.
+Shared by the real-process tests (``swarm_peers``) and the in-process ones: the sender
+faults corrupt only what a member *sends* as contributions, so a faulty member still reduces
+its own part honestly; ``LyingReducer`` is honest everywhere except in its own part.
 """
 
 from __future__ import annotations
@@ -17,9 +17,11 @@ import torch
 from hivemind.p2p import PeerID
 
 from diloco.protocol.allreduce import AllReduceRunner
+from diloco.protocol.check_wire import Seal
+from diloco.protocol.part_server import PartServer
 from diloco.protocol.reduction import Assembled
 from diloco.protocol.streams import write_frame
-from diloco.protocol.wire import Kind, PartHead, RoundTag
+from diloco.protocol.wire import Averaged, Kind, PartHead, RoundTag
 
 
 class Fault(enum.Enum):
@@ -31,11 +33,13 @@ class Fault(enum.Enum):
     OVERSIZE = "oversize"
     NAN = "nan"
     HUGE_NORM = "huge_norm"
+    BAD_SEAL = "bad_seal"
     STALL_SENDER = "stall_sender"
     STALL_REDUCER = "stall_reducer"
     DIE_AS_LEADER = "die_as_leader"
     CUT_FIRST_JOIN = "cut_first_join"
     CUT_PART_STREAMS = "cut_part_streams"
+    LYING_REDUCER = "lying_reducer"
     LIE_IN_REPORT = "lie_in_report"
     SCALED_CONTRIBUTION = "scaled_contribution"
 
@@ -48,8 +52,10 @@ GARBAGE = [
     Fault.OVERSIZE,
     Fault.NAN,
     Fault.HUGE_NORM,
+    Fault.BAD_SEAL,
 ]
-"""Faults of a sender whose every chunk must be refused (codec ``none``: NAN needs it)."""
+"""Faults of a sender whose every chunk must be refused (codec ``none``: NAN needs it;
+BAD_SEAL: parts of one chunk, which its invalid seal makes invalid)."""
 
 
 class CorruptSender(AllReduceRunner):
@@ -75,6 +81,11 @@ class CorruptSender(AllReduceRunner):
         if self.fault == Fault.HUGE_NORM:
             return self.plan.codec.encode((self.delta[a:b] * 1e6).contiguous())
         return payload
+
+    def _seal(self, j: int) -> bytes:
+        if self.fault == Fault.BAD_SEAL:
+            return Seal(self.plan.seal_head(j), os.urandom(64)).serialize()
+        return super()._seal(j)
 
     def _part_head(self, j: int, c: int) -> PartHead:
         head = super()._part_head(j, c)
@@ -102,12 +113,35 @@ class CutPartStreams(AllReduceRunner):
         loop = asyncio.get_running_loop()
         _, _, writer = await self.p2p.call_binary_stream_handler(peer, self.part_handler)
         for c in range(min(2, len(self.plan.chunks[j]))):
-            payload = await loop.run_in_executor(None, self._encode_chunk, j, c)
-            head = self._part_head(j, c).serialize()
-            await write_frame(writer, Kind.PART, head, payload, counter=self.counter)
+            frame = await loop.run_in_executor(None, self._part_frame, j, c)
+            await write_frame(writer, Kind.PART, *frame, counter=self.counter)
         await asyncio.sleep(0.05)
         writer.close()
         raise ConnectionResetError("test fault: PART stream cut")
+
+
+class ScalingServer(PartServer):
+    """Averages honestly, then sends ``factor`` times the mean over ``blocks`` (of 256
+    values; None: all), encoded once and sealed: the same bytes to every member, so their
+    REPORT digests agree (issue 11, attack 2)."""
+
+    factor = -30.0
+    blocks: tuple[int, ...] | None = None
+
+    def average_chunk(self, c: int, own: torch.Tensor) -> tuple[Averaged, torch.Tensor, list[int]]:
+        msg, _, clipped = self.reducer.average(c, own)
+        codec = self.plan.return_codec
+        lie = codec.decode(msg.payload)
+        for block in self.blocks or range(-(-lie.numel() // 256)):
+            lie[block * 256 : (block + 1) * 256] *= self.factor
+        msg = dataclasses.replace(msg, payload=codec.encode(lie))
+        return msg, codec.decode(msg.payload), clipped
+
+
+class LyingReducer(AllReduceRunner):
+    """Honest member, lying reducer: its part is -30 times the true mean."""
+
+    server_type = ScalingServer
 
 
 class LyingReporter(AllReduceRunner):

@@ -10,13 +10,16 @@ stream it holds is closed, its handlers stop).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import socket
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hivemind.p2p import PeerID
 from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 from hivemind.p2p.p2p_daemon_bindings.utils import ControlFailure
 from hivemind.utils.multiaddr import Multiaddr
 
+from diloco.protocol.identity import Identity
 from diloco.protocol.streams import StreamHandler
 
 Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
@@ -32,6 +35,13 @@ async def stream_pair() -> tuple[Stream, Stream]:
 def make_peer_id(i: int) -> PeerID:
     """A distinct peer id; ids sort by ``i`` (group order follows peer id bytes)."""
     return PeerID(bytes([0x00, 0x24]) + i.to_bytes(4, "big") + b"memory-peer")
+
+
+def make_identity(i: int) -> Identity:
+    """A distinct Ed25519 identity, the same in every run; its peer id verifies what it
+    signs (ids do not sort by ``i``)."""
+    seed = hashlib.sha256(f"memory-peer {i}".encode()).digest()
+    return Identity.from_private_key(Ed25519PrivateKey.from_private_bytes(seed))
 
 
 class MemoryNetwork:

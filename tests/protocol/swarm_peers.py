@@ -21,7 +21,14 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
-from faults import CutPartStreams, Fault, LyingReporter, ScaledContribution, corrupt_sender
+from faults import (
+    CutPartStreams,
+    Fault,
+    LyingReducer,
+    LyingReporter,
+    ScaledContribution,
+    corrupt_sender,
+)
 from hivemind.p2p import PeerID
 
 from diloco.codecs import get_codec
@@ -154,6 +161,8 @@ def runner_type(fault: Fault) -> type[AllReduceRunner]:
         return StallReducer
     if fault == Fault.CUT_PART_STREAMS:
         return CutPartStreams
+    if fault == Fault.LYING_REDUCER:
+        return LyingReducer
     if fault == Fault.LIE_IN_REPORT:
         return LyingReporter
     if fault == Fault.SCALED_CONTRIBUTION:

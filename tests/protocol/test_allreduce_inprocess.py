@@ -9,57 +9,36 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Sequence
 
 import pytest
 import torch
 from faults import GARBAGE, CutPartStreams, Fault, LyingReporter, corrupt_sender
-from memory_p2p import MemoryNetwork, make_peer_id
+from inprocess import (
+    KEY,
+    TIMEOUTS,
+    Outcome,
+    Round,
+    delta_of,
+    deltas,
+    expected,
+    member_id,
+    names,
+    run_round,
+)
 
 from diloco.codecs import get_codec
 from diloco.errors import RoundFailed
-from diloco.protocol.aggregation import CLIP_FACTOR
-from diloco.protocol.allreduce import AllReduceRunner, AllReduceService
+from diloco.protocol.allreduce import AllReduceRunner
 from diloco.protocol.bans import BAN_OFFENCES, BanList
-from diloco.protocol.group import GroupInfo, RoundTimeouts
 from diloco.protocol.part_server import PartServer
 from diloco.protocol.partition import butterfly_parts
-from diloco.protocol.reducer import Contribution, InProcessReducer, RoundKey, RoundResult
+from diloco.protocol.reducer import Contribution, InProcessReducer
 from diloco.protocol.reduction import CHUNK_VALUES
-
-TIMEOUTS = RoundTimeouts(
-    matchmaking_window=1.0,
-    join_timeout=1.0,
-    sender_timeout=3.0,
-    reducer_timeout=3.0,
-    report_timeout=2.0,
-    connect_timeout=2.0,
-)
-RUN_ID = "inprocess-0123456789abcdef"
-DIGEST = bytes(range(16))
-KEY = RoundKey(4, 2)
-Outcome = RoundResult | RoundFailed
-
-
-def _deltas(numel: int, num_members: int) -> list[torch.Tensor]:
-    generator = torch.Generator().manual_seed(numel + num_members)
-    return [torch.randn(numel, generator=generator) * 1e-2 for _ in range(num_members)]
-
-
-def _expected(
-    deltas: Sequence[torch.Tensor], weights: Sequence[float], codec: str = "none"
-) -> torch.Tensor:
-    send, _, back = codec.partition("/")
-    reducer = InProcessReducer(get_codec(send), get_codec(back or send))
-    contributions = [
-        Contribution(str(i), d, w) for i, (d, w) in enumerate(zip(deltas, weights, strict=True))
-    ]
-    return reducer.reduce(KEY, contributions).result().delta
 
 
 def _without(
-    deltas: Sequence[torch.Tensor], weights: Sequence[float], left_out: int
+    inputs: Sequence[torch.Tensor], weights: Sequence[float], left_out: int
 ) -> torch.Tensor:
     """What every member must get when ``left_out`` is counted only in its own part.
 
@@ -67,106 +46,11 @@ def _without(
     on who is averaged, so the in-process means of the whole group and of the others,
     spliced at the left-out member's part, give the exact bytes.
     """
-    others = [i for i in range(len(deltas)) if i != left_out]
-    result = _expected([deltas[i] for i in others], [weights[i] for i in others]).clone()
-    lo, hi = butterfly_parts(deltas[0].numel(), len(deltas))[left_out]
-    result[lo:hi] = _expected(deltas, weights)[lo:hi]
+    others = [i for i in range(len(inputs)) if i != left_out]
+    result = expected([inputs[i] for i in others], [weights[i] for i in others]).clone()
+    lo, hi = butterfly_parts(inputs[0].numel(), len(inputs))[left_out]
+    result[lo:hi] = expected(inputs, weights)[lo:hi]
     return result
-
-
-class Round:
-    """One round of ``M`` runners on one in-memory network, as ``SwarmReducer`` sets it up."""
-
-    def __init__(
-        self,
-        deltas: Sequence[torch.Tensor],
-        weights: Sequence[float],
-        runner_types: Sequence[type[AllReduceRunner]],
-        codec: str = "none",
-        timeouts: RoundTimeouts = TIMEOUTS,
-        bans: Sequence[BanList] | None = None,
-        max_weight: float = math.inf,
-        clip_factor: float = CLIP_FACTOR,
-    ) -> None:
-        send, _, back = codec.partition("/")
-        self.bans = list(bans) if bans is not None else [BanList() for _ in deltas]
-        self.max_weight, self.clip_factor = max_weight, clip_factor
-        self.codec, self.return_codec = get_codec(send), get_codec(back or send)
-        self.deltas, self.runner_types, self.timeouts = deltas, runner_types, timeouts
-        self.network = MemoryNetwork()
-        self.ids = [make_peer_id(i) for i in range(len(deltas))]
-        self.group = GroupInfo(
-            KEY,
-            b"G" * 16,
-            tuple(self.ids),
-            tuple(weights),
-            deltas[0].numel(),
-            self.codec.codec_id,
-            self.return_codec.codec_id,
-        )
-        self.runners: list[AllReduceRunner] = []
-        self.tasks: list[asyncio.Task[RoundResult]] = []
-
-    async def start(self) -> None:
-        services = []
-        for peer, bans in zip(self.ids, self.bans, strict=True):
-            p2p = self.network.join(peer)
-            service = AllReduceService(p2p, RUN_ID, DIGEST, self.timeouts, bans)
-            await service.start()
-            services.append((service, service.expect(KEY)))
-        for i, (service, slot) in enumerate(services):
-            runner = self.runner_types[i](
-                p2p=self.network.peers[self.ids[i]],
-                group=self.group,
-                digest=DIGEST,
-                codec=self.codec,
-                return_codec=self.return_codec,
-                delta=self.deltas[i],
-                timeouts=self.timeouts,
-                max_norm_ratio=100.0,
-                max_weight=self.max_weight,
-                clip_factor=self.clip_factor,
-                bans=self.bans[i],
-                part_handler=service.part_handler,
-                report_handler=service.report_handler,
-            )
-            runner.round = self  # type: ignore[attr-defined]  # faults look at the others
-            slot.set_result(runner)
-            self.runners.append(runner)
-        self.tasks = [asyncio.create_task(r.run()) for r in self.runners]
-
-    async def outcomes(self, members: Sequence[int] | None = None) -> list[Outcome]:
-        tasks = [self.tasks[i] for i in members] if members is not None else self.tasks
-        done = await asyncio.gather(*tasks, return_exceptions=True)
-        self.network.close()
-        for outcome in done:
-            if not isinstance(outcome, RoundResult | RoundFailed):
-                raise outcome
-        return list(done)
-
-
-def run_round(
-    deltas: Sequence[torch.Tensor],
-    weights: Sequence[float],
-    runner_types: Sequence[type[AllReduceRunner]],
-    codec: str = "none",
-) -> list[Outcome]:
-    async def main() -> list[Outcome]:
-        round_ = Round(deltas, weights, runner_types, codec)
-        await round_.start()
-        return await round_.outcomes()
-
-    return asyncio.run(main())
-
-
-def _names(n: int, left_out: int | None = None) -> tuple[str, ...]:
-    """Members' names in group order, as ``RoundResult.members`` lists them."""
-    return tuple(make_peer_id(i).to_base58() for i in range(n) if i != left_out)
-
-
-def _delta(outcome: Outcome) -> torch.Tensor:
-    assert isinstance(outcome, RoundResult), outcome
-    return outcome.delta
 
 
 @pytest.mark.parametrize(
@@ -175,27 +59,27 @@ def _delta(outcome: Outcome) -> torch.Tensor:
 )
 def test_honest_round_every_member_gets_the_in_process_bytes(codec: str, numel: int) -> None:
     weights = [1.0, 2.0, 3.0, 4.5]
-    deltas = _deltas(numel, 4)
-    outcomes = run_round(deltas, weights, [AllReduceRunner] * 4, codec)
-    expected = _expected(deltas, weights, codec)
+    inputs = deltas(numel, 4)
+    outcomes, _ = run_round(inputs, weights, [AllReduceRunner] * 4, codec)
+    want = expected(inputs, weights, codec)
     for outcome in outcomes:
-        assert torch.equal(_delta(outcome), expected)
-    assert all(o.members == _names(4) for o in outcomes)  # type: ignore[union-attr]
+        assert torch.equal(delta_of(outcome), want)
+    assert all(o.members == names(4) for o in outcomes)  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("fault", GARBAGE, ids=lambda f: f.value)
 def test_bad_sender_excluded_others_complete(fault: Fault) -> None:
     weights = [1.0, 1.0, 2.0, 1.0]
-    deltas = _deltas(4_096, 4)
+    inputs = deltas(4_096, 4)
     bad = 1
     types: list[type[AllReduceRunner]] = [AllReduceRunner] * 4
     types[bad] = corrupt_sender(fault)
-    outcomes = run_round(deltas, weights, types)
-    expected = _without(deltas, weights, bad)
+    outcomes, _ = run_round(inputs, weights, types)
+    want = _without(inputs, weights, bad)
     good = [i for i in range(4) if i != bad]
     for i in good:
-        assert torch.equal(_delta(outcomes[i]), expected)
-        assert outcomes[i].members == _names(4, left_out=bad)  # type: ignore[union-attr]
+        assert torch.equal(delta_of(outcomes[i]), want)
+        assert outcomes[i].members == names(4, left_out=bad)  # type: ignore[union-attr]
     assert isinstance(outcomes[bad], RoundFailed)
 
 
@@ -211,42 +95,36 @@ class _LateSender(AllReduceRunner):
 
 def test_late_sender_not_counted_but_gets_the_same_average() -> None:
     weights = [1.0, 2.0, 1.0, 1.0]
-    deltas = _deltas(3_000, 4)
+    inputs = deltas(3_000, 4)
     late = 2
     types: list[type[AllReduceRunner]] = [AllReduceRunner] * 4
     types[late] = _LateSender
-    outcomes = run_round(deltas, weights, types)
-    expected = _without(deltas, weights, late)
+    outcomes, _ = run_round(inputs, weights, types)
+    want = _without(inputs, weights, late)
     for outcome in outcomes:
-        assert torch.equal(_delta(outcome), expected)
-        assert outcome.members == _names(4, left_out=late)  # type: ignore[union-attr]
+        assert torch.equal(delta_of(outcome), want)
+        assert outcome.members == names(4, left_out=late)  # type: ignore[union-attr]
 
 
 def test_cut_part_streams_duplicate_chunks_skipped_round_completes() -> None:
     numel = 4 * 3 * CHUNK_VALUES  # three chunks per part: the cut comes after chunk 0
-    deltas = _deltas(numel, 4)
+    inputs = deltas(numel, 4)
     types: list[type[AllReduceRunner]] = [AllReduceRunner] * 4
     types[2] = CutPartStreams
-    outcomes = run_round(deltas, [1.0] * 4, types, "e3m0")
-    expected = _expected(deltas, [1.0] * 4, "e3m0")
-    assert all(torch.equal(_delta(o), expected) for o in outcomes)
+    outcomes, _ = run_round(inputs, [1.0] * 4, types, "e3m0")
+    want = expected(inputs, [1.0] * 4, "e3m0")
+    assert all(torch.equal(delta_of(o), want) for o in outcomes)
 
 
 def run_rounds(
     rounds: int,
-    deltas: Sequence[torch.Tensor],
+    inputs: Sequence[torch.Tensor],
     weights: Sequence[float],
     runner_types: Sequence[type[AllReduceRunner]],
     bans: Sequence[BanList],
 ) -> list[list[Outcome]]:
     """``rounds`` rounds of one group in a row, each member keeping its ``BanList``."""
-
-    async def main() -> list[Outcome]:
-        round_ = Round(deltas, weights, runner_types, bans=bans)
-        await round_.start()
-        return await round_.outcomes()
-
-    return [asyncio.run(main()) for _ in range(rounds)]
+    return [run_round(inputs, weights, runner_types, bans=bans)[0] for _ in range(rounds)]
 
 
 def test_disagreeing_report_does_not_fail_the_round_for_the_majority(
@@ -254,13 +132,13 @@ def test_disagreeing_report_does_not_fail_the_round_for_the_majority(
 ) -> None:
     types: list[type[AllReduceRunner]] = [AllReduceRunner] * 4
     types[3] = LyingReporter
-    deltas = _deltas(2_000, 4)
+    inputs = deltas(2_000, 4)
     bans = [BanList() for _ in range(4)]
     with caplog.at_level(logging.WARNING, logger="diloco.protocol"):
-        (outcomes,) = run_rounds(1, deltas, [1.0] * 4, types, bans)
-    expected = _expected(deltas, [1.0] * 4)
-    assert all(torch.equal(_delta(o), expected) for o in outcomes)
-    liar = make_peer_id(3)
+        (outcomes,) = run_rounds(1, inputs, [1.0] * 4, types, bans)
+    want = expected(inputs, [1.0] * 4)
+    assert all(torch.equal(delta_of(o), want) for o in outcomes)
+    liar = member_id(3)
     assert caplog.text.count(f"member 3 ({liar}) reported another result") == 3
     assert [b.banned(liar) for b in bans] == [False] * 4
 
@@ -270,31 +148,31 @@ def test_repeated_disagreeing_reports_ban_the_liar_then_it_is_not_counted(
 ) -> None:
     types: list[type[AllReduceRunner]] = [AllReduceRunner] * 4
     types[3] = LyingReporter
-    deltas, weights = _deltas(2_000, 4), [1.0, 2.0, 1.0, 1.0]
+    inputs, weights = deltas(2_000, 4), [1.0, 2.0, 1.0, 1.0]
     bans = [BanList() for _ in range(4)]
-    liar = make_peer_id(3)
+    liar = member_id(3)
     with caplog.at_level(logging.WARNING, logger="diloco.protocol"):
-        before = run_rounds(BAN_OFFENCES, deltas, weights, types, bans)
-    assert all(torch.equal(_delta(o), _expected(deltas, weights)) for r in before for o in r)
+        before = run_rounds(BAN_OFFENCES, inputs, weights, types, bans)
+    assert all(torch.equal(delta_of(o), expected(inputs, weights)) for r in before for o in r)
     assert [b.banned(liar) for b in bans] == [True, True, True, False]
     assert caplog.text.count(f"banning {liar} for") == 3
     # banned: its PART and REPORT streams are refused, so it counts only in its own part
-    (after,) = run_rounds(1, deltas, weights, types, bans)
-    expected = _without(deltas, weights, 3)
+    (after,) = run_rounds(1, inputs, weights, types, bans)
+    want = _without(inputs, weights, 3)
     for outcome in after[:3]:
-        assert torch.equal(_delta(outcome), expected)
-        assert outcome.members == _names(4, left_out=3)  # type: ignore[union-attr]
+        assert torch.equal(delta_of(outcome), want)
+        assert outcome.members == names(4, left_out=3)  # type: ignore[union-attr]
 
 
 def _hand_mean(
-    deltas: Sequence[torch.Tensor], weights: Sequence[float], cap: float, clip: float
+    inputs: Sequence[torch.Tensor], weights: Sequence[float], cap: float, clip: float
 ) -> torch.Tensor:
     """The capped, clipped mean spelled out in FP64, part by part (one chunk each)."""
-    numel = deltas[0].numel()
+    numel = inputs[0].numel()
     capped = [min(w, cap) for w in weights]
     result = torch.empty(numel, dtype=torch.float64)
-    for lo, hi in butterfly_parts(numel, len(deltas)):
-        xs = [d[lo:hi].double() for d in deltas]
+    for lo, hi in butterfly_parts(numel, len(inputs)):
+        xs = [d[lo:hi].double() for d in inputs]
         norms = [float(x.norm()) for x in xs]
         ref = sorted(norms)[(len(norms) - 1) // 2]
         scales = [min(1.0, clip * ref / n) for n in norms]
@@ -308,30 +186,30 @@ def _hand_mean(
 )
 def test_inflated_member_gets_at_most_its_capped_clipped_share(weight: float, scale: float) -> None:
     cap, clip, numel = 2.0, 2.0, 4_096  # one chunk per part
-    honest = _deltas(numel, 4)[:3]
-    hostile = honest[0] * scale + _deltas(numel, 5)[4]  # under max_norm_ratio (100)
-    deltas, weights = [*honest, hostile], [1.0, 1.0, 1.0, weight]
+    honest = deltas(numel, 4)[:3]
+    hostile = honest[0] * scale + deltas(numel, 5)[4]  # under max_norm_ratio (100)
+    inputs, weights = [*honest, hostile], [1.0, 1.0, 1.0, weight]
 
     async def main() -> list[Outcome]:
-        round_ = Round(deltas, weights, [AllReduceRunner] * 4, max_weight=cap, clip_factor=clip)
+        round_ = Round(inputs, weights, [AllReduceRunner] * 4, max_weight=cap, clip_factor=clip)
         await round_.start()
         return await round_.outcomes()
 
     outcomes = asyncio.run(main())
-    result = _delta(outcomes[0])
-    assert all(torch.equal(_delta(o), result) for o in outcomes)
+    result = delta_of(outcomes[0])
+    assert all(torch.equal(delta_of(o), result) for o in outcomes)
     reducer = InProcessReducer(get_codec("none"), max_weight=cap, clip_factor=clip)
     contributions = [
-        Contribution(str(i), d, w) for i, d, w in zip("abcd", deltas, weights, strict=True)
+        Contribution(str(i), d, w) for i, d, w in zip("abcd", inputs, weights, strict=True)
     ]
     assert torch.equal(reducer.reduce(KEY, contributions).result().delta, result)
-    assert torch.allclose(result.double(), _hand_mean(deltas, weights, cap, clip), rtol=1e-5)
+    assert torch.allclose(result.double(), _hand_mean(inputs, weights, cap, clip), rtol=1e-5)
     # The bound, per part: the hostile member moves the honest mean by at most its capped
     # weight share times (C * ref + the honest mean's norm).
     share = cap / (cap + 3.0)
     for lo, hi in butterfly_parts(numel, 4):
         honest_mean = sum(d[lo:hi].double() for d in honest) / 3
-        ref = sorted(float(d[lo:hi].norm()) for d in deltas)[1]
+        ref = sorted(float(d[lo:hi].norm()) for d in inputs)[1]
         moved = float((result[lo:hi].double() - honest_mean).norm())
         assert moved <= share * (clip * ref + float(honest_mean.norm())) * (1 + 1e-6)
 
@@ -357,7 +235,7 @@ def test_reducer_dying_mid_round_fails_the_round_for_every_survivor() -> None:
     async def main() -> list[Outcome]:
         types: list[type[AllReduceRunner]] = [AllReduceRunner] * 4
         types[victim] = _DyingReducer
-        round_ = Round(_deltas(5_000, 4), [1.0] * 4, types, timeouts=TIMEOUTS.scaled(0.5))
+        round_ = Round(deltas(5_000, 4), [1.0] * 4, types, timeouts=TIMEOUTS.scaled(0.5))
         await round_.start()
         server = round_.runners[victim].server
         survivors = [r for r in round_.runners if r is not round_.runners[victim]]

@@ -1,5 +1,11 @@
-"""Issue 11 attacks 3 and 4 by a hostile peer process against the pool's honest peers.
+"""Issue 11 attacks 2, 3 and 4 by a hostile peer process against the pool's honest peers.
 
+Attack 2, "set the weights as a reducer": the hostile peer is honest everywhere except
+that, as reducer of its part, it returns -30 times the true mean, the same signed bytes
+to every member, so the REPORT digests agree. The members' sampled checks
+(``verification``) find the lie and a dispute proves it from the signed chunks: no honest
+peer applies the round, every honest peer bans the liar at once, and the next round is
+the honest peers' alone.
 Attack 3, "own the mean by weight": the hostile peer ignores the run's weight cap and
 contributes 50 times its delta. Within the cap it gets at most its capped, clipped share
 (``aggregation``: bound asserted per part); over the cap its JOIN is refused, and repeated
@@ -14,7 +20,7 @@ from collections.abc import Iterator
 
 import pytest
 from faults import SCALE, Fault
-from swarm_expected import in_process_delta, leader_order, sha
+from swarm_expected import group_order, in_process_delta, leader_order, sha
 from swarm_peers import (
     RUN_ID,
     TIMEOUTS,
@@ -62,6 +68,29 @@ def _rounds_led_by_one(ids: list[str], fragment: int, count: int) -> tuple[int, 
             if len(led[order[0]]) == count:
                 return order[0], led[order[0]]
     raise AssertionError("no such rounds")
+
+
+@pytest.mark.swarm
+def test_attack2_lying_reducer_part_reaches_no_honest_peer_and_the_liar_is_banned(
+    honest: list[PeerProcess], hostile: PeerProcess, fragment: int
+) -> None:
+    command([hostile], "fault", Fault.LYING_REDUCER.value)
+    peers = [*honest, hostile]
+    ids = [p.peer_id for p in peers]
+    part = group_order(ids).index(4)  # the part the hostile peer reduces
+    seeds, weights = [fragment * 10 + i for i in range(5)], [1.0, 2.0, 1.0, 1.0, 1.0]
+    specs = [[(fragment, 1, NUMEL, seeds[i], weights[i])] for i in range(5)]
+    results = [r[0] for r in run_rounds(peers, specs, ROUND_TIMEOUT)]
+    lied = f"reducer {ids[4]} of part {part} lied: block "
+    assert all(not r["ok"] and r["reason"].startswith(lied) for r in results[:4]), results
+    assert results[4]["ok"]  # it found nothing wrong in the honest parts: it applies its lie
+    assert _banned(honest, hostile) == [True] * 4
+    # Banned: dropped from every honest view, its JOIN and streams refused.
+    specs = [[(fragment, 2, NUMEL, seeds[i], weights[i])] for i in range(5)]
+    results = [r[0] for r in run_rounds(peers, specs, ROUND_TIMEOUT)]
+    honest_only = sha(in_process_delta(ids[:4], NUMEL, seeds[:4], weights[:4], "none"))
+    assert [r.get("sha256") for r in results[:4]] == [honest_only] * 4, results
+    assert not results[4]["ok"], results[4]
 
 
 @pytest.mark.swarm

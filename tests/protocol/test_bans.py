@@ -103,3 +103,16 @@ def test_ban_and_release_are_logged_with_peer_and_offence(
 def test_ban_list_refuses_rules_that_cannot_work(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         BanList(**kwargs)  # type: ignore[arg-type]
+
+
+def test_proven_lie_bans_at_once_for_the_ban_duration(caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    bans = _bans(clock)
+    with caplog.at_level(logging.WARNING, logger="diloco.protocol.bans"):
+        bans.ban(LIAR, "block 3 is not the average of the signed chunks")
+    assert bans.banned(LIAR) and not bans.banned(OTHER)
+    assert f"banning {LIAR} for 600 s: block 3 is not the average" in caplog.text
+    bans.ban(LIAR, "again")  # banned already: the ban is not extended
+    clock.now += 600
+    assert not bans.banned(LIAR)
+    assert not bans.offend(LIAR, "a")  # a clean slate after the ban

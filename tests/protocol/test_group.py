@@ -11,7 +11,8 @@ from diloco.protocol.group import RoundTimeouts
 def test_timeouts_scaled_and_total_bounds_every_phase() -> None:
     t = RoundTimeouts().scaled(0.5)
     assert t.sender_timeout == RoundTimeouts().sender_timeout * 0.5
-    assert t.total > t.matchmaking + t.allreduce
+    assert t.verify_timeout == RoundTimeouts().verify_timeout * 0.5
+    assert t.total > t.matchmaking + t.allreduce + 2 * t.verify_timeout
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ No streams, no loop: events are fed by hand, as ``AllReduceRunner`` feeds them.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 
 import pytest
@@ -16,6 +17,7 @@ from diloco.protocol.reduction import (
     CHUNK_VALUES,
     Assembly,
     AveragedPart,
+    Chunk,
     PartReducer,
     RoundPlan,
     check_values,
@@ -50,6 +52,12 @@ def _plan(
 
 def _full(value: float, n: int = 4) -> torch.Tensor:
     return torch.full((n,), value)
+
+
+def _chunk(value: float) -> Chunk:
+    """A checked chunk of four values ``value`` (norm ``2 * |value|``)."""
+    payload = NONE.encode(_full(value))
+    return Chunk(_full(value), 2 * abs(value), payload, hashlib.sha256(payload).digest())
 
 
 def test_check_values_nan_rejected() -> None:
@@ -102,17 +110,17 @@ def test_round_plan_build_cuts_parts_into_chunks_with_own_norms() -> None:
 def test_part_reducer_counts_only_first_chunks_in_before_the_gather_closed() -> None:
     reducer = PartReducer(_plan())
     assert reducer.counting(1, 0) and not reducer.counting(1, 1)
-    assert reducer.add_chunk(1, 0, _full(1.0))
+    assert reducer.add_chunk(1, 0, _chunk(1.0))
     assert not reducer.gather_complete()  # member 2 has not sent
     assert reducer.close_gather() == {2: "nothing sent"}
     assert reducer.mask == (True, True, False) and reducer.counted == [0, 1]
-    assert not reducer.counting(2, 0) and not reducer.add_chunk(2, 0, _full(1.0))
+    assert not reducer.counting(2, 0) and not reducer.add_chunk(2, 0, _chunk(1.0))
     assert reducer.counting(1, 1) and not reducer.counting(2, 1)
 
 
 def test_part_reducer_excluded_member_stops_counting_and_is_not_awaited() -> None:
     reducer = PartReducer(_plan())
-    reducer.add_chunk(1, 0, _full(1.0))
+    reducer.add_chunk(1, 0, _chunk(1.0))
     assert reducer.exclude(2, "garbage") and not reducer.exclude(2, "again")
     assert not reducer.wants(2, 0)
     assert reducer.gather_complete()
@@ -121,18 +129,18 @@ def test_part_reducer_excluded_member_stops_counting_and_is_not_awaited() -> Non
 
 def test_part_reducer_skips_chunks_held_before_a_cut() -> None:
     reducer = PartReducer(_plan())
-    reducer.add_chunk(1, 0, _full(1.0))
+    reducer.add_chunk(1, 0, _chunk(1.0))
     assert not reducer.wants(1, 0) and reducer.wants(1, 1)
-    reducer.add_chunk(1, 1, _full(1.0))
+    reducer.add_chunk(1, 1, _chunk(1.0))
     assert not reducer.wants(1, 1)
 
 
 def test_part_reducer_counted_member_that_stops_fails_the_chunk() -> None:
     reducer = PartReducer(_plan())
-    reducer.add_chunk(1, 0, _full(1.0))
-    reducer.add_chunk(2, 0, _full(1.0))
+    reducer.add_chunk(1, 0, _chunk(1.0))
+    reducer.add_chunk(2, 0, _chunk(1.0))
     reducer.close_gather()
-    reducer.add_chunk(2, 1, _full(1.0))
+    reducer.add_chunk(2, 1, _chunk(1.0))
     assert reducer.chunk_ready(0) and not reducer.chunk_ready(1)
     assert reducer.stopped(0) == [] and reducer.stopped(1) == [1]
     reducer.exclude(1, "invalid chunk 1")
@@ -141,32 +149,33 @@ def test_part_reducer_counted_member_that_stops_fails_the_chunk() -> None:
 
 def test_part_reducer_average_weights_counted_members_in_group_order() -> None:
     reducer = PartReducer(_plan(weights=(1.0, 3.0, 4.0)))
-    reducer.add_chunk(1, 0, _full(3.0))
+    reducer.add_chunk(1, 0, _chunk(3.0))
     reducer.close_gather()  # member 2 absent: weights renormalised over 1 + 3
-    values, weights = reducer.inputs(0, own=_full(1.0))
-    assert weights == [1.0, 3.0]
-    encoded, decoded, clipped = reducer.average(values, weights)
-    assert torch.equal(decoded, _full(2.5))  # 1/4 * 1 + 3/4 * 3
-    assert clipped == []
-    assert encoded == NONE.encode(_full(2.5))
-    assert not reducer.averaged_ready(0)
-    reducer.add_average(0, encoded)
-    assert reducer.averaged_ready(0)
-    msg = reducer.averaged_message(0)
+    msg, decoded, clipped = reducer.average(0, own=_full(-1.0))
+    assert torch.equal(decoded, _full(2.0))  # 1/4 * -1 + 3/4 * 3
+    assert clipped == []  # clip factor 0: off
+    assert bytes(msg.payload) == NONE.encode(_full(2.0))
     assert msg.head == PartHead(TAG, GID, 0, 0) and msg.mask == (True, True, False)
+    # every member's chunk norm (own: 2, member 1's as checked: 6, absent: 0); one block;
+    # the seal's head counts the part's chunks
+    assert msg.norms == (2.0, 6.0, 0.0) and msg.block_norms == (2.0,)
+    assert reducer.plan.seal_head(0) == PartHead(TAG, GID, 0, 2)
+    assert not reducer.averaged_ready(0)
+    reducer.add_average(0, msg)
+    assert reducer.averaged_ready(0) and reducer.averaged[0] is msg
 
 
 def test_part_reducer_average_clips_against_the_lower_median() -> None:
     reducer = PartReducer(_plan(weights=(1.0, 3.0, 4.0), clip_factor=2.0))
-    reducer.add_chunk(1, 0, _full(3.0))
-    reducer.add_chunk(2, 0, _full(-24.0))
+    reducer.add_chunk(1, 0, _chunk(3.0))
+    reducer.add_chunk(2, 0, _chunk(-24.0))
     reducer.close_gather()
-    values, weights = reducer.inputs(0, own=_full(1.0))
     # norms 2, 6, 48; lower median 6, bound 12: member 2 scaled by 12 / 48 to -6 per value
     # mean = 1/8 * 1 + 3/8 * 3 + 4/8 * -6 = -1.75 (every factor exact in binary)
-    _, decoded, clipped = reducer.average(values, weights)
+    msg, decoded, clipped = reducer.average(0, own=_full(1.0))
     assert clipped == [2]
     assert torch.equal(decoded, _full(-1.75))
+    assert msg.norms == (2.0, 6.0, 48.0)  # the norms it clipped by, for the checkers
 
 
 def test_part_reducer_failed_part_releases_the_senders() -> None:
@@ -175,13 +184,16 @@ def test_part_reducer_failed_part_releases_the_senders() -> None:
     assert reducer.averaged_ready(0) and reducer.failed
 
 
-def test_part_reducer_digest_is_payloads_then_mask() -> None:
+def test_part_reducer_digest_is_the_averaged_bodies_in_order() -> None:
     reducer = PartReducer(_plan())
-    reducer.add_chunk(1, 0, _full(1.0))
+    reducer.add_chunk(1, 0, _chunk(1.0))
     reducer.close_gather()
-    reducer.add_average(0, b"first")
-    reducer.add_average(1, b"second")
-    assert reducer.digest() == hashlib.sha256(b"firstsecond" + bytes([0b011])).digest()
+    mask = (True, True, False)
+    first, second = _averaged(0, 0, mask, 1.0), _averaged(0, 1, mask, 2.0)
+    reducer.add_average(0, first)
+    reducer.add_average(1, second)
+    bodies = first.serialize() + second.serialize()
+    assert reducer.digest() == hashlib.sha256(bodies).digest()
 
 
 @pytest.mark.parametrize(
@@ -199,13 +211,22 @@ def test_part_reducer_invalid_chunk_rejected(payload: bytes, match: str) -> None
         PartReducer(_plan()).check_chunk(0, payload)
 
 
-def test_part_reducer_valid_chunk_decoded() -> None:
-    values = torch.tensor([1.0, -2.0, 0.5, 0.0])
-    assert torch.equal(PartReducer(_plan()).check_chunk(1, NONE.encode(values)), values)
+def test_part_reducer_valid_chunk_decoded_and_kept_with_its_hash() -> None:
+    values = torch.tensor([1.0, -2.0, 0.0, 2.0])
+    payload = NONE.encode(values)
+    reducer = PartReducer(_plan())
+    chunk = reducer.check_chunk(1, payload)
+    assert torch.equal(chunk.values, values) and chunk.norm == 3.0
+    assert (chunk.payload, chunk.sha256) == (payload, hashlib.sha256(payload).digest())
+    reducer.add_chunk(2, 0, _chunk(1.0))
+    reducer.add_chunk(2, 1, chunk)
+    assert reducer.hashes(2) == [_chunk(1.0).sha256, chunk.sha256] and reducer.hashes(1) == []
 
 
 def _averaged(part: int, chunk: int, mask: tuple[bool, ...], value: float) -> Averaged:
-    return Averaged(PartHead(TAG, GID, part, chunk), mask, NONE.encode(_full(value)))
+    norms = tuple(1.0 if counted else 0.0 for counted in mask)
+    head = PartHead(TAG, GID, part, chunk)
+    return Averaged(head, mask, norms, (2 * abs(value),), NONE.encode(_full(value)))
 
 
 def test_averaged_part_assembles_chunks_and_digest_matches_the_reducer() -> None:
@@ -215,12 +236,13 @@ def test_averaged_part_assembles_chunks_and_digest_matches_the_reducer() -> None
     for c, value in enumerate((1.0, 2.0)):
         msg = _averaged(0, c, mask, value)
         part.check(c, msg)
-        part.add(c, msg, part.decode(c, msg.payload))
+        part.add(c, msg, part.decode(c, msg.payload), msg.serialize())
     assert part.complete and part.mask == mask
     assert torch.equal(torch.cat(part.values), torch.tensor([1.0] * 4 + [2.0] * 4))
-    payloads = [NONE.encode(_full(1.0)), NONE.encode(_full(2.0))]
-    assert part.digest() == part_digest(mask, payloads)
-    assert part.digest() == hashlib.sha256(b"".join(payloads) + bytes([0b011])).digest()
+    assert part.norms == [(1.0, 1.0, 0.0)] * 2 and part.block_norms == [(2.0,), (4.0,)]
+    bodies = [_averaged(0, c, mask, value).serialize() for c, value in enumerate((1.0, 2.0))]
+    assert part.digest() == part_digest(bodies)
+    assert part.digest() == hashlib.sha256(b"".join(bodies)).digest()
 
 
 @pytest.mark.parametrize(
@@ -229,6 +251,7 @@ def test_averaged_part_assembles_chunks_and_digest_matches_the_reducer() -> None
         (_averaged(0, 1, (True, True, True), 1.0), "another round, group, part or chunk"),
         (_averaged(1, 0, (True, True, True), 1.0), "another round, group, part or chunk"),
         (_averaged(0, 0, (True, True), 1.0), "mask of 2 members"),
+        (dataclasses.replace(_averaged(0, 0, (True,) * 3, 1.0), block_norms=()), "0 block norms"),
     ],
 )
 def test_averaged_part_wrong_chunk_rejected(msg: Averaged, match: str) -> None:
@@ -239,7 +262,7 @@ def test_averaged_part_wrong_chunk_rejected(msg: Averaged, match: str) -> None:
 def test_averaged_part_mask_changed_mid_part_rejected() -> None:
     part = AveragedPart(_plan(index=1), 0)
     first = _averaged(0, 0, (True, True, True), 1.0)
-    part.add(0, first, part.decode(0, first.payload))
+    part.add(0, first, part.decode(0, first.payload), first.serialize())
     with pytest.raises(ProtocolError, match="changed"):
         part.check(1, _averaged(0, 1, (True, False, True), 1.0))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 
 import pytest
@@ -81,27 +82,63 @@ def test_mask_round_trip() -> None:
     assert wire.unpack_mask(wire.pack_mask(bits), 19) == bits
 
 
-def test_averaged_round_trip_keeps_payload_and_mask() -> None:
-    msg = Averaged(PartHead(TAG, GID, 2, 5), (False, True, True), b"\x04payload")
+def _averaged(mask: tuple[bool, ...], part: int = 0, payload: bytes = b"") -> Averaged:
+    norms = tuple(0.5 * i if bit else 0.0 for i, bit in enumerate(mask))
+    return Averaged(PartHead(TAG, GID, part, 5), mask, norms, (0.25, 3.0), payload)
+
+
+def test_averaged_round_trip_keeps_every_field() -> None:
+    msg = _averaged((False, True, True), part=2, payload=b"\x04payload")
     body = msg.serialize()
-    assert len(body) == Averaged.body_size(3, len(b"\x04payload"))
+    assert len(body) == Averaged.body_size(3, 2, len(b"\x04payload"))
+    # head | count 3 | mask 0b110 | 3 norms f64 | 2 blocks | 2 block norms f32
+    prefix = PartHead(TAG, GID, 2, 5).serialize() + struct.pack(
+        "!HB3dI2f", 3, 0b110, 0.0, 0.5, 1.0, 2, 0.25, 3.0
+    )
+    assert body == prefix + b"\x04payload" and msg.prefix() == prefix
     parsed = Averaged.parse(body)
-    assert (parsed.head, parsed.mask, bytes(parsed.payload)) == (msg.head, msg.mask, msg.payload)
+    assert (parsed.head, parsed.mask, parsed.norms) == (msg.head, msg.mask, msg.norms)
+    assert parsed.block_norms == msg.block_norms and bytes(parsed.payload) == msg.payload
 
 
 def test_averaged_mask_without_its_reducer_rejected() -> None:
     with pytest.raises(ProtocolError, match="without the reducer"):
-        Averaged(PartHead(TAG, GID, 0), (False, True), b"").serialize()
-    body = bytearray(Averaged(PartHead(TAG, GID, 0), (True, True), b"").serialize())
+        _averaged((False, True)).serialize()
+    body = bytearray(_averaged((True, True)).serialize())
     body[PartHead.SIZE + 2] = 0b10  # member 0, the reducer, no longer counted
     with pytest.raises(ProtocolError, match="without the reducer"):
         Averaged.parse(bytes(body))
 
 
-def test_averaged_truncated_mask_rejected() -> None:
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"norms": (1.0,)}, "one norm per member"),
+        ({"norms": (1.0, float("nan"))}, "norm nan"),
+        ({"norms": (1.0, -1.0)}, "norm -1.0"),
+        ({"block_norms": (float("inf"),)}, "block norms"),
+        ({"block_norms": (1.0, -0.5)}, "block norms"),
+        ({"block_norms": (float("nan"), 1.0)}, "block norms"),
+    ],
+)
+def test_averaged_bad_norms_rejected(change: dict[str, object], match: str) -> None:
+    with pytest.raises(ProtocolError, match=match):
+        dataclasses.replace(_averaged((True, True)), **change).serialize()
+
+
+def test_averaged_uncounted_member_with_a_norm_rejected() -> None:
+    msg = dataclasses.replace(_averaged((True, False)), norms=(1.0, 2.0))
+    with pytest.raises(ProtocolError, match=r"norm 2\.0"):
+        msg.serialize()
+
+
+def test_averaged_truncated_mask_or_block_norms_rejected() -> None:
     body = PartHead(TAG, GID, 0).serialize() + struct.pack("!H", 9)  # 9 members, no mask
     with pytest.raises(ProtocolError, match="truncated"):
         Averaged.parse(body)
+    whole = _averaged((True, True)).serialize()
+    with pytest.raises(ProtocolError, match="block norms truncated"):
+        Averaged.parse(whole[: len(whole) - 1])
 
 
 def test_frame_header_round_trip() -> None:
