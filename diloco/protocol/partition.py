@@ -45,3 +45,13 @@ def butterfly_parts(
         spans.append((min(start_block * align, numel), min(end_block * align, numel)))
         start_block = end_block
     return spans
+
+
+def substitute(part: int, num_members: int) -> int:
+    """The member that re-reduces part ``part`` when its reducer fails (issue 12 "Churn"):
+    the next member in group order, so every member derives the same one without talking.
+    Group order is sorted peer ids, which the round key's group id fixes: no member can
+    pick the substitute of its choice."""
+    if num_members < 2 or not 0 <= part < num_members:
+        raise ValueError(f"no substitute for part {part} of {num_members} members")
+    return (part + 1) % num_members
