@@ -185,6 +185,7 @@ class AllReduceRunner:
         self.substitutes = Substitutes(self.index, self.num_members, self.server)
         self.rereduced: set[int] = set()
         """Parts held as a substitute re-reduced them (not sampled by the checks)."""
+        self.transfer_seconds: float | None = None  # all parts held, first try (``adaptive``)
         self.reports = ReportExchange(
             p2p=p2p, group=group, index=self.index, handler=self.report_handler, timeouts=timeouts
         )
@@ -219,6 +220,8 @@ class AllReduceRunner:
                 task.cancel()
         assembled = self.assembly.result()
         assembled_at = loop.time()
+        if all(assembled.held) and not self.rereduced:
+            self.transfer_seconds = assembled_at - self._t0
         self.assembly.clear()  # what stays of the round is what its checks need
         self._own_chunks.clear()
         self._recording = asyncio.create_task(self._record_sent())
@@ -494,7 +497,3 @@ class AllReduceRunner:
         """Send my report to everyone; wait for the full contributors' reports (bounded)."""
         report = Report(self.plan.tag, self.group.group_id, assembled.held, assembled.digest)
         await self.reports.exchange(report, assembled.full, self.deadlines.report)
-
-    def accept_report(self, sender: PeerID, report: Report) -> None:
-        """Keep a member's report (``ReportExchange.accept``)."""
-        self.reports.accept(sender, report)

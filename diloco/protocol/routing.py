@@ -162,7 +162,7 @@ class AllReduceService:
         runner = await self._runner_for(report.tag, report.group_id, peer)
         if isinstance(runner, Reject):
             return runner
-        runner.accept_report(peer, report)
+        runner.reports.accept(peer, report)
         await asyncio.wait_for(write_frame(writer, Kind.ACK), t.reply_timeout)
         return None
 

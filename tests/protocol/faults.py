@@ -36,6 +36,7 @@ class Fault(enum.Enum):
     BAD_SEAL = "bad_seal"
     STALL_SENDER = "stall_sender"
     STALL_REDUCER = "stall_reducer"
+    STALL_MEMBER = "stall_member"
     DIE_AS_LEADER = "die_as_leader"
     CUT_FIRST_JOIN = "cut_first_join"
     CUT_PART_STREAMS = "cut_part_streams"
