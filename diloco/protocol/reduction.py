@@ -449,6 +449,10 @@ class Assembly:
             raise ValueError(f"part {part} of {values.numel()} values, expected {hi - lo}")
         self._parts[part] = (mask, values, digest)
 
+    def discard(self, part: int) -> None:
+        """Forget part ``part`` (a re-reduction that does not count)."""
+        self._parts.pop(part, None)
+
     def clear(self) -> None:
         """Forget the parts (``result`` has copied them)."""
         self._parts.clear()

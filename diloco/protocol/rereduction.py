@@ -33,6 +33,8 @@ Rules, the same at every member:
   same bytes to all; the residual risk is one part per failed reducer.
 * A member that a reducer refused for another reason than a failed part (``Excluded``)
   does not ask for a re-reduction of that part.
+* A re-reduction that counts the substitute alone fails (a group of one is no group:
+  two members whose partner died fail their round, as before issue 12).
 * Only one substitute per part: if ``r`` and ``s`` both fail, part ``r`` is missing and
   the round fails (as before issue 12).
 """
@@ -115,6 +117,9 @@ class Substitutes:
             await task
         finally:
             task.cancel()
+        if server.reducer.failed is None and len(server.reducer.counted) < 2:
+            server.assembly.discard(part)  # nobody else asked: nobody else holds it
+            return "nobody else sent it: a re-reduction of one is no group"
         return server.reducer.failed
 
     def mark_gone(self, i: int) -> None:

@@ -351,3 +351,15 @@ def test_stalled_reducer_part_rereduced_with_everyone_counted() -> None:
     for outcome in outcomes:  # the stalled member too: it sent its part to the substitute
         assert torch.equal(delta_of(outcome), first)
         assert outcome.members == names(4)  # type: ignore[union-attr]
+
+
+def test_pair_whose_partner_vanishes_fails_the_round_no_group_of_one() -> None:
+    async def main() -> list[Outcome]:
+        round_ = Round(deltas(3_000, 2), [1.0, 1.0], [AllReduceRunner] * 2, timeouts=TIMEOUTS)
+        await round_.start()
+        await _kill(round_, 1)
+        return await round_.outcomes([0])
+
+    (outcome,) = asyncio.run(main())
+    assert isinstance(outcome, RoundFailed)
+    assert outcome.reason == "parts [1] missing here"
