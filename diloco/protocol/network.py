@@ -41,8 +41,9 @@ class NetworkOptions:
     transfer_timeout_factor: float = 4.0
     """Part deadlines of a round: this many times the 90th percentile of recent rounds'
     transfer times (``adaptive``), at most the run's timeouts; 0: always the run's."""
-    min_transfer_timeout: float = 2.0
-    """Seconds: the least the part deadlines of a round adapt down to (``adaptive``)."""
+    min_transfer_timeout: float = 5.0
+    """Seconds: the least the part deadlines of a round adapt down to (``adaptive``); a
+    busy host's scheduling stalls stay under it."""
 
     def __post_init__(self) -> None:
         for name in ("initial_peers", "host_maddrs", "announce_maddrs"):
