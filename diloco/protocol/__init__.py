@@ -2,9 +2,9 @@
 
 Pure pieces (``partition``, ``aggregation``, ``reducer``, ``reduction``, ``norms``,
 ``agreement``, ``verification``, ``grid``, ``staged``, ``run_id``, ``wire``, ``state_wire``,
-``check_wire``, ``fragment_state``, ``limits``, ``adaptive``) import nothing of hivemind, so the
-in-process trainer can use them without starting it; ``group`` and ``bans`` need only
-hivemind's ``PeerID``.
+``check_wire``, ``fragment_state``, ``limits``) import nothing of hivemind, so the
+in-process trainer can use them without starting it; ``group``, ``bans`` and
+``adaptive`` need only hivemind's ``PeerID``.
 
 Modules, one concern each (hivemind ``averaging/`` style)::
 
