@@ -3,8 +3,8 @@
 Pure pieces (``partition``, ``aggregation``, ``reducer``, ``reduction``, ``norms``,
 ``agreement``, ``verification``, ``grid``, ``staged``, ``run_id``, ``wire``, ``state_wire``,
 ``check_wire``, ``fragment_state``, ``limits``, ``demotion``) import nothing of hivemind,
-so the in-process trainer can use them without starting it; ``group`` and ``bans`` need
-only hivemind's ``PeerID``.
+so the in-process trainer can use them without starting it; ``group``, ``bans`` and
+``adaptive`` need only hivemind's ``PeerID``.
 
 Modules, one concern each (hivemind ``averaging/`` style)::
 
@@ -34,6 +34,9 @@ Modules, one concern each (hivemind ``averaging/`` style)::
     signatures      what members sign in a round (seals, check answers), and checks
     part_server     reducer side of a round over streams (PART in, AVERAGED out, evidence)
     allreduce       member side of a round over streams, reports, checks
+    rereduction     churn: a failed reducer's part re-reduced by its substitute
+    report_exchange REPORTs of a round over streams
+    adaptive        pure: part deadlines from recent rounds' transfer times, bounded
     checking        the verification phase over streams: checks, answers, disputes, blame
     routing         PART / REPORT / CHECK / EVIDENCE streams to their round
     fragment_state  FragmentState (outer params, momentum, version) and its one hash

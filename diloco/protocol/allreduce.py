@@ -11,11 +11,12 @@ uses the decoded bytes itself. So all members hold bit-identical parts. Chunks p
 two phases: chunk ``c`` is averaged and on its way back while chunk ``c + 1`` arrives.
 
 Faults and agreement (the whole rule: ``docs/allreduce.md``): a member whose first chunk
-is late or invalid is not counted; a part whose reducer dies or lies is missing, never
-replaced by local values; members exchange REPORTs and apply the result a strict majority
-of the full contributors holds (``agreement.decide``), dissenters commit an offence
-(``bans``); a *client* (nobody can dial it, or demoted) reduces no part; with an
-``identity`` parts are sealed and checked (``checking``, ``verification``).
+is late or invalid is not counted; a part whose reducer dies, stalls or fails is
+re-reduced by its substitute among the survivors (``rereduction``), or else missing, never
+replaced by local values; members exchange REPORTs (``report_exchange``) and apply the
+result a strict majority of the full contributors holds (``agreement.decide``), dissenters
+commit an offence (``bans``); a *client* (nobody can dial it, or demoted) reduces no part;
+with an ``identity`` parts are sealed and checked (``checking``, ``verification``).
 
 This module (member side) and ``part_server`` (reducer side) move the bytes and keep the
 deadlines; what the bytes mean is decided by the pure ``reduction`` and ``agreement``.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import random
@@ -35,7 +37,7 @@ from hivemind.p2p import PeerID
 
 from diloco.codecs import Codec
 from diloco.errors import ProtocolError, RoundFailed
-from diloco.protocol.agreement import awaited_reports, check_report, decide
+from diloco.protocol.agreement import decide
 from diloco.protocol.bans import BanList
 from diloco.protocol.check_wire import CheckRequest, Seal
 from diloco.protocol.checking import Checker, answer_check, blame, convict
@@ -43,6 +45,7 @@ from diloco.protocol.demotion import own_part_missing
 from diloco.protocol.group import GroupInfo, RoundTimeouts
 from diloco.protocol.identity import Identity
 from diloco.protocol.part_server import Deadlines, PartServer
+from diloco.protocol.partition import substitute
 from diloco.protocol.reducer import RoundResult
 from diloco.protocol.reduction import (
     Assembled,
@@ -52,6 +55,8 @@ from diloco.protocol.reduction import (
     RoundPlan,
     part_digest,
 )
+from diloco.protocol.report_exchange import STREAM_RETRIES, ReportExchange
+from diloco.protocol.rereduction import FAILED, Excluded, Substitutes
 from diloco.protocol.signatures import sign_part, verify_averaged
 from diloco.protocol.streams import (
     TRANSPORT_ERRORS,
@@ -85,9 +90,6 @@ from diloco.protocol.wire import (
 )
 
 logger = logging.getLogger(__name__)
-
-STREAM_RETRIES = 1
-"""Extra attempts of a member's PART or REPORT stream after it was cut in transport."""
 
 
 class AllReduceRunner:
@@ -162,23 +164,15 @@ class AllReduceRunner:
         loop = asyncio.get_running_loop()
         self._t0 = loop.time()
         self.deadlines = Deadlines.starting(self._t0, timeouts)
-        self._own_chunks: list[asyncio.Future[torch.Tensor]] = [
-            loop.create_future() for _ in self.plan.chunks[self.index]
-        ]
-        self.server = self.server_type(
-            reducer=PartReducer(self.plan),
-            group=group,
-            me=p2p.peer_id,
-            deadlines=self.deadlines,
-            timeouts=timeouts,
-            counter=self.counter,
-            own_chunks=self._own_chunks,
-            assembly=self.assembly,
-            identity=identity,
-            bans=bans,
+        self.server = self._part_server(self.index, self.deadlines)
+        self._own_chunks = list(self.server.own_chunks)
+        self.substitutes = Substitutes(self.index, self.num_members, self.server, group.clients)
+        self.rereduced: set[int] = set()
+        """Parts held as a substitute re-reduced them (not sampled by the checks)."""
+        self.transfer_seconds: float | None = None  # all parts held, first try (``adaptive``)
+        self.reports = ReportExchange(
+            p2p=p2p, group=group, index=self.index, handler=self.report_handler, timeouts=timeouts
         )
-        self._reports: dict[int, Report] = {}
-        self._report_arrived = asyncio.Event()
         self.part_missing = True
         """Whether this member's own part failed (``demotion``); True until ``run`` ends."""
 
@@ -192,7 +186,7 @@ class AllReduceRunner:
         loop = asyncio.get_running_loop()
         key = self.group.key
         client = self.group.is_client(self.index)
-        reduce_task = asyncio.create_task(self._nothing() if client else self.server.reduce())
+        reduce_task = asyncio.create_task(self._nothing() if client else self._reduce_own())
         exchanges = [
             asyncio.create_task(self._exchange(j))
             for j in range(self.num_members)
@@ -213,6 +207,8 @@ class AllReduceRunner:
                 task.cancel()
         assembled = self.assembly.result()
         assembled_at = loop.time()
+        if all(assembled.held) and not self.rereduced:
+            self.transfer_seconds = assembled_at - self._t0
         self.assembly.clear()  # what stays of the round is what its checks need
         self._own_chunks.clear()
         self._sent = {}  # the gather is over; what checks need is in the parts' records
@@ -220,16 +216,17 @@ class AllReduceRunner:
         checks = self._start_checks(assembled)  # alongside the reports: one phase, not two
         try:
             await self._exchange_reports(assembled)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(
-                    self.server.idle.wait(), max(0.0, self.deadlines.report - loop.time())
-                )
+            for server in (self.server, *self.substitutes.servers):
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(
+                        server.idle.wait(), max(0.0, self.deadlines.report - loop.time())
+                    )
             agreed = loop.time()
             self.part_missing = own_part_missing(
-                self.index, not assembled.held[self.index], self._reports
+                self.index, not assembled.held[self.index], self.reports.received
             )
             verdict = decide(
-                self.index, assembled.held, assembled.digest, assembled.full, self._reports
+                self.index, assembled.held, assembled.digest, assembled.full, self.reports.received
             )
             blame(self.group, verdict.dissent, verdict.accepted, self.bans)
             if not verdict.accepted:
@@ -312,25 +309,84 @@ class AllReduceRunner:
     def _part_head(self, j: int, c: int) -> PartHead:
         return self.plan.head(j, c)
 
-    async def _exchange(self, j: int) -> None:
-        """Stream part ``j`` to its reducer and put the average it returns in the assembly.
+    async def _reduce_own(self) -> None:
+        """Reduce this member's part; if it failed, have its substitute re-reduce it."""
+        await self.server.reduce()
+        if self.server.reducer.failed is not None:
+            await self._rereduce(self.index)
 
-        A stream cut in transport is opened once more (see the module docstring); a part
-        that does not come is missing, and logged.
-        """
-        loop = asyncio.get_running_loop()
+    async def _exchange(self, j: int) -> None:
+        """Stream part ``j`` to its reducer and put the average it returns in the assembly;
+        if that fails, have the part re-reduced (``rereduction``)."""
+        reason = await self._fetch(j, j, self.deadlines.part)
         peer = self.group.members[j]
+        if reason is None or isinstance(reason, Excluded):
+            self.substitutes.decline(j)
+            if reason is not None:  # this member's own doing: nothing to re-reduce
+                logger.warning(
+                    "round %s: part %d from %s missing: %r", self.group.key, j, peer, reason
+                )
+            return
+        logger.warning("round %s: part %d from %s failed: %r", self.group.key, j, peer, reason)
+        if isinstance(reason, TRANSPORT_ERRORS):
+            self.substitutes.mark_gone(j)
+        await self._rereduce(j)
+
+    async def _rereduce(self, j: int) -> None:
+        """Part ``j`` failed here: re-reduce it as its substitute, or fetch it from that one."""
+        s = substitute(j, self.num_members, self.group.clients)
+        if s == self.index:
+            make = functools.partial(self._part_server, j, self.deadlines.rereducing())
+            failed = await self.substitutes.reduce(j, make, functools.partial(self._chunk_sent, j))
+            reason: Exception | None = None if failed is None else ProtocolError(failed)
+        else:
+            reason = await self._fetch(j, s, self.deadlines.rereduce)
+        if reason is not None:
+            logger.warning(
+                "round %s: part %d missing, not re-reduced: %r", self.group.key, j, reason
+            )
+            return
+        self.rereduced.add(j)
+        logger.info("round %s: part %d re-reduced by member %d", self.group.key, j, s)
+
+    def _part_server(self, j: int, deadlines: Deadlines) -> PartServer:
+        """The server of part ``j`` here: this member's own, or one it re-reduces."""
+        loop = asyncio.get_running_loop()
+        return self.server_type(
+            reducer=PartReducer(self.plan, part=j),
+            group=self.group,
+            me=self.p2p.peer_id,
+            deadlines=deadlines,
+            timeouts=self.timeouts,
+            counter=self.counter,
+            own_chunks=[loop.create_future() for _ in self.plan.chunks[j]],
+            assembly=self.assembly,
+            identity=self.identity,
+            bans=self.bans,
+        )
+
+    def _chunk_sent(self, j: int, c: int) -> torch.Tensor:
+        """Chunk ``c`` of part ``j`` of this member's delta as its reducer would use it, the
+        codec's round trip (in an executor)."""
+        a, b = self.plan.chunks[j][c]
+        return self.plan.codec.decode(self.plan.codec.encode(self.delta[a:b].contiguous()))
+
+    async def _fetch(self, j: int, r: int, deadline: float) -> Exception | None:
+        """Stream part ``j`` to member ``r`` and put the average it returns in the assembly,
+        by ``deadline``; why it failed, or None. A stream cut in transport is opened once
+        more (see the module docstring)."""
+        loop = asyncio.get_running_loop()
+        peer = self.group.members[r]
         for attempt in range(1 + STREAM_RETRIES):
             try:
                 part = await asyncio.wait_for(
-                    self._exchange_inner(j, peer), self.deadlines.part - loop.time()
+                    self._exchange_inner(j, peer, r), deadline - loop.time()
                 )
             except (ProtocolError, asyncio.TimeoutError) as exc:
-                reason: Exception = exc
-                break
+                return exc
             except TRANSPORT_ERRORS as exc:
-                reason = exc
-                if attempt < STREAM_RETRIES and self.deadlines.part - loop.time() > 0.2:
+                reason: Exception = exc
+                if attempt < STREAM_RETRIES and deadline - loop.time() > 0.2:
                     logger.info("round %s: part %d stream cut (%r), again", self.group.key, j, exc)
                     await asyncio.sleep(0.1)
             else:
@@ -338,10 +394,10 @@ class AllReduceRunner:
                 self.assembly.add(j, part.mask, torch.cat(part.values), part.digest())
                 claims = PartClaims(part.mask, tuple(part.norms), tuple(part.block_norms))
                 self.claims[j] = claims
-                return
-        logger.warning("round %s: part %d from %s missing: %r", self.group.key, j, peer, reason)
+                return None
+        return reason
 
-    async def _exchange_inner(self, j: int, peer: PeerID) -> AveragedPart:
+    async def _exchange_inner(self, j: int, peer: PeerID, r: int) -> AveragedPart:
         loop = asyncio.get_running_loop()
         reader, writer = await open_stream(
             self.p2p, peer, self.part_handler, self.timeouts.connect_timeout
@@ -356,12 +412,14 @@ class AllReduceRunner:
 
         sending = asyncio.create_task(send())
         try:
-            part = AveragedPart(self.plan, j)
+            part = AveragedPart(self.plan, j, r)
             for c in range(len(part.chunks)):
                 frame = await read_frame_header(reader, self.counter)
                 if frame.kind == Kind.REJECT and frame.body_len <= MAX_SMALL_BODY:
                     reject = Reject.parse(await read_body(reader, frame.body_len, self.counter))
-                    raise ProtocolError(f"rejected: {reject.code.name} {reject.reason}")
+                    failed = reject.code == RejectCode.BAD_PART and reject.reason.startswith(FAILED)
+                    error = ProtocolError if failed else Excluded
+                    raise error(f"rejected: {reject.code.name} {reject.reason}")
                 expected = part.body_size(c)
                 if frame.kind != Kind.AVERAGED or frame.body_len != expected:
                     raise ProtocolError(
@@ -377,7 +435,7 @@ class AllReduceRunner:
             if seal.head != self.plan.seal_head(j):
                 raise ProtocolError("SEAL of another part")
             if self.identity is not None:
-                args = (self.group.names[j], seal.head, part.digest(), seal.signature)
+                args = (self.group.names[r], seal.head, part.digest(), seal.signature)
                 await loop.run_in_executor(None, verify_averaged, *args)
             return part
         finally:
@@ -388,7 +446,8 @@ class AllReduceRunner:
         """Start checking the parts of the other reducers, once all are held (``checking``)."""
         if self.own is None or not all(assembled.held):
             return None
-        samples = draw_samples(self.plan, self.claims, assembled.delta, self.samples, self.rng)
+        claims = {j: c for j, c in self.claims.items() if j not in self.rereduced}
+        samples = draw_samples(self.plan, claims, assembled.delta, self.samples, self.rng)
         checker = Checker(
             p2p=self.p2p,
             group=self.group,
@@ -428,59 +487,5 @@ class AllReduceRunner:
 
     async def _exchange_reports(self, assembled: Assembled) -> None:
         """Send my report to everyone; wait for the full contributors' reports (bounded)."""
-        loop = asyncio.get_running_loop()
         report = Report(self.plan.tag, self.group.group_id, assembled.held, assembled.digest)
-        message = report.serialize()
-        sends = [
-            asyncio.create_task(self._send_report(self.group.members[i], message))
-            for i in range(self.num_members)
-            if i != self.index
-        ]
-        awaited = awaited_reports(self.index, assembled.full)
-        try:
-            while not awaited <= set(self._reports):
-                remaining = self.deadlines.report - loop.time()
-                if remaining <= 0:
-                    logger.warning(
-                        "round %s: no report from members %s",
-                        self.group.key,
-                        sorted(awaited - set(self._reports)),
-                    )
-                    break
-                self._report_arrived.clear()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._report_arrived.wait(), remaining)
-            await asyncio.wait(sends, timeout=max(0.0, self.deadlines.report - loop.time()))
-        finally:
-            for task in sends:
-                task.cancel()
-
-    async def _send_report(self, peer: PeerID, message: bytes) -> None:
-        """Deliver my report to ``peer``; a stream cut in transport is opened once more."""
-        for attempt in range(1 + STREAM_RETRIES):
-            try:
-                reader, writer = await open_stream(
-                    self.p2p, peer, self.report_handler, self.timeouts.connect_timeout
-                )
-                try:
-                    await write_frame(writer, Kind.REPORT, message)
-                    await read_frame(reader, (Kind.ACK,))
-                    return
-                finally:
-                    writer.close()
-            except (ProtocolError, asyncio.TimeoutError) as exc:
-                reason: Exception = exc
-                break
-            except TRANSPORT_ERRORS as exc:
-                reason = exc
-                if attempt < STREAM_RETRIES:
-                    await asyncio.sleep(0.1)
-        logger.debug("round %s: report to %s not delivered: %r", self.group.key, peer, reason)
-
-    def accept_report(self, sender: PeerID, report: Report) -> None:
-        """Keep a member's report (its first one; the handler checked framing and round)."""
-        if sender not in self.group.members or sender == self.p2p.peer_id:
-            raise ProtocolError("report from a non-member")
-        check_report(report, self.group.group_id, self.num_members)
-        self._reports.setdefault(self.group.index(sender), report)
-        self._report_arrived.set()
+        await self.reports.exchange(report, assembled.full, self.deadlines.report)

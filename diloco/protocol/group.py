@@ -63,9 +63,17 @@ class RoundTimeouts:
         return self.matchmaking_window + 2 * self.join_timeout
 
     @property
+    def rereduce_timeout(self) -> float:
+        """How long, after the parts were due, the survivors may re-reduce the part of a
+        reducer that failed (``allreduce`` "Churn"): as long as a reducer's own window."""
+        return self.reducer_timeout
+
+    @property
     def allreduce(self) -> float:
-        """Upper bound of the all-reduce and the report exchange."""
-        return self.sender_timeout + self.reducer_timeout + self.report_timeout
+        """Upper bound of the all-reduce, a re-reduction and the report exchange."""
+        return (
+            self.sender_timeout + self.reducer_timeout + self.rereduce_timeout + self.report_timeout
+        )
 
     @property
     def verification(self) -> float:

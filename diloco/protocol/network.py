@@ -44,6 +44,12 @@ class NetworkOptions:
     None: an open swarm."""
     startup_timeout: float = 60.0
     """Seconds to wait for the DHT process and its p2pd to start."""
+    transfer_timeout_factor: float = 4.0
+    """Part deadlines of a round: this many times the 90th percentile of recent rounds'
+    transfer times (``adaptive``), at most the run's timeouts; 0: always the run's."""
+    min_transfer_timeout: float = 5.0
+    """Seconds: the least the part deadlines of a round adapt down to (``adaptive``); a
+    busy host's scheduling stalls stay under it."""
 
     def __post_init__(self) -> None:
         for name in ("initial_peers", "host_maddrs", "announce_maddrs"):
@@ -57,5 +63,10 @@ class NetworkOptions:
                 )
         if not self.host_maddrs:
             raise ConfigError(f"a node needs an address to listen on, e.g. --listen {LOOPBACK}")
+        if not (self.transfer_timeout_factor >= 0 and self.min_transfer_timeout > 0):
+            raise ConfigError(
+                "transfer_timeout_factor must be >= 0 and min_transfer_timeout > 0 s, got "
+                f"{self.transfer_timeout_factor} and {self.min_transfer_timeout}"
+            )
         if not self.startup_timeout > 0:
             raise ConfigError(f"startup_timeout must be > 0 s, got {self.startup_timeout}")

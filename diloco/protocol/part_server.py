@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Sequence
@@ -60,6 +61,9 @@ from diloco.protocol.wire import (
 
 logger = logging.getLogger(__name__)
 
+FAILED = "part failed"
+"""How the REJECT of a part this reducer could not average begins (``rereduction``)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Deadlines:
@@ -69,6 +73,9 @@ class Deadlines:
     """A reducer stops waiting for members' first chunks (``sender_timeout``)."""
     part: float
     """Reducers stop waiting for chunks; members for averaged parts (``reducer_timeout``)."""
+    rereduce: float
+    """Substitutes stop waiting for the chunks of a failed reducer's part; members for its
+    re-reduced average (``rereduce_timeout``)."""
     report: float
     """Members stop waiting for reports (``report_timeout``)."""
     check: float
@@ -82,11 +89,17 @@ class Deadlines:
     def starting(cls, t0: float, timeouts: RoundTimeouts) -> Deadlines:
         gather = t0 + timeouts.sender_timeout
         part = gather + timeouts.reducer_timeout
-        report = part + timeouts.report_timeout
+        rereduce = part + timeouts.rereduce_timeout
+        report = rereduce + timeouts.report_timeout
         check = report + timeouts.verify_timeout
         dispute = check + timeouts.verify_timeout
         # Members start their rounds up to a matchmaking apart.
-        return cls(gather, part, report, check, dispute, dispute + timeouts.matchmaking)
+        return cls(gather, part, rereduce, report, check, dispute, dispute + timeouts.matchmaking)
+
+    def rereducing(self) -> Deadlines:
+        """The deadlines of a substitute's part server: its gather closes halfway through
+        the re-reduction window, its chunks and averages are due by its end."""
+        return dataclasses.replace(self, gather=(self.part + self.rereduce) / 2, part=self.rereduce)
 
 
 class PartServer:
@@ -143,7 +156,7 @@ class PartServer:
         publish chunk by chunk; the part joins the assembly unless a counted member
         stopped mid-part."""
         loop = asyncio.get_running_loop()
-        reducer, key, index = self.reducer, self.group.key, self.plan.index
+        reducer, key, index = self.reducer, self.group.key, self.reducer.part
         await self._wait(reducer.gather_complete, self.deadlines.gather)
         absent = reducer.close_gather()
         self._touch()
@@ -272,7 +285,7 @@ class PartServer:
             asyncio.TimeoutError: a chunk came too late (likewise).
         """
         loop = asyncio.get_running_loop()
-        reducer, index = self.reducer, self.plan.index
+        reducer, index = self.reducer, self.reducer.part
         last: Chunk | None = None  # counted only once the seal over it verifies
         for c, (a, b) in enumerate(reducer.chunks):
             counting = reducer.counting(j, c)
@@ -325,7 +338,7 @@ class PartServer:
         for c in range(reducer.num_chunks):
             ready = functools.partial(reducer.averaged_ready, c)
             if not await self._wait(ready, self.deadlines.part) or reducer.failed:
-                reason = f"part failed: {reducer.failed or 'deadline'}"
+                reason = f"{FAILED}: {reducer.failed or 'deadline'}"
                 await send_reject(writer, _bad_part(reason), self.timeouts.reply_timeout)
                 writer.close()  # the member sees the part missing
                 return
@@ -336,7 +349,7 @@ class PartServer:
         await self._wait(lambda: reducer.seal is not None, self.deadlines.part)
         if reducer.seal is None:
             return  # the member sees the part missing
-        seal = Seal(self.plan.seal_head(self.plan.index), reducer.seal)
+        seal = Seal(self.plan.seal_head(reducer.part), reducer.seal)
         await write_frame(writer, Kind.SEAL, seal.serialize(), counter=self.counter)
         self.delivered += 1
 
@@ -349,7 +362,7 @@ class PartServer:
             return Reject(RejectCode.NOT_MEMBER, reason="not a member of this group")
         i = self.group.index(sender)
         reducer = self.reducer
-        if request.part != self.plan.index or i in self._evidence_served:
+        if request.part != reducer.part or i in self._evidence_served:
             return Reject(RejectCode.MISMATCH, reason="not this reducer's part, or asked before")
         held = [reducer.received.get(m, []) for m, _ in request.items]
         if not all(
@@ -358,7 +371,7 @@ class PartServer:
         ):
             return Reject(RejectCode.MISMATCH, reason="asks for chunks this reducer did not count")
         self._evidence_served.add(i)
-        logger.info("round %s: member %d disputes part %d", self.group.key, i, self.plan.index)
+        logger.info("round %s: member %d disputes part %d", self.group.key, i, reducer.part)
         for (m, c), chunks in zip(request.items, held, strict=True):
             hashes = tuple(chunk.sha256 for chunk in chunks)
             seal = reducer.seals.get(m, bytes(SIGNATURE_BYTES))

@@ -51,3 +51,18 @@ def butterfly_parts(
         spans.append((min(start_block * align, numel), min(end_block * align, numel)))
         start_block = end_block
     return spans
+
+
+def substitute(part: int, num_members: int, clients: Sequence[bool] = ()) -> int:
+    """The member that re-reduces part ``part`` when its reducer fails (issue 12 "Churn"):
+    the next member in group order that is not a client (nobody may be able to dial a
+    client), so every member derives the same one without talking. Group order is sorted
+    peer ids, which the round key's group id fixes: no member can pick the substitute of
+    its choice."""
+    if num_members < 2 or not 0 <= part < num_members:
+        raise ValueError(f"no substitute for part {part} of {num_members} members")
+    for step in range(1, num_members):
+        s = (part + step) % num_members
+        if not (clients and clients[s]):
+            return s
+    raise ValueError(f"no member but clients to re-reduce part {part}")

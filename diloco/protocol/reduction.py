@@ -179,7 +179,9 @@ class Chunk:
 
 
 class PartReducer:
-    """The reducer side of this member's part ``plan.index`` (SPEC 4 "Faults").
+    """The reducer side of part ``part`` at this member (SPEC 4 "Faults"): its own part
+    ``plan.index`` by default, or the part of a reducer that failed, which this member
+    re-reduces as its substitute (``substitute``; ``allreduce`` "Churn").
 
     Rules: chunk 0 of a member counts if it arrives valid while the gather is open; the
     gather closes (``close_gather``) once chunk 0 is in from everyone or at the glue's
@@ -189,10 +191,12 @@ class PartReducer:
     gather fails the part (``stopped``), since an average cannot be taken back.
     """
 
-    def __init__(self, plan: RoundPlan) -> None:
+    def __init__(self, plan: RoundPlan, part: int | None = None) -> None:
         self.plan = plan
         self.index = plan.index
-        self.chunks = plan.chunks[plan.index]
+        """This member: the one whose own values ``average`` takes."""
+        self.part = plan.index if part is None else part
+        self.chunks = plan.chunks[self.part]
         self.received: dict[int, list[Chunk]] = {}
         """Valid chunks of every member whose chunk 0 counted, in chunk order."""
         self.excluded: dict[int, str] = {}
@@ -248,7 +252,7 @@ class PartReducer:
         if values.numel() != b - a:
             raise ProtocolError(f"{values.numel()} values, expected {b - a}")
         norm = chunk_norm(values)
-        check_norm(norm, self.plan.chunk_norms[self.index][c], self.plan.max_norm_ratio)
+        check_norm(norm, self.plan.chunk_norms[self.part][c], self.plan.max_norm_ratio)
         return Chunk(values, norm, payload, hashlib.sha256(payload).digest())
 
     def add_chunk(self, j: int, c: int, chunk: Chunk) -> bool:
@@ -319,7 +323,7 @@ class PartReducer:
         combined = robust_mean(values, weights, self.plan.clip_factor, counted_norms)
         encoded = self.plan.return_codec.encode(combined.mean)
         msg = Averaged(
-            self.plan.head(self.index, c), self.mask, tuple(norms), block_norms(own), encoded
+            self.plan.head(self.part, c), self.mask, tuple(norms), block_norms(own), encoded
         )
         clipped = [self.counted[k] for k in combined.clipped]
         return msg, self.plan.return_codec.decode(encoded), clipped
@@ -356,8 +360,10 @@ class AveragedPart:
     every chunk again from the first.
     """
 
-    def __init__(self, plan: RoundPlan, part: int) -> None:
+    def __init__(self, plan: RoundPlan, part: int, reducer: int | None = None) -> None:
         self.plan, self.part = plan, part
+        self.reducer = part if reducer is None else reducer
+        """The member that averaged it: the part's own, or its substitute."""
         self.chunks = plan.chunks[part]
         self.mask: tuple[bool, ...] | None = None
         self.values: list[torch.Tensor] = []
@@ -378,12 +384,14 @@ class AveragedPart:
         return Averaged.body_size(self.plan.num_members, num_blocks((a, b)), payload)
 
     def check(self, c: int, msg: Averaged) -> None:
-        """Raise ProtocolError unless ``msg`` is chunk ``c`` of this part with the same mask
-        and a block norm per block."""
+        """Raise ProtocolError unless ``msg`` is chunk ``c`` of this part with the same mask,
+        counting its reducer, and a block norm per block."""
         if msg.head != self.plan.head(self.part, c):
             raise ProtocolError("AVERAGED for another round, group, part or chunk")
         if len(msg.mask) != self.plan.num_members:
             raise ProtocolError(f"mask of {len(msg.mask)} members")
+        if not msg.mask[self.reducer]:
+            raise ProtocolError("counted mask without the reducer")
         if self.mask is not None and msg.mask != self.mask:
             raise ProtocolError("counted mask changed mid-part")
         if len(msg.block_norms) != num_blocks(self.chunks[c]):
@@ -443,6 +451,10 @@ class Assembly:
         if values.numel() != hi - lo:
             raise ValueError(f"part {part} of {values.numel()} values, expected {hi - lo}")
         self._parts[part] = (mask, values, digest)
+
+    def discard(self, part: int) -> None:
+        """Forget part ``part`` (a re-reduction that does not count)."""
+        self._parts.pop(part, None)
 
     def clear(self) -> None:
         """Forget the parts (``result`` has copied them)."""

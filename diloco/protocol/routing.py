@@ -148,7 +148,10 @@ class AllReduceService:
         runner = await self._runner_for(head.tag, head.group_id, peer)
         if isinstance(runner, Reject):
             return runner
-        return await runner.server.accept_part(peer, frame, head, reader, writer)
+        if head.part == runner.index:
+            return await runner.server.accept_part(peer, frame, head, reader, writer)
+        deadline = runner.deadlines.rereduce
+        return await runner.substitutes.accept_part(peer, frame, head, reader, writer, deadline)
 
     async def _serve_report(
         self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -159,7 +162,7 @@ class AllReduceService:
         runner = await self._runner_for(report.tag, report.group_id, peer)
         if isinstance(runner, Reject):
             return runner
-        runner.accept_report(peer, report)
+        runner.reports.accept(peer, report)
         await asyncio.wait_for(write_frame(writer, Kind.ACK), t.reply_timeout)
         return None
 

@@ -48,6 +48,7 @@ from hivemind.p2p import P2P, PeerID
 from diloco.codecs import Codec
 from diloco.errors import ProtocolError, RoundFailed
 from diloco.protocol import processes
+from diloco.protocol.adaptive import RECENT_ROUNDS, adapted_timeouts
 from diloco.protocol.aggregation import CLIP_FACTOR, check_clip_factor, weighted_mean
 from diloco.protocol.allreduce import AllReduceRunner
 from diloco.protocol.bans import BanList
@@ -435,6 +436,8 @@ class SwarmReducer(Reducer):
             collections.OrderedDict()
         )
         """(matchmaking seconds, all-reduce seconds) of the last rounds, oldest first."""
+        self.transfers: collections.deque[float] = collections.deque(maxlen=RECENT_ROUNDS)
+        """Transfer times of the last rounds with every part on the first try (``adaptive``)."""
         swarm.call(self._start())
 
     async def _start(self) -> None:
@@ -506,7 +509,7 @@ class SwarmReducer(Reducer):
                     codec=self.codec,
                     return_codec=self.return_codec,
                     delta=delta,
-                    timeouts=self.timeouts,
+                    timeouts=self.round_timeouts(),
                     max_norm_ratio=self.max_norm_ratio,
                     max_weight=self.max_weight,
                     clip_factor=self.clip_factor,
@@ -519,6 +522,8 @@ class SwarmReducer(Reducer):
                     result = await runner.run()
                 finally:  # also when the round fails or its deadline cancels it
                     failed = runner.part_missing
+                if runner.transfer_seconds is not None:
+                    self.transfers.append(runner.transfer_seconds)
         finally:
             self.service.finish(key)
             self.demotion.record(reduced, failed)
@@ -526,6 +531,16 @@ class SwarmReducer(Reducer):
         while len(self.timings) > 64:
             self.timings.popitem(last=False)
         return dataclasses.replace(result, seconds=loop.time() - start)
+
+    def round_timeouts(self) -> RoundTimeouts:
+        """This round's timeouts: the part deadlines adapted to recent transfers."""
+        net = self.swarm.net
+        return adapted_timeouts(
+            self.timeouts,
+            self.transfers,
+            factor=net.transfer_timeout_factor,
+            floor=net.min_transfer_timeout,
+        )
 
     def _alone(self, delta: torch.Tensor, names: tuple[str, ...]) -> RoundResult:
         """A group of one: the node's own delta through both codecs (SPEC 2.7)."""

@@ -164,11 +164,14 @@ def draw_samples(
     rng: random.Random,
 ) -> dict[int, Sample]:
     """The ``Sample`` of each part this member did not reduce: ``count`` blocks of it
-    (``sample_blocks``), its reducer's ``claims`` and the ``averaged`` vector held."""
+    (``sample_blocks``), its reducer's ``claims`` and the ``averaged`` vector held. Parts
+    without claims are not sampled: those a substitute re-reduced (``rereduction``)."""
     samples = {}
     for j, (lo, hi) in enumerate(plan.spans):
+        if j == plan.index or j not in claims:
+            continue
         blocks = sample_blocks((lo, hi), count, rng)
-        if j != plan.index and blocks:
+        if blocks:
             samples[j] = Sample(j, blocks, claims[j], averaged[lo:hi])
     return samples
 

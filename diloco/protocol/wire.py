@@ -412,7 +412,7 @@ class Averaged:
         self.head.check()
         _require(0 < len(self.mask) <= MAX_GROUP_SIZE, "counted mask size")
         _require(self.head.part < len(self.mask), f"part {self.head.part} outside the mask")
-        _require(self.mask[self.head.part], "counted mask without the reducer")
+        _require(any(self.mask), "counted mask counts nobody")
         _require(len(self.norms) == len(self.mask), "one norm per member")
         for norm, counted in zip(self.norms, self.mask, strict=True):
             ok = math.isfinite(norm) and norm >= 0 and (counted or norm == 0)

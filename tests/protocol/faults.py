@@ -36,6 +36,7 @@ class Fault(enum.Enum):
     BAD_SEAL = "bad_seal"
     STALL_SENDER = "stall_sender"
     STALL_REDUCER = "stall_reducer"
+    STALL_MEMBER = "stall_member"
     DIE_AS_LEADER = "die_as_leader"
     CUT_FIRST_JOIN = "cut_first_join"
     CUT_PART_STREAMS = "cut_part_streams"
@@ -105,10 +106,10 @@ class CutPartStreams(AllReduceRunner):
     out (a stream lost in transit); it then opens the stream again, as any member does,
     and sends every chunk again: the reducer must skip the two it holds."""
 
-    async def _exchange_inner(self, j: int, peer: PeerID) -> Any:
+    async def _exchange_inner(self, j: int, peer: PeerID, r: int) -> Any:
         cut: set[int] = self.__dict__.setdefault("_cut", set())
         if j in cut:
-            return await super()._exchange_inner(j, peer)
+            return await super()._exchange_inner(j, peer, r)
         cut.add(j)
         loop = asyncio.get_running_loop()
         _, _, writer = await self.p2p.call_binary_stream_handler(peer, self.part_handler)

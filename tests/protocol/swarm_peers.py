@@ -96,6 +96,15 @@ class StallReducer(AllReduceRunner):
     server_type = _StallingServer
 
 
+class StallMember(AllReduceRunner):
+    """Joins the group, then sends and averages nothing (frozen, as under SIGSTOP); its
+    server still reads what others send it."""
+
+    async def run(self) -> Any:
+        _notify(("stalled", "member"))
+        await asyncio.sleep(1e6)
+
+
 class DyingLeader(Matchmaker):
     """Leads, and as soon as the first member has JOINed dies like a machine losing power
     (SIGKILL of its whole session: process, DHT process, p2pd)."""
@@ -160,6 +169,8 @@ def runner_type(fault: Fault) -> type[AllReduceRunner]:
         return StallSender
     if fault == Fault.STALL_REDUCER:
         return StallReducer
+    if fault == Fault.STALL_MEMBER:
+        return StallMember
     if fault == Fault.CUT_PART_STREAMS:
         return CutPartStreams
     if fault == Fault.LYING_REDUCER:

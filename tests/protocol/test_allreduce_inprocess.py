@@ -11,6 +11,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
+import numpy as np
 import pytest
 import torch
 from faults import GARBAGE, CutPartStreams, Fault, LyingReporter, corrupt_sender
@@ -235,6 +236,42 @@ def test_inflated_member_gets_at_most_its_capped_clipped_share(weight: float, sc
         assert moved <= share * (clip * ref + float(honest_mean.norm())) * (1 + 1e-6)
 
 
+def _numpy_mean(inputs: Sequence[torch.Tensor], weights: Sequence[float]) -> np.ndarray:
+    """The weighted mean in FP64 with numpy: shares no code with the protocol."""
+    xs = np.stack([x.numpy().astype(np.float64) for x in inputs])
+    w = np.asarray(weights, dtype=np.float64)
+    return (w[:, None] * xs).sum(axis=0) / w.sum()
+
+
+def _survivors(n: int, *dead: int) -> list[int]:
+    return [i for i in range(n) if i not in dead]
+
+
+async def _kill(round_: Round, victim: int) -> None:
+    round_.tasks[victim].cancel()
+    round_.network.peers[round_.ids[victim]].kill()
+
+
+@pytest.mark.parametrize("victim", [1, 3])  # 3: its substitute wraps around to member 0
+def test_reducer_vanishing_after_matchmaking_is_rereduced_among_survivors(victim: int) -> None:
+    inputs, weights = deltas(6_000, 4), [1.0, 2.0, 3.0, 1.5]
+    alive = _survivors(4, victim)
+
+    async def main() -> list[Outcome]:
+        round_ = Round(inputs, weights, [AllReduceRunner] * 4, timeouts=TIMEOUTS.scaled(0.5))
+        await round_.start()
+        await _kill(round_, victim)  # before any of its tasks ran: nothing sent
+        return await round_.outcomes(alive)
+
+    outcomes = asyncio.run(main())
+    want = _numpy_mean([inputs[i] for i in alive], [weights[i] for i in alive])
+    first = delta_of(outcomes[0])
+    assert np.allclose(first.numpy(), want, rtol=1e-6, atol=1e-9)
+    for outcome in outcomes:
+        assert torch.equal(delta_of(outcome), first)  # bit-identical on every survivor
+        assert outcome.members == names(4, left_out=victim)  # type: ignore[union-attr]
+
+
 class _DyingServer(PartServer):
     """Receives everyone's chunks, then its member dies before averaging them."""
 
@@ -250,26 +287,100 @@ class _DyingReducer(AllReduceRunner):
     server_type = _DyingServer
 
 
-def test_reducer_dying_mid_round_fails_the_round_for_every_survivor() -> None:
-    victim = 0
+async def _kill_once_counted(round_: Round, victims: Sequence[int]) -> None:
+    """Kill ``victims`` once each holds every other member's chunks and every other
+    member's reducer holds theirs (they are counted in every other part)."""
+    others = [r for i, r in enumerate(round_.runners) if i not in victims]
+    servers = [round_.runners[v].server for v in victims]
+    while not (
+        all(getattr(s, "ready", None) is not None and s.ready.is_set() for s in servers)  # type: ignore[attr-defined]
+        and all(v in r.server.reducer.received for r in others for v in victims)
+    ):
+        await asyncio.sleep(0.01)
+    for victim in victims:
+        await _kill(round_, victim)
+
+
+def test_reducer_dying_mid_round_its_part_is_rereduced_among_survivors() -> None:
+    inputs, weights, victim = deltas(5_000, 4), [1.0, 2.0, 1.0, 3.0], 2
+    alive = _survivors(4, victim)
 
     async def main() -> list[Outcome]:
         types: list[type[AllReduceRunner]] = [AllReduceRunner] * 4
         types[victim] = _DyingReducer
+        round_ = Round(inputs, weights, types, timeouts=TIMEOUTS.scaled(0.5))
+        await round_.start()
+        await _kill_once_counted(round_, [victim])
+        return await round_.outcomes(alive)
+
+    outcomes = asyncio.run(main())
+    # its contributions were counted in the others' parts; its own part is the survivors'
+    want = _numpy_mean(inputs, weights)
+    lo, hi = butterfly_parts(5_000, 4)[victim]
+    want[lo:hi] = _numpy_mean([inputs[i] for i in alive], [weights[i] for i in alive])[lo:hi]
+    first = delta_of(outcomes[0])
+    assert np.allclose(first.numpy(), want, rtol=1e-6, atol=1e-9)
+    for outcome in outcomes:
+        assert torch.equal(delta_of(outcome), first)
+        assert outcome.members == names(4, left_out=victim)  # type: ignore[union-attr]
+
+
+def test_reducer_and_its_substitute_dying_fail_the_round_for_every_survivor() -> None:
+    victims = [0, 1]  # member 1 re-reduces part 0
+
+    async def main() -> list[Outcome]:
+        types: list[type[AllReduceRunner]] = [AllReduceRunner] * 4
+        for victim in victims:
+            types[victim] = _DyingReducer
         round_ = Round(deltas(5_000, 4), [1.0] * 4, types, timeouts=TIMEOUTS.scaled(0.5))
         await round_.start()
-        server = round_.runners[victim].server
-        survivors = [r for r in round_.runners if r is not round_.runners[victim]]
-        while not (
-            getattr(server, "ready", None) is not None
-            and server.ready.is_set()  # type: ignore[attr-defined]
-            and all(victim in r.server.reducer.received for r in survivors)
-        ):
-            await asyncio.sleep(0.01)
-        round_.tasks[victim].cancel()
-        round_.network.peers[round_.ids[victim]].kill()
-        return await round_.outcomes([1, 2, 3])
+        await _kill_once_counted(round_, victims)
+        return await round_.outcomes([2, 3])
 
     for outcome in asyncio.run(main()):
         assert isinstance(outcome, RoundFailed)
-        assert outcome.reason == f"parts [{victim}] missing here"
+        assert outcome.reason == "parts [0] missing here"
+
+
+class _StallingServer(PartServer):
+    """Gathers everyone's chunks, never averages them, and gives up at the part deadline."""
+
+    async def reduce(self) -> None:
+        await asyncio.sleep(self.deadlines.part - asyncio.get_running_loop().time())
+        self.reducer.fail("stalled")
+        self._touch()
+
+
+class _StallingReducer(AllReduceRunner):
+    server_type = _StallingServer
+
+
+def test_stalled_reducer_part_rereduced_with_everyone_counted() -> None:
+    inputs, weights, stalled = deltas(5_000, 4), [1.0, 2.0, 1.0, 3.0], 1
+    types: list[type[AllReduceRunner]] = [AllReduceRunner] * 4
+    types[stalled] = _StallingReducer
+
+    async def main() -> list[Outcome]:
+        round_ = Round(inputs, weights, types, timeouts=TIMEOUTS.scaled(0.5))
+        await round_.start()
+        return await round_.outcomes()
+
+    outcomes = asyncio.run(main())
+    first = delta_of(outcomes[0])
+    assert np.allclose(first.numpy(), _numpy_mean(inputs, weights), rtol=1e-6, atol=1e-9)
+    assert torch.equal(first, expected(inputs, weights))
+    for outcome in outcomes:  # the stalled member too: it sent its part to the substitute
+        assert torch.equal(delta_of(outcome), first)
+        assert outcome.members == names(4)  # type: ignore[union-attr]
+
+
+def test_pair_whose_partner_vanishes_fails_the_round_no_group_of_one() -> None:
+    async def main() -> list[Outcome]:
+        round_ = Round(deltas(3_000, 2), [1.0, 1.0], [AllReduceRunner] * 2, timeouts=TIMEOUTS)
+        await round_.start()
+        await _kill(round_, 1)
+        return await round_.outcomes([0])
+
+    (outcome,) = asyncio.run(main())
+    assert isinstance(outcome, RoundFailed)
+    assert outcome.reason == "parts [1] missing here"

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from diloco.codecs import CODEC_NAMES, get_codec
-from diloco.protocol.partition import PART_ALIGN, butterfly_parts
+from diloco.protocol.partition import PART_ALIGN, butterfly_parts, substitute
 
 
 def test_butterfly_parts_equal_split_by_hand() -> None:
@@ -91,3 +91,11 @@ def test_butterfly_parts_bad_arguments_raise(
 ) -> None:
     with pytest.raises(ValueError, match=match):
         butterfly_parts(*args, **kwargs)  # type: ignore[arg-type]
+
+
+def test_substitute_is_the_next_member_in_group_order() -> None:
+    assert [substitute(j, 4) for j in range(4)] == [1, 2, 3, 0]
+    assert [substitute(j, 2) for j in range(2)] == [1, 0]
+    for bad in [(0, 1), (4, 4), (-1, 3)]:
+        with pytest.raises(ValueError):
+            substitute(*bad)

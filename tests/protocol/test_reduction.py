@@ -259,6 +259,17 @@ def test_averaged_part_wrong_chunk_rejected(msg: Averaged, match: str) -> None:
         AveragedPart(_plan(index=1), 0).check(0, msg)
 
 
+def test_averaged_part_must_count_whoever_averaged_it() -> None:
+    msg = _averaged(0, 0, (False, True, True), 1.0)  # part 0 without its reducer, member 0
+    with pytest.raises(ProtocolError, match="without the reducer"):
+        AveragedPart(_plan(index=1), 0).check(0, msg)
+    AveragedPart(_plan(index=1), 0, reducer=1).check(0, msg)  # re-reduced by member 1
+    with pytest.raises(ProtocolError, match="without the reducer"):
+        AveragedPart(_plan(index=2), 0, reducer=1).check(
+            0, _averaged(0, 0, (False, False, True), 1.0)
+        )
+
+
 def test_averaged_part_mask_changed_mid_part_rejected() -> None:
     part = AveragedPart(_plan(index=1), 0)
     first = _averaged(0, 0, (True, True, True), 1.0)

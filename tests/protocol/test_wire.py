@@ -123,12 +123,15 @@ def test_averaged_round_trip_keeps_every_field() -> None:
     assert parsed.block_norms == msg.block_norms and bytes(parsed.payload) == msg.payload
 
 
-def test_averaged_mask_without_its_reducer_rejected() -> None:
-    with pytest.raises(ProtocolError, match="without the reducer"):
-        _averaged((False, True)).serialize()
-    body = bytearray(_averaged((True, True)).serialize())
-    body[PartHead.SIZE + 2] = 0b10  # member 0, the reducer, no longer counted
-    with pytest.raises(ProtocolError, match="without the reducer"):
+def test_averaged_mask_counting_nobody_rejected() -> None:
+    # a substitute's re-reduced part need not count the part's own reducer (``reduction.
+    # AveragedPart`` checks the one who averaged it is counted)
+    assert Averaged.parse(_averaged((False, True)).serialize()).mask == (False, True)
+    with pytest.raises(ProtocolError, match="counts nobody"):
+        dataclasses.replace(_averaged((False, False)), norms=(0.0, 0.0)).serialize()
+    body = bytearray(_averaged((True, False)).serialize())
+    body[PartHead.SIZE + 2] = 0b00  # member 0, the only one counted, no longer counted
+    with pytest.raises(ProtocolError, match="counts nobody"):
         Averaged.parse(bytes(body))
 
 
