@@ -82,12 +82,19 @@ def _round_with_killed_victim(
 def test_killed_sender_survivors_agree_and_match(
     honest: list[PeerProcess], victim: PeerProcess, fragment: int
 ) -> None:
+    # The victim stalls as a sender and is killed. If it dies before delivering its own
+    # part, the part is re-reduced and the round succeeds without it; if it delivered the
+    # part first, it cannot answer the checks of that part, and every survivor fails the
+    # round (a reducer must not escape the checks by going silent: docs/allreduce.md).
+    # Either way the survivors agree, and none applies a partial result.
     results, waited = _round_with_killed_victim(honest, victim, fragment, Fault.STALL_SENDER)
-    assert waited < TIMEOUTS.allreduce
-    assert all(r["ok"] for r in results), results
-    assert len({r["sha256"] for r in results}) == 1
-    assert len({tuple(r["members"]) for r in results}) == 1
-    assert all(victim.peer_id not in r["members"] and len(r["members"]) == 3 for r in results)
+    assert waited < TIMEOUTS.allreduce + TIMEOUTS.reducer_timeout
+    assert len({r["ok"] for r in results}) == 1, results
+    if results[0]["ok"]:
+        assert len({r["sha256"] for r in results}) == 1
+        assert all(victim.peer_id not in r["members"] and len(r["members"]) == 3 for r in results)
+    else:
+        assert all("answer" in r["reason"] or "missing" in r["reason"] for r in results), results
 
 
 @pytest.mark.swarm
