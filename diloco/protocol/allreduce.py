@@ -335,6 +335,11 @@ class AllReduceRunner:
     async def _rereduce(self, j: int) -> None:
         """Part ``j`` failed here: re-reduce it as its substitute, or fetch it from that one."""
         s = substitute(j, self.num_members, self.group.clients)
+        if s is None:
+            logger.warning(
+                "round %s: part %d missing, no member may re-reduce it", self.group.key, j
+            )
+            return
         if s == self.index:
             make = functools.partial(self._part_server, j, self.deadlines.rereducing())
             failed = await self.substitutes.reduce(j, make, functools.partial(self._chunk_sent, j))

@@ -53,16 +53,16 @@ def butterfly_parts(
     return spans
 
 
-def substitute(part: int, num_members: int, clients: Sequence[bool] = ()) -> int:
+def substitute(part: int, num_members: int, clients: Sequence[bool] = ()) -> int | None:
     """The member that re-reduces part ``part`` when its reducer fails (issue 12 "Churn"):
     the next member in group order that is not a client (nobody may be able to dial a
     client), so every member derives the same one without talking. Group order is sorted
     peer ids, which the round key's group id fixes: no member can pick the substitute of
-    its choice."""
+    its choice. None when every other member is a client: the part cannot be re-reduced."""
     if num_members < 2 or not 0 <= part < num_members:
         raise ValueError(f"no substitute for part {part} of {num_members} members")
     for step in range(1, num_members):
         s = (part + step) % num_members
         if not (clients and clients[s]):
             return s
-    raise ValueError(f"no member but clients to re-reduce part {part}")
+    return None

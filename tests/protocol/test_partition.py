@@ -99,3 +99,10 @@ def test_substitute_is_the_next_member_in_group_order() -> None:
     for bad in [(0, 1), (4, 4), (-1, 3)]:
         with pytest.raises(ValueError):
             substitute(*bad)
+
+
+def test_substitute_skips_clients_and_is_none_when_only_clients_are_left() -> None:
+    clients = (False, True, False, False)
+    assert [substitute(j, 4, clients) for j in range(4)] == [2, 2, 3, 0]
+    # a pair of one reducer and one client: nobody else may re-reduce the reducer's part
+    assert [substitute(j, 2, (False, True)) for j in range(2)] == [None, 0]
