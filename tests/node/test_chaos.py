@@ -7,11 +7,21 @@ one outer state hash."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from diloco.bench.chaos import ChaosConfig, run_chaos
 
-pytestmark = pytest.mark.swarm
+pytestmark = [
+    pytest.mark.swarm,
+    # 3.5-5 minutes on a 2-core machine, and it failed once before passing on a rerun in
+    # the full suite (cause not found yet): outside the default suite until it is fast and
+    # steady (issue 12). Run it with DILOCO_CHAOS=1.
+    pytest.mark.skipif(
+        os.environ.get("DILOCO_CHAOS") != "1", reason="chaos run: set DILOCO_CHAOS=1"
+    ),
+]
 
 
 def test_chaos_kills_and_freezes_leave_survivors_equal_and_finishing(tmp_path) -> None:
