@@ -110,12 +110,7 @@ class Identity:
         Raises:
             ConfigError: the file exists or cannot be created.
         """
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except OSError as exc:
-            raise ConfigError(f"cannot create identity file {path}: {exc.strerror}") from exc
-        with os.fdopen(fd, "wb") as file:
-            file.write(self.to_key_file())
+        write_private_file(path, self.to_key_file(), "identity file")
 
 
 def load_identity(path: str | Path) -> Identity:
@@ -200,3 +195,17 @@ def signing_input(domain: str, *fields: bytes | str | int | float) -> bytes:
 
 def _raw_public(public_key: Ed25519PublicKey) -> bytes:
     return public_key.public_bytes(_RAW, serialization.PublicFormat.Raw)
+
+
+def write_private_file(path: str | Path, data: bytes, what: str) -> None:
+    """Write ``data`` to a new file at ``path`` readable by its owner only (mode 0600).
+
+    Raises:
+        ConfigError: the file exists or cannot be created (``what`` names it).
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as exc:
+        raise ConfigError(f"cannot create {what} {path}: {exc.strerror}") from exc
+    with os.fdopen(fd, "wb") as file:
+        file.write(data)

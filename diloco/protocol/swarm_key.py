@@ -41,7 +41,7 @@ from hivemind.p2p import PeerID
 from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 
 from diloco.errors import ConfigError, ProtocolError
-from diloco.protocol.identity import signing_input
+from diloco.protocol.identity import signing_input, write_private_file
 from diloco.protocol.streams import (
     TRANSPORT_ERRORS,
     StreamHandler,
@@ -102,12 +102,7 @@ class SwarmKey:
         Raises:
             ConfigError: the file exists or cannot be created.
         """
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except OSError as exc:
-            raise ConfigError(f"cannot create swarm key file {path}: {exc.strerror}") from exc
-        with os.fdopen(fd, "wb") as file:
-            file.write(self.secret)
+        write_private_file(path, self.secret, "swarm key file")
 
 
 def load_swarm_key(path: str | Path) -> SwarmKey:
