@@ -530,7 +530,9 @@ class SwarmReducer(Reducer):
         self.timings[key] = (matched - start, loop.time() - matched)
         while len(self.timings) > 64:
             self.timings.popitem(last=False)
-        return dataclasses.replace(result, seconds=loop.time() - start)
+        return dataclasses.replace(
+            result, seconds=loop.time() - start, matchmaking_seconds=matched - start
+        )
 
     def round_timeouts(self) -> RoundTimeouts:
         """This round's timeouts: the part deadlines adapted to recent transfers."""
