@@ -31,8 +31,8 @@ from diloco.sim.methods import (
     sync_plan,
 )
 from diloco.sim.metrics import MeasuredRun, measured_schedule, parse_metrics
-from diloco.sim.round_costs import measured_cu, predict_cu
 from diloco.sim.protocol_sim import Rule, SwarmSpec, summarise
+from diloco.sim.round_costs import measured_cu, predict_cu
 from diloco.sim.staged_traffic import staged_traffic
 from diloco.sim.sweep import DEFAULT_TARGETS, bandwidth_grid, required_bandwidth
 
@@ -146,7 +146,9 @@ def _round_cost_lines(metrics: Sequence[str], bandwidth_gbps: float | None) -> l
     ]
     rows = [("measured", measured), ("predicted", predicted)]
     if bandwidth_gbps is not None:
-        rows.append((f"predicted at {bandwidth_gbps:g} Gbit/s", predict_cu(metrics, bandwidth_gbps)))
+        rows.append(
+            (f"predicted at {bandwidth_gbps:g} Gbit/s", predict_cu(metrics, bandwidth_gbps))
+        )
     for name, cu in rows:
         steady = "-" if cu.steady is None else f"{cu.steady:.4f}"
         lines.append(f"  {name:<22}{cu.whole:>10.4f}{steady:>10}")

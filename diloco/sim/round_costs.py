@@ -74,7 +74,11 @@ class WindowCU:
     """The steady state is the steps after this one."""
 
     def as_dict(self) -> dict[str, float | int | None]:
-        return {"whole": self.whole, "steady": self.steady, "steady_from_step": self.steady_from_step}
+        return {
+            "whole": self.whole,
+            "steady": self.steady,
+            "steady_from_step": self.steady_from_step,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +171,10 @@ def fit_link(rounds: Sequence[Round]) -> tuple[float, float]:
     mean_bits, mean_seconds = statistics.fmean(bits), statistics.fmean(seconds)
     spread = sum((b - mean_bits) ** 2 for b in bits)
     if spread > 0:
-        slope = sum((b - mean_bits) * (s - mean_seconds) for b, s in zip(bits, seconds)) / spread
+        slope = (
+            sum((b - mean_bits) * (s - mean_seconds) for b, s in zip(bits, seconds, strict=True))
+            / spread
+        )
         fixed = mean_seconds - slope * mean_bits
         if slope > 0 and fixed >= 0:
             return fixed, 1 / slope / 1e9
@@ -206,21 +213,34 @@ def predict_window(
         backward_weight_seconds=tuple(scale * t for t in compute.backward_weight_seconds),
     )
     rate = bandwidth_gbps if bandwidth_gbps is not None else costs.rate_gbps
-    pre = costs.matchmaking_seconds + costs.fixed_seconds
+    wire_bits = tuple(8 * b for b in costs.wire_bytes)
+    ok = [r for r in window.rounds if r.ok]
+    # Each successful round's own matchmaking wait (they vary: waiting for the slowest
+    # member), not their mean: a wait beyond the overlap blocks, a shorter one does not.
+    blocked = sum(
+        _blocked_per_round(
+            compute, plan, wire_bits, r.matchmaking_seconds + costs.fixed_seconds, rate
+        )
+        for r in ok
+    )
+    total = sum(window.step_seconds)
+    return total / (total + blocked + costs.failed_blocked_seconds)
+
+
+def _blocked_per_round(
+    compute: StepCompute, plan: SyncPlan, wire_bits: tuple[float, ...], pre: float, rate: float
+) -> float:
+    """Seconds a round blocks when every round waits ``pre`` off the link, then sends its
+    fragment's bits at ``rate``: a period of ``H`` steps holds one round of each fragment."""
     plan = SyncPlan(
         fragments=plan.fragments,
         sync_every=plan.sync_every,
         tau=plan.tau,
-        wire_bits=tuple(8 * b for b in costs.wire_bytes),
+        wire_bits=wire_bits,
         pre_seconds=(pre,) * len(plan.fragments),
     )
     cu = float(compute_utilisation(compute, plan, [rate if math.isfinite(rate) else 1e9])[0])
-    # One period of H steps holds one round of every fragment.
-    blocked_per_round = plan.sync_every * step * (1 / cu - 1) / len(plan.fragments)
-    num_ok = sum(r.ok for r in window.rounds)
-    total = sum(window.step_seconds)
-    blocked = num_ok * blocked_per_round + costs.failed_blocked_seconds
-    return total / (total + blocked)
+    return plan.sync_every * compute.step_seconds * (1 / cu - 1) / len(plan.fragments)
 
 
 def predict_cu(lines: Sequence[str], bandwidth_gbps: float | None = None) -> WindowCU:
