@@ -94,9 +94,11 @@ def main() -> None:
                 folder = args.metrics_dir / f"{rate}-{method}-{repeat}"
                 if not args.analyse:
                     run_swarm(folder, rate, args.steps, METHODS[method])
-                runs.append(analyse(folder))
-            rows.append({"rate": rate, "method": method, "runs": runs})
-            print(table_row(rows[-1]), flush=True)
+                if list(folder.glob("node*.jsonl")):  # --analyse: the runs made so far
+                    runs.append(analyse(folder))
+            if runs:
+                rows.append({"rate": rate, "method": method, "runs": runs})
+                print(table_row(rows[-1]), flush=True)
     args.out.write_text(json.dumps({"steps": args.steps, "rows": rows}, indent=1) + "\n")
     os.chmod(args.out, 0o644)
 
@@ -106,16 +108,20 @@ def _mean_over_nodes(run: dict[str, Any], kind: str, window: str) -> float:
 
 
 def table_row(row: dict[str, Any]) -> str:
-    """One markdown row: per window, predicted / measured means over runs, and the spread."""
-    cells = [row["rate"], row["method"]]
+    """One markdown row: per window, predicted and measured CU (mean over runs of the mean
+    over nodes), their difference in points, the measured range over runs and over nodes."""
+    cells = [row["rate"], row["method"], str(len(row["runs"]))]
     for window in ("whole", "steady"):
         measured = [_mean_over_nodes(r, "measured", window) for r in row["runs"]]
         predicted = [_mean_over_nodes(r, "predicted", window) for r in row["runs"]]
+        nodes = [n["measured"][window] for r in row["runs"] for n in r["nodes"]]
         m, p = statistics.fmean(measured), statistics.fmean(predicted)
         cells += [
             f"{100 * p:.1f}%",
-            f"{100 * m:.1f}% ({100 * min(measured):.1f}-{100 * max(measured):.1f})",
+            f"{100 * m:.1f}%",
             f"{100 * (p - m):+.1f}",
+            f"{100 * min(measured):.1f}-{100 * max(measured):.1f}",
+            f"{100 * min(nodes):.1f}-{100 * max(nodes):.1f}",
         ]
     return "| " + " | ".join(cells) + " |"
 
