@@ -22,6 +22,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from diloco.sim.dag import compute_utilisation
+from diloco.sim.metrics import measured_schedule, parse_metrics
 from diloco.sim.round_costs import measured_cu, predict_cu
 
 METHODS = {
@@ -64,6 +66,9 @@ def analyse(folder: Path) -> dict[str, Any]:
         lines = path.read_text().splitlines()
         summary = [json.loads(x) for x in lines if '"summary"' in x]
         measured, predicted = measured_cu(lines), predict_cu(lines)
+        run = parse_metrics(lines)  # the old prediction: transfers only, at the observed rate
+        compute, plan = measured_schedule(run)
+        transfers_only = float(compute_utilisation(compute, plan, [run.observed_gbps])[0])
         nodes.append(
             {
                 "node": path.stem,
@@ -71,6 +76,7 @@ def analyse(folder: Path) -> dict[str, Any]:
                 "failed_rounds": summary[-1]["failed_rounds"] if summary else None,
                 "measured": measured.as_dict(),
                 "predicted": predicted.as_dict(),
+                "transfers_only": transfers_only,
             }
         )
     return {"folder": str(folder), "nodes": nodes}
@@ -123,6 +129,10 @@ def table_row(row: dict[str, Any]) -> str:
             f"{100 * min(measured):.1f}-{100 * max(measured):.1f}",
             f"{100 * min(nodes):.1f}-{100 * max(nodes):.1f}",
         ]
+    old = statistics.fmean(
+        statistics.fmean(n["transfers_only"] for n in r["nodes"]) for r in row["runs"]
+    )
+    cells.append(f"{100 * old:.1f}%")
     return "| " + " | ".join(cells) + " |"
 
 
