@@ -121,3 +121,21 @@ def test_bad_round_records_are_clear_errors() -> None:
     bad = _lines([_config(1, 4, 0), *_steps(4), {"event": "round_failed", "step": 4}])
     with pytest.raises(ValueError, match="fragment"):
         measured_cu(bad)
+
+
+def test_predicted_cu_at_another_bandwidth_keeps_the_other_costs() -> None:
+    # Steady state at 8 Mbit/s: 8e6 bits in 1 s after the 1 s of matchmaking.
+    assert predict_cu(_diloco_run(), bandwidth_gbps=0.008).steady == pytest.approx(4 / 6)
+
+
+def test_no_steady_state_when_the_node_was_always_alone() -> None:
+    alone = _lines(
+        [
+            _config(1, 4, 0),
+            *_steps(8),
+            _round(4, 0, 1, 0, seconds=2.0, matchmaking_seconds=2.0, blocked_seconds=2.0),
+            _round(8, 0, 1, 0, seconds=2.0, matchmaking_seconds=2.0, blocked_seconds=2.0),
+        ]
+    )
+    cu = measured_cu(alone)
+    assert (cu.whole, cu.steady, cu.steady_from_step) == (pytest.approx(8 / 12), None, None)
