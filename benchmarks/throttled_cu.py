@@ -7,7 +7,8 @@ and in steady state (``diloco.sim.round_costs.measured_cu``) next to the CU the 
 predicts from the same node's metrics (``diloco.sim.round_costs.predict_cu``).
 
     sudo .venv/bin/python benchmarks/throttled_cu.py --steps 300 --repeats 2 \
-        --metrics-dir benchmarks/results/throttled_cu --out benchmarks/results/throttled_cu.json
+        --metrics-dir benchmarks/results/throttled_cu \
+        --out benchmarks/results/throttled_cu_issue14.json
 
 ``--analyse`` skips the runs and reads the metrics already under ``--metrics-dir``.
 """
