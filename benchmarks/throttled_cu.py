@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -25,7 +26,7 @@ from typing import Any
 
 from diloco.sim.dag import compute_utilisation
 from diloco.sim.metrics import measured_schedule, parse_metrics
-from diloco.sim.round_costs import measured_cu, predict_cu
+from diloco.sim.round_costs import measured_cu, predict_cu, read_windows, round_costs
 
 METHODS = {
     "streaming": [],
@@ -73,6 +74,7 @@ def analyse(folder: Path) -> dict[str, Any]:
         nodes.append(
             {
                 "node": path.stem,
+                "path": str(path),
                 "summary_cu": summary[-1]["cu"] if summary else None,
                 "failed_rounds": summary[-1]["failed_rounds"] if summary else None,
                 "measured": measured.as_dict(),
@@ -106,8 +108,40 @@ def main() -> None:
             if runs:
                 rows.append({"rate": rate, "method": method, "runs": runs})
                 print(table_row(rows[-1]), flush=True)
+    for row in rows:
+        print(cross_line(rows, row), flush=True)
     args.out.write_text(json.dumps({"steps": args.steps, "rows": rows}, indent=1) + "\n")
     os.chmod(args.out, 0o644)
+
+
+def _rate_mbit(rate: str) -> float:
+    units = {"gbit": 1000.0, "mbit": 1.0, "kbit": 1e-3}
+    unit = next(u for u in units if rate.endswith(u))
+    return float(rate.removesuffix(unit)) * units[unit]
+
+
+def cross_line(rows: list[dict[str, Any]], row: dict[str, Any]) -> str:
+    """Out of sample: each run's CU predicted from the fastest link's run of the same method
+    and repeat, node for node, with the fitted rate scaled to the slower link (the link keeps
+    its share of the nominal rate; matchmaking, fixed costs, failures as measured there)."""
+    fastest = max(
+        (r for r in rows if r["method"] == row["method"]), key=lambda r: _rate_mbit(r["rate"])
+    )
+    scale = _rate_mbit(row["rate"]) / _rate_mbit(fastest["rate"])
+    cells = []
+    for window in ("whole", "steady"):
+        predicted, measured = [], []
+        for run, source in zip(row["runs"], fastest["runs"], strict=False):
+            for node, other in zip(run["nodes"], source["nodes"], strict=False):
+                lines = Path(other["path"]).read_text().splitlines()
+                whole, steady, _ = read_windows(lines)
+                fitted = round_costs(steady or whole, 1).rate_gbps
+                cu = predict_cu(lines, fitted * scale).as_dict()[window]
+                predicted.append(float(cu) if cu is not None else math.nan)
+                measured.append(float(node["measured"][window]))
+        p, m = statistics.fmean(predicted), statistics.fmean(measured)
+        cells.append(f"{window}: {100 * p:.1f}% vs {100 * m:.1f}% ({100 * (p - m):+.1f})")
+    return f"{row['rate']} {row['method']} from {fastest['rate']}: " + ", ".join(cells)
 
 
 def _mean_over_nodes(run: dict[str, Any], kind: str, window: str) -> float:
