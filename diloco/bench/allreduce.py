@@ -277,7 +277,8 @@ class _DilocoPeer:
         from diloco.protocol.group import RoundTimeouts
         from diloco.protocol.network import NetworkOptions
         from diloco.protocol.run_id import make_run_id
-        from diloco.protocol.swarm import Swarm, SwarmReducer
+        from diloco.protocol.swarm import Swarm
+        from diloco.protocol.swarm_reducer import SwarmReducer
 
         self.config = config
         run_id = make_run_id("bench", {"numel": config.numel, "codec": config.codec})

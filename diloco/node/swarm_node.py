@@ -56,8 +56,9 @@ from diloco.protocol.records import (
 from diloco.protocol.run_id import make_run_id, run_digest
 from diloco.protocol.run_info import serve_run_info
 from diloco.protocol.signed_records import MAX_RECORD_TTL
-from diloco.protocol.swarm import Swarm, SwarmReducer
+from diloco.protocol.swarm import Swarm
 from diloco.protocol.swarm_key import ClosedSwarm, check_swarm_key, load_swarm_key
+from diloco.protocol.swarm_reducer import SwarmReducer
 
 logger = logging.getLogger(__name__)
 

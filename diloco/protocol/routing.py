@@ -17,6 +17,7 @@ from diloco.protocol.allreduce import AllReduceRunner
 from diloco.protocol.bans import BanList
 from diloco.protocol.check_wire import CheckRequest, EvidenceRequest
 from diloco.protocol.group import RoundTimeouts
+from diloco.protocol.part_wire import PartHead, Report
 from diloco.protocol.reducer import RoundKey
 from diloco.protocol.streams import (
     StreamTransport,
@@ -26,15 +27,7 @@ from diloco.protocol.streams import (
     stream_handler,
     write_frame,
 )
-from diloco.protocol.wire import (
-    MAX_GROUP_SIZE,
-    Kind,
-    PartHead,
-    Reject,
-    RejectCode,
-    Report,
-    RoundTag,
-)
+from diloco.protocol.wire import MAX_GROUP_SIZE, Kind, Reject, RejectCode, RoundTag
 
 
 class AllReduceService:

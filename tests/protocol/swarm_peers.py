@@ -37,14 +37,16 @@ from diloco.protocol.allreduce import AllReduceRunner
 from diloco.protocol.demotion import Demotion
 from diloco.protocol.fragment_state import FragmentState, OuterState
 from diloco.protocol.group import RoundTimeouts
-from diloco.protocol.matchmaking import Matchmaker, leader_rank
+from diloco.protocol.lobby import leader_rank
+from diloco.protocol.matchmaking import Matchmaker
 from diloco.protocol.network import NetworkOptions
 from diloco.protocol.part_server import PartServer
 from diloco.protocol.records import FragmentVersion, NodeRecord
 from diloco.protocol.reducer import Contribution, RoundKey
 from diloco.protocol.run_id import make_run_id
 from diloco.protocol.streams import write_frame
-from diloco.protocol.swarm import Swarm, SwarmReducer
+from diloco.protocol.swarm import Swarm
+from diloco.protocol.swarm_reducer import SwarmReducer
 from diloco.protocol.wire import Kind
 
 UNIT = float(os.environ.get("DILOCO_TEST_TIME_UNIT", "1.0"))
