@@ -1,6 +1,6 @@
 """The staged all-reduce's wire code (``StagedRunner``, ``AllReduceService`` routing by stage
 group id, ``AllReduceRunner`` per stage) with 12 members in one process over socket pairs
-(``memory_transport``): against the in-process staged reducer, and with a member lost."""
+(``memory_p2p``): against the in-process staged reducer, and with a member lost."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 from hivemind.p2p import PeerID
-from memory_transport import MemoryNetwork, MemoryTransport
+from memory_p2p import MemoryNetwork, MemoryP2P, make_identity
 
 from diloco.codecs import get_codec
 from diloco.errors import RoundFailed
@@ -21,6 +21,7 @@ from diloco.protocol.allreduce import AllReduceRunner
 from diloco.protocol.bans import BanList
 from diloco.protocol.grid import plan_grid
 from diloco.protocol.group import GroupInfo, RoundTimeouts
+from diloco.protocol.identity import Identity
 from diloco.protocol.reducer import RoundKey, RoundResult
 from diloco.protocol.routing import AllReduceService
 from diloco.protocol.staged import staged_mean
@@ -40,8 +41,12 @@ TIMEOUTS = RoundTimeouts(
 )
 
 
+IDENTITIES = [make_identity(i) for i in range(N)]
+
+
 def _peers() -> list[PeerID]:
-    ids = [PeerID(bytes([0, 8]) + hashlib.sha256(bytes([i])).digest()[:8]) for i in range(N)]
+    """Group order: peer id bytes (the identities' ids do not sort by index)."""
+    ids = [PeerID.from_base58(identity.peer_id) for identity in IDENTITIES]
     return sorted(ids, key=PeerID.to_bytes)
 
 
@@ -53,9 +58,11 @@ def _deltas() -> list[torch.Tensor]:
 WEIGHTS = tuple(float(3 + i) for i in range(N))
 
 
-async def _round(codec: str, victim: int | None = None, die_in: int = 0) -> list[Any]:
-    """Every member's result (or its RoundFailed); ``victim`` stops answering, as if dead,
-    when its stage ``die_in`` starts."""
+async def _round(
+    codec: str, victim: int | None = None, die_in: int = 0, verify: bool = False
+) -> list[Any]:
+    """Every member's result (or its RoundFailed); ``victim`` dies (``MemoryP2P.kill``)
+    when its stage ``die_in`` starts; with ``verify`` chunks are signed and checked."""
     network, peers, deltas = MemoryNetwork(), _peers(), _deltas()
     group = GroupInfo(
         KEY, bytes(range(16)), tuple(peers), WEIGHTS, NUMEL, *(get_codec(codec).codec_id,) * 2
@@ -64,12 +71,14 @@ async def _round(codec: str, victim: int | None = None, die_in: int = 0) -> list
     assert plan is not None
     runs = []
     for i, peer in enumerate(peers):
-        transport = network.transport(peer)
+        transport = network.join(peer)
+        names = [identity.peer_id for identity in IDENTITIES]
+        identity = IDENTITIES[names.index(peer.to_base58())] if verify else None
         bans = BanList()
         service = AllReduceService(transport, "run-0", DIGEST, TIMEOUTS, bans)
         await service.start()
         dies_in = die_in if i == victim else None
-        factory = _factory(network, transport, bans, service, codec, dies_in)
+        factory = _factory(transport, bans, service, codec, identity, dies_in)
         slot = service.expect(KEY)
         staged = StagedRunner(
             group=group,
@@ -89,19 +98,21 @@ async def _round(codec: str, victim: int | None = None, die_in: int = 0) -> list
         finally:
             service.finish(KEY)
 
-    return await asyncio.gather(*(one(*r) for r in runs), return_exceptions=True)
+    try:
+        return await asyncio.gather(*(one(*r) for r in runs), return_exceptions=True)
+    finally:
+        network.close()
 
 
 def _factory(
-    network: MemoryNetwork,
-    transport: MemoryTransport,
+    transport: MemoryP2P,
     bans: BanList,
     service: AllReduceService,
     codec: str,
+    identity: Identity | None,
     dies_in: int | None,
 ) -> RunnerFactory:
-    """One member's stage runners; in stage ``dies_in`` it is gone (refuses every stream)
-    and never runs."""
+    """One member's stage runners; at the start of stage ``dies_in`` it dies."""
     started = [0]
 
     def make(info: GroupInfo, x: torch.Tensor, cap: float) -> AllReduceRunner:
@@ -118,9 +129,10 @@ def _factory(
             clip_factor=CLIP_FACTOR,
             bans=bans,
             handlers=service.handlers,
+            identity=identity,
         )
         if started[0] == dies_in:
-            network.dead.add(transport.peer_id)
+            transport.kill()
             runner.run = _forever  # type: ignore[method-assign]
         started[0] += 1
         return runner
@@ -142,7 +154,7 @@ def _reference(codec: str) -> torch.Tensor:
 
 @pytest.mark.parametrize("codec", ["none", "e3m0"])
 def test_every_member_holds_the_staged_reference_bytes(codec: str) -> None:
-    results = asyncio.run(_round(codec))
+    results = asyncio.run(_round(codec, verify=True))
     expected = _reference(codec)
     for r in results:
         assert isinstance(r, RoundResult), r
