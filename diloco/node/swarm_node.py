@@ -125,6 +125,7 @@ class SwarmNode:
                 max_weight=run.round_token_cap(),
                 clip_factor=run.clip_factor,
                 client=not self.swarm.dialable(),
+                max_group_size=run.max_group_size,
             )
             member = self.swarm.peer_id.to_base58()
             self.trainer = NodeTrainer(run, options, self.reducer, member)

@@ -64,6 +64,20 @@ class RoundResult:
     bytes_sent: int
     bytes_received: int
     seconds: float
+    stages: tuple[StageMetrics, ...] = ()
+    """Per stage of a staged round (``staged_runner``); empty for a flat one."""
+
+
+@dataclass(frozen=True, slots=True)
+class StageMetrics:
+    """One stage of a staged round at one member: its group's size, this member's bytes
+    on the wire (both phases, checks included) and the stage's seconds."""
+
+    stage: int
+    members: int
+    bytes_sent: int
+    bytes_received: int
+    seconds: float
 
 
 class Reducer(ABC):

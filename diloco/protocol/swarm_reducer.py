@@ -20,11 +20,12 @@ from diloco.protocol.adaptive import RECENT_ROUNDS, adapted_timeouts
 from diloco.protocol.aggregation import CLIP_FACTOR, check_clip_factor, weighted_mean
 from diloco.protocol.allreduce import AllReduceRunner
 from diloco.protocol.demotion import Demotion
-from diloco.protocol.group import RoundTimeouts
+from diloco.protocol.group import GroupInfo, RoundTimeouts
 from diloco.protocol.matchmaking import Matchmaker
 from diloco.protocol.partition import butterfly_parts
 from diloco.protocol.reducer import Contribution, Reducer, RoundKey, RoundResult
 from diloco.protocol.routing import AllReduceService
+from diloco.protocol.staged_runner import StagedRunner, grid_for
 from diloco.protocol.swarm import Swarm
 from diloco.protocol.verification import slices_alone
 
@@ -35,7 +36,8 @@ class SwarmReducer(Reducer):
     """Reduces fragment rounds with the other nodes of the swarm; one per ``Swarm``.
 
     ``reduce`` returns at once; matchmaking and the all-reduce run on the swarm's loop and
-    the future resolves within ``timeouts.total`` seconds. With ``target_group_size`` (e.g.
+    the future resolves within ``timeouts.total`` seconds (a staged round: one all-reduce and
+    its checks more per further stage). With ``target_group_size`` (e.g.
     the number of live node records) matchmaking ends as soon as that many peers declared,
     instead of after the whole window. ``max_weight`` caps every member's weight (tokens,
     the run's cap) and ``clip_factor`` is the C of the reducers' norm clipping
@@ -49,7 +51,8 @@ class SwarmReducer(Reducer):
     without it (unsigned chunks are refused by nodes that verify).
     A ``client`` (nobody can dial it: ``reachability``) takes part in every round but
     reduces no part and never leads; a node whose own part keeps failing becomes one for a
-    while (``demotion``).
+    while (``demotion``). With ``max_group_size`` (the run's, alike on every node) a group of
+    more members runs in stages on a grid (``staged_runner``); None: always one flat group.
     """
 
     runner_type: type[AllReduceRunner] = AllReduceRunner
@@ -69,6 +72,7 @@ class SwarmReducer(Reducer):
         verify: bool = True,
         client: bool = False,
         demotion: Demotion | None = None,
+        max_group_size: int | None = None,
     ) -> None:
         if not max_norm_ratio > 1:
             raise ValueError(f"max_norm_ratio must be > 1, got {max_norm_ratio}")
@@ -84,7 +88,7 @@ class SwarmReducer(Reducer):
                 "not checked",
                 self.return_codec,
             )
-        self.client = client
+        self.client, self.max_group_size = client, max_group_size
         self.demotion = demotion or Demotion()
         self.matchmaker = Matchmaker(
             swarm.streams,
@@ -137,9 +141,8 @@ class SwarmReducer(Reducer):
 
     async def _reduce(self, key: RoundKey, contribution: Contribution) -> RoundResult:
         try:
-            return await asyncio.wait_for(
-                self._reduce_inner(key, contribution), self.timeouts.total
-            )
+            async with asyncio.timeout(self.timeouts.total) as deadline:
+                return await self._reduce_inner(key, contribution, deadline)
         except RoundFailed as exc:
             logger.warning("%s", exc)
             raise
@@ -149,7 +152,9 @@ class SwarmReducer(Reducer):
             logger.exception("round %s failed unexpectedly", key)
             raise RoundFailed(key.fragment, key.round, f"internal error: {exc!r}") from exc
 
-    async def _reduce_inner(self, key: RoundKey, contribution: Contribution) -> RoundResult:
+    async def _reduce_inner(
+        self, key: RoundKey, contribution: Contribution, deadline: asyncio.Timeout
+    ) -> RoundResult:
         loop = asyncio.get_running_loop()
         start = loop.time()
         delta = contribution.delta.detach().contiguous()
@@ -168,24 +173,28 @@ class SwarmReducer(Reducer):
             )
             reduced = not group.is_client(group.index(self.swarm.peer_id))
             matched = loop.time()
+            grid = grid_for(group, self.max_group_size, self.max_weight)
+            runner: AllReduceRunner | StagedRunner
             if len(group.members) == 1:
                 result = await loop.run_in_executor(None, self._alone, delta, group.names)
             else:
-                runner = self.runner_type(
-                    p2p=self.swarm.streams,
-                    group=group,
-                    digest=self.swarm.digest,
-                    codec=self.codec,
-                    return_codec=self.return_codec,
-                    delta=delta,
-                    timeouts=self.round_timeouts(),
-                    max_norm_ratio=self.max_norm_ratio,
-                    max_weight=self.max_weight,
-                    clip_factor=self.clip_factor,
-                    bans=self.bans,
-                    handlers=self.service.handlers,
-                    identity=self.identity,
-                )
+                timeouts = self.round_timeouts()
+                if grid is None:
+                    runner = self._runner(group, delta, self.max_weight, timeouts)
+                else:
+                    stage = timeouts.allreduce + timeouts.verification
+                    when = deadline.when()
+                    assert when is not None
+                    deadline.reschedule(when + (grid.num_stages - 1) * stage)
+                    runner = StagedRunner(
+                        group=group,
+                        plan=grid,
+                        me=self.swarm.peer_id,
+                        delta=delta,
+                        make_runner=lambda info, x, cap: self._runner(info, x, cap, timeouts),
+                        timeouts=timeouts,
+                        max_weight=self.max_weight,
+                    )
                 slot.set_result(runner)
                 try:
                     result = await runner.run()
@@ -200,6 +209,26 @@ class SwarmReducer(Reducer):
         while len(self.timings) > 64:
             self.timings.popitem(last=False)
         return dataclasses.replace(result, seconds=loop.time() - start)
+
+    def _runner(
+        self, group: GroupInfo, delta: torch.Tensor, max_weight: float, timeouts: RoundTimeouts
+    ) -> AllReduceRunner:
+        """The runner of one all-reduce (a flat round, or one stage of a staged one)."""
+        return self.runner_type(
+            p2p=self.swarm.streams,
+            group=group,
+            digest=self.swarm.digest,
+            codec=self.codec,
+            return_codec=self.return_codec,
+            delta=delta,
+            timeouts=timeouts,
+            max_norm_ratio=self.max_norm_ratio,
+            max_weight=max_weight,
+            clip_factor=self.clip_factor,
+            bans=self.bans,
+            handlers=self.service.handlers,
+            identity=self.identity,
+        )
 
     def round_timeouts(self) -> RoundTimeouts:
         """This round's timeouts: the part deadlines adapted to recent transfers."""
