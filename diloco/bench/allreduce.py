@@ -58,10 +58,14 @@ class BenchConfig:
     """Seconds a peer waits for one all-reduce before the round counts as failed."""
     log_level: int = logging.WARNING
     """Logging level inside the peer processes."""
+    max_group_size: int | None = None
+    """Ours in stages on a grid of groups of at most this many (``staged_runner``)."""
 
     def __post_init__(self) -> None:
         if self.peers < 2 or self.rounds < 1 or self.numel < 1:
             raise ConfigError("need --peers >= 2, --rounds >= 1 and --numel >= 1")
+        if self.max_group_size is not None and self.max_group_size < 2:
+            raise ConfigError("--max-group-size must be >= 2")
         if self.bandwidth_mbit is not None and not self.bandwidth_mbit > 0:
             raise ConfigError("--bandwidth-mbit must be > 0")
 
@@ -83,6 +87,9 @@ class BenchResult:
     result_sha256: list[str] = field(default_factory=list)
     max_abs_error: float = float("nan")
     failed_rounds: int = 0
+    part_streams_per_peer: list[int] = field(default_factory=list)
+    """Per peer, PART streams it opened in its last successful round (one per other member
+    of each of its groups; as many REPORT streams again)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -138,6 +145,7 @@ def run_allreduce_bench(config: BenchConfig) -> BenchResult:
     if namespaces:
         result.link_bytes_sent_per_peer = [f["link_tx"] // rounds for f in finals]
     result.result_sha256 = [f["sha256"] for f in finals]
+    result.part_streams_per_peer = [f["streams"] for f in finals]
     result.max_abs_error = finals[0]["max_abs_error"]
     return result
 
@@ -265,6 +273,7 @@ def _peer_main(
                         "bytes_sent": runner.bytes_sent,
                         "bytes_received": runner.bytes_received,
                         "link_tx": netns.link_tx_bytes() - link_start if namespace else 0,
+                        "streams": runner.streams,
                     }
                 )
     finally:
@@ -277,7 +286,8 @@ class _DilocoPeer:
         from diloco.protocol.group import RoundTimeouts
         from diloco.protocol.network import NetworkOptions
         from diloco.protocol.run_id import make_run_id
-        from diloco.protocol.swarm import Swarm, SwarmReducer
+        from diloco.protocol.swarm import Swarm
+        from diloco.protocol.swarm_reducer import SwarmReducer
 
         self.config = config
         run_id = make_run_id("bench", {"numel": config.numel, "codec": config.codec})
@@ -297,9 +307,10 @@ class _DilocoPeer:
             timeouts=timeouts,
             target_group_size=config.peers,
             verify=not config.unverified,
+            max_group_size=config.max_group_size,
         )
         self.maddrs = self.swarm.maddrs
-        self.bytes_sent = self.bytes_received = 0
+        self.bytes_sent = self.bytes_received = self.streams = 0
 
     def round(self, round_: int, delta: torch.Tensor) -> tuple[torch.Tensor, float]:
         from diloco.protocol.reducer import Contribution, RoundKey
@@ -308,6 +319,8 @@ class _DilocoPeer:
         result = self.reducer.reduce(key, [Contribution("me", delta, 1.0)]).result()
         self.bytes_sent += result.bytes_sent
         self.bytes_received += result.bytes_received
+        stages = [m.members for m in result.stages] or [len(result.members)]
+        self.streams = sum(m - 1 for m in stages)
         return result.delta, self.reducer.timings[key][1]
 
     def close(self) -> None:
@@ -342,7 +355,7 @@ class _HivemindPeer:
         self.maddrs = [str(a) for a in self.dht.get_visible_maddrs()]
         # FP16 both phases: (M-1)/M of the vector out as sender, as much out as reducer.
         self._per_round = int(2 * (config.peers - 1) / config.peers * config.numel * 2)
-        self.bytes_sent = self.bytes_received = 0
+        self.bytes_sent = self.bytes_received = self.streams = 0
 
     def round(self, round_: int, delta: torch.Tensor) -> tuple[torch.Tensor, float]:
         with self.averager.get_tensors() as tensors:
@@ -393,5 +406,6 @@ def summary(result: BenchResult) -> str:
         f"  result sha256 per peer: {[sha[:16] + '...' for sha in result.result_sha256]}",
         f"  max abs error vs exact FP32 mean: {result.max_abs_error:.3g}",
         f"  failed rounds: {result.failed_rounds}",
+        f"  part streams per peer: {sorted(set(result.part_streams_per_peer))}",
     ]
     return "\n".join(lines)

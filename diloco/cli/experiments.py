@@ -137,6 +137,11 @@ BENCH_FLAGS = Flags(
             ("bandwidth_mbit",),
             "Throttle each peer's link to this many Mbit/s (own network namespace; root only).",
         ),
+        Flag(
+            "--max-group-size",
+            ("max_group_size",),
+            "Most members of one all-reduce group; more peers run in stages on a grid.",
+        ),
         Flag("--window", ("matchmaking_window",), "Matchmaking window in seconds."),
     ),
 )

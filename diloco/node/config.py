@@ -104,6 +104,10 @@ class RunConfig:
     """C of the reducers' norm clipping: per chunk, a contribution whose norm exceeds C
     times the lower median of the members' norms is scaled down to it (0: plain weighted
     mean). Honest runs are never clipped at the default (benchmarks/RESULTS.md, "Trust")."""
+    max_group_size: int | None = None
+    """Most members of one all-reduce group: a fragment round with more runs in stages on a
+    grid of groups of at most this many (``diloco.protocol.staged_runner``; issue 16), every
+    node following the same plan. None: one flat group, whatever its size."""
     creator: str | None = None
     """Peer id (base58) of the node that started the run; its key signs this configuration
     (SPEC 4.1), so another configuration with the same name has another run id. ``start``
@@ -150,6 +154,8 @@ class RunConfig:
             check_clip_factor(self.clip_factor)
         except ValueError as error:
             raise ConfigError(f"{error}, e.g. 3") from error
+        if self.max_group_size is not None:
+            _at_least("max_group_size", self.max_group_size, 2, "members")
         if self.vocab_size is not None:
             _at_least("vocab_size", self.vocab_size, 2, "tokens")
         fingerprint = self.dataset_fingerprint

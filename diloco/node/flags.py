@@ -125,6 +125,12 @@ RUN_FLAGS = Flags(
             "C: per chunk, clip contributions to C x the lower median norm (0: plain mean).",
         ),
         Flag(
+            "--max-group-size",
+            ("max_group_size",),
+            "Most members of one all-reduce group; larger rounds run in stages on a grid "
+            "[default: one flat group].",
+        ),
+        Flag(
             "--vocab-size",
             ("vocab_size",),
             "Model vocabulary in tokens, e.g. 32000 [default: the preset's, or the tokenizer's "

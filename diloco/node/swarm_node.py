@@ -56,8 +56,9 @@ from diloco.protocol.records import (
 from diloco.protocol.run_id import make_run_id, run_digest
 from diloco.protocol.run_info import serve_run_info
 from diloco.protocol.signed_records import MAX_RECORD_TTL
-from diloco.protocol.swarm import Swarm, SwarmReducer
+from diloco.protocol.swarm import Swarm
 from diloco.protocol.swarm_key import ClosedSwarm, check_swarm_key, load_swarm_key
+from diloco.protocol.swarm_reducer import SwarmReducer
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +125,7 @@ class SwarmNode:
                 max_weight=run.round_token_cap(),
                 clip_factor=run.clip_factor,
                 client=not self.swarm.dialable(),
+                max_group_size=run.max_group_size,
             )
             member = self.swarm.peer_id.to_base58()
             self.trainer = NodeTrainer(run, options, self.reducer, member)

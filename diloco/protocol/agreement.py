@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from diloco.errors import ProtocolError
-from diloco.protocol.wire import Report
+from diloco.protocol.part_wire import Report
 
 
 @dataclass(frozen=True, slots=True)

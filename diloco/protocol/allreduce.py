@@ -45,6 +45,7 @@ from diloco.protocol.demotion import own_part_missing
 from diloco.protocol.group import GroupInfo, RoundTimeouts
 from diloco.protocol.identity import Identity
 from diloco.protocol.part_server import Deadlines, PartServer
+from diloco.protocol.part_wire import Averaged, PartHead, Report
 from diloco.protocol.partition import substitute
 from diloco.protocol.reducer import RoundResult
 from diloco.protocol.reduction import (
@@ -79,13 +80,10 @@ from diloco.protocol.verification import (
 from diloco.protocol.wire import (
     MAX_SMALL_BODY,
     SIGNATURE_BYTES,
-    Averaged,
     ByteCounter,
     Kind,
-    PartHead,
     Reject,
     RejectCode,
-    Report,
     RoundTag,
 )
 

@@ -34,14 +34,15 @@ import struct
 from dataclasses import dataclass
 
 from diloco.errors import ProtocolError
+from diloco.protocol.part_wire import PartHead
 from diloco.protocol.run_id import DIGEST_BYTES
 from diloco.protocol.wire import (
     GROUP_ID_BYTES,
     MAX_GROUP_SIZE,
     SIGNATURE_BYTES,
     Buffer,
-    PartHead,
     RoundTag,
+    require,
 )
 
 MAX_SAMPLES = 64
@@ -65,12 +66,12 @@ class Seal:
     SIZE = PartHead.SIZE + SIGNATURE_BYTES
 
     def serialize(self) -> bytes:
-        _require(len(self.signature) == SIGNATURE_BYTES, "signature length")
+        require(len(self.signature) == SIGNATURE_BYTES, "signature length")
         return self.head.serialize() + self.signature
 
     @classmethod
     def parse(cls, body: Buffer) -> Seal:
-        _require(len(body) == cls.SIZE, "SEAL length")
+        require(len(body) == cls.SIZE, "SEAL length")
         return cls(PartHead.parse(body[: PartHead.SIZE]), bytes(body[PartHead.SIZE :]))
 
 
@@ -85,15 +86,15 @@ class CheckRequest:
 
     def check(self) -> None:
         self.tag.check()
-        _require(len(self.group_id) == GROUP_ID_BYTES, "group id length")
-        _require(0 < len(self.parts) <= MAX_GROUP_SIZE, "part count")
+        require(len(self.group_id) == GROUP_ID_BYTES, "group id length")
+        require(0 < len(self.parts) <= MAX_GROUP_SIZE, "part count")
         parts = [part for part, _ in self.parts]
-        _require(parts == sorted(set(parts)), "parts not sorted and distinct")
+        require(parts == sorted(set(parts)), "parts not sorted and distinct")
         for part, blocks in self.parts:
-            _require(0 <= part < MAX_GROUP_SIZE, f"part {part}")
-            _require(0 < len(blocks) <= MAX_SAMPLES, f"{len(blocks)} blocks")
-            _require(list(blocks) == sorted(set(blocks)), "blocks not sorted and distinct")
-            _require(0 <= blocks[0] and blocks[-1] < 2**32, "block index range")
+            require(0 <= part < MAX_GROUP_SIZE, f"part {part}")
+            require(0 < len(blocks) <= MAX_SAMPLES, f"{len(blocks)} blocks")
+            require(list(blocks) == sorted(set(blocks)), "blocks not sorted and distinct")
+            require(0 <= blocks[0] and blocks[-1] < 2**32, "block index range")
 
     @staticmethod
     def max_size(num_members: int) -> int:
@@ -120,7 +121,7 @@ class CheckRequest:
                 offset += _PART_BLOCKS.size + 4 * num
         except struct.error as exc:
             raise ProtocolError("CHECK_REQ truncated") from exc
-        _require(offset == len(body), "CHECK_REQ trailing bytes")
+        require(offset == len(body), "CHECK_REQ trailing bytes")
         msg = cls(RoundTag(digest, frag, rnd), gid, tuple(parts))
         msg.check()
         return msg
@@ -135,10 +136,10 @@ class CheckEntry:
     norms: tuple[float, ...]
 
     def check(self) -> None:
-        _require(0 <= self.part < MAX_GROUP_SIZE, f"part {self.part}")
-        _require(0 < len(self.blocks) <= MAX_SAMPLES, f"{len(self.blocks)} blocks")
-        _require(len(self.norms) < 2**32, "norm count")
-        _require(all(math.isfinite(n) and n >= 0 for n in self.norms), "norms")
+        require(0 <= self.part < MAX_GROUP_SIZE, f"part {self.part}")
+        require(0 < len(self.blocks) <= MAX_SAMPLES, f"{len(self.blocks)} blocks")
+        require(len(self.norms) < 2**32, "norm count")
+        require(all(math.isfinite(n) and n >= 0 for n in self.norms), "norms")
 
     @staticmethod
     def size(num_blocks: int, num_chunks: int) -> int:
@@ -165,8 +166,8 @@ class CheckResponse:
     def unsigned(self) -> bytes:
         """The body before the signature."""
         self.tag.check()
-        _require(len(self.group_id) == GROUP_ID_BYTES, "group id length")
-        _require(0 < len(self.entries) <= MAX_GROUP_SIZE, "entry count")
+        require(len(self.group_id) == GROUP_ID_BYTES, "group id length")
+        require(0 < len(self.entries) <= MAX_GROUP_SIZE, "entry count")
         t = self.tag
         out = [_HEAD.pack(t.digest, t.fragment, t.round, self.group_id, len(self.entries))]
         for entry in self.entries:
@@ -177,7 +178,7 @@ class CheckResponse:
                 _U32.pack(len(entry.norms)),
                 struct.pack(f"!{len(entry.norms)}d", *entry.norms),
             ]
-        _require(len(self.payload) < 2**32, "payload length")
+        require(len(self.payload) < 2**32, "payload length")
         return b"".join([*out, _U32.pack(len(self.payload)), self.payload])
 
     def digest(self) -> bytes:
@@ -185,12 +186,12 @@ class CheckResponse:
         return hashlib.sha256(self.unsigned()).digest()
 
     def serialize(self) -> bytes:
-        _require(len(self.signature) == SIGNATURE_BYTES, "signature length")
+        require(len(self.signature) == SIGNATURE_BYTES, "signature length")
         return self.unsigned() + self.signature
 
     @classmethod
     def parse(cls, body: Buffer) -> CheckResponse:
-        _require(len(body) >= _HEAD.size + SIGNATURE_BYTES, "CHECK_RES length")
+        require(len(body) >= _HEAD.size + SIGNATURE_BYTES, "CHECK_RES length")
         end = len(body) - SIGNATURE_BYTES
         try:
             digest, frag, rnd, gid, count = _HEAD.unpack_from(body)
@@ -208,7 +209,7 @@ class CheckResponse:
             offset += 4
         except struct.error as exc:
             raise ProtocolError("CHECK_RES truncated") from exc
-        _require(offset + length == end, "CHECK_RES payload length")
+        require(offset + length == end, "CHECK_RES payload length")
         payload = bytes(body[offset:end])
         msg = cls(RoundTag(digest, frag, rnd), gid, tuple(entries), payload, bytes(body[end:]))
         msg.unsigned()  # runs every check
@@ -226,12 +227,12 @@ class EvidenceRequest:
 
     def check(self) -> None:
         self.tag.check()
-        _require(len(self.group_id) == GROUP_ID_BYTES, "group id length")
-        _require(0 <= self.part < MAX_GROUP_SIZE, f"part {self.part}")
-        _require(0 < len(self.items) < 2**16, "item count")
-        _require(len(set(self.items)) == len(self.items), "duplicate items")
+        require(len(self.group_id) == GROUP_ID_BYTES, "group id length")
+        require(0 <= self.part < MAX_GROUP_SIZE, f"part {self.part}")
+        require(0 < len(self.items) < 2**16, "item count")
+        require(len(set(self.items)) == len(self.items), "duplicate items")
         for member, chunk in self.items:
-            _require(0 <= member < MAX_GROUP_SIZE and 0 <= chunk < 2**32, "item range")
+            require(0 <= member < MAX_GROUP_SIZE and 0 <= chunk < 2**32, "item range")
 
     def serialize(self) -> bytes:
         self.check()
@@ -243,9 +244,9 @@ class EvidenceRequest:
 
     @classmethod
     def parse(cls, body: Buffer) -> EvidenceRequest:
-        _require(len(body) >= _EVIDENCE_REQ_HEAD.size, "EVIDENCE_REQ length")
+        require(len(body) >= _EVIDENCE_REQ_HEAD.size, "EVIDENCE_REQ length")
         digest, frag, rnd, gid, part, count = _EVIDENCE_REQ_HEAD.unpack_from(body)
-        _require(len(body) == _EVIDENCE_REQ_HEAD.size + count * _ITEM.size, "EVIDENCE_REQ length")
+        require(len(body) == _EVIDENCE_REQ_HEAD.size + count * _ITEM.size, "EVIDENCE_REQ length")
         items = tuple(
             _ITEM.unpack_from(body, _EVIDENCE_REQ_HEAD.size + i * _ITEM.size) for i in range(count)
         )
@@ -271,8 +272,8 @@ class Evidence:
         return _ITEM.size + SIGNATURE_BYTES + _U32.size + 32 * num_chunks + payload_bytes
 
     def prefix(self) -> bytes:
-        _require(len(self.signature) == SIGNATURE_BYTES, "signature length")
-        _require(all(len(h) == 32 for h in self.hashes), "hash length")
+        require(len(self.signature) == SIGNATURE_BYTES, "signature length")
+        require(all(len(h) == 32 for h in self.hashes), "hash length")
         count = _U32.pack(len(self.hashes))
         return _ITEM.pack(self.member, self.chunk) + self.signature + count + b"".join(self.hashes)
 
@@ -280,19 +281,14 @@ class Evidence:
     def parse(cls, body: Buffer) -> Evidence:
         """Parse without copying the payload (a view into ``body``)."""
         start = _ITEM.size + SIGNATURE_BYTES + _U32.size
-        _require(len(body) >= start, "EVIDENCE length")
+        require(len(body) >= start, "EVIDENCE length")
         member, chunk = _ITEM.unpack_from(body)
         signature = bytes(body[_ITEM.size : _ITEM.size + SIGNATURE_BYTES])
         (count,) = _U32.unpack_from(body, start - _U32.size)
-        _require(len(body) >= start + 32 * count, "EVIDENCE hashes truncated")
+        require(len(body) >= start + 32 * count, "EVIDENCE hashes truncated")
         hashes = tuple(bytes(body[start + 32 * k : start + 32 * (k + 1)]) for k in range(count))
         return cls(member, chunk, signature, hashes, memoryview(body)[start + 32 * count :])
 
 
 def _u32s(values: tuple[int, ...]) -> bytes:
     return struct.pack(f"!{len(values)}I", *values)
-
-
-def _require(condition: bool, what: str) -> None:
-    if not condition:
-        raise ProtocolError(what)

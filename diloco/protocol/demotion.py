@@ -27,7 +27,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from diloco.protocol.wire import Report
+from diloco.protocol.part_wire import Report
 
 logger = logging.getLogger(__name__)
 

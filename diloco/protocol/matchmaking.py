@@ -52,12 +52,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import math
 import secrets
-from collections.abc import Collection
-from dataclasses import dataclass, field
 
 from hivemind import DHT
 from hivemind.p2p import PeerID
@@ -67,77 +64,13 @@ from diloco.errors import ProtocolError, RoundFailed
 from diloco.protocol import streams, wire
 from diloco.protocol.bans import BanList
 from diloco.protocol.group import GroupInfo, RoundTimeouts
+from diloco.protocol.lobby import Lobby, choose_leader, round_key
 from diloco.protocol.records import declare_round, read_round_view
 from diloco.protocol.reducer import RoundKey
 from diloco.protocol.swarm_key import ClosedSwarm
 from diloco.protocol.wire import Group, Join, Kind, Reject, RejectCode, RoundTag
 
 logger = logging.getLogger(__name__)
-
-
-PRIOR_CHARS = 16
-"""Hex digits of a member's prior state hash that go into the round's DHT key."""
-
-
-def round_key(run_id: str, key: RoundKey, prior: str = "") -> str:
-    """The DHT key nodes declare under for round ``key`` (SPEC 4).
-
-    ``prior`` is the hash of the fragment's outer state the member starts the round from.
-    Every member applies the same mean to its own prior state, so only members with equal
-    priors may share a round: a member that missed a round the others applied declares
-    under another key, finds no partner, and heals instead of silently diverging.
-    """
-    base = f"{run_id}/frag{key.fragment}/round{key.round}"
-    return f"{base}/from{prior[:PRIOR_CHARS]}" if prior else base
-
-
-def leader_rank(key: str, peer: PeerID) -> bytes:
-    """Where ``peer`` stands in line to lead the round of DHT key ``key``:
-    sha256(key | peer id bytes), lowest first.
-
-    The lowest peer id would let one identity, ground once, lead every round. With the
-    round key in the hash, each peer is first in a random-looking ``1/M`` of the rounds;
-    grinding an identity for one future round gains that round only, at the cost of one
-    more identity joining the swarm.
-    """
-    return hashlib.sha256(key.encode() + b"|" + peer.to_bytes()).digest()
-
-
-def choose_leader(view: Collection[PeerID], key: str) -> PeerID:
-    """The leader of round ``key`` (its DHT key) as a node with this view sees it: the
-    peer of lowest ``leader_rank``.
-
-    Every node applies the same rule, so nodes whose views agree choose the same leader.
-    """
-    return min(view, key=lambda peer: leader_rank(key, peer))
-
-
-@dataclass
-class _Lobby:
-    """One round's matchmaking state on this node; handlers and ``form_group`` share it.
-
-    ``leader`` is meaningful once ``decided`` is set: None means this node leads. It can
-    change once more, when a follower's leader turns out dead and this node takes over.
-    """
-
-    request: Join
-    dht_key: str
-    """The round's DHT key, with this member's prior state (``round_key``)."""
-    may_lead: bool = True
-    """False for a node nobody can dial: it never leads."""
-    decided: asyncio.Event = field(default_factory=asyncio.Event)
-    leader: PeerID | None = None
-    knock: asyncio.Event = field(default_factory=asyncio.Event)
-    """Set by every JOIN that arrives: a peer has seen a view, so re-read it now."""
-    knockers: dict[PeerID, tuple[float, bool]] = field(default_factory=dict)
-    """Peers that sent a JOIN for this round, with their weights and client flags: part of
-    the view."""
-    joiners: dict[PeerID, asyncio.Future[tuple[Kind, bytes]]] = field(default_factory=dict)
-    weights: dict[PeerID, float] = field(default_factory=dict)
-    clients: set[PeerID] = field(default_factory=set)
-    """Joiners that asked to reduce no part."""
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-    closed: bool = False
 
 
 _TRANSPORT_RETRIES = 1
@@ -173,7 +106,7 @@ class Matchmaker:
         self.closed = closed
         """A closed swarm's proofs: declarations carry ours, views drop outsiders."""
         self.handler_name = f"/diloco/{run_id}/join/1"
-        self._lobbies: dict[RoundKey, _Lobby] = {}
+        self._lobbies: dict[RoundKey, Lobby] = {}
         self._formed: dict[RoundKey, tuple[frozenset[PeerID], bytes]] = {}
         """GROUP messages this node sent as leader, kept for members that ask again."""
 
@@ -221,7 +154,7 @@ class Matchmaker:
         weight = min(weight, self.max_weight)
         request = Join(tag, numel, codec_id, return_codec_id, weight, client)
         request.check()
-        lobby = _Lobby(request, round_key(self.run_id, key, prior), may_lead)
+        lobby = Lobby(request, round_key(self.run_id, key, prior), may_lead)
         self._lobbies[key] = lobby
         try:
             t = self.timeouts
@@ -269,13 +202,13 @@ class Matchmaker:
                     reply.set_result((Kind.REJECT, closed.serialize()))
             del self._lobbies[key]
 
-    def _may_lead(self, view: dict[PeerID, tuple[float, bool]], lobby: _Lobby) -> set[PeerID]:
+    def _may_lead(self, view: dict[PeerID, tuple[float, bool]], lobby: Lobby) -> set[PeerID]:
         """The peers of ``view`` (and this node) that did not declare they cannot be dialled:
         those who may lead."""
         leaders = {peer for peer, (_, client) in view.items() if not client}
         return leaders | {self.p2p.peer_id} if lobby.may_lead else leaders
 
-    async def _wait_window(self, key: RoundKey, lobby: _Lobby) -> dict[PeerID, tuple[float, bool]]:
+    async def _wait_window(self, key: RoundKey, lobby: Lobby) -> dict[PeerID, tuple[float, bool]]:
         """The peers of the round as far as this node can tell when it must choose a role.
 
         The view is the DHT declarations plus the peers that already sent this node a JOIN
@@ -318,9 +251,7 @@ class Matchmaker:
         declare only itself, ``records``)."""
         return await read_round_view(self.dht, dht_key, self.closed)
 
-    async def _lead(
-        self, key: RoundKey, lobby: _Lobby, view: set[PeerID], wait: float
-    ) -> GroupInfo:
+    async def _lead(self, key: RoundKey, lobby: Lobby, view: set[PeerID], wait: float) -> GroupInfo:
         """Wait up to ``wait`` seconds for the peers of ``view`` to join, then send GROUP."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
@@ -370,7 +301,7 @@ class Matchmaker:
     async def _follow(
         self,
         key: RoundKey,
-        lobby: _Lobby,
+        lobby: Lobby,
         view: set[PeerID],
         leaders: set[PeerID],
         deadline: float,

@@ -37,6 +37,7 @@ from diloco.protocol.bans import BanList
 from diloco.protocol.check_wire import Evidence, EvidenceRequest, Seal
 from diloco.protocol.group import GroupInfo, RoundTimeouts
 from diloco.protocol.identity import Identity
+from diloco.protocol.part_wire import Averaged, PartHead
 from diloco.protocol.reduction import Assembly, Chunk, PartReducer
 from diloco.protocol.signatures import sign_averaged, verify_part
 from diloco.protocol.streams import (
@@ -48,16 +49,7 @@ from diloco.protocol.streams import (
     stop_sending,
     write_frame,
 )
-from diloco.protocol.wire import (
-    SIGNATURE_BYTES,
-    Averaged,
-    ByteCounter,
-    Frame,
-    Kind,
-    PartHead,
-    Reject,
-    RejectCode,
-)
+from diloco.protocol.wire import SIGNATURE_BYTES, ByteCounter, Frame, Kind, Reject, RejectCode
 
 logger = logging.getLogger(__name__)
 

@@ -73,7 +73,7 @@ ROUND_KEY_PATTERN = re.compile(
     rf"{_RUN_ID}/frag[0-9]{{1,9}}/round[0-9]{{1,12}}(/from[0-9a-f]{{16}})?"
 )
 VOUCH_KEY_PATTERN = re.compile(rf"{_RUN_ID}/vouch/frag([0-9]{{1,9}})")
-"""Forms of the keys above (``matchmaking.round_key`` builds the last), matched in full."""
+"""Forms of the keys above (``lobby.round_key`` builds the last), matched in full."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +228,7 @@ async def declare_round(
     closed: ClosedSwarm | None = None,
     client: bool = False,
 ) -> bool:
-    """Declare this node for the round of DHT key ``key`` (``matchmaking.round_key``) with
+    """Declare this node for the round of DHT key ``key`` (``lobby.round_key``) with
     its ``weight`` until ``expiration``, cut to ``MAX_RECORD_TTL`` (a declaration is read
     only while the round matches). In a ``closed`` swarm the declaration carries this
     node's proof of membership; a ``client`` (it reduces no part, and nobody can dial it)

@@ -66,6 +66,20 @@ class RoundResult:
     seconds: float
     matchmaking_seconds: float = 0.0
     """Of ``seconds``, the part spent forming the group (metrics and the simulator)."""
+    stages: tuple[StageMetrics, ...] = ()
+    """Per stage of a staged round (``staged_runner``); empty for a flat one."""
+
+
+@dataclass(frozen=True, slots=True)
+class StageMetrics:
+    """One stage of a staged round at one member: its group's size, this member's bytes
+    on the wire (both phases, checks included) and the stage's seconds."""
+
+    stage: int
+    members: int
+    bytes_sent: int
+    bytes_received: int
+    seconds: float
 
 
 class Reducer(ABC):

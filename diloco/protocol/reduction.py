@@ -35,8 +35,9 @@ from diloco.codecs import Codec, CodecError
 from diloco.errors import ProtocolError
 from diloco.protocol.aggregation import cap_weights, check_clip_factor, robust_mean
 from diloco.protocol.norms import Span, block_norms, chunk_norm, num_blocks
+from diloco.protocol.part_wire import Averaged, PartHead
 from diloco.protocol.partition import PART_ALIGN, butterfly_parts
-from diloco.protocol.wire import Averaged, Buffer, PartHead, RoundTag
+from diloco.protocol.wire import Buffer, RoundTag
 
 CHUNK_VALUES = 1 << 18
 """Values per chunk of a part (a multiple of ``PART_ALIGN``): 1 MiB as FP32, 136 KiB as E3M0."""

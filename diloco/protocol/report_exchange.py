@@ -16,6 +16,7 @@ from hivemind.p2p import PeerID
 from diloco.errors import ProtocolError
 from diloco.protocol.agreement import awaited_reports, check_report
 from diloco.protocol.group import GroupInfo, RoundTimeouts
+from diloco.protocol.part_wire import Report
 from diloco.protocol.streams import (
     TRANSPORT_ERRORS,
     StreamTransport,
@@ -23,7 +24,7 @@ from diloco.protocol.streams import (
     read_frame,
     write_frame,
 )
-from diloco.protocol.wire import Kind, Report
+from diloco.protocol.wire import Kind
 
 logger = logging.getLogger(__name__)
 

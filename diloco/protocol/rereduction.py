@@ -51,8 +51,9 @@ from hivemind.p2p import PeerID
 
 from diloco.errors import ProtocolError
 from diloco.protocol.part_server import FAILED, PartServer
+from diloco.protocol.part_wire import PartHead
 from diloco.protocol.partition import substitute
-from diloco.protocol.wire import Frame, PartHead, Reject, RejectCode
+from diloco.protocol.wire import Frame, Reject, RejectCode
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,8 @@
 One node serves four handlers per run: PART and REPORT for rounds in flight, CHECK and
 EVIDENCE (the verification phase) for those too and, until every member's dispute is over
 (``Deadlines.forget``), for rounds this node has finished: another member may still be
-checking a part after this node's round returned.
+checking a part after this node's round returned. A staged round (``staged_runner``) has
+one runner per stage, found by the stage group's id.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from diloco.protocol.allreduce import AllReduceRunner
 from diloco.protocol.bans import BanList
 from diloco.protocol.check_wire import CheckRequest, EvidenceRequest
 from diloco.protocol.group import RoundTimeouts
+from diloco.protocol.part_wire import PartHead, Report
 from diloco.protocol.reducer import RoundKey
+from diloco.protocol.staged_runner import StagedRunner
 from diloco.protocol.streams import (
     StreamTransport,
     read_body,
@@ -26,15 +29,10 @@ from diloco.protocol.streams import (
     stream_handler,
     write_frame,
 )
-from diloco.protocol.wire import (
-    MAX_GROUP_SIZE,
-    Kind,
-    PartHead,
-    Reject,
-    RejectCode,
-    Report,
-    RoundTag,
-)
+from diloco.protocol.wire import MAX_GROUP_SIZE, Kind, Reject, RejectCode, RoundTag
+
+Round = AllReduceRunner | StagedRunner
+"""What serves one round here: a flat round's runner, or a staged round's stages."""
 
 
 class AllReduceService:
@@ -58,8 +56,8 @@ class AllReduceService:
         self.report_handler = f"/diloco/{run_id}/report/1"
         self.check_handler = f"/diloco/{run_id}/check/1"
         self.evidence_handler = f"/diloco/{run_id}/evidence/1"
-        self._rounds: dict[RoundKey, asyncio.Future[AllReduceRunner]] = {}
-        self._finished: dict[RoundKey, AllReduceRunner] = {}
+        self._rounds: dict[RoundKey, asyncio.Future[Round]] = {}
+        self._finished: dict[RoundKey, Round] = {}
         """Rounds that returned here, kept for others' checks until ``Deadlines.forget``."""
 
     @property
@@ -84,11 +82,11 @@ class AllReduceService:
             )
             await self.p2p.add_binary_stream_handler(handler_name, handler)
 
-    def expect(self, key: RoundKey) -> asyncio.Future[AllReduceRunner]:
+    def expect(self, key: RoundKey) -> asyncio.Future[Round]:
         """Open the slot of round ``key``; resolve it with the runner once the group is known."""
         if key in self._rounds or key in self._finished:
             raise RoundFailed(key.fragment, key.round, "this round is already in flight")
-        future: asyncio.Future[AllReduceRunner] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Round] = asyncio.get_running_loop().create_future()
         self._rounds[key] = future
         return future
 
@@ -101,14 +99,18 @@ class AllReduceService:
         if not future.done():
             future.cancel()
         elif not future.cancelled() and future.exception() is None:
-            runner = future.result()
-            if runner.own is not None:
-                self._finished[key] = runner
+            served = future.result()
+            runners = served.runners if isinstance(served, StagedRunner) else [served]
+            answering = [runner for runner in runners if runner.own is not None]
+            if answering:
+                self._finished[key] = served
                 loop = asyncio.get_running_loop()
-                # others' checks end a matchmaking after ours at most, their disputes too
-                answered = runner.deadlines.check + self.timeouts.matchmaking
-                loop.call_at(answered, runner.stop_answering)
-                loop.call_at(runner.deadlines.forget, self._finished.pop, key, None)
+                for runner in answering:
+                    # others' checks end a matchmaking after ours at most, their disputes too
+                    answered = runner.deadlines.check + self.timeouts.matchmaking
+                    loop.call_at(answered, runner.stop_answering)
+                forget = max(runner.deadlines.forget for runner in answering)
+                loop.call_at(forget, self._finished.pop, key, None)
 
     async def _runner_for(
         self, tag: RoundTag, group_id: bytes, sender: PeerID, finished: bool = False
@@ -124,16 +126,18 @@ class AllReduceService:
             ):
                 future.result().exclude(sender, "message of another run")
             return Reject(RejectCode.WRONG_RUN, reason="different run configuration")
+        served: Round
         if finished and key in self._finished:
-            runner = self._finished[key]
+            served = self._finished[key]
         else:
             if future is None:
                 return Reject(RejectCode.UNKNOWN_ROUND, reason="round not in flight here")
             await asyncio.wait({future}, timeout=self.timeouts.matchmaking)
             if not future.done() or future.cancelled() or future.exception() is not None:
                 return Reject(RejectCode.UNKNOWN_ROUND, reason="no group for this round here")
-            runner = future.result()
-        if runner.group.group_id != group_id:
+            served = future.result()
+        runner = await served.runner_for(group_id) if isinstance(served, StagedRunner) else served
+        if runner is None or runner.group.group_id != group_id:
             return Reject(RejectCode.NOT_MEMBER, reason="another group")
         return runner
 

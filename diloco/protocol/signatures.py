@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from diloco.protocol.check_wire import CheckResponse
 from diloco.protocol.identity import Identity, signing_input, verify
-from diloco.protocol.wire import PartHead
+from diloco.protocol.part_wire import PartHead
 
 PART_DOMAIN = "diloco-part/1"
 AVERAGED_DOMAIN = "diloco-averaged/1"

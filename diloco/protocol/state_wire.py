@@ -13,9 +13,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
-from diloco.errors import ProtocolError
 from diloco.protocol.run_id import DIGEST_BYTES
-from diloco.protocol.wire import SHA256_BYTES, Buffer
+from diloco.protocol.wire import SHA256_BYTES, Buffer, require
 
 _U16 = struct.Struct("!H")
 _U32 = struct.Struct("!I")
@@ -31,11 +30,11 @@ class StateRequest:
     fragments: tuple[int, ...] = ()
 
     def check(self) -> None:
-        _require(len(self.digest) == DIGEST_BYTES, "run digest length")
-        _require(len(self.fragments) < 2**16, "too many fragments")
-        _require(len(set(self.fragments)) == len(self.fragments), "duplicate fragments")
+        require(len(self.digest) == DIGEST_BYTES, "run digest length")
+        require(len(self.fragments) < 2**16, "too many fragments")
+        require(len(set(self.fragments)) == len(self.fragments), "duplicate fragments")
         for p in self.fragments:
-            _require(0 <= p < 2**32, f"fragment {p}")
+            require(0 <= p < 2**32, f"fragment {p}")
 
     def serialize(self) -> bytes:
         self.check()
@@ -47,10 +46,10 @@ class StateRequest:
 
     @classmethod
     def parse(cls, body: Buffer) -> StateRequest:
-        _require(len(body) >= DIGEST_BYTES + _U16.size, "STATE_REQ length")
+        require(len(body) >= DIGEST_BYTES + _U16.size, "STATE_REQ length")
         (count,) = _U16.unpack_from(body, DIGEST_BYTES)
         start = DIGEST_BYTES + _U16.size
-        _require(len(body) == start + count * _U32.size, "STATE_REQ length")
+        require(len(body) == start + count * _U32.size, "STATE_REQ length")
         frags = tuple(_U32.unpack_from(body, start + i * _U32.size)[0] for i in range(count))
         msg = cls(bytes(body[:DIGEST_BYTES]), frags)
         msg.check()
@@ -76,13 +75,13 @@ class StateHeader:
     entries: tuple[StateEntry, ...] = field(default_factory=tuple)
 
     def check(self) -> None:
-        _require(len(self.digest) == DIGEST_BYTES, "run digest length")
-        _require(0 <= self.global_step < 2**63, "global step range")
-        _require(len(self.entries) < 2**16, "too many fragments")
-        _require(len({e.fragment for e in self.entries}) == len(self.entries), "duplicates")
+        require(len(self.digest) == DIGEST_BYTES, "run digest length")
+        require(0 <= self.global_step < 2**63, "global step range")
+        require(len(self.entries) < 2**16, "too many fragments")
+        require(len({e.fragment for e in self.entries}) == len(self.entries), "duplicates")
         for e in self.entries:
-            _require(0 <= e.fragment < 2**32 and 0 <= e.version < 2**63, "entry range")
-            _require(0 <= e.numel < 2**40 and len(e.sha256) == SHA256_BYTES, "entry size")
+            require(0 <= e.fragment < 2**32 and 0 <= e.version < 2**63, "entry range")
+            require(0 <= e.numel < 2**40 and len(e.sha256) == SHA256_BYTES, "entry size")
 
     def serialize(self) -> bytes:
         self.check()
@@ -93,9 +92,9 @@ class StateHeader:
 
     @classmethod
     def parse(cls, body: Buffer) -> StateHeader:
-        _require(len(body) >= _STATE_HDR_HEAD.size, "STATE_HDR length")
+        require(len(body) >= _STATE_HDR_HEAD.size, "STATE_HDR length")
         digest, step, count = _STATE_HDR_HEAD.unpack_from(body)
-        _require(len(body) == _STATE_HDR_HEAD.size + count * _STATE_ENTRY.size, "STATE_HDR size")
+        require(len(body) == _STATE_HDR_HEAD.size + count * _STATE_ENTRY.size, "STATE_HDR size")
         entries = tuple(
             StateEntry(
                 *_STATE_ENTRY.unpack_from(body, _STATE_HDR_HEAD.size + i * _STATE_ENTRY.size)
@@ -105,8 +104,3 @@ class StateHeader:
         msg = cls(digest, step, entries)
         msg.check()
         return msg
-
-
-def _require(condition: bool, what: str) -> None:
-    if not condition:
-        raise ProtocolError(what)

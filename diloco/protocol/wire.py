@@ -36,7 +36,8 @@ counted), its block norms those of the reducer's own contribution over each ``PA
 values (``verification``). After its last PART, and its last AVERAGED, chunk a part is
 sealed (SEAL, signed once per part).
 
-The bodies of STATE_REQ, STATE_HDR and STATE_DAT are in ``state_wire``; those of SEAL,
+The bodies of PART (its prefix), AVERAGED and REPORT are in ``part_wire``; those of STATE_REQ,
+STATE_HDR and STATE_DAT in ``state_wire``; those of SEAL,
 CHECK_REQ, CHECK_RES, EVIDENCE_REQ and EVIDENCE in ``check_wire``.
 """
 
@@ -66,11 +67,9 @@ MAX_SMALL_BODY = 64 * 1024  # every control message (JOIN, GROUP, REJECT, REPORT
 Buffer = bytes | bytearray | memoryview
 
 _ROUND = struct.Struct(f"!{DIGEST_BYTES}sII")
-_ROUND_GROUP = struct.Struct(f"!{DIGEST_BYTES}sII{GROUP_ID_BYTES}s")
 _JOIN = struct.Struct(f"!{DIGEST_BYTES}sIIQBBdB")
 _GROUP_HEAD = struct.Struct(f"!{DIGEST_BYTES}sII{GROUP_ID_BYTES}sQBBH")
 _U16 = struct.Struct("!H")
-_U32 = struct.Struct("!I")
 _F64 = struct.Struct("!d")
 _REJECT_HEAD = struct.Struct("!BH")
 
@@ -133,7 +132,7 @@ class Frame:
     SIZE = FRAME_HEADER.size
 
     def check(self) -> None:
-        _require(0 <= self.body_len < 2**64, "body length range")
+        require(0 <= self.body_len < 2**64, "body length range")
 
     def serialize(self) -> bytes:
         self.check()
@@ -142,13 +141,13 @@ class Frame:
     @classmethod
     def parse(cls, raw: Buffer) -> Frame:
         """Check magic, version and kind; the caller checks ``body_len`` against its limit."""
-        _require(len(raw) == FRAME_HEADER.size, "frame header length")
+        require(len(raw) == FRAME_HEADER.size, "frame header length")
         magic, version, kind, body_len = FRAME_HEADER.unpack(raw)
-        _require(magic == MAGIC, "bad frame magic")
-        _require(
+        require(magic == MAGIC, "bad frame magic")
+        require(
             version == PROTOCOL_VERSION, f"protocol version {version}, expected {PROTOCOL_VERSION}"
         )
-        _require(kind in Kind._value2member_map_, f"unknown frame kind {kind}")
+        require(kind in Kind._value2member_map_, f"unknown frame kind {kind}")
         msg = cls(Kind(kind), body_len)
         msg.check()
         return msg
@@ -163,8 +162,8 @@ class RoundTag:
     round: int
 
     def check(self) -> None:
-        _require(len(self.digest) == DIGEST_BYTES, "run digest length")
-        _require(0 <= self.fragment < 2**32 and 0 <= self.round < 2**32, "fragment/round range")
+        require(len(self.digest) == DIGEST_BYTES, "run digest length")
+        require(0 <= self.fragment < 2**32 and 0 <= self.round < 2**32, "fragment/round range")
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,10 +180,10 @@ class Join:
 
     def check(self) -> None:
         self.tag.check()
-        _require(0 <= self.numel < 2**63, "numel range")
-        _require(0 <= self.codec_id < 256 and 0 <= self.return_codec_id < 256, "codec id range")
-        _require(math.isfinite(self.weight) and self.weight > 0, f"weight {self.weight!r}")
-        _require(isinstance(self.client, bool), "client flag")
+        require(0 <= self.numel < 2**63, "numel range")
+        require(0 <= self.codec_id < 256 and 0 <= self.return_codec_id < 256, "codec id range")
+        require(math.isfinite(self.weight) and self.weight > 0, f"weight {self.weight!r}")
+        require(isinstance(self.client, bool), "client flag")
 
     def serialize(self) -> bytes:
         self.check()
@@ -202,9 +201,9 @@ class Join:
 
     @classmethod
     def parse(cls, body: Buffer) -> Join:
-        _require(len(body) == _JOIN.size, "JOIN length")
+        require(len(body) == _JOIN.size, "JOIN length")
         digest, frag, rnd, numel, codec, ret, weight, client = _JOIN.unpack(body)
-        _require(client in (0, 1), "JOIN client flag")
+        require(client in (0, 1), "JOIN client flag")
         msg = cls(RoundTag(digest, frag, rnd), numel, codec, ret, weight, bool(client))
         msg.check()
         return msg
@@ -230,18 +229,18 @@ class Group:
 
     def check(self) -> None:
         self.tag.check()
-        _require(len(self.group_id) == GROUP_ID_BYTES, "group id length")
-        _require(0 <= self.numel < 2**63, "numel range")
-        _require(0 <= self.codec_id < 256 and 0 <= self.return_codec_id < 256, "codec id range")
-        _require(0 < len(self.members) <= MAX_GROUP_SIZE, f"group of {len(self.members)}")
-        _require(len(self.weights) == len(self.members), "one weight per member")
-        _require(len(set(self.members)) == len(self.members), "duplicate members")
+        require(len(self.group_id) == GROUP_ID_BYTES, "group id length")
+        require(0 <= self.numel < 2**63, "numel range")
+        require(0 <= self.codec_id < 256 and 0 <= self.return_codec_id < 256, "codec id range")
+        require(0 < len(self.members) <= MAX_GROUP_SIZE, f"group of {len(self.members)}")
+        require(len(self.weights) == len(self.members), "one weight per member")
+        require(len(set(self.members)) == len(self.members), "duplicate members")
         for peer in self.members:
-            _require(0 < len(peer) <= MAX_PEER_ID_BYTES, "peer id length")
+            require(0 < len(peer) <= MAX_PEER_ID_BYTES, "peer id length")
         for w in self.weights:
-            _require(math.isfinite(w) and w > 0, f"weight {w!r}")
-        _require(len(self.clients) == len(self.members), "one client flag per member")
-        _require(not all(self.clients), "a group without a reducer")
+            require(math.isfinite(w) and w > 0, f"weight {w!r}")
+        require(len(self.clients) == len(self.members), "one client flag per member")
+        require(not all(self.clients), "a group without a reducer")
 
     def serialize(self) -> bytes:
         self.check()
@@ -265,7 +264,7 @@ class Group:
 
     @classmethod
     def parse(cls, body: Buffer) -> Group:
-        _require(len(body) >= _GROUP_HEAD.size, "GROUP length")
+        require(len(body) >= _GROUP_HEAD.size, "GROUP length")
         digest, frag, rnd, gid, numel, codec, ret, count = _GROUP_HEAD.unpack_from(body)
         offset = _GROUP_HEAD.size
         members, weights = [], []
@@ -273,7 +272,7 @@ class Group:
             for _ in range(count):
                 (size,) = _U16.unpack_from(body, offset)
                 offset += _U16.size
-                _require(offset + size <= len(body), "GROUP peer id truncated")
+                require(offset + size <= len(body), "GROUP peer id truncated")
                 members.append(bytes(body[offset : offset + size]))
                 offset += size
                 (weight,) = _F64.unpack_from(body, offset)
@@ -305,8 +304,8 @@ class Reject:
     reason: str = ""
 
     def check(self) -> None:
-        _require(len(self.redirect) <= MAX_PEER_ID_BYTES, "redirect length")
-        _require(len(self.reason.encode()) <= MAX_REASON_BYTES, "reason length")
+        require(len(self.redirect) <= MAX_PEER_ID_BYTES, "redirect length")
+        require(len(self.reason.encode()) <= MAX_REASON_BYTES, "reason length")
 
     def serialize(self) -> bytes:
         self.check()
@@ -316,53 +315,16 @@ class Reject:
 
     @classmethod
     def parse(cls, body: Buffer) -> Reject:
-        _require(len(body) >= _REJECT_HEAD.size, "REJECT length")
+        require(len(body) >= _REJECT_HEAD.size, "REJECT length")
         code, size = _REJECT_HEAD.unpack_from(body)
-        _require(code in RejectCode._value2member_map_, f"reject code {code}")
+        require(code in RejectCode._value2member_map_, f"reject code {code}")
         start = _REJECT_HEAD.size
-        _require(start + size <= len(body), "REJECT redirect truncated")
+        require(start + size <= len(body), "REJECT redirect truncated")
         try:
             reason = bytes(body[start + size :]).decode()
         except UnicodeDecodeError as exc:
             raise ProtocolError("REJECT reason is not utf-8") from exc
         msg = cls(RejectCode(code), bytes(body[start : start + size]), reason)
-        msg.check()
-        return msg
-
-
-@dataclass(frozen=True, slots=True)
-class PartHead:
-    """Prefix of PART and AVERAGED bodies: which round, group, part and chunk follows."""
-
-    tag: RoundTag
-    group_id: bytes
-    part: int
-    chunk: int = 0
-
-    SIZE = _ROUND_GROUP.size + _U16.size + _U32.size
-
-    def check(self) -> None:
-        self.tag.check()
-        _require(len(self.group_id) == GROUP_ID_BYTES, "group id length")
-        _require(0 <= self.part < MAX_GROUP_SIZE, f"part index {self.part}")
-        _require(0 <= self.chunk < 2**32, f"chunk index {self.chunk}")
-
-    def serialize(self) -> bytes:
-        self.check()
-        t = self.tag
-        return (
-            _ROUND_GROUP.pack(t.digest, t.fragment, t.round, self.group_id)
-            + _U16.pack(self.part)
-            + _U32.pack(self.chunk)
-        )
-
-    @classmethod
-    def parse(cls, body: Buffer) -> PartHead:
-        _require(len(body) >= cls.SIZE, "part prefix length")
-        digest, frag, rnd, gid = _ROUND_GROUP.unpack_from(body)
-        (part,) = _U16.unpack_from(body, _ROUND_GROUP.size)
-        (chunk,) = _U32.unpack_from(body, _ROUND_GROUP.size + _U16.size)
-        msg = cls(RoundTag(digest, frag, rnd), gid, part, chunk)
         msg.check()
         return msg
 
@@ -386,126 +348,13 @@ def unpack_mask(data: Buffer, num_members: int) -> tuple[bool, ...]:
     Raises:
         ProtocolError: for a wrong length or set padding bits.
     """
-    _require(len(data) == mask_bytes(num_members), "mask length")
+    require(len(data) == mask_bytes(num_members), "mask length")
     bits = tuple(bool(data[i // 8] >> (i % 8) & 1) for i in range(num_members))
-    _require(pack_mask(bits) == bytes(data), "mask padding bits")
+    require(pack_mask(bits) == bytes(data), "mask padding bits")
     return bits
 
 
-@dataclass(frozen=True, slots=True)
-class Averaged:
-    """A reducer's averaged chunk, the mask of members it counted in its part, and the norms
-    it combined them by (see the layout above).
-
-    The reducer sends the same bytes to every member; it always counts itself.
-    """
-
-    head: PartHead
-    mask: tuple[bool, ...]
-    norms: tuple[float, ...]
-    """Every member's chunk norm as the reducer computed it; 0 for members not counted."""
-    block_norms: tuple[float, ...]
-    """Norms of the reducer's own contribution over each ``PART_ALIGN`` values of the chunk."""
-    payload: Buffer
-
-    def check(self) -> None:
-        self.head.check()
-        _require(0 < len(self.mask) <= MAX_GROUP_SIZE, "counted mask size")
-        _require(self.head.part < len(self.mask), f"part {self.head.part} outside the mask")
-        _require(any(self.mask), "counted mask counts nobody")
-        _require(len(self.norms) == len(self.mask), "one norm per member")
-        for norm, counted in zip(self.norms, self.mask, strict=True):
-            ok = math.isfinite(norm) and norm >= 0 and (counted or norm == 0)
-            _require(ok, f"norm {norm!r}")
-        _require(len(self.block_norms) < 2**32, "block norm count")
-        # A finite sum proves every term finite (NaN and inf propagate); then min is exact.
-        blocks = self.block_norms
-        _require(not blocks or (math.isfinite(sum(blocks)) and min(blocks) >= 0), "block norms")
-
-    @staticmethod
-    def body_size(num_members: int, num_blocks: int, payload_bytes: int) -> int:
-        """Body length of an AVERAGED frame, known before it is read."""
-        fixed = PartHead.SIZE + _U16.size + _U32.size
-        return fixed + mask_bytes(num_members) + 8 * num_members + 4 * num_blocks + payload_bytes
-
-    def prefix(self) -> bytes:
-        """The body up to the payload (sent ahead of it, so the payload is never copied)."""
-        self.check()
-        return (
-            self.head.serialize()
-            + _U16.pack(len(self.mask))
-            + pack_mask(self.mask)
-            + struct.pack(f"!{len(self.norms)}d", *self.norms)
-            + _U32.pack(len(self.block_norms))
-            + struct.pack(f"!{len(self.block_norms)}f", *self.block_norms)
-        )
-
-    def serialize(self) -> bytes:
-        return self.prefix() + bytes(self.payload)
-
-    @classmethod
-    def parse(cls, body: Buffer) -> Averaged:
-        """Parse without copying the payload (a view into ``body``)."""
-        offset = PartHead.SIZE + _U16.size
-        _require(len(body) >= offset, "AVERAGED length")
-        head = PartHead.parse(body[: PartHead.SIZE])
-        (count,) = _U16.unpack_from(body, PartHead.SIZE)
-        _require(0 < count <= MAX_GROUP_SIZE, "counted mask size")
-        end = offset + mask_bytes(count) + _F64.size * count + _U32.size
-        _require(len(body) >= end, "AVERAGED mask truncated")
-        mask = unpack_mask(body[offset : offset + mask_bytes(count)], count)
-        offset += mask_bytes(count)
-        norms = struct.unpack_from(f"!{count}d", body, offset)
-        (blocks,) = _U32.unpack_from(body, end - _U32.size)
-        payload_at = end + 4 * blocks
-        _require(len(body) >= payload_at, "AVERAGED block norms truncated")
-        block_norms = struct.unpack_from(f"!{blocks}f", body, end)
-        msg = cls(head, mask, norms, block_norms, memoryview(body)[payload_at:])
-        msg.check()
-        return msg
-
-
-@dataclass(frozen=True, slots=True)
-class Report:
-    """A member's view after the gather phase: which parts it holds, and their sha256."""
-
-    tag: RoundTag
-    group_id: bytes
-    parts: tuple[bool, ...]
-    digest: bytes
-
-    def check(self) -> None:
-        self.tag.check()
-        _require(len(self.group_id) == GROUP_ID_BYTES, "group id length")
-        _require(0 < len(self.parts) <= MAX_GROUP_SIZE, "parts mask size")
-        _require(len(self.digest) == SHA256_BYTES, "result digest length")
-
-    def serialize(self) -> bytes:
-        self.check()
-        t = self.tag
-        mask = pack_mask(self.parts)
-        return (
-            _ROUND_GROUP.pack(t.digest, t.fragment, t.round, self.group_id)
-            + _U16.pack(len(self.parts))
-            + mask
-            + self.digest
-        )
-
-    @classmethod
-    def parse(cls, body: Buffer) -> Report:
-        _require(len(body) >= _ROUND_GROUP.size + _U16.size, "REPORT length")
-        digest, frag, rnd, gid = _ROUND_GROUP.unpack_from(body)
-        (count,) = _U16.unpack_from(body, _ROUND_GROUP.size)
-        start = _ROUND_GROUP.size + _U16.size
-        size = mask_bytes(count)
-        _require(len(body) == start + size + SHA256_BYTES, "REPORT length")
-        _require(0 < count <= MAX_GROUP_SIZE, "parts mask size")
-        parts = unpack_mask(bytes(body[start : start + size]), count)
-        msg = cls(RoundTag(digest, frag, rnd), gid, parts, bytes(body[start + size :]))
-        msg.check()
-        return msg
-
-
-def _require(condition: bool, what: str) -> None:
+def require(condition: bool, what: str) -> None:
+    """Raise ``ProtocolError(what)`` unless ``condition``: every body's checks."""
     if not condition:
         raise ProtocolError(what)

@@ -35,8 +35,9 @@ from diloco.protocol.discovery import (
     publish_run_config,
 )
 from diloco.protocol.identity import signing_input
-from diloco.protocol.matchmaking import round_key
+from diloco.protocol.lobby import round_key
 from diloco.protocol.network import NetworkOptions
+from diloco.protocol.part_wire import PartHead
 from diloco.protocol.records import declare_round
 from diloco.protocol.reducer import RoundKey
 from diloco.protocol.run_id import make_run_id, run_digest
@@ -45,7 +46,7 @@ from diloco.protocol.signed_records import pack_payload, seal, signer, store_sig
 from diloco.protocol.state_transfer import fetch_state
 from diloco.protocol.swarm import make_dht
 from diloco.protocol.swarm_key import ClosedSwarm, ClosedTransport, load_swarm_key
-from diloco.protocol.wire import GROUP_ID_BYTES, Join, Kind, PartHead, Reject, RoundTag
+from diloco.protocol.wire import GROUP_ID_BYTES, Join, Kind, Reject, RoundTag
 
 
 def _forged_payload(identity: Any, config: dict[str, Any]) -> bytes:

@@ -19,9 +19,10 @@ from hivemind.p2p import PeerID
 from diloco.protocol.allreduce import AllReduceRunner
 from diloco.protocol.check_wire import Seal
 from diloco.protocol.part_server import PartServer
+from diloco.protocol.part_wire import Averaged, PartHead
 from diloco.protocol.reduction import Assembled
 from diloco.protocol.streams import write_frame
-from diloco.protocol.wire import Averaged, Kind, PartHead, RoundTag
+from diloco.protocol.wire import Kind, RoundTag
 
 
 class Fault(enum.Enum):

@@ -12,7 +12,7 @@ from swarm_peers import make_delta
 
 from diloco.codecs import get_codec
 from diloco.protocol.aggregation import CLIP_FACTOR, robust_mean
-from diloco.protocol.matchmaking import leader_rank, round_key
+from diloco.protocol.lobby import leader_rank, round_key
 from diloco.protocol.partition import butterfly_parts
 from diloco.protocol.reducer import Contribution, InProcessReducer, RoundKey
 from diloco.protocol.reduction import chunk_spans

@@ -37,14 +37,16 @@ from diloco.protocol.allreduce import AllReduceRunner
 from diloco.protocol.demotion import Demotion
 from diloco.protocol.fragment_state import FragmentState, OuterState
 from diloco.protocol.group import RoundTimeouts
-from diloco.protocol.matchmaking import Matchmaker, leader_rank
+from diloco.protocol.lobby import leader_rank
+from diloco.protocol.matchmaking import Matchmaker
 from diloco.protocol.network import NetworkOptions
 from diloco.protocol.part_server import PartServer
 from diloco.protocol.records import FragmentVersion, NodeRecord
 from diloco.protocol.reducer import Contribution, RoundKey
 from diloco.protocol.run_id import make_run_id
 from diloco.protocol.streams import write_frame
-from diloco.protocol.swarm import Swarm, SwarmReducer
+from diloco.protocol.swarm import Swarm
+from diloco.protocol.swarm_reducer import SwarmReducer
 from diloco.protocol.wire import Kind
 
 UNIT = float(os.environ.get("DILOCO_TEST_TIME_UNIT", "1.0"))
@@ -130,6 +132,25 @@ class CutFirstJoin(Matchmaker):
         raise ConnectionResetError("test fault: JOIN stream cut")
 
 
+def dying_in_stage(stage: int) -> type[AllReduceRunner]:
+    """A runner that, in stage ``stage`` of a staged round, dies like a machine losing power
+    once its own part has a contribution (mid-stage); its earlier stages run as usual."""
+    started: dict[Any, int] = {}
+
+    class DyingInStage(AllReduceRunner):
+        async def run(self) -> Any:
+            started[self.group.key] = started.get(self.group.key, 0) + 1
+            if started[self.group.key] != stage + 1:
+                return await super().run()
+            running = asyncio.create_task(super().run())
+            while not self.server.reducer.received and not running.done():
+                await asyncio.sleep(0.01)
+            _notify(("dying", stage))
+            os.killpg(os.getpid(), signal.SIGKILL)
+
+    return DyingInStage
+
+
 def matchmaker_type(fault: Fault) -> type[Matchmaker]:
     return {Fault.DIE_AS_LEADER: DyingLeader, Fault.CUT_FIRST_JOIN: CutFirstJoin}.get(
         fault, Matchmaker
@@ -210,6 +231,7 @@ def _summary(result: Any) -> dict[str, Any]:
         "bytes_sent": result.bytes_sent,
         "bytes_received": result.bytes_received,
         "seconds": result.seconds,
+        "stages": [(m.stage, m.members, m.bytes_sent, m.bytes_received) for m in result.stages],
     }
 
 
@@ -263,6 +285,12 @@ def peer_main(
                 reducer.demotion = Demotion()
                 if args == "demoted":
                     reducer.demotion.remaining = reducer.demotion.cooldown
+                _notify(("ok",))
+            elif command == "staged":  # (max group size, group size to wait for, verify, die in)
+                reducer.max_group_size, target, verify, die = args
+                reducer.matchmaker.target_group_size = target
+                reducer.identity = swarm.dht.identity if verify else None
+                reducer.runner_type = AllReduceRunner if die is None else dying_in_stage(die)
                 _notify(("ok",))
             elif command == "banned":
                 _notify(("banned", swarm.bans.banned(PeerID.from_base58(args))))

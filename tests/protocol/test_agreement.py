@@ -14,7 +14,8 @@ from diloco.protocol.agreement import (
     check_report,
     decide,
 )
-from diloco.protocol.wire import Report, RoundTag
+from diloco.protocol.part_wire import Report
+from diloco.protocol.wire import RoundTag
 
 TAG = RoundTag(bytes(range(16)), 1, 3)
 GID = b"g" * 16

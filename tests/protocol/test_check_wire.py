@@ -16,7 +16,8 @@ from diloco.protocol.check_wire import (
     EvidenceRequest,
     Seal,
 )
-from diloco.protocol.wire import PartHead, RoundTag
+from diloco.protocol.part_wire import PartHead
+from diloco.protocol.wire import RoundTag
 
 TAG = RoundTag(bytes(range(16)), 3, 9)
 GID = b"g" * 16

@@ -21,9 +21,10 @@ from diloco.errors import RoundFailed
 from diloco.protocol.allreduce import AllReduceRunner
 from diloco.protocol.check_wire import CheckRequest, CheckResponse
 from diloco.protocol.part_server import PartServer
+from diloco.protocol.part_wire import Averaged
 from diloco.protocol.reducer import RoundResult
 from diloco.protocol.signatures import sign_check
-from diloco.protocol.wire import Averaged, Reject, RejectCode
+from diloco.protocol.wire import Reject, RejectCode
 
 NUMEL = 4 * 16 * 256  # four parts of 16 blocks
 WEIGHTS = [1.0, 2.0, 3.0, 1.5]

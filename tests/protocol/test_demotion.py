@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from diloco.protocol.demotion import Demotion, own_part_missing
-from diloco.protocol.wire import Report, RoundTag
+from diloco.protocol.part_wire import Report
+from diloco.protocol.wire import RoundTag
 
 TAG = RoundTag(bytes(16), 0, 1)
 

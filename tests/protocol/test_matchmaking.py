@@ -21,7 +21,7 @@ from swarm_peers import (
     write_leading_identity,
 )
 
-from diloco.protocol.matchmaking import choose_leader, leader_rank, round_key
+from diloco.protocol.lobby import choose_leader, leader_rank, round_key
 from diloco.protocol.reducer import RoundKey
 
 

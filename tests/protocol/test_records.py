@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from diloco.errors import ProtocolError
-from diloco.protocol.matchmaking import round_key
+from diloco.protocol.lobby import round_key
 from diloco.protocol.records import (
     MAX_NODE_RECORD_BYTES,
     MAX_ROUND_MEMBERS,

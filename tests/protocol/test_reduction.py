@@ -13,6 +13,7 @@ import torch
 
 from diloco.codecs import get_codec
 from diloco.errors import ProtocolError
+from diloco.protocol.part_wire import Averaged, PartHead
 from diloco.protocol.reduction import (
     CHUNK_VALUES,
     Assembly,
@@ -24,7 +25,7 @@ from diloco.protocol.reduction import (
     chunk_spans,
     part_digest,
 )
-from diloco.protocol.wire import Averaged, PartHead, RoundTag
+from diloco.protocol.wire import RoundTag
 
 NONE = get_codec("none")
 TAG = RoundTag(bytes(range(16)), 2, 5)

@@ -10,6 +10,7 @@ import pytest
 from diloco.errors import ProtocolError
 from diloco.protocol.check_wire import CheckEntry, CheckResponse
 from diloco.protocol.identity import Identity
+from diloco.protocol.part_wire import PartHead
 from diloco.protocol.signatures import (
     sign_averaged,
     sign_check,
@@ -18,7 +19,7 @@ from diloco.protocol.signatures import (
     verify_check,
     verify_part,
 )
-from diloco.protocol.wire import PartHead, RoundTag
+from diloco.protocol.wire import RoundTag
 
 ME, OTHER = Identity.generate(), Identity.generate()
 SEAL = PartHead(RoundTag(bytes(range(16)), 3, 9), b"g" * 16, 1, 2)

@@ -32,7 +32,7 @@ from diloco.protocol.discovery import (
     publish_run_config,
 )
 from diloco.protocol.identity import Identity, signing_input
-from diloco.protocol.matchmaking import round_key
+from diloco.protocol.lobby import round_key
 from diloco.protocol.network import NetworkOptions
 from diloco.protocol.records import (
     FragmentVersion,

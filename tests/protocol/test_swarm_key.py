@@ -21,7 +21,7 @@ from test_signed_records import _entry, _StubDHT
 from diloco.errors import ConfigError
 from diloco.protocol import streams
 from diloco.protocol.identity import Identity
-from diloco.protocol.matchmaking import round_key
+from diloco.protocol.lobby import round_key
 from diloco.protocol.records import read_declarations
 from diloco.protocol.reducer import RoundKey
 from diloco.protocol.run_id import make_run_id, run_digest

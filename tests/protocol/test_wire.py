@@ -9,17 +9,15 @@ import pytest
 
 from diloco.errors import ProtocolError
 from diloco.protocol import wire
+from diloco.protocol.part_wire import Averaged, PartHead, Report
 from diloco.protocol.wire import (
     FRAME_HEADER,
-    Averaged,
     Frame,
     Group,
     Join,
     Kind,
-    PartHead,
     Reject,
     RejectCode,
-    Report,
     RoundTag,
 )
 

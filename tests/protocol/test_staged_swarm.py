@@ -1,0 +1,115 @@
+"""The staged all-reduce on the wire (issue 16): 12 real peer processes, groups of at most 4
+(a 3x4 grid), against the in-process staged reducer and the flat weighted mean."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+
+import pytest
+import torch
+from hivemind.p2p import PeerID
+from swarm_expected import group_order
+from swarm_peers import TIMEOUTS, PeerProcess, command, make_delta, start_swarm, stop_peers
+
+from diloco.codecs import get_codec
+from diloco.protocol.grid import GridPlan, plan_grid
+from diloco.protocol.staged import staged_mean
+
+pytestmark = pytest.mark.swarm
+
+NUM_PEERS, MAX_GROUP = 12, 4
+NUMEL = 300_001  # two chunks per part in stage 0
+WEIGHTS = [1.0 + 0.5 * i for i in range(NUM_PEERS)]
+TIMEOUT = 2 * TIMEOUTS.total + 90
+
+
+@pytest.fixture(scope="module")
+def peers() -> Iterator[list[PeerProcess]]:
+    swarm = start_swarm(NUM_PEERS)
+    try:
+        yield swarm
+    finally:
+        stop_peers(swarm)
+
+
+def _expected(
+    ids: list[str], fragment: int, seeds: list[int], codec: str
+) -> tuple[GridPlan, list[int], list[torch.Tensor], list[torch.Tensor]]:
+    """The plan (indices in group order), group order, the deltas and the in-process staged
+    reducer's values per member, all in group order."""
+    order = group_order(ids)
+    peers = [PeerID.from_base58(ids[i]).to_bytes() for i in order]
+    plan = plan_grid(f"{fragment}/1", peers, [WEIGHTS[i] for i in order], MAX_GROUP)
+    deltas = [make_delta(NUMEL, seeds[i]) for i in order]
+    values = staged_mean(plan, deltas, get_codec(codec)).values
+    return plan, order, deltas, list(values)
+
+
+def _sha(x: torch.Tensor) -> str:
+    return hashlib.sha256(x.numpy().tobytes()).hexdigest()
+
+
+def _reduce(peers: list[PeerProcess], fragment: int, seeds: list[int]) -> None:
+    for i, peer in enumerate(peers):
+        peer.send("reduce", [(fragment, 1, NUMEL, seeds[i], WEIGHTS[i])])
+
+
+@pytest.mark.parametrize(("codec", "fragment"), [("none", 601), ("e3m0", 602)])
+def test_twelve_peers_in_groups_of_four_equal_the_staged_reference(
+    peers: list[PeerProcess], codec: str, fragment: int
+) -> None:
+    command(peers, "codec", codec)
+    command(peers, "staged", (MAX_GROUP, NUM_PEERS, True, None))
+    seeds = [fragment * 100 + i for i in range(NUM_PEERS)]
+    _reduce(peers, fragment, seeds)
+    results = [peer.recv(TIMEOUT)[1][0] for peer in peers]
+    ids = [peer.peer_id for peer in peers]
+    plan, order, deltas, values = _expected(ids, fragment, seeds, codec)
+    assert plan.shape == (4, 3)
+    assert len({_sha(v) for v in values}) == 1  # the reference itself: one value for all
+    assert all(r["ok"] for r in results), results
+    assert {r["sha256"] for r in results} == {_sha(values[0])}
+    assert all(sorted(r["members"]) == sorted(ids) for r in results)
+    for r in results:
+        (s0, m0, sent0, got0), (s1, m1, sent1, got1) = r["stages"]
+        assert (s0, m0, s1, m1) == (0, 4, 1, 3)
+        assert min(sent0, got0, sent1, got1) > 0
+        assert r["bytes_sent"] == sent0 + sent1
+    # the flat weighted mean of all 12, computed here directly
+    w = torch.tensor([WEIGHTS[i] for i in order], dtype=torch.float64)
+    flat = (torch.stack(deltas).double() * (w / w.sum())[:, None]).sum(0)
+    error = float((values[0].double() - flat).norm() / flat.norm())
+    assert error < (1e-6 if codec == "none" else 0.4)
+
+
+def test_peer_killed_mid_cross_cell_stage_only_its_group_fails(
+    peers: list[PeerProcess],
+) -> None:
+    """The peer dies in stage 1 (across cells), its stage-0 mean already held by its cell:
+    the two other members of its stage-1 group fail (a stage counts every contributor);
+    the nine others agree on the in-process staged mean of all 12 contributions."""
+    fragment = 700
+    command(peers, "codec", "none")
+    command(peers, "staged", (MAX_GROUP, NUM_PEERS, False, None))
+    victim = peers[5]
+    victim.send("staged", (MAX_GROUP, NUM_PEERS, False, 1))
+    assert victim.recv(30)[0] == "ok"
+    seeds = [fragment * 100 + i for i in range(NUM_PEERS)]
+    ids = [peer.peer_id for peer in peers]
+    try:
+        _reduce(peers, fragment, seeds)
+        assert victim.recv(TIMEOUT) == ("dying", 1)
+        results = {i: peers[i].recv(TIMEOUT)[1][0] for i in range(NUM_PEERS) if i != 5}
+    finally:
+        victim.kill()
+    plan, order, _, values = _expected(ids, fragment, seeds, "none")
+    position = {peer: k for k, peer in enumerate(order)}  # test index -> group index
+    stage1 = plan.group_of(position[5], 1)
+    failing = {i for i in results if position[i] in stage1.members}
+    assert len(failing) == 2
+    assert all(not results[i]["ok"] for i in failing), results
+    assert all("stage 1" in results[i]["reason"] for i in failing), results
+    survivors = [results[i] for i in results if i not in failing]
+    assert all(r["ok"] for r in survivors), results
+    assert {r["sha256"] for r in survivors} == {_sha(values[0])}

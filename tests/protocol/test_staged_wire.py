@@ -1,0 +1,189 @@
+"""The staged all-reduce's wire code (``StagedRunner``, ``AllReduceService`` routing by stage
+group id, ``AllReduceRunner`` per stage) with 12 members in one process over socket pairs
+(``memory_p2p``): against the in-process staged reducer, and with a member lost."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+from typing import Any
+
+import pytest
+import torch
+from hivemind.p2p import PeerID
+from memory_p2p import MemoryNetwork, MemoryP2P, make_identity
+
+from diloco.codecs import get_codec
+from diloco.errors import RoundFailed
+from diloco.protocol.aggregation import CLIP_FACTOR
+from diloco.protocol.allreduce import AllReduceRunner
+from diloco.protocol.bans import BanList
+from diloco.protocol.grid import plan_grid
+from diloco.protocol.group import GroupInfo, RoundTimeouts
+from diloco.protocol.identity import Identity
+from diloco.protocol.reducer import RoundKey, RoundResult
+from diloco.protocol.routing import AllReduceService
+from diloco.protocol.staged import staged_mean
+from diloco.protocol.staged_runner import RunnerFactory, StagedRunner, grid_for
+
+N, MAX_GROUP, NUMEL = 12, 4, 3_001
+KEY = RoundKey(5, 9)
+DIGEST = hashlib.sha256(b"staged wire test").digest()[:16]
+TIMEOUTS = RoundTimeouts(
+    matchmaking_window=0.5,
+    join_timeout=0.5,
+    sender_timeout=3.0,
+    reducer_timeout=2.0,
+    report_timeout=1.0,
+    verify_timeout=1.0,
+    connect_timeout=1.0,
+)
+
+
+IDENTITIES = [make_identity(i) for i in range(N)]
+
+
+def _peers() -> list[PeerID]:
+    """Group order: peer id bytes (the identities' ids do not sort by index)."""
+    ids = [PeerID.from_base58(identity.peer_id) for identity in IDENTITIES]
+    return sorted(ids, key=PeerID.to_bytes)
+
+
+def _deltas() -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(16)
+    return [torch.randn(NUMEL, generator=gen) * (1 + 0.1 * i) for i in range(N)]
+
+
+WEIGHTS = tuple(float(3 + i) for i in range(N))
+
+
+async def _round(
+    codec: str, victim: int | None = None, die_in: int = 0, verify: bool = False
+) -> list[Any]:
+    """Every member's result (or its RoundFailed); ``victim`` dies (``MemoryP2P.kill``)
+    when its stage ``die_in`` starts; with ``verify`` chunks are signed and checked."""
+    network, peers, deltas = MemoryNetwork(), _peers(), _deltas()
+    group = GroupInfo(
+        KEY, bytes(range(16)), tuple(peers), WEIGHTS, NUMEL, *(get_codec(codec).codec_id,) * 2
+    )
+    plan = grid_for(group, MAX_GROUP, math.inf)
+    assert plan is not None
+    runs = []
+    for i, peer in enumerate(peers):
+        transport = network.join(peer)
+        names = [identity.peer_id for identity in IDENTITIES]
+        identity = IDENTITIES[names.index(peer.to_base58())] if verify else None
+        bans = BanList()
+        service = AllReduceService(transport, "run-0", DIGEST, TIMEOUTS, bans)
+        await service.start()
+        dies_in = die_in if i == victim else None
+        factory = _factory(transport, bans, service, codec, identity, dies_in)
+        slot = service.expect(KEY)
+        staged = StagedRunner(
+            group=group,
+            plan=plan,
+            me=peer,
+            delta=deltas[i],
+            make_runner=factory,
+            timeouts=TIMEOUTS,
+            max_weight=math.inf,
+        )
+        slot.set_result(staged)
+        runs.append((service, staged))
+
+    async def one(service: AllReduceService, staged: StagedRunner) -> RoundResult:
+        try:
+            return await asyncio.wait_for(staged.run(), 60)
+        finally:
+            service.finish(KEY)
+
+    try:
+        return await asyncio.gather(*(one(*r) for r in runs), return_exceptions=True)
+    finally:
+        network.close()
+
+
+def _factory(
+    transport: MemoryP2P,
+    bans: BanList,
+    service: AllReduceService,
+    codec: str,
+    identity: Identity | None,
+    dies_in: int | None,
+) -> RunnerFactory:
+    """One member's stage runners; at the start of stage ``dies_in`` it dies."""
+    started = [0]
+
+    def make(info: GroupInfo, x: torch.Tensor, cap: float) -> AllReduceRunner:
+        runner = AllReduceRunner(
+            p2p=transport,
+            group=info,
+            digest=DIGEST,
+            codec=get_codec(codec),
+            return_codec=get_codec(codec),
+            delta=x,
+            timeouts=TIMEOUTS,
+            max_norm_ratio=100.0,
+            max_weight=cap,
+            clip_factor=CLIP_FACTOR,
+            bans=bans,
+            handlers=service.handlers,
+            identity=identity,
+        )
+        if started[0] == dies_in:
+            transport.kill()
+            runner.run = _forever  # type: ignore[method-assign]
+        started[0] += 1
+        return runner
+
+    return make
+
+
+async def _forever() -> RoundResult:
+    await asyncio.sleep(1e6)
+    raise AssertionError("unreachable")
+
+
+def _reference(codec: str) -> torch.Tensor:
+    plan = plan_grid(f"{KEY.fragment}/{KEY.round}", [p.to_bytes() for p in _peers()], WEIGHTS, 4)
+    values = staged_mean(plan, _deltas(), get_codec(codec)).values
+    assert all(torch.equal(v, values[0]) for v in values)
+    return values[0]
+
+
+@pytest.mark.parametrize("codec", ["none", "e3m0"])
+def test_every_member_holds_the_staged_reference_bytes(codec: str) -> None:
+    results = asyncio.run(_round(codec, verify=True))
+    expected = _reference(codec)
+    for r in results:
+        assert isinstance(r, RoundResult), r
+        assert r.delta.numpy().tobytes() == expected.numpy().tobytes()
+        assert [(m.stage, m.members) for m in r.stages] == [(0, 4), (1, 3)]
+        assert r.bytes_sent == sum(m.bytes_sent for m in r.stages) > 0
+    w = torch.tensor(WEIGHTS, dtype=torch.float64)
+    flat = (torch.stack(_deltas()).double() * (w / w.sum())[:, None]).sum(0)
+    error = float((expected.double() - flat).norm() / flat.norm())
+    assert error < (1e-6 if codec == "none" else 0.4)
+
+
+def test_member_lost_in_stage_0_fails_the_round_for_all() -> None:
+    results = asyncio.run(_round("none", victim=3, die_in=0))
+    others = [r for i, r in enumerate(results) if i != 3]
+    assert all(isinstance(r, RoundFailed) for r in others), others
+
+
+def test_member_lost_in_stage_1_fails_only_its_stage_1_group() -> None:
+    victim = 3
+    results = asyncio.run(_round("none", victim=victim, die_in=1))
+    plan = plan_grid(f"{KEY.fragment}/{KEY.round}", [p.to_bytes() for p in _peers()], WEIGHTS, 4)
+    mates = set(plan.group_of(victim, 1).members) - {victim}
+    expected = _reference("none").numpy().tobytes()
+    for i, r in enumerate(results):
+        if i == victim:
+            continue
+        if i in mates:
+            assert isinstance(r, RoundFailed) and "stage 1" in r.reason, r
+        else:
+            assert isinstance(r, RoundResult), r
+            assert r.delta.numpy().tobytes() == expected
