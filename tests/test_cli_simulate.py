@@ -81,20 +81,27 @@ def test_simulate_from_metrics(tmp_path: Path) -> None:
             "fragment_numel": [1000, 1000],
             "codec": "e3m0",
         },
-        {"event": "step", "step_seconds": 0.1},
+        {"event": "step", "step": 1, "step_seconds": 0.1},
+        {"event": "step", "step": 2, "step_seconds": 0.1},
         {
             "event": "round",
+            "step": 1,
             "fragment": 0,
             "round": 1,
+            "members": 2,
             "bytes_sent": 600,
             "bytes_received": 500,
             "seconds": 0.01,
+            "blocked_seconds": 0.05,
         },
     ]
     metrics.write_text("\n".join(json.dumps(r) for r in records) + "\n")
     code, output = _invoke("simulate", "--from-metrics", str(metrics), "--bandwidth", "1")
     assert code == 0, output
     assert "observed link rate: 0.00048 Gbit/s" in output  # 600 bytes in 0.01 s
+    # 0.2 s of compute, 0.05 s blocked; the steady state (after step 1) has no round.
+    rows = [line.split() for line in output.splitlines()]
+    assert ["measured", "0.8000", "1.0000"] in rows
     row = output.splitlines()[-1].split()
     assert row[0] == "measured"
     assert float(row[1]) == pytest.approx(1.0, abs=1e-4)  # 600 bytes at 1 Gbit/s: hidden

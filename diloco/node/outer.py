@@ -117,6 +117,7 @@ class AppliedRound:
     bytes_sent: int = 0
     bytes_received: int = 0
     seconds: float = 0.0
+    matchmaking_seconds: float = 0.0
     blocked_seconds: float = 0.0
     outer_sha256: str = ""
     error: str = ""
@@ -302,6 +303,7 @@ class FragmentSync:
             bytes_sent=result.bytes_sent,
             bytes_received=result.bytes_received,
             seconds=result.seconds,
+            matchmaking_seconds=result.matchmaking_seconds,
             blocked_seconds=blocked,
             outer_sha256=self.hashes[p],
         )

@@ -283,6 +283,7 @@ class SwarmNode:
                 "step": self.trainer.step,
                 "fragment": applied.key.fragment,
                 "round": applied.key.round,
+                "blocked_seconds": applied.blocked_seconds,
                 "error": applied.error,
             }
         return {
@@ -294,6 +295,7 @@ class SwarmNode:
             "bytes_sent": applied.bytes_sent,
             "bytes_received": applied.bytes_received,
             "seconds": applied.seconds,
+            "matchmaking_seconds": applied.matchmaking_seconds,
             "blocked_seconds": applied.blocked_seconds,
             "outer_sha256": applied.outer_sha256,
         }

@@ -64,6 +64,8 @@ class RoundResult:
     bytes_sent: int
     bytes_received: int
     seconds: float
+    matchmaking_seconds: float = 0.0
+    """Of ``seconds``, the part spent forming the group (metrics and the simulator)."""
     stages: tuple[StageMetrics, ...] = ()
     """Per stage of a staged round (``staged_runner``); empty for a flat one."""
 

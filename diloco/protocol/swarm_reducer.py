@@ -208,7 +208,9 @@ class SwarmReducer(Reducer):
         self.timings[key] = (matched - start, loop.time() - matched)
         while len(self.timings) > 64:
             self.timings.popitem(last=False)
-        return dataclasses.replace(result, seconds=loop.time() - start)
+        return dataclasses.replace(
+            result, seconds=loop.time() - start, matchmaking_seconds=matched - start
+        )
 
     def _runner(
         self, group: GroupInfo, delta: torch.Tensor, max_weight: float, timeouts: RoundTimeouts

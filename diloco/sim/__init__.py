@@ -2,7 +2,8 @@
 
 Pure, sans-I/O: ``dag`` (the schedule), ``methods`` (presets and methods), ``sweep``
 (required bandwidths), ``accounting`` (bytes and peak rates), ``metrics`` (a node's JSON lines
-as a schedule), ``paper`` (the paper's own table, to compare with), ``staged_traffic`` (bytes
+as a schedule), ``round_costs`` (a node's measured CU and the CU predicted with its per-round
+costs), ``paper`` (the paper's own table, to compare with), ``staged_traffic`` (bytes
 and streams per peer of a staged round) and ``protocol_sim`` (rounds among thousands of
 simulated peers, on the protocol's own stage plan). ``plots`` writes PNG files
 and ``commands`` backs the CLI; neither is imported here. matplotlib (the optional extra

@@ -32,6 +32,7 @@ from diloco.sim.methods import (
 )
 from diloco.sim.metrics import MeasuredRun, measured_schedule, parse_metrics
 from diloco.sim.protocol_sim import Rule, SwarmSpec, summarise
+from diloco.sim.round_costs import measured_cu, predict_cu
 from diloco.sim.staged_traffic import staged_traffic
 from diloco.sim.sweep import DEFAULT_TARGETS, bandwidth_grid, required_bandwidth
 
@@ -135,6 +136,25 @@ def _describe_measured(run: MeasuredRun) -> str:
     )
 
 
+def _round_cost_lines(metrics: Sequence[str], bandwidth_gbps: float | None) -> list[str]:
+    """Measured CU and the CU predicted with the per-round costs (``round_costs``)."""
+    measured = measured_cu(metrics)
+    predicted = predict_cu(metrics)
+    lines = [
+        f"with per-round costs (steady state: after step {measured.steady_from_step}):",
+        f"  {'':<22}{'whole run':>10}{'steady':>10}",
+    ]
+    rows = [("measured", measured), ("predicted", predicted)]
+    if bandwidth_gbps is not None:
+        rows.append(
+            (f"predicted at {bandwidth_gbps:g} Gbit/s", predict_cu(metrics, bandwidth_gbps))
+        )
+    for name, cu in rows:
+        steady = "-" if cu.steady is None else f"{cu.steady:.4f}"
+        lines.append(f"  {name:<22}{cu.whole:>10.4f}{steady:>10}")
+    return lines
+
+
 def _format_gbps(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g}"
 
@@ -158,7 +178,8 @@ def simulate_report(request: SimulateRequest) -> SimulateReport:
         if np.isfinite(run.observed_gbps):
             compute, plan = scenarios[MEASURED]
             cu = compute_utilisation(compute, plan, [run.observed_gbps])[0]
-            lines.append(f"predicted CU at the observed rate: {cu:.4f}")
+            lines.append(f"transfers only, CU at the observed rate: {cu:.4f}")
+        lines += _round_cost_lines(request.metrics_lines, request.bandwidth_gbps)
     else:
         model = resolve_model(
             request.model,

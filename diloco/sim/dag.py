@@ -9,7 +9,9 @@ step. A layer's reduction may start once its weight gradient (data-parallel) or 
 gradient (DiLoCo variants) is ready, i.e. at the end of its weight-backward in the send step
 ``s``; it occupies the one link for ``wire_bits / bandwidth`` seconds, transfers queue first
 in, first out, and the forward of that layer in step ``s + tau + 1`` (the first step after the
-receive step ``s + tau`` of SPEC 2.3) cannot start before the reduction ends.
+receive step ``s + tau`` of SPEC 2.3) cannot start before the reduction ends. A reduction
+may first wait ``pre_seconds`` off the link (a real round's matchmaking, latency and stream
+set-up) before it takes its turn on the link.
 
 Every node's time is a max-plus expression of earlier ones, so the simulation is exact and
 deterministic. The compute chain is one device, so weight gradients become ready in a fixed
@@ -94,6 +96,10 @@ class SyncPlan:
     wire_bits: tuple[float, ...]
     """Per layer: bits one replica puts on its link to reduce that layer once (codec and
     all-reduce factor included)."""
+    pre_seconds: tuple[float, ...] = ()
+    """Per layer: seconds between the gradient being ready and its transfer starting that do
+    not occupy the link (matchmaking, latency, stream set-up; ``diloco.sim.round_costs``);
+    empty: none."""
 
     def __post_init__(self) -> None:
         layers = sorted(layer for fragment in self.fragments for layer in fragment)
@@ -107,6 +113,10 @@ class SyncPlan:
             raise ValueError(f"need 0 <= tau < H, got tau={self.tau}, H={self.sync_every}")
         if any(not (b >= 0 and np.isfinite(b)) for b in self.wire_bits):
             raise ValueError("wire_bits must be finite and >= 0")
+        if self.pre_seconds and len(self.pre_seconds) != len(self.wire_bits):
+            raise ValueError("pre_seconds needs one entry per layer (or none)")
+        if any(not (d >= 0 and np.isfinite(d)) for d in self.pre_seconds):
+            raise ValueError("pre_seconds must be finite and >= 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +166,7 @@ def simulate(
 
     num_layers = compute.num_layers
     link_seconds = [bits / (bandwidth * BITS_PER_GIGABIT) for bits in plan.wire_bits]  # L x (B,)
+    pre = plan.pre_seconds or (0.0,) * num_layers
     # Backward chain, fixed within a step: seconds after the forward ends at which each
     # backward node starts, and when each layer's weight gradient is ready.
     backward: list[tuple[NodeKind, int, float, float]] = []
@@ -213,7 +224,7 @@ def simulate(
         for layer in link_order:
             if fragment_of[layer] not in sending:
                 continue
-            start_link = np.maximum(link, forward_end + ready_after[layer])
+            start_link = np.maximum(link, forward_end + ready_after[layer] + pre[layer])
             link = start_link + link_seconds[layer]
             arrivals[layer] = link
             if record:

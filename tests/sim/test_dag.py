@@ -76,6 +76,20 @@ def test_simulate_two_layers_diloco_blocks_every_h_steps_by_hand() -> None:
     assert cu.tolist() == [pytest.approx(10.0 / 13.0)]
 
 
+def test_simulate_pre_seconds_wait_off_the_link_then_queue() -> None:
+    # As above, but layer 1 waits 1.5 s and layer 0 0.5 s before the link: R1 runs
+    # 10.5..12.5; R0 could start at 10.5 too (its wait overlapped R1's) but queues until 12.5.
+    plan = SyncPlan(
+        fragments=((0, 1),), sync_every=2, tau=0, wire_bits=(2e9, 2e9), pre_seconds=(0.5, 1.5)
+    )
+    schedule = simulate(TWO_LAYERS, plan, 1.0, 3, record=True)
+    assert [(i.layer, i.start, i.end) for i in schedule.intervals if i.kind == "reduction"] == [
+        (1, 10.5, 12.5),
+        (0, 12.5, 14.5),
+    ]
+    assert schedule.step_starts[:, 0].tolist() == [0.0, 5.0, 14.5]
+
+
 def test_simulate_counts_4l_minus_1_nodes_per_step() -> None:
     num_layers = 5
     compute = StepCompute(
