@@ -41,14 +41,24 @@ NUMEL = 4_096
 ROUND_TIMEOUT = TIMEOUTS.total + 60
 
 
-@pytest.fixture
-def hostile(honest: list[PeerProcess]) -> Iterator[PeerProcess]:
-    """A fifth peer, bootstrapped from the pool, that misbehaves as a test tells it."""
-    peer = start_peer(honest[0].maddrs[:1])
+@pytest.fixture(scope="module")
+def fifth(pool: list[PeerProcess]) -> Iterator[PeerProcess]:
+    """A fifth peer, bootstrapped from the pool, shared by the module's tests (a peer costs
+    seconds to start)."""
+    peer = start_peer(pool[0].maddrs[:1])
     try:
         yield peer
     finally:
         stop_peers([peer])
+
+
+@pytest.fixture
+def hostile(honest: list[PeerProcess], fifth: PeerProcess) -> PeerProcess:
+    """The fifth peer, which misbehaves as a test tells it; it starts each test honest and
+    forgetting what it saw (the pool forgets it too: ``honest``)."""
+    command([fifth], "fault", Fault.NONE.value)
+    command([fifth], "forgive", None)
+    return fifth
 
 
 def _banned(peers: list[PeerProcess], suspect: PeerProcess) -> list[bool]:
