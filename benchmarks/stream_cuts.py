@@ -41,7 +41,7 @@ def run_once(log_path: Path, p2pd_log: str | None, timeout: float) -> tuple[int,
     if p2pd_log:
         env["GOLOG_LOG_LEVEL"] = p2pd_log
     command = [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider"]
-    command += ["-p", "no:rerunfailures", "-m", "swarm", "-k", SKIP, *TESTS]
+    command += ["-m", "swarm", "-k", SKIP, *TESTS]
     with log_path.open("w") as log:
         code = subprocess.run(
             command, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout

@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from multiprocessing.connection import Connection
 from typing import Any
 
 from hivemind import DHT
@@ -156,6 +157,40 @@ def children_end_with_this_process() -> Iterator[None]:
         asyncio.subprocess.create_subprocess_exec = original
 
 
+class WholeMessages:
+    """The DHT process's end of its command pipe, read one whole message at a time.
+
+    hivemind's ``DHT.run`` watches the pipe with uvloop's ``add_reader``, which makes the
+    descriptor non-blocking, and reads a message once ``poll()`` sees its first bytes. The
+    owner writes a message over 16 KiB as two writes (length, then body); on busy cores
+    the body can come later, the read fails with EAGAIN after the length was consumed,
+    and the next read starts mid-message: the DHT process dies (``EOFError``) and every
+    later call of its owner waits for ever (seen in the protocol tests on two loaded
+    cores; hivemind PR #660). Reading in blocking mode waits for the rest instead.
+    """
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+
+    def fileno(self) -> int:
+        return self.connection.fileno()
+
+    def poll(self, timeout: float | None = 0.0) -> bool:
+        return self.connection.poll(timeout)
+
+    def recv(self) -> Any:
+        fd = self.connection.fileno()
+        blocking = os.get_blocking(fd)
+        os.set_blocking(fd, True)
+        try:
+            return self.connection.recv()
+        finally:
+            os.set_blocking(fd, blocking)
+
+    def close(self) -> None:
+        self.connection.close()
+
+
 class TiedDHT(DHT):  # type: ignore[misc]  # hivemind ships no type hints
     """A ``hivemind.DHT`` whose process and p2pd end with the process that started it.
 
@@ -173,6 +208,8 @@ class TiedDHT(DHT):  # type: ignore[misc]  # hivemind ships no type hints
 
     def run(self) -> None:
         end_with_parent(self._owner_pid, self._orphaned)
+        pipe: Connection = self.__dict__["_inner_pipe"]  # hivemind's, before its loop
+        self.__dict__["_inner_pipe"] = WholeMessages(pipe)
         with children_end_with_this_process():
             super().run()
 

@@ -46,6 +46,7 @@ from diloco.protocol.streams import (
     TRANSPORT_ERRORS,
     StreamHandler,
     StreamTransport,
+    close_after_peer,
     read_frame,
     send_reject,
     write_frame,
@@ -203,11 +204,12 @@ class ClosedTransport:
                 )
             except _ENDED as exc:
                 logger.debug("%s AUTH from %s ended: %r", short_name(name), info.peer_id, exc)
-                admitted = False
+                writer.close()
+                return
             if admitted:
                 await handler(info, reader, writer)
-            else:
-                writer.close()
+            else:  # refused: closed at once, p2pd could reset the stream and cut the REJECT
+                await close_after_peer(reader, writer, self.timeout)
 
         await self.p2p.add_binary_stream_handler(name, guarded)
 

@@ -8,9 +8,11 @@ records of its own identities).
 - Attack 6: Sybil records crowd the donors (copies of the honest claims, newer unvouched
   claims, claims of the run's last step); a late joiner must still join honestly.
 
-Each test fails without its defence: without the schedule bound and the vouch rule the
-joiner of the first test adopts the zeros at the last step and exits at once; without them
-the late joiner of the second tries Sybils only and never joins.
+Both attacks run in one swarm (a module fixture; a swarm run costs about 100 s on two
+cores): node a starts, the forger and the Sybil peer join, b joins early, c late. Each
+test fails without its defence: without the schedule bound and the vouch rule the early
+joiner b adopts the zeros at the last step and exits at once; without them the late
+joiner c tries Sybils only and never joins.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -71,12 +74,44 @@ class Hostile:
             self.process.wait(10)
 
 
-@pytest.fixture
-def processes() -> Iterator[list[Node | Hostile]]:
+@dataclass
+class Run:
+    """The finished swarm run both tests read."""
+
+    a: Node
+    b: Node
+    c: Node
+    forge: Hostile
+    forger: str
+    sybils: list[str]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    folder = tmp_path_factory.mktemp("attacks")
     started: list[Node | Hostile] = []
-    yield started
-    for process in started:
-        process.stop()
+    try:
+        a = Node("a", ["start", "--name", "atk", "--steps", str(STEPS), *SMALL, *listen(2)], folder)
+        started.append(a)
+        address = a.address()
+        forge = Hostile("forge", address, folder, host=6)
+        started.append(forge)
+        sybil = Hostile("sybil", address, folder, host=7)
+        started.append(sybil)
+        forger, sybils = forge.ready()["peer_id"], sybil.ready()["sybils"]
+        b = Node("b", ["join", "--initial-peers", address, *SMALL, *listen(3)], folder)
+        started.append(b)
+        a.wait_step(STEPS // 3, timeout=TIMEOUT)
+        c = Node("c", ["join", "--initial-peers", address, *SMALL, *listen(4)], folder)
+        started.append(c)
+        for node in (a, b, c):
+            assert node.process.wait(TIMEOUT) == 0, node.output()
+            summary = node.summary()
+            assert summary["step"] == STEPS and not summary["interrupted"]
+        yield Run(a, b, c, forge, forger, sybils)
+    finally:
+        for process in started:
+            process.stop()
 
 
 def round_hashes(nodes: list[Node]) -> dict[tuple[int, int], dict[str, str]]:
@@ -94,20 +129,8 @@ def zero_hashes(node: Node) -> list[str]:
     return [hashlib.sha256(bytes(8 * n)).hexdigest() for n in config["fragment_numel"]]
 
 
-def test_forged_versions_last_step_and_state_spam_change_nothing(tmp_path, processes) -> None:
-    a = Node("a", ["start", "--name", "atk", "--steps", str(STEPS), *SMALL, *listen(2)], tmp_path)
-    processes.append(a)
-    address = a.address()
-    hostile = Hostile("forge", address, tmp_path, host=6)
-    processes.append(hostile)
-    forger = hostile.ready()["peer_id"]
-    b = Node("b", ["join", "--initial-peers", address, *SMALL, *listen(3)], tmp_path)
-    processes.append(b)
-    for node in (a, b):
-        assert node.process.wait(TIMEOUT) == 0, node.output()
-        summary = node.summary()
-        assert summary["step"] == STEPS and not summary["interrupted"]
-
+def test_forged_versions_last_step_and_state_spam_change_nothing(run: Run) -> None:
+    a, b, forger = run.a, run.b, run.forger
     # Nobody jumped to the last step: b joined early; a catch-up (if any) is a short one.
     joined = next(r for r in b.records() if r["event"] == "joined")
     assert joined["step"] < STEPS // 2, joined
@@ -117,8 +140,8 @@ def test_forged_versions_last_step_and_state_spam_change_nothing(tmp_path, proce
 
     # Nothing of the forged state reached them: their rounds agree, their states are equal.
     zeros = zero_hashes(a)
-    hashes = round_hashes([a, b])
-    shared = {k: v for k, v in hashes.items() if len(v) == 2}
+    hashes = round_hashes([a, b, run.c])
+    shared = {k: v for k, v in hashes.items() if "a" in v and "b" in v}
     assert len(shared) >= 10
     assert all(len(set(v.values())) == 1 for v in shared.values()), shared
     assert all(h != zeros[p] for (p, _), v in hashes.items() for h in v.values())
@@ -130,9 +153,9 @@ def test_forged_versions_last_step_and_state_spam_change_nothing(tmp_path, proce
     assert offence in b.output(), b.output()
     assert f"peer {forger}: record ignored:" in a.output(), a.output()
     assert f"state requests from {forger} refused (BUSY)" in a.output()
-    counts = [line for line in hostile.lines() if "refused" in line]
+    counts = [line for line in run.forge.lines() if "refused" in line]
     assert counts and counts[-1]["refused"] > counts[-1]["served"] >= 1, counts[-1:]
-    assert_no_honest_offender([a, b])
+    assert_no_honest_offender([a, b, run.c])
 
 
 def assert_no_honest_offender(nodes: list[Node]) -> None:
@@ -142,22 +165,8 @@ def assert_no_honest_offender(nodes: list[Node]) -> None:
         assert not [i for i in ids if f"peer {i}: " in node.output()], node.output()
 
 
-def test_sybil_records_do_not_crowd_out_a_late_joiners_honest_donors(tmp_path, processes) -> None:
-    a = Node("a", ["start", "--name", "syb", "--steps", str(STEPS), *SMALL, *listen(2)], tmp_path)
-    processes.append(a)
-    address = a.address()
-    b = Node("b", ["join", "--initial-peers", address, *SMALL, *listen(3)], tmp_path)
-    processes.append(b)
-    hostile = Hostile("sybil", address, tmp_path, host=6)
-    processes.append(hostile)
-    sybils = hostile.ready()["sybils"]
-    a.wait_step(STEPS // 3, timeout=TIMEOUT)
-    c = Node("c", ["join", "--initial-peers", address, *SMALL, *listen(4)], tmp_path)
-    processes.append(c)
-    for node in (a, b, c):
-        assert node.process.wait(TIMEOUT) == 0, node.output()
-        assert node.summary()["step"] == STEPS
-
+def test_sybil_records_do_not_crowd_out_a_late_joiners_honest_donors(run: Run) -> None:
+    a, b, c = run.a, run.b, run.c
     joined = next(r for r in c.records() if r["event"] == "joined")
     assert STEPS // 3 <= joined["step"] < STEPS
     # The joiner took an honest, vouched state: it trains in line with the others.
@@ -167,6 +176,5 @@ def test_sybil_records_do_not_crowd_out_a_late_joiners_honest_donors(tmp_path, p
     assert a.summary()["outer_sha256"] == b.summary()["outer_sha256"]
     assert a.summary()["outer_sha256"] == c.summary()["outer_sha256"]
     # The Sybils that claim the run's last step (every third) are named with the offence.
-    for sybil in sybils[2::3]:
+    for sybil in run.sybils[2::3]:
         assert f"peer {sybil}: step not followed: global step {STEPS} runs ahead" in c.output()
-    assert_no_honest_offender([a, b, c])

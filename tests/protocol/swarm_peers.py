@@ -100,9 +100,17 @@ class StallReducer(AllReduceRunner):
 
 class StallMember(AllReduceRunner):
     """Joins the group, then sends and averages nothing (frozen, as under SIGSTOP); its
-    server still reads what others send it."""
+    server still reads what others send it.
+
+    It says it is stalled only once every other member has sent it a chunk, so is in the
+    round: as leader it may have handed its GROUP to p2pd but not yet to every follower,
+    and a kill then would split the group instead (a leader dying during matchmaking is
+    another test's case, ``test_dead_leader_followers_take_over_and_complete``).
+    """
 
     async def run(self) -> Any:
+        while len(self.server.reducer.received) < self.num_members - 1:
+            await asyncio.sleep(0.02)
         _notify(("stalled", "member"))
         await asyncio.sleep(1e6)
 

@@ -6,7 +6,6 @@ chosen with the ``Fault`` enum (``swarm_peers``).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -63,19 +62,21 @@ def victim(honest: list[PeerProcess]) -> Iterator[PeerProcess]:
 
 def _round_with_killed_victim(
     honest: list[PeerProcess], victim: PeerProcess, fragment: int, fault: Fault
-) -> tuple[list[dict[str, object]], float]:
+) -> list[dict[str, object]]:
     """Peers 0..2 of the pool and the victim start one round; the victim is SIGKILLed once
-    its fault says it is stalled mid-round. Returns the survivors' results and how long
-    the slowest of them took after the kill."""
+    its fault says it is stalled mid-round. Returns the survivors' results.
+
+    How the round ends is read from the results, not from a clock: a success, or a
+    failure reason the round's own rules give. A round that sits out its part deadlines
+    is cut by the whole round's deadline, which fails it with "round deadline passed"
+    (``SwarmReducer``): no success, and none of the reasons the tests accept."""
     command([victim], "fault", fault.value)
     group = [*honest[:3], victim]
     for i, peer in enumerate(group):
         peer.send("reduce", [(fragment, 1, 50_000, fragment + i, 1.0)])
     assert victim.recv(TIMEOUTS.total + 30)[:2] == ("stalled", fault.value.split("_")[1])
     victim.kill()
-    killed = time.monotonic()
-    results = [peer.recv(TIMEOUTS.total + 30)[1][0] for peer in honest[:3]]
-    return results, time.monotonic() - killed
+    return [peer.recv(TIMEOUTS.total + 30)[1][0] for peer in honest[:3]]
 
 
 @pytest.mark.swarm
@@ -87,8 +88,7 @@ def test_killed_sender_survivors_agree_and_match(
     # part first, it cannot answer the checks of that part, and every survivor fails the
     # round (a reducer must not escape the checks by going silent: docs/allreduce.md).
     # Either way the survivors agree, and none applies a partial result.
-    results, waited = _round_with_killed_victim(honest, victim, fragment, Fault.STALL_SENDER)
-    assert waited < TIMEOUTS.allreduce + TIMEOUTS.reducer_timeout
+    results = _round_with_killed_victim(honest, victim, fragment, Fault.STALL_SENDER)
     assert len({r["ok"] for r in results}) == 1, results
     if results[0]["ok"]:
         assert len({r["sha256"] for r in results}) == 1
@@ -103,9 +103,8 @@ def test_killed_reducer_part_rereduced_survivors_get_the_mean_of_their_contribut
 ) -> None:
     # The victim joins the group, then freezes and is SIGKILLed mid-round: its part is
     # re-reduced by its substitute among the three survivors (issue 12 "Churn").
-    results, waited = _round_with_killed_victim(honest, victim, fragment, Fault.STALL_MEMBER)
-    assert waited < TIMEOUTS.allreduce
-    assert all(r["ok"] for r in results), results
+    results = _round_with_killed_victim(honest, victim, fragment, Fault.STALL_MEMBER)
+    assert all(r["ok"] for r in results), results  # re-reduced: nothing else completes it
     ids = [p.peer_id for p in honest[:3]]
     seeds = [fragment + i for i in range(3)]
     expected = in_process_sha(ids, 50_000, seeds, [1.0] * 3, "none")
@@ -119,9 +118,8 @@ def test_reducer_killed_after_contributing_survivors_agree(
 ) -> None:
     # Killed once it holds everyone's part: where its own contributions were counted they
     # stay counted, so the exact mean depends on timing; the survivors agree on it.
-    results, waited = _round_with_killed_victim(honest, victim, fragment, Fault.STALL_REDUCER)
-    assert waited < TIMEOUTS.allreduce
-    assert all(r["ok"] for r in results), results
+    results = _round_with_killed_victim(honest, victim, fragment, Fault.STALL_REDUCER)
+    assert all(r["ok"] for r in results), results  # its part re-reduced, by the rule
     assert len({r["sha256"] for r in results}) == 1
     assert all(victim.peer_id not in r["members"] and len(r["members"]) == 3 for r in results)
     # the pool still works afterwards: nobody kept stale state of the round

@@ -8,16 +8,22 @@ bound, no timing threshold). Processes a failing test leaves are killed by PID.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import pickle
 import signal
+import struct
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from diloco.protocol.processes import WholeMessages
 
 GONE_BOUND_S = 30.0
 """Generous bound for a process to end once its owner is gone (typically about 1 s)."""
@@ -214,6 +220,35 @@ def test_children_end_with_this_process_restores_the_spawn_function() -> None:
     with processes.children_end_with_this_process():
         assert asyncio.subprocess.create_subprocess_exec is not original
     assert asyncio.subprocess.create_subprocess_exec is original
+
+
+def test_whole_messages_waits_for_a_body_written_after_its_length() -> None:
+    """A message over 16 KiB goes down the DHT's pipe as two writes; read as hivemind
+    leaves the pipe (non-blocking), the body's late bytes must be waited for, not fail
+    the read with EAGAIN (which killed a DHT process of the protocol tests)."""
+    reader, writer = multiprocessing.Pipe(duplex=False)
+    os.set_blocking(reader.fileno(), False)
+    message = ("_store", [], {"value": b"x" * 100_000})
+    body = pickle.dumps(message)
+    os.write(writer.fileno(), struct.pack("!i", len(body)))
+
+    def write_body() -> None:
+        time.sleep(0.2)  # the owner preempted between its two writes
+        view = memoryview(body)
+        while view:
+            view = view[os.write(writer.fileno(), view) :]
+
+    thread = threading.Thread(target=write_body)
+    thread.start()
+    pipe = WholeMessages(reader)
+    try:
+        assert pipe.poll(5.0)
+        assert pipe.recv() == message
+        assert not os.get_blocking(reader.fileno())  # as the event loop set it
+    finally:
+        thread.join()
+        pipe.close()
+        writer.close()
 
 
 SWARM_OWNER = """

@@ -34,6 +34,7 @@ from diloco.protocol.discovery import (
 from diloco.protocol.identity import Identity, signing_input
 from diloco.protocol.lobby import round_key
 from diloco.protocol.network import NetworkOptions
+from diloco.protocol.processes import TiedDHT
 from diloco.protocol.records import (
     FragmentVersion,
     NodeRecord,
@@ -396,7 +397,7 @@ def test_hostile_peer_cannot_forge_hide_or_pin_records(tmp_path: Path) -> None:
             NetworkOptions(initial_peers=tuple(peers), host_maddrs=("/ip4/127.0.0.3/tcp/0",))
         )
         dhts.append(bob)
-        hostile = DHT(
+        hostile = TiedDHT(  # hivemind's DHT, no validator; read whole (processes)
             initial_peers=peers,
             start=True,
             host_maddrs=["/ip4/127.0.0.4/tcp/0"],
@@ -458,7 +459,7 @@ def test_hostile_peer_cannot_forge_hide_or_pin_records(tmp_path: Path) -> None:
             assert asyncio.run(find_run_configs(dht)) == {RUN: SIGNED}
         # A reader whose DHT validates nothing can be shown forgeries, and its own check
         # drops them: it may miss records, never take a forged one.
-        raw = DHT(
+        raw = TiedDHT(
             initial_peers=peers,
             start=True,
             client_mode=True,

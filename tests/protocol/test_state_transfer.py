@@ -20,8 +20,10 @@ def donors(pool: list[PeerProcess]) -> list[PeerProcess]:
     return pool[:3]
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def late(pool: list[PeerProcess]) -> Iterator[PeerProcess]:
+    """One fresh peer for the module's tests: a fetch changes nothing that the next one
+    reads (it asks its own donors), and a peer costs seconds to start."""
     peer = start_peer(pool[1].maddrs[:1])
     try:
         yield peer

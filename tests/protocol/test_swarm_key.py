@@ -15,7 +15,8 @@ import msgpack
 import pytest
 from hivemind.p2p import PeerID
 from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
-from memory_p2p import MemoryNetwork, MemoryP2P, make_peer_id
+from hivemind.utils.multiaddr import Multiaddr
+from memory_p2p import MemoryNetwork, MemoryP2P, make_peer_id, stream_pair
 from test_signed_records import _entry, _StubDHT
 
 from diloco.errors import ConfigError
@@ -211,6 +212,43 @@ def test_opener_without_key_gets_reject_and_no_service(caplog: pytest.LogCapture
         and reject.reason == "not a member of this closed swarm"
     )
     assert f"refused ECHO from {client}" in caplog.text
+
+
+class _HandlerStub:
+    """A transport that only keeps the handlers added to it."""
+
+    peer_id = make_peer_id(1)
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, Any] = {}
+
+    async def add_binary_stream_handler(self, name: str, handler: Any) -> None:
+        self.handlers[name] = handler
+
+
+def test_refused_stream_closes_only_once_the_opener_closed() -> None:
+    """p2pd may turn our close into a reset that drops the opener's unread bytes, the
+    REJECT: a refused stream stays open until the opener has read it and closed (an
+    outsider of tests/node/test_pinned_run.py once got an empty stream for its JOIN)."""
+
+    async def main() -> None:
+        stub, echo = _HandlerStub(), _Echo()
+        closed = ClosedTransport(stub, ClosedSwarm(KEY, DIGEST), 30.0)  # type: ignore[arg-type]
+        await closed.add_binary_stream_handler(HANDLER, echo)
+        (reader, writer), (their_reader, their_writer) = await stream_pair()
+        info = StreamInfo(make_peer_id(2), Multiaddr("/ip4/127.0.0.1/tcp/1"), HANDLER)
+        handling = asyncio.create_task(stub.handlers[HANDLER](info, their_reader, their_writer))
+        await streams.write_frame(writer, Kind.JOIN, b"no AUTH first")  # a node without the key
+        kind, body = await streams.read_frame(reader, (Kind.AUTH,))
+        assert kind == Kind.REJECT and Reject.parse(body).code == RejectCode.NOT_MEMBER
+        for _ in range(20):  # the handler gets every chance to close early
+            await asyncio.sleep(0)
+        assert not handling.done()
+        writer.close()
+        await asyncio.wait_for(handling, 5.0)
+        assert await reader.read() == b"" and echo.served == []
+
+    asyncio.run(main())
 
 
 def test_responder_without_key_found_out_before_the_request_is_sent(
