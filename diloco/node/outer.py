@@ -264,6 +264,9 @@ class FragmentSync:
         while True:
             try:
                 return pending.future.result(timeout=ABANDON_POLL_SECONDS)
+            except concurrent.futures.CancelledError:  # given up by a checkpoint
+                key = pending.key
+                raise RoundFailed(key.fragment, key.round, "abandoned when saved") from None
             except concurrent.futures.TimeoutError:
                 if self.should_abandon():
                     pending.future.cancel()

@@ -198,6 +198,21 @@ def test_fragment_sync_state_dict_gives_up_on_a_round_still_in_flight() -> None:
     assert "abandoned" in saved["failed"] and never.cancelled()
 
 
+def test_fragment_sync_trains_on_after_a_checkpoint_gave_a_round_up() -> None:
+    """The chaos run's crash: a checkpoint cancelled a round in flight, and applying it at
+    its receive step raised CancelledError out of the training loop."""
+    from concurrent.futures import Future
+
+    layer = nn.Linear(2, 2)
+    sync = FragmentSync([list(layer.named_parameters())], OuterConfig(sync_every=2), "me", 1)
+    never: Future = Future()
+    sync.submit(RoundKey(0, 1), never, 2, 1.0)
+    sync.state_dict(timeout=0.0)
+    (applied,) = sync.apply_due(3)  # sent at step 2, tau 1
+    assert not applied.ok and "abandoned when saved" in applied.error
+    assert sync.states[0].version == 0 and sync.carried_weight == [1.0] and not sync.pending
+
+
 def test_fragment_sync_load_state_dict_refuses_another_shape_and_changes_nothing() -> None:
     _, sync = _sync_with_rounds_in_flight()
     saved = sync.state_dict()
