@@ -10,7 +10,8 @@ predicts from the same node's metrics (``diloco.sim.round_costs.predict_cu``).
         --metrics-dir benchmarks/results/throttled_cu \
         --out benchmarks/results/throttled_cu_issue14.json
 
-``--analyse`` skips the runs and reads the metrics already under ``--metrics-dir``.
+``--analyse`` skips the runs and reads the metrics already under ``--metrics-dir``; without it,
+runs whose metrics are already kept there are not run again (add repeats to a table).
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ def main() -> None:
             runs = []
             for repeat in range(args.repeats):
                 folder = args.metrics_dir / f"{rate}-{method}-{repeat}"
-                if not args.analyse:
+                if not args.analyse and not list(folder.glob("node*.jsonl")):
                     run_swarm(folder, rate, args.steps, METHODS[method])
                 if list(folder.glob("node*.jsonl")):  # --analyse: the runs made so far
                     runs.append(analyse(folder))
