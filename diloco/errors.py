@@ -5,6 +5,7 @@ Hierarchy::
     DilocoError
     ├── ConfigError        a run or node configuration that cannot work (says the fix)
     ├── RoundFailed        a fragment round that produced no result (SPEC 2.4 step 6)
+    │   └── PriorDiverged  ... because the others start it from another state than ours
     ├── CheckpointError    a checkpoint file that is missing, damaged or of another shape
     └── ProtocolError      a peer broke the protocol; the peer is excluded, never us
 
@@ -36,6 +37,16 @@ class RoundFailed(DilocoError):
         self.fragment = fragment
         self.round = round
         self.reason = reason
+
+
+class PriorDiverged(RoundFailed):
+    """A round this node found no partner for, while most peers of the round declared one
+    other prior state (``prior``, a hash prefix): this node's state of the fragment has
+    most likely diverged, and it should heal that fragment now."""
+
+    def __init__(self, fragment: int, round: int, reason: str, prior: str) -> None:
+        super().__init__(fragment, round, reason)
+        self.prior = prior
 
 
 class CheckpointError(DilocoError):

@@ -2,22 +2,30 @@
 
 Protocol, for every node that reaches the send step of round ``(p, k)``:
 
-1. Declare: store ``weight`` under DHT key ``{run_id}/frag{p}/round{k}``, subkey = own peer
-   id, and open a lobby for that round (so joins can arrive from now on).
+1. Declare: store ``weight`` and the *prior* (the hash of the fragment state this node starts
+   the round from, ``declarations``) under DHT key ``{run_id}/frag{p}/round{k}``, subkey =
+   own peer id, and open a lobby for that round (so joins can arrive from now on).
 2. Read the key at once, then (with ``target_group_size``) every ``poll`` seconds and
    whenever a JOIN knocks, or (without) at the end of ``matchmaking_window``. The view is
-   the declarations plus the peers that already sent this node a JOIN, less the peers it
-   bans (``bans``). The *leader* is the first peer of the view by ``leader_rank``, a hash
-   of the round key and the peer id (self included). A node that sees a peer ranked before
-   itself cannot lead: it JOINs that peer at once, and the JOIN waits there until that
-   peer has chosen its role. A node that is first so far waits until the window ends or
-   ``target_group_size`` peers are in the view, then leads. Nodes that declared they cannot
-   be dialled (clients, ``reachability``) are in the view but never lead; such a node
-   that sees no peer that may lead fails the round.
+   the declarations of this node's prior plus the peers that already sent this node a
+   JOIN, less the peers it bans (``bans``): every member applies the same mean to its own
+   prior state, so only equal priors may share a group. The *leader* is the first peer of
+   the view by ``leader_rank``, a hash of the round key and the peer id (self included). A
+   node that sees a peer ranked before itself cannot lead: it JOINs that peer at once, and
+   the JOIN waits there until that peer has chosen its role. A node that is first so far
+   waits until the window ends or ``target_group_size`` peers declared (under any prior: a
+   peer that declared another one has arrived, and waiting for it is useless), then leads.
+   Nodes that declared they cannot be dialled (clients, ``reachability``) are in the view
+   but never lead; such a node that sees no peer that may lead fails the round. A node
+   left without a partner while most other peers declared one other prior fails the round
+   with ``PriorDiverged`` (``others_prior``): its state has diverged, it should heal.
 3. A leader waits until every peer it saw has joined, or ``join_timeout``; it then closes
    the lobby and sends the same GROUP (members sorted by peer id bytes, their weights, a
    random group id, the members whose JOIN asked to reduce no part: clients, and demoted
    nodes, ``demotion``; the leader itself reduces when nobody else would) to every joiner.
+   A JOIN from a peer whose declaration shows another prior, or cannot be found, is refused
+   (MISMATCH), no offence: a redirect or a slow DHT can bring an honest peer there, and a
+   peer lying about its prior only sends the contribution it could send anyway.
    It keeps that GROUP until the round's matchmaking bound has passed and sends it again to
    a member that asks again (its first stream broke), so a member never misses the GROUP it
    is counted in because of one lost stream. A JOIN from a non-member after closing gets
@@ -60,12 +68,19 @@ from hivemind import DHT
 from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
 
-from diloco.errors import ProtocolError, RoundFailed
+from diloco.errors import PriorDiverged, ProtocolError, RoundFailed
 from diloco.protocol import streams, wire
 from diloco.protocol.bans import BanList
+from diloco.protocol.declarations import declare_round, prior_tag, read_round_view
 from diloco.protocol.group import GroupInfo, RoundTimeouts
-from diloco.protocol.lobby import Lobby, choose_leader, round_key
-from diloco.protocol.records import declare_round, read_round_view
+from diloco.protocol.lobby import (
+    Lobby,
+    check_group,
+    choose_leader,
+    group_info,
+    others_prior,
+    round_key,
+)
 from diloco.protocol.reducer import RoundKey
 from diloco.protocol.swarm_key import ClosedSwarm
 from diloco.protocol.wire import Group, Join, Kind, Reject, RejectCode, RoundTag
@@ -139,11 +154,12 @@ class Matchmaker:
         may_lead: bool = True,
     ) -> GroupInfo:
         """Declare, wait the window, and assemble or join the group of round ``key`` among
-        the members that start it from the same ``prior`` state hash (``round_key``); a
-        ``client`` asks to reduce no part; a node that may not lead (nobody can dial it)
-        declares so.
+        the members that start it from the same ``prior`` state hash; a ``client`` asks to
+        reduce no part; a node that may not lead (nobody can dial it) declares so.
 
         Raises:
+            PriorDiverged: too few peers declared ``prior`` for a group, and most others
+                declared one other prior (``others_prior``).
             RoundFailed: no group of at least ``min_group_size`` formed in time, this node
                 arrived after its group had closed, or it may not lead and saw no peer that
                 may.
@@ -154,7 +170,9 @@ class Matchmaker:
         weight = min(weight, self.max_weight)
         request = Join(tag, numel, codec_id, return_codec_id, weight, client)
         request.check()
-        lobby = Lobby(request, round_key(self.run_id, key, prior), may_lead)
+        lobby = Lobby(
+            request, round_key(self.run_id, key), prior=prior_tag(prior), may_lead=may_lead
+        )
         self._lobbies[key] = lobby
         try:
             t = self.timeouts
@@ -169,21 +187,28 @@ class Matchmaker:
                     expiration,
                     self.closed,
                     client=not may_lead,
+                    prior=prior,
                 ),
                 t.join_timeout,
             )
             declared = loop.time()
-            seen = await self._wait_window(key, lobby)
+            seen, ended = await self._wait_window(lobby)
             view = set(seen) | {self.p2p.peer_id}
             leaders = self._may_lead(seen, lobby)
             logger.info(
-                "round %s: declared in %.3fs, saw %d peers (%d may lead) after %.3fs",
+                "round %s: declared in %.3fs, saw %d peers of our prior (%d may lead) "
+                "after %.3fs: %s",
                 key,
                 declared - start,
                 len(view),
                 len(leaders),
                 loop.time() - start,
+                ended,
             )
+            others = others_prior(lobby.declared, lobby.prior)
+            if len(view) < self.min_group_size and others is not None:
+                why = f"no partner of our prior {lobby.prior or '-'}; most start from {others}"
+                raise PriorDiverged(key.fragment, key.round, why, others)
             if not leaders:
                 raise RoundFailed(key.fragment, key.round, "no peer that may lead")
             leader = choose_leader(leaders, lobby.dht_key)
@@ -208,15 +233,15 @@ class Matchmaker:
         leaders = {peer for peer, (_, client) in view.items() if not client}
         return leaders | {self.p2p.peer_id} if lobby.may_lead else leaders
 
-    async def _wait_window(self, key: RoundKey, lobby: Lobby) -> dict[PeerID, tuple[float, bool]]:
-        """The peers of the round as far as this node can tell when it must choose a role.
+    async def _wait_window(self, lobby: Lobby) -> tuple[dict[PeerID, tuple[float, bool]], str]:
+        """The peers of the round that may share this node's group, as far as it can tell
+        when it must choose a role, and why the wait ended.
 
-        The view is the DHT declarations plus the peers that already sent this node a JOIN
-        (they are in the round too), less the banned and those whose weight exceeds the
-        cap (their JOIN would be refused). It returns early as soon as a peer that may lead
-        and is ranked before this node is known (it cannot lead, so it JOINs that peer now,
-        and the JOIN waits there; a node nobody can dial cannot lead at all), or
-        ``target_group_size`` peers are known; otherwise after the window.
+        The view: ``_read_view`` plus the peers that already sent this node a JOIN (they are
+        in the round too). It returns early as soon as a peer that may lead and is ranked
+        before this node is known (it cannot lead, so it JOINs that peer now, and the JOIN
+        waits there; a node nobody can dial cannot lead at all), or ``target_group_size``
+        peers declared under any prior; otherwise after the window.
         """
         loop = asyncio.get_running_loop()
         t = self.timeouts
@@ -224,7 +249,7 @@ class Matchmaker:
         me = self.p2p.peer_id
         while True:
             lobby.knock.clear()
-            view = await asyncio.wait_for(self._read_view(lobby.dht_key), t.join_timeout)
+            view = await asyncio.wait_for(self._read_view(lobby), t.join_timeout)
             for peer, joined in lobby.knockers.items():  # a declaration says more than a JOIN
                 view.setdefault(peer, joined)
             view = {
@@ -232,24 +257,32 @@ class Matchmaker:
                 for peer, (w, client) in view.items()
                 if w <= self.max_weight and not self.bans.banned(peer)
             }
-            known = len(view.keys() | {me})
+            arrived = len(lobby.declared.keys() | view.keys() | {me})
             leaders = self._may_lead(view, lobby)
             if leaders and choose_leader(leaders, lobby.dht_key) != me:
-                return view
-            if self.target_group_size is not None and known >= self.target_group_size:
-                return view
+                return view, "a peer of our prior ranks first to lead"
+            if self.target_group_size is not None and arrived >= self.target_group_size:
+                return view, f"{arrived} of {self.target_group_size} live nodes declared"
             remaining = deadline - loop.time()
             if remaining <= 0:
-                return view
+                return view, "the window ended"
             poll = self.poll if self.target_group_size is not None else remaining
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(lobby.knock.wait(), min(poll, remaining))
 
-    async def _read_view(self, dht_key: str) -> dict[PeerID, tuple[float, bool]]:
-        """Peers declared under the round's DHT key, with their weights and client flags;
-        invalid declarations are logged and skipped (declarations are signed: a peer can
-        declare only itself, ``records``)."""
-        return await read_round_view(self.dht, dht_key, self.closed)
+    async def _read_view(self, lobby: Lobby) -> dict[PeerID, tuple[float, bool]]:
+        """Peers declared with this node's prior, with their weights and client flags, less
+        the banned and those whose weight exceeds the cap (their JOIN would be refused);
+        every prior declared goes into ``lobby.declared``. Invalid declarations are logged
+        and skipped (declarations are signed: a peer can declare only itself)."""
+        declarations = await read_round_view(self.dht, lobby.dht_key, self.closed)
+        usable = {
+            peer: d
+            for peer, d in declarations.items()
+            if d.weight <= self.max_weight and not self.bans.banned(peer)
+        }
+        lobby.declared.update((peer, d.prior) for peer, d in usable.items())
+        return {p: (d.weight, d.client) for p, d in usable.items() if d.prior == lobby.prior}
 
     async def _lead(self, key: RoundKey, lobby: Lobby, view: set[PeerID], wait: float) -> GroupInfo:
         """Wait up to ``wait`` seconds for the peers of ``view`` to join, then send GROUP."""
@@ -296,7 +329,7 @@ class Matchmaker:
             len(members),
             len(lobby.clients) + me_client,
         )
-        return self._group_info(key, group)
+        return group_info(key, group)
 
     async def _follow(
         self,
@@ -382,42 +415,12 @@ class Matchmaker:
     def _check_group(self, key: RoundKey, request: Join, body: bytes, leader: PeerID) -> GroupInfo:
         """The GROUP ``leader`` sent, if valid; an invalid one is the leader's offence."""
         try:
-            group = Group.parse(body)
-            if group.tag != request.tag:
-                raise ProtocolError("GROUP for another round")
-            if (group.numel, group.codec_id, group.return_codec_id) != (
-                request.numel,
-                request.codec_id,
-                request.return_codec_id,
-            ):
-                raise ProtocolError("GROUP with another size or codec")
-            info = self._group_info(key, group)
-            if self.p2p.peer_id not in info.members:
-                raise ProtocolError("GROUP without me")
-            if info.weights[info.index(self.p2p.peer_id)] != request.weight:
-                raise ProtocolError("GROUP with my weight changed")
-            if info.is_client(info.index(self.p2p.peer_id)) != request.client:
-                raise ProtocolError("GROUP with my client flag changed")
-            if max(info.weights) > self.max_weight:
-                raise ProtocolError(f"GROUP with a weight over the cap {self.max_weight:g}")
+            info = check_group(key, request, body, self.p2p.peer_id, self.max_weight)
         except (ProtocolError, ValueError) as exc:
             self.bans.offend(leader, f"round {key}: invalid GROUP: {exc}")
             raise RoundFailed(key.fragment, key.round, f"invalid GROUP: {exc}") from exc
         logger.info("round %s: joined a group of %d", key, len(info.members))
         return info
-
-    @staticmethod
-    def _group_info(key: RoundKey, group: Group) -> GroupInfo:
-        return GroupInfo(
-            key,
-            group.group_id,
-            tuple(PeerID(m) for m in group.members),
-            group.weights,
-            group.numel,
-            group.codec_id,
-            group.return_codec_id,
-            group.clients,
-        )
 
     async def _serve_join(
         self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -459,6 +462,15 @@ class Matchmaker:
             mine.return_codec_id,
         ):
             return reject(RejectCode.MISMATCH, "fragment size or codec differs")
+        if peer not in lobby.declared:  # it declared before it JOINed: read again
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._read_view(lobby), self.timeouts.join_timeout)
+        if (prior := lobby.declared.get(peer)) != lobby.prior:
+            said = "no declaration found" if prior is None else f"declared prior {prior or '-'}"
+            logger.info("round %s: JOIN of %s refused: %s", key, peer, said)
+            return reject(
+                RejectCode.MISMATCH, f"{said}; this group's prior is {lobby.prior or '-'}"
+            )
         lobby.knockers.setdefault(peer, (request.weight, request.client))
         lobby.knock.set()
         await lobby.decided.wait()

@@ -4,18 +4,20 @@ Layout in the DHT (all keys namespaced by the run id, all values with expiration
 value is a signed envelope of ``signed_records``, subkey = the author's peer id)::
 
     key "{run_id}/nodes"                subkey = author   payload = NodeRecord.to_wire()
-    key "{run_id}/frag{p}/round{k}"     subkey = author   payload = weight (float > 0),
-                                                          or [weight, proof] (closed swarm),
-                                                          or [weight, proof or b"", True]
-                                                          (a client: it reduces no part)
+    key "{run_id}/frag{p}/round{k}"     subkey = author   payload = [weight (float > 0),
+                                                          proof or b"" (closed swarm),
+                                                          client (bool), prior (16 hex)]
+                                                          (forms: ``declarations``)
     key "{run_id}/vouch/frag{p}"        subkey = author   payload = vouch_payload(rounds)
     key "{run_id}/metrics"              subkey = author   payload = ``metrics_records``
 
-The second key is the matchmaking declaration of round ``(p, k)``; the third holds a
-member's vouches: the last rounds of fragment ``p`` it applied, each with the outer state
-hash it reached and the round's members (SPEC 4.1: healing adopts only a state a majority
-of its round vouches for). Records are owned: only the author's key can write its subkey,
-so a record says what its author claims, nothing more (healing must still check claims:
+The second key is the matchmaking declaration of round ``(p, k)`` (a client reduces no
+part; the prior is the start of the hash of the fragment state the member starts the round
+from: only equal priors share a group, ``matchmaking``); the third holds a member's
+vouches: the last rounds of fragment ``p`` it applied, each with the outer state hash it
+reached and the round's members (SPEC 4.1: healing adopts only a state a majority of its
+round vouches for). Records are owned: only the author's key can write its subkey, so a
+record says what its author claims, nothing more (healing must still check claims:
 ``diloco.node.claims``).
 Payloads come from untrusted peers: ``from_wire`` validates them strictly and rejects
 rather than coerces (hivemind's ``SchemaValidator`` spirit); readers skip and log invalid
@@ -32,14 +34,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from hivemind import DHT
-from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
 
 from diloco.errors import ProtocolError
 from diloco.protocol import discovery, metrics_records
+from diloco.protocol.declarations import parse_declaration
 from diloco.protocol.run_id import RUN_ID_PATTERN, check_run_id
 from diloco.protocol.signed_records import (
-    MAX_RECORD_TTL,
     SignedRecordValidator,
     pack_payload,
     read_signed,
@@ -47,7 +48,6 @@ from diloco.protocol.signed_records import (
     store_signed,
     unpack_payload,
 )
-from diloco.protocol.swarm_key import NOT_MEMBER, PROOF_BYTES, ClosedSwarm
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,6 @@ MAX_VERSION_CHARS = 64
 HASH_PATTERN = re.compile(r"^[0-9a-f]{64}$")
 PEER_ID_PATTERN = re.compile(r"^[1-9A-HJ-NP-Za-km-z]{30,64}$")  # base58 multihash
 MAX_NODE_RECORD_BYTES = 64 * 1024
-MAX_DECLARATION_BYTES = 64
 MAX_VOUCH_ROUNDS = 3
 """Rounds per vouch record: a member's last applied rounds of one fragment."""
 MAX_ROUND_MEMBERS = 256
@@ -69,9 +68,7 @@ VOUCH_SCHEMA = 1
 
 _RUN_ID = RUN_ID_PATTERN.pattern.strip("^$")
 NODES_KEY_PATTERN = re.compile(rf"{_RUN_ID}/nodes")
-ROUND_KEY_PATTERN = re.compile(
-    rf"{_RUN_ID}/frag[0-9]{{1,9}}/round[0-9]{{1,12}}(/from[0-9a-f]{{16}})?"
-)
+ROUND_KEY_PATTERN = re.compile(rf"{_RUN_ID}/frag[0-9]{{1,9}}/round[0-9]{{1,12}}")
 VOUCH_KEY_PATTERN = re.compile(rf"{_RUN_ID}/vouch/frag([0-9]{{1,9}})")
 """Forms of the keys above (``lobby.round_key`` builds the last), matched in full."""
 
@@ -218,82 +215,6 @@ async def read_records(dht: DHT, run_id: str) -> list[NodeRecord]:
         except ProtocolError as exc:
             logger.warning("ignoring invalid record from %s: %s", peer_id, exc)
     return sorted(records, key=lambda r: r.peer_id)
-
-
-async def declare_round(
-    dht: DHT,
-    key: str,
-    weight: float,
-    expiration: float,
-    closed: ClosedSwarm | None = None,
-    client: bool = False,
-) -> bool:
-    """Declare this node for the round of DHT key ``key`` (``lobby.round_key``) with
-    its ``weight`` until ``expiration``, cut to ``MAX_RECORD_TTL`` (a declaration is read
-    only while the round matches). In a ``closed`` swarm the declaration carries this
-    node's proof of membership; a ``client`` (it reduces no part, and nobody can dial it)
-    says so, and is then never chosen to lead."""
-    expiration = min(expiration, get_dht_time() + MAX_RECORD_TTL)
-    proof = b"" if closed is None else closed.declaration_proof(key, signer(dht).peer_id)
-    value: object = float(weight)
-    if client:
-        value = [float(weight), proof, True]
-    elif closed is not None:
-        value = [float(weight), proof]
-    return await store_signed(dht, key, pack_payload(value), expiration)
-
-
-async def read_declarations(
-    dht: DHT, key: str, closed: ClosedSwarm | None = None
-) -> dict[PeerID, float]:
-    """Peers declared under the round key ``key`` with their weights (``read_round_view``)."""
-    view = await read_round_view(dht, key, closed)
-    return {peer: weight for peer, (weight, _) in view.items()}
-
-
-async def read_round_view(
-    dht: DHT, key: str, closed: ClosedSwarm | None = None
-) -> dict[PeerID, tuple[float, bool]]:
-    """Peers declared under the round key ``key`` with their weights and client flags;
-    invalid declarations are logged with the peer id they claim and skipped, and so are, in
-    a ``closed`` swarm, those without a valid proof of membership (outsiders are not in the
-    view)."""
-    view: dict[PeerID, tuple[float, bool]] = {}
-    for peer_id, signed in (await read_signed(dht, key)).items():
-        try:
-            weight, proof, client = parse_declaration(signed.payload)
-        except ProtocolError as exc:
-            logger.warning("ignoring declaration of %s under %s: %s", peer_id, key, exc)
-            continue
-        if closed is not None and not closed.check(closed.declaration_proof(key, peer_id), proof):
-            logger.info("ignoring declaration of %s under %s: %s", peer_id, key, NOT_MEMBER)
-            continue
-        view[PeerID.from_base58(peer_id)] = (weight, client)
-    return view
-
-
-def parse_declaration(payload: bytes) -> tuple[float, bytes | None, bool]:
-    """The weight in a round declaration, its proof of membership (closed swarms; None
-    without one) and whether the node declared itself a client.
-
-    Raises:
-        ProtocolError: neither a finite float > 0, nor ``[such a float, 32-byte proof]``,
-            nor ``[such a float, 32-byte proof or b"", True]``.
-    """
-    value = unpack_payload(payload, MAX_DECLARATION_BYTES)
-    weight, proof, client = value, None, False
-    if isinstance(value, list) and len(value) == 3 and isinstance(value[1], bytes):
-        weight, proof, client = value
-        if client is not True:
-            raise ProtocolError(f"declared client flag {client!r:.20} is not True")
-        proof = proof or None
-    elif isinstance(value, list) and len(value) == 2 and isinstance(value[1], bytes):
-        weight, proof = value
-    if proof is not None and len(proof) != PROOF_BYTES:
-        raise ProtocolError(f"declaration proof of {len(proof)} bytes, not {PROOF_BYTES}")
-    if not isinstance(weight, float) or not math.isfinite(weight) or weight <= 0:
-        raise ProtocolError(f"declared weight {weight!r:.80} is not a finite float > 0")
-    return weight, proof, client
 
 
 @dataclass(frozen=True, slots=True)

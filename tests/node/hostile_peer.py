@@ -27,6 +27,7 @@ from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
 
 from diloco.protocol import streams
+from diloco.protocol.declarations import declare_round
 from diloco.protocol.discovery import (
     RUN_CONFIGS_KEY,
     SignedRunConfig,
@@ -38,7 +39,6 @@ from diloco.protocol.identity import signing_input
 from diloco.protocol.lobby import round_key
 from diloco.protocol.network import NetworkOptions
 from diloco.protocol.part_wire import PartHead
-from diloco.protocol.records import declare_round
 from diloco.protocol.reducer import RoundKey
 from diloco.protocol.run_id import make_run_id, run_digest
 from diloco.protocol.run_info import fetch_run_info, peer_id_in, serve_run_info

@@ -29,14 +29,6 @@ def test_round_key_namespaced_by_run_and_round() -> None:
     assert round_key("run-0123456789abcdef", RoundKey(3, 7)) == "run-0123456789abcdef/frag3/round7"
 
 
-def test_round_key_carries_the_first_16_hex_of_the_prior_state() -> None:
-    prior = "0123456789abcdef" + "f" * 48
-    assert (
-        round_key("run-0123456789abcdef", RoundKey(3, 7), prior)
-        == "run-0123456789abcdef/frag3/round7/from0123456789abcdef"
-    )
-
-
 KEY = "run-0123456789abcdef/frag3/round7"
 
 
@@ -99,7 +91,7 @@ def test_members_with_another_prior_state_never_share_the_round(
     assert results[0]["ok"] and results[1]["ok"], results
     assert results[0]["sha256"] == results[1]["sha256"]
     assert sorted(results[0]["members"]) == sorted(ids[:2])
-    assert not results[2]["ok"], results[2]  # alone under its own key: no group, it heals
+    assert not results[2]["ok"], results[2]  # alone with its prior: no group, it heals
 
 
 @pytest.mark.swarm

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from diloco.errors import ProtocolError
+from diloco.protocol.declarations import parse_declaration
 from diloco.protocol.lobby import round_key
 from diloco.protocol.records import (
     MAX_NODE_RECORD_BYTES,
@@ -19,7 +20,6 @@ from diloco.protocol.records import (
     divergent_peers,
     newest_donors,
     nodes_key,
-    parse_declaration,
     parse_vouches,
     vouch_key,
     vouch_payload,
@@ -122,13 +122,13 @@ def test_declaration_weight_must_be_finite_positive_float(weight: object) -> Non
 
 
 def test_declaration_weight_accepted_with_or_without_proof() -> None:
-    assert parse_declaration(pack_payload(0.25)) == (0.25, None, False)
-    assert parse_declaration(pack_payload([0.25, b"p" * 32])) == (0.25, b"p" * 32, False)
+    assert parse_declaration(pack_payload(0.25)) == (0.25, None, False, "")
+    assert parse_declaration(pack_payload([0.25, b"p" * 32])) == (0.25, b"p" * 32, False, "")
 
 
 def test_declaration_of_a_client_with_or_without_proof() -> None:
-    assert parse_declaration(pack_payload([0.5, b"", True])) == (0.5, None, True)
-    assert parse_declaration(pack_payload([0.5, b"p" * 32, True])) == (0.5, b"p" * 32, True)
+    assert parse_declaration(pack_payload([0.5, b"", True])) == (0.5, None, True, "")
+    assert parse_declaration(pack_payload([0.5, b"p" * 32, True])) == (0.5, b"p" * 32, True, "")
 
 
 @pytest.mark.parametrize(

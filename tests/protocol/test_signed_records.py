@@ -24,6 +24,7 @@ from hivemind.dht.validation import DHTRecord
 from hivemind.utils import MSGPackSerializer, ValueWithExpiration, get_dht_time
 from test_identity_keys import SEED_KEY_FILE, SEED_PEER_ID
 
+from diloco.protocol.declarations import read_declarations
 from diloco.protocol.discovery import (
     RUN_CONFIGS_KEY,
     SignedRunConfig,
@@ -40,7 +41,6 @@ from diloco.protocol.records import (
     NodeRecord,
     nodes_key,
     publish_record,
-    read_declarations,
     read_records,
     record_validator,
     vouch_key,

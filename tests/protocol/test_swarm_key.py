@@ -21,9 +21,9 @@ from test_signed_records import _entry, _StubDHT
 
 from diloco.errors import ConfigError
 from diloco.protocol import streams
+from diloco.protocol.declarations import read_declarations
 from diloco.protocol.identity import Identity
 from diloco.protocol.lobby import round_key
-from diloco.protocol.records import read_declarations
 from diloco.protocol.reducer import RoundKey
 from diloco.protocol.run_id import make_run_id, run_digest
 from diloco.protocol.signed_records import pack_payload
