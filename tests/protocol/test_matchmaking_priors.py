@@ -5,23 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
 import pytest
 from hivemind.p2p import PeerID
-from hivemind.utils import DHTExpiration, ValueWithExpiration
-from hivemind.utils.serializer import MSGPackSerializer
+from memory_dht import MemoryDHT, Table
 from memory_p2p import MemoryNetwork, make_identity
 
 from diloco.errors import PriorDiverged, RoundFailed
 from diloco.protocol.bans import BanList
 from diloco.protocol.declarations import declare_round
 from diloco.protocol.group import GroupInfo, RoundTimeouts
-from diloco.protocol.identity import Identity
 from diloco.protocol.lobby import others_prior, round_key
 from diloco.protocol.matchmaking import Matchmaker
 from diloco.protocol.reducer import RoundKey
-from diloco.protocol.signed_records import SigningDHT
 from diloco.protocol.wire import Join, Kind, Reject, RejectCode, RoundTag
 
 RUN_ID = "priors-0123456789abcdef"
@@ -34,35 +30,8 @@ X, Y = "a" * 64, "b" * 64
 """Two prior states (full hashes; declarations carry their first 16 hex digits)."""
 
 
-class MemoryDHT(SigningDHT):
-    """The two calls ``signed_records`` makes of a DHT, on a dict shared by every peer; the
-    values go through msgpack as over the wire."""
-
-    def __init__(self, identity: Identity, table: dict[str, dict[Any, tuple[bytes, float]]]):
-        self.identity, self.table = identity, table
-
-    def __del__(self) -> None:  # no process to stop
-        pass
-
-    async def store(
-        self, key: str, value: Any, expiration: DHTExpiration, subkey: Any, return_future: bool
-    ) -> bool:
-        self.table.setdefault(key, {})[subkey] = (MSGPackSerializer.dumps(value), expiration)
-        return True
-
-    async def get(self, key: str, latest: bool, return_future: bool) -> Any:
-        items = self.table.get(key)
-        if not items:
-            return None
-        value = {
-            sub: ValueWithExpiration(MSGPackSerializer.loads(data), expiration)
-            for sub, (data, expiration) in items.items()
-        }
-        return ValueWithExpiration(value, max(e for _, e in items.values()))
-
-
 def _peers(n: int, target_group_size: int | None = None) -> list[Matchmaker]:
-    network, table = MemoryNetwork(), {}  # type: ignore[var-annotated]
+    network, table = MemoryNetwork(), Table()
     peers = []
     for i in range(n):
         identity = make_identity(i)

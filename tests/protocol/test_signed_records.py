@@ -247,7 +247,7 @@ REASONS = {
     "extended expiration": "bad signature",
     "replayed under another key": "not the record's",
     "envelope names another key": "not the record's",
-    "node record under a round key": "larger than 64 bytes",
+    "node record under a round key": "larger than 96 bytes",
     "declaration under the nodes key": "record of type float",
     "key of no known form": "no record kind",
     "expiration beyond the bound": "too far ahead",
