@@ -39,7 +39,7 @@ def _peers(n: int, target_group_size: int | None = None) -> list[Matchmaker]:
         dht = MemoryDHT(identity, table)
         peers.append(
             Matchmaker(
-                p2p,  # type: ignore[arg-type]
+                p2p,
                 dht,
                 RUN_ID,
                 DIGEST,
@@ -115,7 +115,7 @@ def test_leader_refuses_a_join_of_another_or_no_declared_prior() -> None:
     async def main() -> list[tuple[Kind, bytes]]:
         await leader.start()
         forming = asyncio.create_task(_form(leader, X))
-        await declare_round(other.dht, dht_key, 1.0, 1e12, prior=Y)  # type: ignore[arg-type]
+        await declare_round(other.dht, dht_key, 1.0, 1e12, prior=Y)
         replies = [
             await peer._call_join(leader.p2p.peer_id, Join(tag, 1000, 0, 0, 1.0))
             for peer in (other, silent)
