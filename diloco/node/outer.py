@@ -31,10 +31,11 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from diloco.errors import ConfigError, RoundFailed
+from diloco.errors import ConfigError, PriorDiverged, RoundFailed
 from diloco.node.device_link import DeviceLink
 from diloco.node.fragments import sends_at
 from diloco.node.outer_step import assign, flatten, merge, nesterov_step
+from diloco.node.pending import PendingRound
 from diloco.protocol.fragment_state import FragmentState
 from diloco.protocol.reducer import Contribution, RoundKey, RoundResult
 
@@ -99,14 +100,6 @@ def check_tau(tau: int, sync_every: int) -> None:
         raise ConfigError(f"tau must satisfy 0 <= tau < H={sync_every}, got {tau}; lower --tau")
 
 
-@dataclass(slots=True)
-class PendingRound:
-    key: RoundKey
-    future: Future[RoundResult]
-    receive_step: int
-    weight: float
-
-
 @dataclass(frozen=True, slots=True)
 class AppliedRound:
     """What happened to one round at its receive step (for metrics and tests)."""
@@ -120,6 +113,8 @@ class AppliedRound:
     matchmaking_seconds: float = 0.0
     blocked_seconds: float = 0.0
     outer_sha256: str = ""
+    prior_sha256: str = ""
+    """Hash of the fragment's outer state the round started from (its members share it)."""
     error: str = ""
 
 
@@ -186,8 +181,15 @@ class FragmentSync:
         return self.config.alpha_for(self.tau)
 
     def in_flight(self) -> set[int]:
-        """Fragments with a round sent and not yet applied."""
-        return {r.key.fragment for r in self.pending}
+        """Fragments with a round sent and not yet applied that may still change their state
+        (one that failed already will not: healing need not wait for its receive step)."""
+        return {r.key.fragment for r in self.pending if r.failure() is None}
+
+    def diverged(self) -> dict[RoundKey, str]:
+        """Rounds in flight that failed already because most of their peers start from
+        another state than ours (``PriorDiverged``), with that state's hash prefix."""
+        failures = {r.key: r.failure() for r in self.pending}
+        return {k: e.prior for k, e in failures.items() if isinstance(e, PriorDiverged)}
 
     def record_tokens(self, tokens: int) -> None:
         """Count the tokens of one inner step toward every fragment's next round weight."""
@@ -285,7 +287,7 @@ class FragmentSync:
             logger.warning("%s: %s; keeping the outer state of fragment %d", self.member, error, p)
             return AppliedRound(pending.key, ok=False, blocked_seconds=blocked, error=str(error))
         blocked = time.perf_counter() - start
-        state = self.states[p]
+        state, prior = self.states[p], self.state_hash(p)
         if self.link is not None:
             self.link.wait_upload(p)  # the last upload must be done reading state.outer
         nesterov_step(
@@ -309,6 +311,7 @@ class FragmentSync:
             matchmaking_seconds=result.matchmaking_seconds,
             blocked_seconds=blocked,
             outer_sha256=self.hashes[p],
+            prior_sha256=prior,
         )
 
     def _merge(self, p: int) -> None:
@@ -352,6 +355,9 @@ class FragmentSync:
         mine.momentum.copy_(state.momentum)
         mine.version = state.version
         self.carried_weight[fragment] = 0.0
+        for pending in self.pending:  # failed already: the state adopted holds that round
+            if pending.key.fragment == fragment and pending.failure() is not None:
+                pending.weight = 0.0
         assign(self.fragments[fragment], mine.outer)
 
     # -- checkpoints --------------------------------------------------------------------------

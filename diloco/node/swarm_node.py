@@ -53,6 +53,7 @@ from diloco.protocol.records import (
     publish_vouches,
     read_vouches,
 )
+from diloco.protocol.reducer import RoundKey
 from diloco.protocol.run_id import make_run_id, run_digest
 from diloco.protocol.run_info import serve_run_info
 from diloco.protocol.signed_records import MAX_RECORD_TTL
@@ -159,6 +160,8 @@ class SwarmNode:
                 anchors=[a.rsplit("/p2p/", 1)[1] for a in net.initial_peers if "/p2p/" in a],
             )
             self.failed_rounds = 0
+            self.diverged: set[RoundKey] = set()
+            """Rounds in flight known to have failed on a diverged prior (``_heal``)."""
         except BaseException:
             self.swarm.shutdown()
             raise
@@ -298,6 +301,7 @@ class SwarmNode:
             "matchmaking_seconds": applied.matchmaking_seconds,
             "blocked_seconds": applied.blocked_seconds,
             "outer_sha256": applied.outer_sha256,
+            "prior_sha256": applied.prior_sha256,
         }
 
     def train(self) -> dict[str, Any]:
@@ -346,7 +350,7 @@ class SwarmNode:
             else:
                 with self.snapshot_lock:
                     self.snapshot = OuterState(t.step, self.snapshot.fragments)
-            self.healer.maybe_heal([r.key for r in applied if not r.ok])
+            self._heal(applied)
             elapsed = time.perf_counter() - start
             tokens_per_s = (t.step - start_step) * tokens_per_step / max(elapsed, 1e-9)
             if t.step % self.options.log_every == 0 or t.step == self.run.steps:
@@ -365,6 +369,17 @@ class SwarmNode:
             self._record_rounds(finished)
             self._refresh_snapshot([r.key.fragment for r in finished if r.ok])
         return self._finish(time.perf_counter() - start)
+
+    def _heal(self, applied: list[AppliedRound]) -> None:
+        """Hand healing the rounds that failed: those applied now, and those in flight that
+        failed already because most of their peers start from another state
+        (``PriorDiverged``): that fragment is checked now, not at the round's receive step."""
+        diverged = self.trainer.sync.diverged()
+        for key in diverged.keys() - self.diverged:
+            event = {"event": "prior_diverged", "step": self.trainer.step, "prior": diverged[key]}
+            self._emit(event | {"fragment": key.fragment, "round": key.round})
+        self.diverged = set(diverged)
+        self.healer.maybe_heal([r.key for r in applied if not r.ok] + list(diverged))
 
     def _record_rounds(self, applied: list[AppliedRound]) -> None:
         for round_ in applied:

@@ -458,3 +458,33 @@ def test_healer_adopting_a_newer_round_moves_on_to_its_send_step(corpus: Any) ->
     assert trainer.step == 7 and trainer.sync.states[1].version == 1
     assert events == [{"event": "caught_up", "from_step": 3, "to_step": 7}]
     assert healer.suspects == {0: 1}  # round 1 of fragment 0, sent at 6, was skipped
+
+
+def test_healer_adopts_a_fragment_whose_round_in_flight_failed_on_a_diverged_prior(
+    corpus: Any,
+) -> None:
+    """The node missed round 1 of fragment 0 and its round 2 found no partner of its prior
+    (``PriorDiverged``) before its receive step: healing adopts the vouched state at once,
+    and that failed round's tokens are not carried (the adopted state holds the round)."""
+    from concurrent.futures import Future
+
+    from diloco.errors import PriorDiverged
+
+    trainer = make_trainer(corpus)
+    trainer.step = 12  # fragment 0 sent round 2 here; received at 13
+    failed: Future[Any] = Future()
+    failed.set_exception(PriorDiverged(0, 2, "no partner", "ab" * 8))
+    trainer.sync.submit(RoundKey(0, 2), failed, 12, 5.0)
+    served = donor_state(trainer, 12, 1)
+    vouched = served.fragments[0].sha256()
+    swarm = FakeSwarm(
+        [record("donor", 12, (0, 1, vouched), *initial_entries(trainer, skip=0))],
+        {"donor": served},
+        vouches_for(0, 1, vouched, "donor", "x"),
+    )
+    healer, events = make_healer(trainer, swarm)
+    healer.maybe_heal(list(trainer.sync.diverged()))
+    assert finish_check(healer, swarm) == [([0], ["donor"])]
+    assert trainer.sync.states[0].version == 1 and 0 not in healer.diverged
+    assert events == [{"event": "healed", "step": 12, "fragments": [0]}]
+    assert trainer.sync.pending[0].weight == 0.0

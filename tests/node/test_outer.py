@@ -267,3 +267,26 @@ def test_state_hash_follows_every_change_of_the_outer_state() -> None:
         {"outer": torch.tensor([1.0, 1.0]), "momentum": torch.zeros(2), "version": 1}
     ]})  # fmt: skip
     assert sync.state_hash(0) == FragmentState(torch.ones(2), torch.zeros(2), 1).sha256()
+
+
+def test_fragment_sync_round_failed_already_no_longer_blocks_healing() -> None:
+    """A round that failed before its receive step cannot change the state any more: it is
+    not in flight for healing, a divergence it reports is listed, and once a peer's state
+    is adopted its tokens are not carried (the adopted state holds that round)."""
+    from concurrent.futures import Future
+
+    from diloco.errors import PriorDiverged
+    from diloco.protocol.fragment_state import FragmentState
+
+    _, sync = _sync_with_rounds_in_flight()
+    assert sync.in_flight() == {0}  # fragment 0's round succeeded: it is still to apply
+    assert sync.diverged() == {}  # fragment 1's failed, not for a diverged prior
+    diverged: Future = Future()
+    diverged.set_exception(PriorDiverged(1, 5, "no partner", "ab" * 8))
+    sync.pending[1].future = diverged
+    assert sync.diverged() == {RoundKey(1, 5): "ab" * 8} and sync.in_flight() == {0}
+    sync.adopt(1, FragmentState(torch.tensor([9.0, 8.0]), torch.zeros(2), 5))
+    start = sync.states[0].sha256()
+    ok, failed = sync.apply_due(4)
+    assert ok.ok and ok.prior_sha256 == start != ok.outer_sha256
+    assert not failed.ok and sync.carried_weight[1] == 0.0
