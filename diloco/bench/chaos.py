@@ -31,7 +31,7 @@ import random
 import signal
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -253,19 +253,45 @@ def finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
+def shared_rounds(
+    rounds: Mapping[str, Sequence[Mapping[str, Any]]],
+) -> tuple[int, dict[str, dict[str, list[str]]]]:
+    """How many rounds two nodes or more applied together, and those whose members left
+    them with different outer states ("{p}/{k}[/prior]" -> node -> hashes), from each node's
+    "round" events.
+
+    A round's members are the nodes that applied it from the same prior state
+    (``prior_sha256``; events without one share one prior): two groups of one round that
+    started from different states are two rounds, not a mismatch (issue 12).
+    """
+    hashes: dict[tuple[int, int, str], dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    for name, events in rounds.items():
+        for r in events:
+            key = (r["fragment"], r["round"], r.get("prior_sha256", ""))
+            hashes[key][name].add(r["outer_sha256"])
+    shared = {k: v for k, v in hashes.items() if len(v) >= 2}
+    mismatched = {
+        "/".join([str(p), str(k), *([prior[:16]] if prior else [])]): {
+            name: sorted(h) for name, h in v.items()
+        }
+        for (p, k, prior), v in sorted(shared.items())
+        if len(set().union(*v.values())) > 1
+    }
+    return len(shared), mismatched
+
+
 def tally(swarm: Swarm) -> dict[str, Any]:
     """What the nodes' metrics lines and the controller recorded."""
     steps = swarm.config.steps
     per_node: dict[str, Any] = {}
-    hashes: dict[tuple[int, int], dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    rounds: dict[str, list[dict[str, Any]]] = {}
     non_finite = []
     for node in swarm.nodes:
         records = node.records()
         kinds = [r.get("event") for r in records]
         summary = next((r for r in reversed(records) if r.get("event") == "summary"), None)
+        rounds[node.name] = [r for r in records if r.get("event") == "round"]
         for r in records:
-            if r.get("event") == "round":
-                hashes[(r["fragment"], r["round"])][node.name].add(r["outer_sha256"])
             for key in ("loss", "eval_loss", "loss_outer"):
                 if key in r and not finite(r[key]):
                     non_finite.append({"node": node.name, "event": r.get("event"), key: r[key]})
@@ -281,12 +307,7 @@ def tally(swarm: Swarm) -> dict[str, Any]:
             "exit_code": node.process.returncode,
             "outer_sha256": summary.get("outer_sha256") if summary else None,
         }
-    shared = {k: v for k, v in hashes.items() if len(v) >= 2}
-    mismatched = {
-        f"{k[0]}/{k[1]}": {name: sorted(h) for name, h in v.items()}
-        for k, v in sorted(shared.items())
-        if len(set().union(*v.values())) > 1
-    }
+    num_shared, mismatched = shared_rounds(rounds)
     finals = {name: n.pop("outer_sha256") for name, n in per_node.items()}
     final_split = [
         p
@@ -311,7 +332,7 @@ def tally(swarm: Swarm) -> dict[str, Any]:
         "hung": swarm.hung,
         "orphans": swarm.orphans,
         "non_finite": non_finite,
-        "shared_rounds": len(shared),
+        "shared_rounds": num_shared,
         "mismatched_rounds": mismatched,
         "final_split_fragments": final_split,
         "all_reached_end": all(n["reached_end"] for n in per_node.values()),
