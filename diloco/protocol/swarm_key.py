@@ -22,7 +22,7 @@ two HMACs per stream, in closed swarms only.
 
 Round declarations of a closed swarm carry ``declaration_proof`` (HMAC over the run digest,
 the round key and the declaring peer id); readers drop declarations without a valid one
-(``records.read_declarations``), so outsiders are not even in a round's view.
+(``declarations.read_declarations``), so outsiders are not even in a round's view.
 """
 
 from __future__ import annotations
