@@ -188,6 +188,11 @@ def _recv(conn: Connection, timeout: float) -> dict[str, Any]:
     return reply
 
 
+STARTING = 8
+"""Peers started at once: 48 starting together on 2 cores (each imports torch and starts
+its DHT and p2pd) took over the 120 s a peer has to come up."""
+
+
 def _start_peers(
     config: BenchConfig, namespaces: list[str]
 ) -> tuple[list[Connection], list[mp.process.BaseProcess]]:
@@ -195,7 +200,12 @@ def _start_peers(
     conns: list[Connection] = []
     processes: list[mp.process.BaseProcess] = []
     initial: list[str] = []
+    starting: list[Connection] = []
     for index in range(config.peers):
+        if len(starting) == STARTING:  # no more than STARTING at once
+            for conn in starting:
+                _recv(conn, 120)
+            starting.clear()
         parent, child = ctx.Pipe()
         namespace = namespaces[index] if namespaces else None
         host = f"/ip4/{netns.address(index)}/tcp/0" if namespace else "/ip4/127.0.0.1/tcp/0"
@@ -207,7 +217,9 @@ def _start_peers(
         conns.append(parent)
         if index == 0:
             initial = _recv(parent, 120)["maddrs"][:1]
-    for conn in conns[1:]:
+        else:
+            starting.append(parent)
+    for conn in starting:
         _recv(conn, 120)
     return conns, processes
 
