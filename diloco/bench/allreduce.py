@@ -35,6 +35,8 @@ import torch
 
 from diloco.bench import netns
 from diloco.errors import ConfigError, RoundFailed
+from diloco.protocol.grid import num_stages
+from diloco.protocol.group import RoundTimeouts
 from diloco.protocol.processes import end_with_parent
 
 logger = logging.getLogger(__name__)
@@ -132,7 +134,7 @@ def run_allreduce_bench(config: BenchConfig) -> BenchResult:
                     _recv(peer, 600)
                 for peer in peers:
                     peer.send(("round", round_))
-                replies = [_recv(peer, config.round_timeout + 60) for peer in peers]
+                replies = [_recv(peer, _round_wait(config)) for peer in peers]
                 ok = [r for r in replies if r["ok"]]
                 result.ok_peers_per_round.append(len(ok))
                 if len(ok) < len(replies):
@@ -156,6 +158,27 @@ def run_allreduce_bench(config: BenchConfig) -> BenchResult:
     result.stage_members_per_peer = [f["stages"] for f in finals]
     result.max_abs_error = finals[0]["max_abs_error"]
     return result
+
+
+def round_timeouts(config: BenchConfig) -> RoundTimeouts:
+    """The peers' round timeouts (ours)."""
+    return RoundTimeouts(
+        matchmaking_window=config.matchmaking_window,
+        join_timeout=max(2.0, config.matchmaking_window),
+        sender_timeout=config.round_timeout / 2,
+        reducer_timeout=config.round_timeout / 2,
+        report_timeout=10.0,
+        connect_timeout=10.0,
+    )
+
+
+def _round_wait(config: BenchConfig) -> float:
+    """Seconds the driver waits for a peer's round: the peer's own bound (``SwarmReducer``:
+    one all-reduce and its checks more per further stage), and a minute. Waiting
+    ``round_timeout`` only gave up on a flat 48-peer round that was still in its checks."""
+    t = round_timeouts(config)
+    stages = 1 if config.max_group_size is None else num_stages(config.peers, config.max_group_size)
+    return t.total + (stages - 1) * (t.allreduce + t.verification) + 60
 
 
 _SOCKETS = "/tmp/hivemind-*.sock"
@@ -311,7 +334,6 @@ def _peer_main(
 class _DilocoPeer:
     def __init__(self, index: int, config: BenchConfig, initial: list[str], host: str) -> None:
         from diloco.codecs import get_codec
-        from diloco.protocol.group import RoundTimeouts
         from diloco.protocol.network import NetworkOptions
         from diloco.protocol.run_id import make_run_id
         from diloco.protocol.swarm import Swarm
@@ -321,14 +343,7 @@ class _DilocoPeer:
         run_id = make_run_id("bench", {"numel": config.numel, "codec": config.codec})
         net = NetworkOptions(initial_peers=tuple(initial), host_maddrs=(host,))
         self.swarm = Swarm(run_id, net)
-        timeouts = RoundTimeouts(
-            matchmaking_window=config.matchmaking_window,
-            join_timeout=max(2.0, config.matchmaking_window),
-            sender_timeout=config.round_timeout / 2,
-            reducer_timeout=config.round_timeout / 2,
-            report_timeout=10.0,
-            connect_timeout=10.0,
-        )
+        timeouts = round_timeouts(config)
         self.reducer = SwarmReducer(
             self.swarm,
             get_codec(config.codec),
