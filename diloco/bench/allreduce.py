@@ -35,6 +35,9 @@ import torch
 
 from diloco.bench import netns
 from diloco.errors import ConfigError, RoundFailed
+from diloco.protocol.grid import num_stages
+from diloco.protocol.group import RoundTimeouts
+from diloco.protocol.processes import end_with_parent
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +93,11 @@ class BenchResult:
     part_streams_per_peer: list[int] = field(default_factory=list)
     """Per peer, PART streams it opened in its last successful round (one per other member
     of each of its groups; as many REPORT streams again)."""
+    stage_members_per_peer: list[list[int]] = field(default_factory=list)
+    """Per peer, the members of each of its stage groups in its last successful round
+    (one entry: the round ran flat; ``[8, 6]``: staged in 8s, then across 6 cells)."""
+    ok_peers_per_round: list[int] = field(default_factory=list)
+    """Per round, the peers whose all-reduce succeeded."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -126,8 +134,9 @@ def run_allreduce_bench(config: BenchConfig) -> BenchResult:
                     _recv(peer, 600)
                 for peer in peers:
                     peer.send(("round", round_))
-                replies = [_recv(peer, config.round_timeout + 60) for peer in peers]
+                replies = [_recv(peer, _round_wait(config)) for peer in peers]
                 ok = [r for r in replies if r["ok"]]
+                result.ok_peers_per_round.append(len(ok))
                 if len(ok) < len(replies):
                     result.failed_rounds += 1
                     logger.warning("round %d: %s", round_, [r.get("reason") for r in replies])
@@ -146,8 +155,30 @@ def run_allreduce_bench(config: BenchConfig) -> BenchResult:
         result.link_bytes_sent_per_peer = [f["link_tx"] // rounds for f in finals]
     result.result_sha256 = [f["sha256"] for f in finals]
     result.part_streams_per_peer = [f["streams"] for f in finals]
+    result.stage_members_per_peer = [f["stages"] for f in finals]
     result.max_abs_error = finals[0]["max_abs_error"]
     return result
+
+
+def round_timeouts(config: BenchConfig) -> RoundTimeouts:
+    """The peers' round timeouts (ours)."""
+    return RoundTimeouts(
+        matchmaking_window=config.matchmaking_window,
+        join_timeout=max(2.0, config.matchmaking_window),
+        sender_timeout=config.round_timeout / 2,
+        reducer_timeout=config.round_timeout / 2,
+        report_timeout=10.0,
+        connect_timeout=10.0,
+    )
+
+
+def _round_wait(config: BenchConfig) -> float:
+    """Seconds the driver waits for a peer's round: the peer's own bound (``SwarmReducer``:
+    one all-reduce and its checks more per further stage), and a minute. Waiting
+    ``round_timeout`` only gave up on a flat 48-peer round that was still in its checks."""
+    t = round_timeouts(config)
+    stages = 1 if config.max_group_size is None else num_stages(config.peers, config.max_group_size)
+    return t.total + (stages - 1) * (t.allreduce + t.verification) + 60
 
 
 _SOCKETS = "/tmp/hivemind-*.sock"
@@ -180,6 +211,11 @@ def _recv(conn: Connection, timeout: float) -> dict[str, Any]:
     return reply
 
 
+STARTING = 8
+"""Peers started at once: 48 starting together on 2 cores (each imports torch and starts
+its DHT and p2pd) took over the 120 s a peer has to come up."""
+
+
 def _start_peers(
     config: BenchConfig, namespaces: list[str]
 ) -> tuple[list[Connection], list[mp.process.BaseProcess]]:
@@ -187,19 +223,26 @@ def _start_peers(
     conns: list[Connection] = []
     processes: list[mp.process.BaseProcess] = []
     initial: list[str] = []
+    starting: list[Connection] = []
     for index in range(config.peers):
+        if len(starting) == STARTING:  # no more than STARTING at once
+            for conn in starting:
+                _recv(conn, 120)
+            starting.clear()
         parent, child = ctx.Pipe()
         namespace = namespaces[index] if namespaces else None
         host = f"/ip4/{netns.address(index)}/tcp/0" if namespace else "/ip4/127.0.0.1/tcp/0"
         process = ctx.Process(
-            target=_peer_main, args=(child, index, config, initial, host, namespace)
+            target=_peer_main, args=(child, index, config, initial, host, namespace, os.getpid())
         )
         process.start()
         processes.append(process)
         conns.append(parent)
         if index == 0:
             initial = _recv(parent, 120)["maddrs"][:1]
-    for conn in conns[1:]:
+        else:
+            starting.append(parent)
+    for conn in starting:
         _recv(conn, 120)
     return conns, processes
 
@@ -224,9 +267,16 @@ def _peer_main(
     initial: list[str],
     host: str,
     namespace: str | None,
+    driver: int,
 ) -> None:
-    """One benchmark peer: one process, its own DHT, rounds on command."""
+    """One benchmark peer: one process, its own DHT, rounds on command.
+
+    It leaves the driver's session (``_stop`` kills its own, DHT and p2pd included), so a
+    terminal's signal does not reach it: it exits once the driver has ended, however
+    (``end_with_parent``), and its DHT process and p2pd follow it (``TiedDHT``).
+    """
     os.setsid()
+    end_with_parent(driver, lambda: None)
     mp.set_start_method("fork", force=True)  # hivemind's DHT and averager processes fork
     logging.basicConfig(level=config.log_level, format=f"[peer {index}] %(levelname)s %(message)s")
     torch.set_num_threads(1)
@@ -274,6 +324,7 @@ def _peer_main(
                         "bytes_received": runner.bytes_received,
                         "link_tx": netns.link_tx_bytes() - link_start if namespace else 0,
                         "streams": runner.streams,
+                        "stages": runner.stage_members,
                     }
                 )
     finally:
@@ -283,7 +334,6 @@ def _peer_main(
 class _DilocoPeer:
     def __init__(self, index: int, config: BenchConfig, initial: list[str], host: str) -> None:
         from diloco.codecs import get_codec
-        from diloco.protocol.group import RoundTimeouts
         from diloco.protocol.network import NetworkOptions
         from diloco.protocol.run_id import make_run_id
         from diloco.protocol.swarm import Swarm
@@ -293,14 +343,7 @@ class _DilocoPeer:
         run_id = make_run_id("bench", {"numel": config.numel, "codec": config.codec})
         net = NetworkOptions(initial_peers=tuple(initial), host_maddrs=(host,))
         self.swarm = Swarm(run_id, net)
-        timeouts = RoundTimeouts(
-            matchmaking_window=config.matchmaking_window,
-            join_timeout=max(2.0, config.matchmaking_window),
-            sender_timeout=config.round_timeout / 2,
-            reducer_timeout=config.round_timeout / 2,
-            report_timeout=10.0,
-            connect_timeout=10.0,
-        )
+        timeouts = round_timeouts(config)
         self.reducer = SwarmReducer(
             self.swarm,
             get_codec(config.codec),
@@ -311,6 +354,7 @@ class _DilocoPeer:
         )
         self.maddrs = self.swarm.maddrs
         self.bytes_sent = self.bytes_received = self.streams = 0
+        self.stage_members: list[int] = []
 
     def round(self, round_: int, delta: torch.Tensor) -> tuple[torch.Tensor, float]:
         from diloco.protocol.reducer import Contribution, RoundKey
@@ -321,6 +365,7 @@ class _DilocoPeer:
         self.bytes_received += result.bytes_received
         stages = [m.members for m in result.stages] or [len(result.members)]
         self.streams = sum(m - 1 for m in stages)
+        self.stage_members = stages
         return result.delta, self.reducer.timings[key][1]
 
     def close(self) -> None:
@@ -356,6 +401,7 @@ class _HivemindPeer:
         # FP16 both phases: (M-1)/M of the vector out as sender, as much out as reducer.
         self._per_round = int(2 * (config.peers - 1) / config.peers * config.numel * 2)
         self.bytes_sent = self.bytes_received = self.streams = 0
+        self.stage_members = [config.peers]
 
     def round(self, round_: int, delta: torch.Tensor) -> tuple[torch.Tensor, float]:
         with self.averager.get_tensors() as tensors:
@@ -407,5 +453,7 @@ def summary(result: BenchResult) -> str:
         f"  max abs error vs exact FP32 mean: {result.max_abs_error:.3g}",
         f"  failed rounds: {result.failed_rounds}",
         f"  part streams per peer: {sorted(set(result.part_streams_per_peer))}",
+        f"  stage group sizes: {sorted({tuple(m) for m in result.stage_members_per_peer})}",
+        f"  peers that applied each round: {result.ok_peers_per_round}",
     ]
     return "\n".join(lines)

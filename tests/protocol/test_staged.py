@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from diloco.codecs import get_codec
-from diloco.protocol.grid import plan_grid
+from diloco.protocol.grid import GridPlan, plan_grid
+from diloco.protocol.reducer import Contribution, InProcessReducer, RoundKey
 from diloco.protocol.staged import staged_mean
 
 
@@ -82,3 +83,87 @@ def test_staged_mean_rejects_wrong_count() -> None:
     plan = plan_grid("k", [b"a", b"b"], [1.0, 1.0], 4)
     with pytest.raises(ValueError):
         staged_mean(plan, _deltas(3, 64), get_codec("none"))
+
+
+def test_staged_mean_of_one_stage_is_the_in_process_reducer_bytes() -> None:
+    n, weights = 6, [float(3 + i) for i in range(6)]
+    deltas = _deltas(n, 5000, seed=11)
+    plan = plan_grid("k", [bytes([i]) for i in range(n)], weights, 8)
+    codec = get_codec("e3m0")
+    result = staged_mean(plan, deltas, codec)
+    contributions = [
+        Contribution(str(i), deltas[i], weights[i]) for i in plan.stages[0][0].contributors
+    ]
+    flat = InProcessReducer(codec).reduce(RoundKey(0, 1), contributions).result().delta
+    assert all(torch.equal(v, flat) for v in result.values)
+
+
+def _plan_12(weights: list[float]) -> tuple[list[torch.Tensor], GridPlan]:
+    return _deltas(12, 3000, seed=13), plan_grid("k", [bytes([i]) for i in range(12)], weights, 4)
+
+
+def test_member_lost_in_stage_0_is_counted_nowhere_and_its_cell_still_contributes() -> None:
+    weights = [float(100 + 17 * i) for i in range(12)]
+    deltas, plan = _plan_12(weights)
+    gone = plan.order[5]
+    result = staged_mean(plan, deltas, get_codec("none"), clip_factor=0, lost={gone: 0})
+    live = [m for m in range(12) if m != gone]
+    assert _same_bytes(tuple(result.values[m] for m in live))
+    assert all(result.counted[m] == frozenset(live) for m in live)
+    # its slot in stage 1 is its cell's (positions 4-7): the next member of the cell
+    assert result.stand_ins == ((), ((gone, plan.order[6]),))
+    expected = _exact_mean([deltas[m] for m in live], [weights[m] for m in live])
+    assert torch.allclose(result.values[live[0]].double(), expected, rtol=0, atol=1e-5)
+
+
+def test_member_lost_in_stage_1_has_a_stand_in_from_its_cell() -> None:
+    weights = [float(100 + 17 * i) for i in range(12)]
+    deltas, plan = _plan_12(weights)
+    for p in (5, 7):  # inside its cell, and its last position (the stand-in wraps round)
+        gone = plan.order[p]
+        result = staged_mean(plan, deltas, get_codec("none"), clip_factor=0, lost={gone: 1})
+        live = [m for m in range(12) if m != gone]
+        assert _same_bytes(tuple(result.values[m] for m in live))
+        assert all(result.counted[m] == frozenset(range(12)) for m in live)
+        cell_start = p // 4 * 4  # a 3x4 grid: cells are positions 0-3, 4-7, 8-11
+        assert result.stand_ins == ((), ((gone, plan.order[cell_start + (p + 1) % 4]),))
+        expected = _exact_mean(deltas, weights)
+        assert torch.allclose(result.values[live[0]].double(), expected, rtol=0, atol=1e-5)
+
+
+def test_a_whole_cell_lost_in_stage_1_is_counted_nowhere() -> None:
+    weights = [float(100 + 17 * i) for i in range(12)]
+    deltas, plan = _plan_12(weights)
+    cell = [plan.order[p] for p in range(4, 8)]
+    result = staged_mean(
+        plan, deltas, get_codec("none"), clip_factor=0, lost=dict.fromkeys(cell, 1)
+    )
+    live = [m for m in range(12) if m not in cell]
+    assert _same_bytes(tuple(result.values[m] for m in live))
+    assert all(result.counted[m] == frozenset(live) for m in live)
+    expected = _exact_mean([deltas[m] for m in live], [weights[m] for m in live])
+    assert torch.allclose(result.values[live[0]].double(), expected, rtol=0, atol=1e-5)
+
+
+def test_staged_mean_e3m0_with_a_lost_member_identical_bytes_within_codec_error() -> None:
+    weights = [1.0] * 12
+    deltas, plan = _plan_12(weights)
+    for stage in (0, 1):
+        gone = plan.order[2]
+        result = staged_mean(plan, deltas, get_codec("e3m0"), lost={gone: stage})
+        live = [m for m in range(12) if m != gone]
+        assert _same_bytes(tuple(result.values[m] for m in live))
+        counted = sorted(result.counted[live[0]])
+        expected = _exact_mean([deltas[m] for m in counted], [weights[m] for m in counted])
+        error = float((result.values[live[0]].double() - expected).norm() / expected.norm())
+        assert len(counted) == (11 if stage == 0 else 12)
+        assert error < 0.5
+
+
+def test_staged_mean_rejects_a_lost_member_outside_the_plan() -> None:
+    weights = [1.0] * 12
+    deltas, plan = _plan_12(weights)
+    with pytest.raises(ValueError):
+        staged_mean(plan, deltas, get_codec("none"), lost={12: 0})
+    with pytest.raises(ValueError):
+        staged_mean(plan, deltas, get_codec("none"), lost={0: 2})
