@@ -196,6 +196,20 @@ def missed_rounds(step: int, versions: Sequence[int], sync_every: int) -> dict[i
     return missed
 
 
+def failed_everywhere(
+    records: Sequence[NodeRecord], missed: Mapping[int, int], schedule: Schedule, tau: int
+) -> bool:
+    """Whether every round of ``missed`` (fragment -> round) failed for every peer of
+    ``records``: each record is past the round's receive step (the run's ``tau``) with an
+    older version of the fragment. Nobody will vouch for such a round, so a joiner need not
+    wait for it to settle (no records: nothing is known)."""
+    return bool(records) and all(
+        version_of(r, p) < k and r.global_step > schedule.send_step(p, k) + tau
+        for r in records
+        for p, k in missed.items()
+    )
+
+
 def open_suspects(
     suspects: Mapping[int, int], versions: Sequence[int], step: int, sync_every: int
 ) -> dict[int, int]:
@@ -373,12 +387,16 @@ class Healer:
         """A joiner's download can predate a round in flight: fetch those fragments again
         once peers applied and vouched for that round (until ``deadline``; a round that
         failed for everyone never shows up). What is still missing then is healed while
-        training."""
+        training. Rounds that every peer's record shows as failed are not waited for."""
+        tau = self.trainer.run.outer.fragment_sync_delay
         while missed := missed_rounds(self.trainer.step, self.versions(), self.sync_every):
             if time.monotonic() > deadline:
                 self.suspects.update(missed)
                 return
             view = self.read_view()
+            if failed_everywhere(view.records, missed, self.schedule, tau):
+                self.suspects.update(missed)
+                return
             for p, k in missed.items():
                 state = self.trainer.sync.states[p]
                 ahead = choose_donors(view, p, state.version, state.sha256())
