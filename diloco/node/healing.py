@@ -197,17 +197,19 @@ def missed_rounds(step: int, versions: Sequence[int], sync_every: int) -> dict[i
 
 
 def failed_everywhere(
-    records: Sequence[NodeRecord], missed: Mapping[int, int], schedule: Schedule, tau: int
+    view: SwarmView, missed: Mapping[int, int], schedule: Schedule, tau: int
 ) -> bool:
-    """Whether every round of ``missed`` (fragment -> round) failed for every peer of
-    ``records``: each record is past the round's receive step (the run's ``tau``) with an
-    older version of the fragment. Nobody will vouch for such a round, so a joiner need not
-    wait for it to settle (no records: nothing is known)."""
-    return bool(records) and all(
-        version_of(r, p) < k and r.global_step > schedule.send_step(p, k) + tau
-        for r in records
-        for p, k in missed.items()
-    )
+    """Whether every round of ``missed`` (fragment -> round) failed for every peer that holds
+    a vouched state of its fragment: each such record is past the round's receive step (the
+    run's ``tau``) with an older version. Nobody will vouch for such a round, so a joiner
+    need not wait for it to settle. Unvouched claims (a Sybil's newer one) say nothing; no
+    vouched holder at all: nothing is known."""
+    for p, k in missed.items():
+        holders = [r for r in view.records if view.holds_vouched(r, p)]
+        receive = schedule.send_step(p, k) + tau
+        if not holders or any(version_of(r, p) >= k or r.global_step <= receive for r in holders):
+            return False
+    return True
 
 
 def open_suspects(
@@ -394,7 +396,7 @@ class Healer:
                 self.suspects.update(missed)
                 return
             view = self.read_view()
-            if failed_everywhere(view.records, missed, self.schedule, tau):
+            if failed_everywhere(view, missed, self.schedule, tau):
                 self.suspects.update(missed)
                 return
             for p, k in missed.items():
