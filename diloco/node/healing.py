@@ -196,6 +196,22 @@ def missed_rounds(step: int, versions: Sequence[int], sync_every: int) -> dict[i
     return missed
 
 
+def failed_everywhere(
+    view: SwarmView, missed: Mapping[int, int], schedule: Schedule, tau: int
+) -> bool:
+    """Whether every round of ``missed`` (fragment -> round) failed for every peer that holds
+    a vouched state of its fragment: each such record is past the round's receive step (the
+    run's ``tau``) with an older version. Nobody will vouch for such a round, so a joiner
+    need not wait for it to settle. Unvouched claims (a Sybil's newer one) say nothing; no
+    vouched holder at all: nothing is known."""
+    for p, k in missed.items():
+        holders = [r for r in view.records if view.holds_vouched(r, p)]
+        receive = schedule.send_step(p, k) + tau
+        if not holders or any(version_of(r, p) >= k or r.global_step <= receive for r in holders):
+            return False
+    return True
+
+
 def open_suspects(
     suspects: Mapping[int, int], versions: Sequence[int], step: int, sync_every: int
 ) -> dict[int, int]:
@@ -373,12 +389,16 @@ class Healer:
         """A joiner's download can predate a round in flight: fetch those fragments again
         once peers applied and vouched for that round (until ``deadline``; a round that
         failed for everyone never shows up). What is still missing then is healed while
-        training."""
+        training. Rounds that every peer's record shows as failed are not waited for."""
+        tau = self.trainer.run.outer.fragment_sync_delay
         while missed := missed_rounds(self.trainer.step, self.versions(), self.sync_every):
             if time.monotonic() > deadline:
                 self.suspects.update(missed)
                 return
             view = self.read_view()
+            if failed_everywhere(view, missed, self.schedule, tau):
+                self.suspects.update(missed)
+                return
             for p, k in missed.items():
                 state = self.trainer.sync.states[p]
                 ahead = choose_donors(view, p, state.version, state.sha256())

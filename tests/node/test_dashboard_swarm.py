@@ -53,15 +53,19 @@ class Process:
         """The first match of ``pattern`` in the output, waiting for it."""
         return wait_for(lambda: re.search(pattern, self.output()), f"{self.name}: {pattern}", self)
 
-    def stop(self) -> None:
-        """SIGINT (a clean exit: records expire, p2pd ends), then SIGKILL to the session."""
+    def interrupt(self) -> None:
+        """SIGINT: a clean exit (records expire, p2pd ends); ``stop`` waits for it."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(10)
+
+    def stop(self) -> None:
+        """Wait for the exit ``interrupt`` asked for, then SIGKILL to the session."""
+        self.interrupt()
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
 
 
 def wait_for(check: Callable[[], T | None], what: str, *alive: Process) -> T:
@@ -70,7 +74,7 @@ def wait_for(check: Callable[[], T | None], what: str, *alive: Process) -> T:
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         for p in alive:
             assert p.process.poll() is None, f"{p.name} exited:\n{p.output()}"
-        time.sleep(1.0)
+        time.sleep(0.25)
     return value
 
 
@@ -145,6 +149,8 @@ def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Swarm]:
         peer_b = b.line(r"peer (\w+)").group(1)
         yield Swarm(a, b, dashboard, url, metrics_url, (peer_a, peer_b))
     finally:
+        for process in reversed(started):  # all at once: each exit takes seconds
+            process.interrupt()
         for process in reversed(started):
             process.stop()
 

@@ -12,12 +12,13 @@ import torch
 
 from diloco.codecs import get_codec
 from diloco.errors import ProtocolError
-from diloco.node.claims import SwarmView
+from diloco.node.claims import Schedule, SwarmView
 from diloco.node.data import load_corpus
 from diloco.node.healing import (
     Healer,
     catch_up_step,
     choose_donors,
+    failed_everywhere,
     fragments_to_adopt,
     heal_plan,
     join_donors,
@@ -180,6 +181,24 @@ def test_missed_rounds_by_hand() -> None:
     assert missed_rounds(16, [0, 1], 10) == {0: 1}
     assert missed_rounds(26, [1, 0], 10) == {0: 2, 1: 2}
     assert missed_rounds(26, [2, 2], 10) == {}
+
+
+def test_failed_everywhere_only_when_every_vouched_holder_is_past_the_receive_step() -> None:
+    # H 10, 2 fragments, tau 1: round 1 of fragment 0 sent at step 10, received at 11.
+    schedule, missed = Schedule(100, 10, 2), {0: 1}
+    failed = record("p1", 12, (0, 0, A), (1, 0, A))
+    assert failed_everywhere(trusting([failed]), missed, schedule, tau=1)
+    assert failed_everywhere(trusting([failed, record("p2", 20, (0, 0, B))]), missed, schedule, 1)
+    assert not failed_everywhere(trusting([]), missed, schedule, tau=1)  # nobody says
+    assert not failed_everywhere(trusting([record("p1", 11, (0, 0, A))]), missed, schedule, 1)
+    assert not failed_everywhere(trusting([failed]), missed, schedule, tau=2)  # may still come
+    applied = record("p2", 12, (0, 1, B))
+    assert not failed_everywhere(trusting([failed, applied]), missed, schedule, tau=1)
+    # a newer claim nobody vouches for (a Sybil's) says nothing
+    view = SwarmView((failed, applied), {(0, 0, A): NONE}, 12)
+    assert failed_everywhere(view, missed, schedule, tau=1)
+    # every missed round must have failed: round 1 of fragment 1 (sent at 15) not yet past
+    assert not failed_everywhere(trusting([failed]), {0: 1, 1: 1}, schedule, tau=1)
 
 
 def test_open_suspects_until_caught_up_or_next_round_sent() -> None:

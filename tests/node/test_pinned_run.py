@@ -14,11 +14,15 @@ import re
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from test_swarm_node import SMALL, Node, listen, nodes  # noqa: F401  (the fixture)
+
+from diloco.cli import main
 
 pytestmark = pytest.mark.swarm
 
@@ -30,6 +34,13 @@ def diloco(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[st
     """One short-lived command (a join that is refused, status, keygen)."""
     command = [sys.executable, "-m", "diloco", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+
+
+def diloco_each(*commands: list[str]) -> list[subprocess.CompletedProcess[str]]:
+    """Several short-lived commands at once: each starts an interpreter and a daemon, which
+    takes seconds; run one after another, they outlast a short run."""
+    with ThreadPoolExecutor(len(commands)) as pool:
+        return list(pool.map(lambda args: diloco(*args), commands))
 
 
 def hostile(log: Path, *args: str) -> subprocess.Popen[str]:
@@ -72,7 +83,7 @@ def peer_of(node: Node) -> str:
 def test_joiner_follows_the_peer_it_was_given_not_a_same_name_run(nodes, tmp_path) -> None:  # noqa: F811
     tripwire = tmp_path / "victims-data"
     os.mkfifo(tripwire)  # opening it to read would block the reader for good
-    a = nodes("a", ["start", "--name", "h", "--steps", "600", *SMALL, *listen(2)])
+    a = nodes("a", ["start", "--name", "h", "--steps", "300", *SMALL, *listen(2)])
     address = a.address()
     log = tmp_path / "hostile.log"
     attacker = hostile(log, "hijack", address, "/ip4/127.0.0.9/tcp/0", str(tripwire))
@@ -82,26 +93,27 @@ def test_joiner_follows_the_peer_it_was_given_not_a_same_name_run(nodes, tmp_pat
         hostile_address = next(x for x in log.read_text().split() if x.startswith("/ip4/127.0.0.9"))
         assert report["own_published"] and own_run.startswith("h-") and own_run != honest_run
 
-        b = nodes("b", ["join", "--initial-peers", address, *SMALL, *listen(3)])
-
+        # while a trains alone (rounds fail after their window: it outlives these commands)
+        status, both, pinned, lured = diloco_each(
+            ["status", "--initial-peers", address],
+            ["join", "--initial-peers", f"{address} {hostile_address}", *listen(5)],
+            ["join", "--initial-peers", hostile_address, "--run-id", honest_run, *listen(7)],
+            ["join", "--initial-peers", hostile_address, *listen(6)],
+        )
         # `status` shows both runs named h apart, with their creators; no forgery is listed
-        status = diloco("status", "--initial-peers", address)
         assert status.returncode == 0, status.stderr
         assert f"run {honest_run}: creator {peer_of(a)}, " in status.stdout
         assert f"run {own_run}: creator {report['peer_id']}, " in status.stdout
         assert report["forged_run"] not in status.stdout
         # given both addresses, a joiner refuses to choose; --run-id pins; the hostile
         # run itself cannot be joined (its configuration names a path) and nothing is read
-        both = diloco("join", "--initial-peers", f"{address} {hostile_address}", *listen(5))
         assert both.returncode == 1 and "train different runs" in both.stderr, both.stderr
-        pinned = diloco(
-            "join", "--initial-peers", hostile_address, "--run-id", honest_run, *listen(7)
-        )
         assert pinned.returncode == 1, pinned.stderr
         assert f"no initial peer trains run {honest_run}" in pinned.stderr
         assert "the swarm lists these runs named h" in pinned.stderr
-        lured = diloco("join", "--initial-peers", hostile_address, *listen(6))
         assert lured.returncode == 1 and "unknown keys ['data']" in lured.stderr, lured.stderr
+
+        b = nodes("b", ["join", "--initial-peers", address, *SMALL, *listen(3)])
 
         for node in (a, b):
             assert node.process.wait(300) == 0, node.output()
@@ -109,15 +121,15 @@ def test_joiner_follows_the_peer_it_was_given_not_a_same_name_run(nodes, tmp_pat
         stop(attacker)
     assert f"run {honest_run}, peer " in b.output()
     assert b.summary()["run_id"] == a.summary()["run_id"] == honest_run
-    assert b.summary()["step"] == 600 and next(r for r in b.records() if r["event"] == "joined")
+    assert b.summary()["step"] == 300 and next(r for r in b.records() if r["event"] == "joined")
     assert a.summary()["outer_sha256"] == b.summary()["outer_sha256"]
     assert str(tripwire) not in b.output()
 
 
 def test_closed_swarm_trains_members_and_gives_outsiders_nothing(nodes, tmp_path) -> None:  # noqa: F811
     key, other = tmp_path / "swarm.key", tmp_path / "other.key"
-    for path in (key, other):
-        assert diloco("keygen", "--swarm-key", str(path)).returncode == 0
+    for path in (key, other):  # in this process: a new interpreter would take seconds
+        assert CliRunner().invoke(main, ["keygen", "--swarm-key", str(path)]).exit_code == 0
     closed = ["--steps", "300", "--swarm-key", str(key), *SMALL]
     a = nodes("a", ["-v", "start", "--name", "c", *closed, *listen(2)])
     address = a.address()
@@ -130,12 +142,12 @@ def test_closed_swarm_trains_members_and_gives_outsiders_nothing(nodes, tmp_path
         hostile(logs[1], "outsider", address, "/ip4/127.0.0.9/tcp/0", str(other)),
     ]
     try:
-        no_key = diloco("join", "--initial-peers", address, *listen(5))
+        no_key, wrong_key = diloco_each(
+            ["join", "--initial-peers", address, *listen(5)],
+            ["join", "--initial-peers", address, "--swarm-key", str(other), *listen(6)],
+        )
         assert no_key.returncode == 1, no_key.stderr
         assert "is a closed swarm" in no_key.stderr and "--swarm-key FILE" in no_key.stderr
-        wrong_key = diloco(
-            "join", "--initial-peers", address, "--swarm-key", str(other), *listen(6)
-        )
         assert wrong_key.returncode == 1 and "is not the key of run" in wrong_key.stderr
         reports = [report_of(p, log) for p, log in zip(outsiders, logs, strict=True)]
         for node in (a, b):
