@@ -121,6 +121,8 @@ class AppliedRound:
     blocked_seconds: float = 0.0
     outer_sha256: str = ""
     error: str = ""
+    weight: float = 0.0
+    """This replica's own weight in the round (its tokens, SPEC 2.4 step 3)."""
 
 
 @dataclass
@@ -309,6 +311,7 @@ class FragmentSync:
             matchmaking_seconds=result.matchmaking_seconds,
             blocked_seconds=blocked,
             outer_sha256=self.hashes[p],
+            weight=pending.weight,
         )
 
     def _merge(self, p: int) -> None:

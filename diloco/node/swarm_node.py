@@ -38,6 +38,7 @@ from diloco.codecs import get_codec
 from diloco.node.config import NodeOptions, RoundOptions, RunConfig, return_codec_for
 from diloco.node.healing import SETTLE_TIMEOUT, Healer
 from diloco.node.outer import AppliedRound
+from diloco.node.pace import swarm_pace
 from diloco.node.recent_metrics import RecentMetrics
 from diloco.node.traffic import data_parallel_bytes
 from diloco.node.trainer import NodeTrainer
@@ -197,6 +198,7 @@ class SwarmNode:
             ),
             throughput=tokens_per_s,
             software_version=__version__,
+            step_seconds=self.trainer.pacer.full_seconds,
         )
 
     def _vouch(self, applied: AppliedRound) -> None:
@@ -229,8 +231,13 @@ class SwarmNode:
             self.vouches_stored.update({v[0].fragment: (v, now) for v in due})
         self.swarm.publish_record(record, ttl=RECORD_TTL)
         self.swarm.call(publish_run_config(self.swarm.dht, self.signed, RECORD_TTL))
-        alive = len(self.swarm.read_records())
-        self.reducer.matchmaker.target_group_size = max(self.rounds.min_group_size, alive)
+        records = self.swarm.read_records()
+        self.reducer.matchmaker.target_group_size = max(self.rounds.min_group_size, len(records))
+        if self.options.pace == "adaptive":
+            # Our own figure as we know it now, whatever the DHT returned for us.
+            figures = {r.peer_id: r.step_seconds for r in records}
+            figures[record.peer_id] = record.step_seconds
+            self.trainer.swarm_pace = swarm_pace(f for f in figures.values() if f is not None)
         metrics = self.recent.record()  # for dashboards: last, it decides nothing
         self.swarm.call(publish_metrics(self.swarm.dht, self.run_id, metrics, RECORD_TTL))
 
@@ -297,6 +304,7 @@ class SwarmNode:
             "seconds": applied.seconds,
             "matchmaking_seconds": applied.matchmaking_seconds,
             "blocked_seconds": applied.blocked_seconds,
+            "weight": applied.weight,
             "outer_sha256": applied.outer_sha256,
         }
 
@@ -322,11 +330,12 @@ class SwarmNode:
                 "tokens_per_step": tokens_per_step,
             }
         )
-        start, start_step = time.perf_counter(), t.step
+        start, start_rows = time.perf_counter(), t.rows_trained
         losses: list[float] = []
         while t.step < self.run.steps and not self.stop_event.is_set():
             step_start = time.perf_counter()
             compute_before = t.compute_seconds
+            rows = t.pacer.rows
             loss, applied = t.train_step()
             losses.append(loss)
             self._emit(
@@ -334,6 +343,7 @@ class SwarmNode:
                     "event": "step",
                     "step": t.step,
                     "loss": loss,
+                    "rows": rows,
                     "step_seconds": t.compute_seconds - compute_before,
                     "wall_seconds": time.perf_counter() - step_start,
                 }
@@ -348,7 +358,8 @@ class SwarmNode:
                     self.snapshot = OuterState(t.step, self.snapshot.fragments)
             self.healer.maybe_heal([r.key for r in applied if not r.ok])
             elapsed = time.perf_counter() - start
-            tokens_per_s = (t.step - start_step) * tokens_per_step / max(elapsed, 1e-9)
+            tokens = (t.rows_trained - start_rows) * self.run.seq_len
+            tokens_per_s = tokens / max(elapsed, 1e-9)
             if t.step % self.options.log_every == 0 or t.step == self.run.steps:
                 self._progress(losses, tokens_per_s)
                 losses = []
@@ -384,6 +395,8 @@ class SwarmNode:
                 "mb_sent": t.bytes_sent / 1e6,
                 "mb_received": t.bytes_received / 1e6,
                 "peers_last_round": t.last_round_members,
+                "rows": t.pacer.rows,
+                "pace_seconds": t.swarm_pace,
             }
         )
 
@@ -405,6 +418,10 @@ class SwarmNode:
             "eval_loss": t.evaluate(outer=True),
             "eval_loss_local": t.evaluate(outer=False),
             "cu": t.compute_utilisation,
+            "compute_seconds": t.compute_seconds,
+            "blocked_seconds": t.blocked_seconds,
+            "rows_trained": t.rows_trained,
+            "tokens_trained": t.rows_trained * self.run.seq_len,
             "bytes_sent": t.bytes_sent,
             "bytes_received": t.bytes_received,
             "dp_bytes_estimate": dp.bytes_sent,
