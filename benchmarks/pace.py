@@ -53,7 +53,9 @@ def wait_address(log: Path, timeout: float) -> str:
     raise RuntimeError(f"no address in {log}")
 
 
-def run_swarm(folder: Path, steps: int, pace: str, timeout: float) -> list[list[dict[str, Any]]]:
+def run_swarm(
+    folder: Path, steps: int, pace: str, tau: int, timeout: float
+) -> list[list[dict[str, Any]]]:
     """One swarm of three nodes of this tree; each node's metrics records."""
     here = Path(__file__).resolve().parent.parent
     env = {**os.environ, "PYTHONPATH": str(here), "PYTHONUNBUFFERED": "1"}
@@ -62,7 +64,7 @@ def run_swarm(folder: Path, steps: int, pace: str, timeout: float) -> list[list[
     try:
         for i, name in enumerate("abc"):
             role = (
-                ["start", "--name", "pace", "--steps", str(steps), "--H", str(H)]
+                ["start", "--name", "pace", "--steps", str(steps), "--H", str(H), "--tau", str(tau)]
                 if i == 0
                 else ["join", "--initial-peers", address]
             )
@@ -161,6 +163,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--modes", default="adaptive,fixed")
+    parser.add_argument("--tau", type=int, default=1, help="the run's tau (every node's)")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--reanalyse", action="store_true", help="recompute --out's tables")
@@ -175,9 +178,10 @@ def main() -> None:
         for repeat in range(args.repeats):
             for mode in args.modes.split(","):
                 folder = Path(tempfile.mkdtemp(prefix=f"diloco-pace-{mode}-{repeat}-"))
-                found = run_swarm(folder, args.steps, mode, args.timeout)
+                found = run_swarm(folder, args.steps, mode, args.tau, args.timeout)
                 nodes = [node_figures(r, args.steps) for r in found]
-                rows.append({"mode": mode, "repeat": repeat, "folder": str(folder), "nodes": nodes})
+                row = {"mode": mode, "tau": args.tau, "repeat": repeat, "folder": str(folder)}
+                rows.append(row | {"nodes": nodes})
                 print(mode, repeat, table(rows[-1:]), flush=True)
     for row in rows:  # node a's eval loss at the end of the same repeat's shortest run
         wall = min(r["nodes"][0]["step_wall_s"] for r in rows if r["repeat"] == row["repeat"])
@@ -191,20 +195,23 @@ def main() -> None:
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| pace | rep | CU a / b / c whole run | CU a / b / c all 3 present | c rows (median) "
-        "| c tokens in rounds / trained | rounds with 3 (a) | failed a/b/c | matchmaking / "
-        "round s (a, median) | eval a at equal wall | final eval a (wall s) |",
+        "| c tokens in rounds / trained | rounds with 3 (a) | failed a/b/c | matchmaking a / b "
+        "/ c, round a (s, median) | eval a at equal wall | final eval a (wall s) |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         a, b, c = r["nodes"]
         lines.append(
-            f"| {r['mode']} | {r['repeat']} | {a['cu']:.0%} / {b['cu']:.0%} / {c['cu']:.0%} | "
+            f"| {r['mode']} (tau {r.get('tau', 1)}) | {r['repeat']} | "
+            f"{a['cu']:.0%} / {b['cu']:.0%} / {c['cu']:.0%} | "
             f"{_pct(a['cu_together'])} / {_pct(b['cu_together'])} / {_pct(c['cu_together'])} | "
             f"{_num(c['rows_median_together'], '.0f')} | "
             f"{c['tokens_in_applied_rounds']:.0f} / {c['tokens_trained']} | "
             f"{a['rounds_with_3']}/{a['rounds_applied']} | "
             f"{a['failed_rounds']}/{b['failed_rounds']}/{c['failed_rounds']} | "
             f"{_num(a['matchmaking_median_together'], '.2f')} / "
+            f"{_num(b['matchmaking_median_together'], '.2f')} / "
+            f"{_num(c['matchmaking_median_together'], '.2f')}, "
             f"{_num(a['round_seconds_median_together'], '.2f')} | "
             f"{_num(r.get('eval_loss_at_equal_wall'), '.4f')} (at "
             f"{r.get('equal_wall_s', 0):.0f} s) | {a['eval_loss']:.4f} ({a['step_wall_s']:.0f}) |"
