@@ -135,11 +135,9 @@ class NodeTrainer:
             precision=compute.precision,
             micro_batch_size=compute.micro_batch_size,
         )
-        seconds = time.perf_counter() - start
         if self.options.slow_down > 1:
-            time.sleep((self.options.slow_down - 1) * seconds)
-            seconds *= self.options.slow_down
-        self._pace(seconds)
+            time.sleep((self.options.slow_down - 1) * (time.perf_counter() - start))
+        self._pace(time.perf_counter() - start)  # the sleep's overshoot on a busy CPU too
         self.rows_trained += rows
         self.sync.record_tokens(rows * self.run.seq_len)
         self.sync.send_due(self.step, lambda key, c: self.reducer.reduce(key, [c]))
