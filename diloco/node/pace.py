@@ -20,7 +20,7 @@ Pure: no clock, no I/O; the trainer feeds it measured seconds.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -74,6 +74,8 @@ class PaceController:
     measured: int = field(init=False, default=0)
     """Steps measured at the current ``rows``."""
 
+    pace: float | None = field(init=False, default=None)
+    """The swarm's pace at the last step, in seconds (None: ``fixed`` mode)."""
     full_seconds: float | None = field(init=False, default=None)
     """Estimated seconds of a full-batch step (published): measured at the full batch, else
     scaled linearly from the current rows (an over-estimate when a step has a fixed cost,
@@ -85,15 +87,20 @@ class PaceController:
             raise ValueError(f"min_rows {self.min_rows} not in [1, {self.batch_size}]")
         self.rows = self.batch_size
 
-    def observe(self, seconds: float, pace: float | None) -> int:
+    def observe(self, seconds: float, peers: Sequence[float] | None) -> int:
         """Count one step of ``seconds`` at the current rows; returns the rows for the next
-        step. ``pace`` None (not known yet, or ``fixed`` mode) means the full batch."""
+        step. ``peers`` are the other live nodes' full-batch step seconds: with this node's
+        own current figure (never a stale published copy: a node that is the median, or
+        alone, is the pace and keeps its full batch) they give ``pace``. None (``fixed``
+        mode) means the full batch."""
         if self.seconds is None:
             self.seconds = seconds
         else:
             self.seconds += SMOOTHING * (seconds - self.seconds)
         self.measured += 1
         self.full_seconds = self.seconds * self.batch_size / self.rows
+        pace = None if peers is None else swarm_pace([*peers, self.full_seconds])
+        self.pace = pace
         if pace is None:
             self._set(self.batch_size)
         elif self.measured >= SETTLE_STEPS:

@@ -38,7 +38,6 @@ from diloco.codecs import get_codec
 from diloco.node.config import NodeOptions, RoundOptions, RunConfig, return_codec_for
 from diloco.node.healing import SETTLE_TIMEOUT, Healer
 from diloco.node.outer import AppliedRound
-from diloco.node.pace import swarm_pace
 from diloco.node.recent_metrics import RecentMetrics
 from diloco.node.traffic import data_parallel_bytes
 from diloco.node.trainer import NodeTrainer
@@ -233,11 +232,12 @@ class SwarmNode:
         self.swarm.call(publish_run_config(self.swarm.dht, self.signed, RECORD_TTL))
         records = self.swarm.read_records()
         self.reducer.matchmaker.target_group_size = max(self.rounds.min_group_size, len(records))
-        if self.options.pace == "adaptive":
-            # Our own figure as we know it now, whatever the DHT returned for us.
-            figures = {r.peer_id: r.step_seconds for r in records}
-            figures[record.peer_id] = record.step_seconds
-            self.trainer.swarm_pace = swarm_pace(f for f in figures.values() if f is not None)
+        # The others' figures; the trainer adds its own as it is at each step (the pace).
+        self.trainer.peer_step_seconds = tuple(
+            r.step_seconds
+            for r in records
+            if r.peer_id != record.peer_id and r.step_seconds is not None
+        )
         metrics = self.recent.record()  # for dashboards: last, it decides nothing
         self.swarm.call(publish_metrics(self.swarm.dht, self.run_id, metrics, RECORD_TTL))
 
@@ -396,7 +396,7 @@ class SwarmNode:
                 "mb_received": t.bytes_received / 1e6,
                 "peers_last_round": t.last_round_members,
                 "rows": t.pacer.rows,
-                "pace_seconds": t.swarm_pace,
+                "pace_seconds": t.pacer.pace,
             }
         )
 

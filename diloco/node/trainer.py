@@ -104,9 +104,9 @@ class NodeTrainer:
         self.last_round_members = 0
         self.pacer = PaceController(options.batch_size)
         """Rows per inner step (``diloco.node.pace``); the full batch in ``fixed`` mode."""
-        self.swarm_pace: float | None = None
-        """The swarm's pace in seconds per step (``pace.swarm_pace``), set by the swarm node
-        from the live records; None: unknown, or ``fixed`` mode."""
+        self.peer_step_seconds: tuple[float, ...] = ()
+        """The other live nodes' published full-batch step seconds, set by the swarm node
+        from their records; with this node's own current figure they give the pace."""
         self.rows_trained = 0
         """Sequences trained by this node's inner steps (tokens: times ``seq_len``)."""
         self.warned_at = -PACE_WARNING_EVERY
@@ -149,8 +149,9 @@ class NodeTrainer:
     def _pace(self, seconds: float) -> None:
         """Rows for the next step from this one's ``seconds``; warn (rate-limited) when even
         the fewest rows leave this node far slower than the swarm."""
-        pace = self.swarm_pace if self.options.pace == "adaptive" else None
-        self.pacer.observe(seconds, pace)
+        adaptive = self.options.pace == "adaptive"
+        self.pacer.observe(seconds, self.peer_step_seconds if adaptive else None)
+        pace = self.pacer.pace
         ratio = self.pacer.slower_than_pace(pace)
         now = time.monotonic()
         if ratio is not None and now - self.warned_at >= PACE_WARNING_EVERY:

@@ -47,9 +47,11 @@ def test_next_rows_keeps_rows_inside_the_tolerance_band() -> None:
 
 
 def _settle(controller: PaceController, seconds: float, pace: float | None) -> int:
+    """``SETTLE_STEPS`` steps of ``seconds`` in a swarm whose two other nodes take ``pace``
+    seconds per full batch (so the lower median is ``pace`` whenever this node is slower)."""
     rows = controller.rows
     for _ in range(SETTLE_STEPS):
-        rows = controller.observe(seconds, pace)
+        rows = controller.observe(seconds, None if pace is None else [pace, pace])
     return rows
 
 
@@ -63,6 +65,15 @@ def test_controller_fast_node_keeps_its_full_batch() -> None:
 def test_controller_without_pace_trains_the_full_batch() -> None:
     controller = PaceController(batch_size=8)
     assert _settle(controller, 3.0, None) == 8
+    assert controller.pace is None
+
+
+def test_controller_alone_or_at_the_median_keeps_its_batch_through_jitter() -> None:
+    alone, median = PaceController(batch_size=8), PaceController(batch_size=8)
+    for seconds in (1.0, 1.0, 1.0, 3.0, 3.0, 0.5, 3.0):
+        assert alone.observe(seconds, []) == 8
+        assert median.observe(seconds, [0.1, 100.0]) == 8  # its own figure is the median
+    assert alone.pace == alone.full_seconds
 
 
 def test_controller_converges_with_a_fixed_cost_per_step() -> None:
@@ -70,7 +81,7 @@ def test_controller_converges_with_a_fixed_cost_per_step() -> None:
     controller = PaceController(batch_size=8)
     rows = []
     for _ in range(4 * SETTLE_STEPS):
-        rows.append(controller.observe(0.6 + 0.3 * controller.rows, 1.0))
+        rows.append(controller.observe(0.6 + 0.3 * controller.rows, [1.0, 1.0]))
     # 3.0 s at 8 rows: floor(8 / 3) = 2; 1.2 s at 2 rows: floor(2 / 1.2) = 1; 0.9 s at 1
     # row is inside the band and stays.
     assert rows == [8, 8, 2, 2, 2, 1] + [1] * (4 * SETTLE_STEPS - 6)
@@ -82,15 +93,16 @@ def test_controller_keeps_its_estimate_until_new_rows_are_measured() -> None:
     _settle(controller, 3.0, 1.0)
     assert controller.rows == 2
     assert controller.full_seconds == 3.0
-    controller.observe(1.2, 1.0)
+    controller.observe(1.2, [1.0, 1.0])
     assert controller.full_seconds == pytest.approx(4.8)  # 1.2 s at 2 rows, times 4
 
 
 def test_controller_waits_for_settle_steps_before_changing() -> None:
     controller = PaceController(batch_size=8)
     for _ in range(SETTLE_STEPS - 1):
-        assert controller.observe(3.0, 1.0) == 8
-    assert controller.observe(3.0, 1.0) == 2
+        assert controller.observe(3.0, [1.0, 1.0]) == 8
+    assert controller.observe(3.0, [1.0, 1.0]) == 2
+    assert controller.pace == 1.0
 
 
 def test_controller_grows_back_when_the_pace_slows() -> None:

@@ -91,7 +91,7 @@ def test_fewer_rows_count_fewer_tokens(corpus, tmp_path) -> None:
     trainer = NodeTrainer(run, node, reducer, "me", corpus)
     # As if the swarm's pace had brought the node down to one sequence per step.
     trainer.pacer.rows = 1
-    trainer.swarm_pace = 1e-9
+    trainer.peer_step_seconds = (1e-9, 1e-9)
     seen: list[int] = []
     original = trainer.model.forward
 
