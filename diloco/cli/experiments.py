@@ -164,6 +164,13 @@ def _parse_taus(value: str) -> list[int]:
     help="Overlap tau in steps: one value, or one per replica (e.g. 1,1,3,5).",
 )
 @click.option(
+    "--replica-speeds",
+    default=None,
+    help="Relative speed of each replica's device, e.g. 1,1,0.33: a slower one trains "
+    "fewer sequences per step to keep the pace (the lower median), as --pace adaptive "
+    "does in a swarm [default: all alike].",
+)
+@click.option(
     "--metrics-out",
     type=click.Path(dir_okay=False),
     default=None,
@@ -175,7 +182,13 @@ def _parse_taus(value: str) -> list[int]:
     default=None,
     help="At the end, write the outer weights as a transformers folder.",
 )
-def local(tau: str, metrics_out: str | None, export_hf: str | None, **values: Any) -> None:
+def local(
+    tau: str,
+    replica_speeds: str | None,
+    metrics_out: str | None,
+    export_hf: str | None,
+    **values: Any,
+) -> None:
     """Train M replicas in one process (experiments), e.g. `diloco-node local --replicas 4`.
 
     The defaults are settings where averaging clearly pays off on a 2-core CPU in minutes
@@ -185,7 +198,9 @@ def local(tau: str, metrics_out: str | None, export_hf: str | None, **values: An
 
     taus = _parse_taus(tau)
     try:
-        base = {"taus": taus, "outer": {"fragment_sync_delay": taus[0]}}
+        base: dict[str, Any] = {"taus": taus, "outer": {"fragment_sync_delay": taus[0]}}
+        if replica_speeds is not None:
+            base["replica_speeds"] = [float(v) for v in replica_speeds.split(",")]
         config = LOCAL_FLAGS.build(values, base)
         trainer = LocalTrainer(config)
     except (DilocoError, ValueError) as error:

@@ -37,7 +37,7 @@ def flag_options(*tables: Flags[Any]) -> Callable[[F], F]:
                 name = flag.name
                 if kwargs.get("is_flag") and kwargs["default"] is True:  # on by default
                     name = f"{name}/--no-{name[2:]}"
-                f = click.option(name, flag.dest, help=flag.help, **kwargs)(f)
+                f = click.option(name, flag.dest, help=flag.help, hidden=flag.hidden, **kwargs)(f)
         return f
 
     return decorate

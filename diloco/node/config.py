@@ -38,6 +38,7 @@ from diloco.node.fragments import EmbeddingPlacement, Pattern
 from diloco.node.inner import InnerConfig
 from diloco.node.model import PRESETS, ModelConfig, preset
 from diloco.node.outer import OuterConfig, OuterDevice, round_token_cap
+from diloco.node.pace import PaceMode
 from diloco.protocol.aggregation import CLIP_FACTOR, check_clip_factor
 from diloco.protocol.run_id import RUN_NAME_PATTERN
 
@@ -238,6 +239,14 @@ class NodeOptions:
     tau: int | None = None
     """tau: this node's steps between sending a fragment and applying its round (SPEC 2.4);
     None takes the run's ``outer.fragment_sync_delay``."""
+    pace: PaceMode = "adaptive"
+    """``adaptive``: when this node is slower per step than the swarm's pace (the lower
+    median of the nodes' full-batch step seconds), it trains fewer sequences per inner step
+    so the others do not wait for it (``diloco.node.pace``; SPEC 4.2); ``fixed``: always the
+    full ``batch_size`` (the swarm then moves at its slowest node's pace)."""
+    slow_down: float = 1.0
+    """Every inner step takes this many times its compute (it sleeps the rest): tests and
+    benchmarks make a node slower on purpose, by a factor that holds whatever the load."""
     device: str = "cpu"
     """torch device, e.g. ``cuda:0``."""
     threads: int = 0
@@ -274,6 +283,8 @@ class NodeOptions:
             )
         if self.tau is not None:
             _at_least("tau", self.tau, 0, "steps")
+        if not (math.isfinite(self.slow_down) and self.slow_down >= 1):
+            raise ConfigError(f"slow_down must be a factor >= 1, got {self.slow_down}")
         _at_least("threads", self.threads, 0, "(0: torch's default)")
         _at_least("checkpoint_every", self.checkpoint_every, 0, "steps (0: only on exit)")
         _at_least("log_every", self.log_every, 1, "steps")

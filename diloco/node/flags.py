@@ -43,6 +43,8 @@ class Flag:
     help: str
     kind: Literal["file", "dir", "existing"] | None = None
     """A path: not a folder, not a file, or one that must exist."""
+    hidden: bool = False
+    """Left out of ``--help`` (flags for tests and benchmarks)."""
 
     @property
     def dest(self) -> str:
@@ -164,6 +166,19 @@ NODE_FLAGS = Flags(
     (
         Flag("--tau", ("tau",), "This node's overlap tau in steps [default: the run's tau]."),
         Flag("--batch-size", ("batch_size",), "Sequences per inner step."),
+        Flag(
+            "--pace",
+            ("pace",),
+            "adaptive: when slower per step than the swarm's pace (the lower median of the "
+            "nodes' full-batch step times), train fewer sequences per step so the others do "
+            "not wait; fixed: always the full --batch-size.",
+        ),
+        Flag(
+            "--slow-down",
+            ("slow_down",),
+            "Every inner step takes this many times its compute, e.g. 3 (tests: a slow node).",
+            hidden=True,
+        ),
         Flag("--device", ("device",), "torch device, e.g. cuda:0."),
         Flag(
             "--threads",

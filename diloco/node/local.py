@@ -23,16 +23,15 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from diloco.codecs import get_codec
-from diloco.errors import ConfigError
-from diloco.node.compute import ComputeOptions, autocast, compile_model
-from diloco.node.config import ReturnCodec, check_corpus_fits, resolve_vocab, return_codec_for
+from diloco.node.compute import autocast, compile_model
+from diloco.node.config import check_corpus_fits, resolve_vocab, return_codec_for
 from diloco.node.data import (
     BatchSampler,
     Corpus,
@@ -42,118 +41,23 @@ from diloco.node.data import (
     tokenizer_file,
 )
 from diloco.node.fragments import (
-    EmbeddingPlacement,
-    Pattern,
     model_fragments,
     next_synced_fragment,
     train_only,
 )
 from diloco.node.hf_export import export_hf
-from diloco.node.inner import InnerConfig, build_inner_optimizer, inner_step, lr_at, set_lr
+from diloco.node.inner import build_inner_optimizer, inner_step, lr_at, set_lr
+from diloco.node.local_config import LocalConfig as LocalConfig
+from diloco.node.local_config import Method as Method
 from diloco.node.model import Transformer, preset
 from diloco.node.outer import (
     AppliedRound,
     FragmentSync,
-    OuterConfig,
-    check_tau,
     round_token_cap,
 )
-from diloco.protocol.aggregation import CLIP_FACTOR, check_clip_factor
 from diloco.protocol.reducer import Contribution, InProcessReducer, RoundKey
 
 logger = logging.getLogger(__name__)
-
-Method = Literal["dp", "diloco", "streaming"]
-
-
-@dataclass(kw_only=True, slots=True)
-class LocalConfig:
-    """One in-process experiment."""
-
-    method: Method = "streaming"
-    replicas: int = 2
-    """M: number of replicas (workers)."""
-    preset: str = "tiny"
-    steps: int = 600
-    """T: inner steps per replica."""
-    batch_size: int = 8
-    """Sequences per replica per inner step."""
-    seq_len: int = 64
-    """Tokens per sequence."""
-    fragment_size: int = 1
-    """Transformer blocks per fragment (SPEC 2.2)."""
-    pattern: Pattern = "strided"
-    embedding_fragment: EmbeddingPlacement = "own"
-    taus: list[int] = field(default_factory=lambda: [1])
-    """tau per replica; one value applies to all."""
-    codec: str | None = None
-    """Outer-gradient codec; None picks e3m0 for streaming and none for diloco."""
-    rounding: Literal["nearest", "stochastic"] = "nearest"
-    return_codec: ReturnCodec | None = None
-    """Codec of the averaged outer gradient (``RunConfig.return_codec``); None: ``codec``'s."""
-    keep: float | None = None
-    """Keep fraction q of the value-dropping codecs (drop, topk); None is the codec's default."""
-    freeze_unsynced: bool = False
-    """FedPart-style: train only the fragment that is synchronised next, freeze the others."""
-    outer: OuterConfig = field(default_factory=OuterConfig)
-    inner: InnerConfig = field(default_factory=InnerConfig)
-    eval_every: int = 0
-    """Evaluate every this many steps (0: only at the end)."""
-    eval_batches: int = 8
-    log_every: int = 25
-    seed: int = 0
-    data: str | None = None
-    """Corpus path (see ``diloco.node.data``); None is the embedded corpus."""
-    max_round_tokens: int | None = None
-    """Cap on a replica's weight in one round, in tokens (``RunConfig.max_round_tokens``)."""
-    clip_factor: float = CLIP_FACTOR
-    """C of the norm clipping of outer gradients (``RunConfig.clip_factor``; 0: off)."""
-    vocab_size: int | None = None
-    """Model vocabulary; None: the preset's, raised to the corpus's if it needs more."""
-    compute: ComputeOptions = field(default_factory=ComputeOptions)
-    """How every replica computes its inner steps (precision, micro-batches, compile)."""
-
-    def __post_init__(self) -> None:
-        if self.method not in ("dp", "diloco", "streaming"):
-            raise ConfigError(f"unknown method {self.method!r}; use dp, diloco or streaming")
-        if self.replicas < 1 or self.steps < 1 or self.batch_size < 1 or self.seq_len < 2:
-            raise ConfigError("need replicas >= 1, steps >= 1, batch_size >= 1, seq_len >= 2")
-        if len(self.taus) not in (1, self.replicas):
-            raise ConfigError(
-                f"give one tau or one per replica ({self.replicas}), got {len(self.taus)}"
-            )
-        if self.freeze_unsynced and self.method == "dp":
-            raise ConfigError("--freeze-unsynced needs fragments; use diloco or streaming")
-        if self.compute.micro_batch_size and self.method == "dp":
-            raise ConfigError("--micro-batch-size needs an inner step; use diloco or streaming")
-        if self.compute.micro_batch_size > self.batch_size:
-            raise ConfigError(
-                f"micro_batch_size {self.compute.micro_batch_size} exceeds batch_size "
-                f"{self.batch_size}; lower --micro-batch-size (0: the whole batch)"
-            )
-        if self.vocab_size is not None and self.vocab_size < 2:
-            raise ConfigError(f"vocab_size must be >= 2 tokens, got {self.vocab_size}")
-        if self.method == "diloco":
-            self.fragment_size = 10**6
-            self.embedding_fragment = "first"
-            self.taus = [0]
-        for tau in self.taus:
-            check_tau(tau, self.outer.sync_every)
-        if self.max_round_tokens is not None and self.max_round_tokens < 1:
-            raise ConfigError(f"max_round_tokens must be >= 1, got {self.max_round_tokens}")
-        try:
-            check_clip_factor(self.clip_factor)
-        except ValueError as error:
-            raise ConfigError(str(error)) from error
-
-    def tau_of(self, replica: int) -> int:
-        return self.taus[replica] if len(self.taus) > 1 else self.taus[0]
-
-    @property
-    def codec_name(self) -> str:
-        if self.codec is not None:
-            return self.codec
-        return "none" if self.method == "diloco" else "e3m0"
 
 
 @dataclass
@@ -162,6 +66,8 @@ class Replica:
     optimizer: torch.optim.Optimizer
     sampler: BatchSampler
     sync: FragmentSync | None
+    rows: int
+    """Sequences trained per inner step (``LocalConfig.replica_rows``)."""
 
 
 ProgressCallback = Callable[[dict[str, Any]], None]
@@ -234,7 +140,7 @@ class LocalTrainer:
                 model, model.blocks, c.fragment_size, c.pattern, c.embedding_fragment
             )
             sync = FragmentSync(fragments, c.outer, member=f"replica{m}", tau=c.tau_of(m))
-        return Replica(model, optimizer, self._sampler(m), sync)
+        return Replica(model, optimizer, self._sampler(m), sync, c.replica_rows()[m])
 
     @property
     def num_fragments(self) -> int:
@@ -247,7 +153,9 @@ class LocalTrainer:
         c = self.config
         sink = metrics_out.open("w") if metrics_out else None
         start = time.perf_counter()
-        tokens_per_step = c.batch_size * c.seq_len * c.replicas
+        tokens_per_step = c.seq_len * (
+            c.batch_size * c.replicas if c.method == "dp" else sum(c.replica_rows())
+        )
         try:
             for step in range(1, c.steps + 1):
                 lr = lr_at(step, c.steps, c.inner)
@@ -282,7 +190,8 @@ class LocalTrainer:
             on_progress(record)
 
     def _inner_step(self, replica: Replica, lr: float) -> float:
-        batch = replica.sampler.next_batch()
+        inputs, targets = replica.sampler.next_batch()  # (B, T) each
+        batch = (inputs[: replica.rows], targets[: replica.rows])
         compute = self.config.compute
         return inner_step(
             replica.model,
@@ -306,7 +215,7 @@ class LocalTrainer:
                 )
             losses.append(self._inner_step(replica, lr))
             assert replica.sync is not None
-            replica.sync.record_tokens(c.batch_size * c.seq_len)
+            replica.sync.record_tokens(replica.rows * c.seq_len)
         rounds: dict[RoundKey, list[Contribution]] = defaultdict(list)
         for replica in self.replicas:
             assert replica.sync is not None
@@ -481,6 +390,7 @@ class LocalTrainer:
             "outer_states_identical": self.outer_states_identical(),
             "outer_grad_cosine": self.cosine_log,
             "tokens": tokens,
+            "replica_rows": [r.rows for r in self.replicas],
             "wall_s": wall_s,
             "config": json.loads(json.dumps(asdict(c), default=str)),
         }

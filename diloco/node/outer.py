@@ -116,6 +116,8 @@ class AppliedRound:
     prior_sha256: str = ""
     """Hash of the fragment's outer state the round started from (its members share it)."""
     error: str = ""
+    weight: float = 0.0
+    """This replica's own weight in the round (its tokens, SPEC 2.4 step 3)."""
 
 
 @dataclass
@@ -312,6 +314,7 @@ class FragmentSync:
             blocked_seconds=blocked,
             outer_sha256=self.hashes[p],
             prior_sha256=prior,
+            weight=pending.weight,
         )
 
     def _merge(self, p: int) -> None:

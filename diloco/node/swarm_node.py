@@ -200,6 +200,7 @@ class SwarmNode:
             ),
             throughput=tokens_per_s,
             software_version=__version__,
+            step_seconds=self.trainer.pacer.full_seconds,
         )
 
     def _vouch(self, applied: AppliedRound) -> None:
@@ -232,8 +233,14 @@ class SwarmNode:
             self.vouches_stored.update({v[0].fragment: (v, now) for v in due})
         self.swarm.publish_record(record, ttl=RECORD_TTL)
         self.swarm.call(publish_run_config(self.swarm.dht, self.signed, RECORD_TTL))
-        alive = len(self.swarm.read_records())
-        self.reducer.matchmaker.target_group_size = max(self.rounds.min_group_size, alive)
+        records = self.swarm.read_records()
+        self.reducer.matchmaker.target_group_size = max(self.rounds.min_group_size, len(records))
+        # The others' figures; the trainer adds its own as it is at each step (the pace).
+        self.trainer.peer_step_seconds = tuple(
+            r.step_seconds
+            for r in records
+            if r.peer_id != record.peer_id and r.step_seconds is not None
+        )
         metrics = self.recent.record()  # for dashboards: last, it decides nothing
         self.swarm.call(publish_metrics(self.swarm.dht, self.run_id, metrics, RECORD_TTL))
 
@@ -300,6 +307,7 @@ class SwarmNode:
             "seconds": applied.seconds,
             "matchmaking_seconds": applied.matchmaking_seconds,
             "blocked_seconds": applied.blocked_seconds,
+            "weight": applied.weight,
             "outer_sha256": applied.outer_sha256,
             "prior_sha256": applied.prior_sha256,
         }
@@ -326,11 +334,12 @@ class SwarmNode:
                 "tokens_per_step": tokens_per_step,
             }
         )
-        start, start_step = time.perf_counter(), t.step
+        start, start_rows = time.perf_counter(), t.rows_trained
         losses: list[float] = []
         while t.step < self.run.steps and not self.stop_event.is_set():
             step_start = time.perf_counter()
             compute_before = t.compute_seconds
+            rows = t.pacer.rows
             loss, applied = t.train_step()
             losses.append(loss)
             self._emit(
@@ -338,6 +347,7 @@ class SwarmNode:
                     "event": "step",
                     "step": t.step,
                     "loss": loss,
+                    "rows": rows,
                     "step_seconds": t.compute_seconds - compute_before,
                     "wall_seconds": time.perf_counter() - step_start,
                 }
@@ -352,7 +362,8 @@ class SwarmNode:
                     self.snapshot = OuterState(t.step, self.snapshot.fragments)
             self._heal(applied)
             elapsed = time.perf_counter() - start
-            tokens_per_s = (t.step - start_step) * tokens_per_step / max(elapsed, 1e-9)
+            tokens = (t.rows_trained - start_rows) * self.run.seq_len
+            tokens_per_s = tokens / max(elapsed, 1e-9)
             if t.step % self.options.log_every == 0 or t.step == self.run.steps:
                 self._progress(losses, tokens_per_s)
                 losses = []
@@ -399,6 +410,8 @@ class SwarmNode:
                 "mb_sent": t.bytes_sent / 1e6,
                 "mb_received": t.bytes_received / 1e6,
                 "peers_last_round": t.last_round_members,
+                "rows": t.pacer.rows,
+                "pace_seconds": t.pacer.pace,
             }
         )
 
@@ -420,6 +433,10 @@ class SwarmNode:
             "eval_loss": t.evaluate(outer=True),
             "eval_loss_local": t.evaluate(outer=False),
             "cu": t.compute_utilisation,
+            "compute_seconds": t.compute_seconds,
+            "blocked_seconds": t.blocked_seconds,
+            "rows_trained": t.rows_trained,
+            "tokens_trained": t.rows_trained * self.run.seq_len,
             "bytes_sent": t.bytes_sent,
             "bytes_received": t.bytes_received,
             "dp_bytes_estimate": dp.bytes_sent,

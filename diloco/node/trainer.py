@@ -40,6 +40,7 @@ from diloco.node.hf_export import export_hf
 from diloco.node.inner import build_inner_optimizer, inner_step, lr_at
 from diloco.node.model import Transformer
 from diloco.node.outer import AppliedRound, FragmentSync, check_tau
+from diloco.node.pace import PaceController
 from diloco.protocol.fragment_state import FragmentState
 from diloco.protocol.reducer import Reducer
 
@@ -47,6 +48,8 @@ logger = logging.getLogger(__name__)
 
 
 RoundCallback = Callable[[AppliedRound], None]
+PACE_WARNING_EVERY = 60.0
+"""Seconds between two warnings that this node, at its fewest rows, slows the swarm."""
 
 
 class NodeTrainer:
@@ -99,6 +102,14 @@ class NodeTrainer:
         self.bytes_sent = 0
         self.bytes_received = 0
         self.last_round_members = 0
+        self.pacer = PaceController(options.batch_size)
+        """Rows per inner step (``diloco.node.pace``); the full batch in ``fixed`` mode."""
+        self.peer_step_seconds: tuple[float, ...] = ()
+        """The other live nodes' published full-batch step seconds, set by the swarm node
+        from their records; with this node's own current figure they give the pace."""
+        self.rows_trained = 0
+        """Sequences trained by this node's inner steps (tokens: times ``seq_len``)."""
+        self.warned_at = -PACE_WARNING_EVERY
         self.round_timeout: float | None = None
         """Longest wait for an in-flight round when saving (None: the reducer's own bound)."""
 
@@ -108,8 +119,11 @@ class NodeTrainer:
         """One inner step, then this step's sends and receives (SPEC 2.4)."""
         self.step += 1
         start = time.perf_counter()
-        inputs, targets = self.sampler.next_batch()
-        batch = (inputs.to(self.device), targets.to(self.device))
+        rows = self.pacer.rows
+        # The sampler draws full batches whatever the rows: the data position stays a
+        # function of the step (a resumed run reads what an uninterrupted one would).
+        inputs, targets = self.sampler.next_batch()  # (B, T) each
+        batch = (inputs[:rows].to(self.device), targets[:rows].to(self.device))
         lr = lr_at(self.step, self.run.steps, self.run.inner)
         compute = self.options.compute
         loss = inner_step(
@@ -121,12 +135,35 @@ class NodeTrainer:
             precision=compute.precision,
             micro_batch_size=compute.micro_batch_size,
         )
-        self.sync.record_tokens(self.options.batch_size * self.run.seq_len)
+        if self.options.slow_down > 1:
+            time.sleep((self.options.slow_down - 1) * (time.perf_counter() - start))
+        self._pace(time.perf_counter() - start)  # the sleep's overshoot on a busy CPU too
+        self.rows_trained += rows
+        self.sync.record_tokens(rows * self.run.seq_len)
         self.sync.send_due(self.step, lambda key, c: self.reducer.reduce(key, [c]))
         self.compute_seconds += time.perf_counter() - start
         applied = self.sync.apply_due(self.step)
         self._count(applied)
         return loss, applied
+
+    def _pace(self, seconds: float) -> None:
+        """Rows for the next step from this one's ``seconds``; warn (rate-limited) when even
+        the fewest rows leave this node far slower than the swarm."""
+        adaptive = self.options.pace == "adaptive"
+        self.pacer.observe(seconds, self.peer_step_seconds if adaptive else None)
+        pace = self.pacer.pace
+        ratio = self.pacer.slower_than_pace(pace)
+        now = time.monotonic()
+        if ratio is not None and now - self.warned_at >= PACE_WARNING_EVERY:
+            self.warned_at = now
+            logger.warning(
+                "this node is %.1fx slower per step than the swarm's pace (%.3f s) even at "
+                "%d sequence(s) per step, so the others wait for it at every round: stop it, "
+                "or run it in a swarm with fewer fragments (a larger --fragment-size)",
+                ratio,
+                pace,
+                self.pacer.rows,
+            )
 
     def finish_rounds(self) -> list[AppliedRound]:
         """The run's end: apply the rounds sent in the last tau steps (``FragmentSync.finish``),
@@ -202,6 +239,7 @@ class NodeTrainer:
             "blocked_seconds": self.blocked_seconds,
             "bytes_sent": self.bytes_sent,
             "bytes_received": self.bytes_received,
+            "rows_trained": self.rows_trained,
         }
 
     def save_checkpoint(self) -> Path | None:
@@ -253,6 +291,7 @@ class NodeTrainer:
             self.blocked_seconds = float(state["blocked_seconds"])
             self.bytes_sent = int(state["bytes_sent"])
             self.bytes_received = int(state["bytes_received"])
+            self.rows_trained = int(state.get("rows_trained", 0))
         except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as error:
             raise CheckpointError(path, f"does not fit this node: {error!r:.300}") from error
 

@@ -56,6 +56,9 @@ MAX_ADDRS = 16
 MAX_ADDR_CHARS = 256
 MAX_FRAGMENTS = 4096
 MAX_VERSION_CHARS = 64
+MAX_STEP_SECONDS = 86400.0
+"""Most seconds a record may claim for one full-batch inner step (a day)."""
+_RECORD_KEYS = {"v", "addrs", "step", "frags", "tps", "sw"}
 HASH_PATTERN = re.compile(r"^[0-9a-f]{64}$")
 PEER_ID_PATTERN = re.compile(r"^[1-9A-HJ-NP-Za-km-z]{30,64}$")  # base58 multihash
 MAX_NODE_RECORD_BYTES = 64 * 1024
@@ -87,7 +90,10 @@ class FragmentVersion:
 class NodeRecord:
     """What a node publishes about itself (SPEC 4 "DHT records").
 
-    ``throughput`` is in tokens per second; ``global_step`` counts inner steps.
+    ``throughput`` is in tokens per second; ``global_step`` counts inner steps;
+    ``step_seconds`` is the node's estimate of one inner step with its full batch (None: not
+    measured yet), from which the nodes agree on a pace (``diloco.node.pace``: the lower
+    median, so a liar moves it only between honest figures).
     """
 
     peer_id: str
@@ -96,6 +102,7 @@ class NodeRecord:
     fragments: tuple[FragmentVersion, ...]
     throughput: float
     software_version: str
+    step_seconds: float | None = None
 
     def check(self) -> None:
         """Raise ProtocolError unless every field is in range.
@@ -131,11 +138,22 @@ class NodeRecord:
             and 0 < len(self.software_version) <= MAX_VERSION_CHARS,
             f"software version {self.software_version!r}",
         )
+        seconds = self.step_seconds
+        _require(
+            seconds is None
+            or (
+                isinstance(seconds, float)
+                and math.isfinite(seconds)
+                and 0 < seconds <= MAX_STEP_SECONDS
+            ),
+            f"step seconds {seconds!r}",
+        )
 
     def to_wire(self) -> dict[str, Any]:
-        """The msgpack-able value stored under the node's subkey."""
+        """The msgpack-able value stored under the node's subkey (``sps`` only when the
+        step seconds are known)."""
         self.check()
-        return {
+        wire = {
             "v": RECORD_SCHEMA,
             "addrs": list(self.addrs),
             "step": self.global_step,
@@ -143,6 +161,9 @@ class NodeRecord:
             "tps": self.throughput,
             "sw": self.software_version,
         }
+        if self.step_seconds is not None:
+            wire["sps"] = self.step_seconds
+        return wire
 
     @classmethod
     def from_wire(cls, peer_id: str, value: object) -> NodeRecord:
@@ -153,7 +174,7 @@ class NodeRecord:
         """
         _require(isinstance(value, Mapping), f"record of type {type(value).__name__}")
         assert isinstance(value, Mapping)
-        _require(set(value) == {"v", "addrs", "step", "frags", "tps", "sw"}, "record keys")
+        _require(set(value) - {"sps"} == _RECORD_KEYS, "record keys")
         _require(value["v"] == RECORD_SCHEMA, f"record schema {value['v']!r}")
         addrs, frags = value["addrs"], value["frags"]
         _require(isinstance(addrs, list | tuple), "addrs type")
@@ -169,6 +190,7 @@ class NodeRecord:
             fragments=tuple(fragments),
             throughput=value["tps"],
             software_version=value["sw"],
+            step_seconds=value.get("sps"),
         )
         record.check()
         return record

@@ -108,6 +108,8 @@ def test_start_flags_reach_every_part(started: list[dict[str, Any]], tmp_path: P
         (["--codec", "zip"], "unknown codec 'zip'"),
         (["--listen", "localhost"], "multiaddrs like"),
         (["--round-timeout", "0"], "round_timeout must be > 0"),
+        (["--slow-down", "0.5"], "slow_down must be a factor >= 1"),
+        (["--pace", "lockstep"], "--pace"),
     ],
 )
 @pytest.mark.parametrize("command", ["start", "join"])
@@ -330,3 +332,13 @@ def test_compute_flags_reach_the_node_options(started: list[dict[str, Any]]) -> 
     assert options.outer_device == "device"
     code, output = invoke("start", "--batch-size", "4", "--micro-batch-size", "5")
     assert code == 2 and "micro_batch_size 5 exceeds batch_size 4" in output
+
+
+def test_pace_and_hidden_slow_down_reach_the_node_options(started: list[dict[str, Any]]) -> None:
+    code, output = invoke("start", "--pace", "fixed", "--slow-down", "3")
+    assert code == 0, output
+    options = started[0]["options"]
+    assert (options.pace, options.slow_down) == ("fixed", 3.0)
+    assert NodeOptions().pace == "adaptive"
+    code, output = invoke("start", "--help")
+    assert "--pace" in output and "--slow-down" not in output

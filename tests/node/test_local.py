@@ -358,3 +358,39 @@ def test_local_vocab_size_below_the_corpus_names_the_fix(corpus) -> None:
         LocalTrainer(LocalConfig(vocab_size=100, seq_len=16), corpus)
     with pytest.raises(ConfigError, match="micro_batch_size 3 exceeds batch_size 2"):
         LocalConfig(batch_size=2, compute=ComputeOptions(micro_batch_size=3))
+
+
+def test_replica_speeds_give_a_slow_replica_fewer_rows_and_weight(corpus) -> None:
+    # Full-batch step seconds 1, 1 and 1 / 0.3 = 3.33: the pace (lower median) is 1, so the
+    # third trains floor(8 * 1 / 3.33) = 2 sequences per step.
+    config = small(
+        replicas=3,
+        batch_size=8,
+        steps=6,
+        replica_speeds=[1.0, 1.0, 0.3],
+        outer=OuterConfig(sync_every=6, fragment_sync_delay=0),
+        taus=[0],
+    )
+    trainer = LocalTrainer(config, corpus)
+    weights: list[list[float]] = []
+    reduce = trainer.reducer.reduce
+
+    def remember(key, contributions):  # type: ignore[no-untyped-def]
+        weights.append([c.weight for c in contributions])
+        return reduce(key, contributions)
+
+    trainer.reducer.reduce = remember  # type: ignore[method-assign]
+    summary = trainer.train()
+    assert summary["replica_rows"] == [8, 8, 2]
+    assert summary["tokens"] == 6 * (8 + 8 + 2) * 16
+    # Fragment 0 sends at step 6: six steps of each replica's rows, 16 tokens each.
+    assert weights[0] == [6 * 8 * 16, 6 * 8 * 16, 6 * 2 * 16]
+
+
+def test_replica_speeds_are_checked() -> None:
+    with pytest.raises(ConfigError, match="one speed > 0 per replica"):
+        small(replica_speeds=[1.0])
+    with pytest.raises(ConfigError, match="one speed > 0 per replica"):
+        small(replica_speeds=[1.0, 0.0])
+    with pytest.raises(ConfigError, match="inner steps"):
+        small(method="dp", replica_speeds=[1.0, 0.5])

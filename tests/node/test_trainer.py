@@ -72,6 +72,43 @@ def test_resume_equals_uninterrupted_run(corpus, tmp_path) -> None:
         assert a.sha256() == b.sha256() and a.version == b.version >= 5
 
 
+class WeightsReducer(InProcessReducer):
+    """Remembers the weight of every contribution it is handed."""
+
+    def __init__(self) -> None:
+        super().__init__(get_codec("none"))
+        self.weights: list[float] = []
+
+    def reduce(self, key: RoundKey, contributions: Sequence[Contribution]) -> Future[RoundResult]:
+        self.weights.extend(c.weight for c in contributions)
+        return super().reduce(key, contributions)
+
+
+def test_fewer_rows_count_fewer_tokens(corpus, tmp_path) -> None:
+    reducer = WeightsReducer()
+    run = RunConfig(steps=12, seq_len=16, outer=OuterConfig(sync_every=6, fragment_sync_delay=0))
+    node = NodeOptions(batch_size=4, eval_batches=1, data_seed=0)
+    trainer = NodeTrainer(run, node, reducer, "me", corpus)
+    # As if the swarm's pace had brought the node down to one sequence per step.
+    trainer.pacer.rows = 1
+    trainer.peer_step_seconds = (1e-9, 1e-9)
+    seen: list[int] = []
+    original = trainer.model.forward
+
+    def forward(inputs: torch.Tensor, targets: torch.Tensor | None = None):  # type: ignore[no-untyped-def]
+        seen.append(inputs.size(0))
+        return original(inputs, targets)
+
+    trainer.model.forward = forward  # type: ignore[method-assign]
+    for _ in range(6):
+        trainer.train_step()
+    assert seen == [1] * 6
+    assert trainer.rows_trained == 6
+    # Fragment 0 sends first at step H = 6, weighing steps 1-6: 6 rows x 16 tokens (the
+    # full batch would weigh 4 x 96).
+    assert reducer.weights[0] == 96
+
+
 def test_checkpoint_refuses_other_run(corpus, tmp_path) -> None:
     trainer = make(corpus, tmp_path)
     for _ in range(5):

@@ -55,12 +55,26 @@ def test_record_round_trip() -> None:
         ({"frags": [[0, 1]]}, "fragment entry"),
         ({"addrs": ["a" * 300]}, "addr"),
         ({"sw": ""}, "software"),
+        ({"sps": 0.0}, "step seconds"),
+        ({"sps": -1.0}, "step seconds"),
+        ({"sps": float("inf")}, "step seconds"),
+        ({"sps": 1e6}, "step seconds"),
+        ({"sps": 2}, "step seconds"),
+        ({"sps": "fast"}, "step seconds"),
     ],
 )
 def test_record_invalid_field_rejected(change: dict[str, object], match: str) -> None:
     value = {**_record().to_wire(), **change}
     with pytest.raises(ProtocolError, match=match):
         NodeRecord.from_wire(PEER, value)
+
+
+def test_record_step_seconds_round_trip_and_absent_when_unknown() -> None:
+    record = NodeRecord(PEER, (), 3, (), 1.0, "0.1.0", step_seconds=0.25)
+    assert record.to_wire()["sps"] == 0.25
+    assert NodeRecord.from_wire(PEER, record.to_wire()) == record
+    assert "sps" not in _record().to_wire()
+    assert NodeRecord.from_wire(PEER, _record().to_wire()).step_seconds is None
 
 
 def test_record_non_mapping_and_bad_peer_rejected() -> None:

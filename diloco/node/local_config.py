@@ -1,0 +1,128 @@
+"""What one in-process experiment of ``diloco-node local`` runs (``LocalTrainer``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from diloco.errors import ConfigError
+from diloco.node.compute import ComputeOptions
+from diloco.node.config import ReturnCodec
+from diloco.node.fragments import EmbeddingPlacement, Pattern
+from diloco.node.inner import InnerConfig
+from diloco.node.outer import OuterConfig, check_tau
+from diloco.node.pace import swarm_pace, target_rows
+from diloco.protocol.aggregation import CLIP_FACTOR, check_clip_factor
+
+Method = Literal["dp", "diloco", "streaming"]
+
+
+@dataclass(kw_only=True, slots=True)
+class LocalConfig:
+    """One in-process experiment."""
+
+    method: Method = "streaming"
+    replicas: int = 2
+    """M: number of replicas (workers)."""
+    preset: str = "tiny"
+    steps: int = 600
+    """T: inner steps per replica."""
+    batch_size: int = 8
+    """Sequences per replica per inner step."""
+    seq_len: int = 64
+    """Tokens per sequence."""
+    fragment_size: int = 1
+    """Transformer blocks per fragment (SPEC 2.2)."""
+    pattern: Pattern = "strided"
+    embedding_fragment: EmbeddingPlacement = "own"
+    taus: list[int] = field(default_factory=lambda: [1])
+    """tau per replica; one value applies to all."""
+    codec: str | None = None
+    """Outer-gradient codec; None picks e3m0 for streaming and none for diloco."""
+    rounding: Literal["nearest", "stochastic"] = "nearest"
+    return_codec: ReturnCodec | None = None
+    """Codec of the averaged outer gradient (``RunConfig.return_codec``); None: ``codec``'s."""
+    keep: float | None = None
+    """Keep fraction q of the value-dropping codecs (drop, topk); None is the codec's default."""
+    freeze_unsynced: bool = False
+    """FedPart-style: train only the fragment that is synchronised next, freeze the others."""
+    outer: OuterConfig = field(default_factory=OuterConfig)
+    inner: InnerConfig = field(default_factory=InnerConfig)
+    eval_every: int = 0
+    """Evaluate every this many steps (0: only at the end)."""
+    eval_batches: int = 8
+    log_every: int = 25
+    seed: int = 0
+    data: str | None = None
+    """Corpus path (see ``diloco.node.data``); None is the embedded corpus."""
+    max_round_tokens: int | None = None
+    """Cap on a replica's weight in one round, in tokens (``RunConfig.max_round_tokens``)."""
+    clip_factor: float = CLIP_FACTOR
+    """C of the norm clipping of outer gradients (``RunConfig.clip_factor``; 0: off)."""
+    vocab_size: int | None = None
+    """Model vocabulary; None: the preset's, raised to the corpus's if it needs more."""
+    compute: ComputeOptions = field(default_factory=ComputeOptions)
+    """How every replica computes its inner steps (precision, micro-batches, compile)."""
+    replica_speeds: list[float] | None = None
+    """Speed of each replica's device, relative (e.g. 1,1,0.33: the third takes 3x as long
+    per step); None: all alike. A replica's full-batch step takes ``1 / speed``; the pace is
+    the lower median of those, and each replica trains the rows ``pace.target_rows`` gives
+    it (SPEC 4.2, as a swarm node with ``--pace adaptive`` would), so every replica does
+    every step and a slow one fewer rows, weighted by its tokens."""
+
+    def __post_init__(self) -> None:
+        if self.method not in ("dp", "diloco", "streaming"):
+            raise ConfigError(f"unknown method {self.method!r}; use dp, diloco or streaming")
+        if self.replicas < 1 or self.steps < 1 or self.batch_size < 1 or self.seq_len < 2:
+            raise ConfigError("need replicas >= 1, steps >= 1, batch_size >= 1, seq_len >= 2")
+        if len(self.taus) not in (1, self.replicas):
+            raise ConfigError(
+                f"give one tau or one per replica ({self.replicas}), got {len(self.taus)}"
+            )
+        if self.freeze_unsynced and self.method == "dp":
+            raise ConfigError("--freeze-unsynced needs fragments; use diloco or streaming")
+        if self.compute.micro_batch_size and self.method == "dp":
+            raise ConfigError("--micro-batch-size needs an inner step; use diloco or streaming")
+        if self.compute.micro_batch_size > self.batch_size:
+            raise ConfigError(
+                f"micro_batch_size {self.compute.micro_batch_size} exceeds batch_size "
+                f"{self.batch_size}; lower --micro-batch-size (0: the whole batch)"
+            )
+        if self.vocab_size is not None and self.vocab_size < 2:
+            raise ConfigError(f"vocab_size must be >= 2 tokens, got {self.vocab_size}")
+        if self.method == "diloco":
+            self.fragment_size = 10**6
+            self.embedding_fragment = "first"
+            self.taus = [0]
+        for tau in self.taus:
+            check_tau(tau, self.outer.sync_every)
+        if self.max_round_tokens is not None and self.max_round_tokens < 1:
+            raise ConfigError(f"max_round_tokens must be >= 1, got {self.max_round_tokens}")
+        try:
+            check_clip_factor(self.clip_factor)
+        except ValueError as error:
+            raise ConfigError(str(error)) from error
+        speeds = self.replica_speeds
+        if speeds is not None:
+            if self.method == "dp":
+                raise ConfigError("--replica-speeds needs inner steps; use diloco or streaming")
+            if len(speeds) != self.replicas or not all(0 < v <= 1e6 for v in speeds):
+                raise ConfigError(f"give one speed > 0 per replica ({self.replicas}), got {speeds}")
+
+    def tau_of(self, replica: int) -> int:
+        return self.taus[replica] if len(self.taus) > 1 else self.taus[0]
+
+    def replica_rows(self) -> list[int]:
+        """Sequences each replica trains per inner step (``replica_speeds``)."""
+        if self.replica_speeds is None:
+            return [self.batch_size] * self.replicas
+        full_seconds = [1 / v for v in self.replica_speeds]
+        pace = swarm_pace(full_seconds)
+        assert pace is not None
+        return [target_rows(self.batch_size, pace, s) for s in full_seconds]
+
+    @property
+    def codec_name(self) -> str:
+        if self.codec is not None:
+            return self.codec
+        return "none" if self.method == "diloco" else "e3m0"

@@ -1,0 +1,129 @@
+"""How many sequences (rows) a node trains per inner step to keep the swarm's pace.
+
+SPEC 4.2: nodes run on different hardware, and a fragment round needs its live members, so
+a node slower per step than the others makes them wait at every round. The schedule is
+left alone (every node does every inner step, sends at ``t_p + kH``, applies ``tau`` steps
+later); what adapts is a slow node's batch. Each node publishes the seconds it would take
+for one inner step with its full batch; the swarm's pace is the *lower median* of the live
+nodes' figures (``swarm_pace``), so a minority claiming to be infinitely fast or slow can
+move it only between honest values (SPEC 4.1). A node slower than the pace trains fewer
+rows, about ``batch_size * pace / full_seconds``; its weight in a round's mean is the tokens
+it actually trained, so its data still counts for what it is.
+
+Step time is not linear in rows (a fixed cost per step), so a first guess from the linear
+model misses; ``PaceController`` corrects it from the measured step time with a
+multiplicative update, inside a tolerance band (hysteresis) so the rows do not flap.
+
+Pure: no clock, no I/O; the trainer feeds it measured seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+PaceMode = Literal["adaptive", "fixed"]
+"""``adaptive``: a node slower than the swarm's pace trains fewer rows per inner step;
+``fixed``: every node trains its full batch (the swarm moves at its slowest node's pace)."""
+
+SMOOTHING = 0.3
+"""Weight of the newest measurement in the moving average of step seconds."""
+TOLERANCE = 0.1
+"""Relative band around the pace in which the rows are left as they are (hysteresis)."""
+SETTLE_STEPS = 3
+"""Steps measured at the current rows before they may change again."""
+WARN_RATIO = 1.5
+"""A node at its fewest rows and this many times slower than the pace is told so."""
+
+
+def swarm_pace(step_seconds: Iterable[float]) -> float | None:
+    """The lower median of the live nodes' full-batch step seconds (None: no figures).
+
+    With ``n`` figures it is the ``(n - 1) // 2``-th smallest: a minority of made-up
+    figures, however small or large, leaves it between two honest ones.
+    """
+    ordered = sorted(step_seconds)
+    return ordered[(len(ordered) - 1) // 2] if ordered else None
+
+
+def target_rows(batch_size: int, pace: float, full_seconds: float, min_rows: int = 1) -> int:
+    """Rows that make a node taking ``full_seconds`` per full batch step in ``pace``
+    seconds, if step time were proportional to rows: ``floor(batch_size * pace /
+    full_seconds)`` within ``[min_rows, batch_size]`` (never more than the full batch,
+    which is what fits the node's memory)."""
+    rows = math.floor(batch_size * pace / full_seconds)
+    return max(min_rows, min(batch_size, rows))
+
+
+@dataclass(slots=True)
+class PaceController:
+    """One node's rows per inner step, from its measured step seconds and the swarm's pace.
+
+    ``observe`` takes the seconds of each inner step (compute, and any deliberate
+    slow-down: it models a slower device) at the current ``rows``; ``full_seconds`` is the
+    node's estimate for its full batch, which it publishes.
+    """
+
+    batch_size: int
+    min_rows: int = 1
+    rows: int = field(init=False)
+    seconds: float | None = field(init=False, default=None)
+    """Moving average of the step seconds at the current ``rows``."""
+    measured: int = field(init=False, default=0)
+    """Steps measured at the current ``rows``."""
+
+    pace: float | None = field(init=False, default=None)
+    """The swarm's pace at the last step, in seconds (None: ``fixed`` mode)."""
+    full_seconds: float | None = field(init=False, default=None)
+    """Estimated seconds of a full-batch step (published): measured at the full batch, else
+    scaled linearly from the current rows (an over-estimate when a step has a fixed cost,
+    which only ever places a reduced node further from the median). It survives a change of
+    rows until the new rows are measured."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_rows <= self.batch_size:
+            raise ValueError(f"min_rows {self.min_rows} not in [1, {self.batch_size}]")
+        self.rows = self.batch_size
+
+    def observe(self, seconds: float, peers: Sequence[float] | None) -> int:
+        """Count one step of ``seconds`` at the current rows; returns the rows for the next
+        step. ``peers`` are the other live nodes' full-batch step seconds: with this node's
+        own current figure (never a stale published copy: a node that is the median, or
+        alone, is the pace and keeps its full batch) they give ``pace``. None (``fixed``
+        mode) means the full batch."""
+        if self.seconds is None:
+            self.seconds = seconds
+        else:
+            self.seconds += SMOOTHING * (seconds - self.seconds)
+        self.measured += 1
+        self.full_seconds = self.seconds * self.batch_size / self.rows
+        pace = None if peers is None else swarm_pace([*peers, self.full_seconds])
+        self.pace = pace
+        if pace is None:
+            self._set(self.batch_size)
+        elif self.measured >= SETTLE_STEPS:
+            self._set(next_rows(self.rows, self.seconds, pace, self.batch_size, self.min_rows))
+        return self.rows
+
+    def slower_than_pace(self, pace: float | None) -> float | None:
+        """How many times slower than ``pace`` the node still is at its fewest rows, when
+        that is at least ``WARN_RATIO`` (None otherwise): it holds the swarm back."""
+        if pace is None or self.seconds is None or self.rows > self.min_rows:
+            return None
+        ratio = self.seconds / pace
+        return ratio if ratio >= WARN_RATIO else None
+
+    def _set(self, rows: int) -> None:
+        if rows != self.rows:
+            self.rows, self.seconds, self.measured = rows, None, 0
+
+
+def next_rows(rows: int, seconds: float, pace: float, batch_size: int, min_rows: int = 1) -> int:
+    """The rows after a step of ``seconds`` at ``rows`` against ``pace``: unchanged within
+    ``TOLERANCE`` of the pace, else scaled by ``pace / seconds`` (floored, so a node errs
+    on the side of being early), within ``[min_rows, batch_size]``."""
+    if abs(seconds - pace) <= TOLERANCE * pace:
+        return rows
+    return max(min_rows, min(batch_size, math.floor(rows * pace / seconds)))

@@ -1,0 +1,134 @@
+"""Pure tests of ``diloco.node.pace``: expected values are computed by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from diloco.node.pace import (
+    SETTLE_STEPS,
+    PaceController,
+    next_rows,
+    swarm_pace,
+    target_rows,
+)
+
+
+def test_swarm_pace_is_the_lower_median() -> None:
+    assert swarm_pace([3.0, 1.0, 1.2]) == 1.2
+    assert swarm_pace([3.0, 1.0]) == 1.0  # even count: the lower of the two middle ones
+    assert swarm_pace([0.5, 2.0, 1.0, 4.0]) == 1.0
+    assert swarm_pace([2.0]) == 2.0
+    assert swarm_pace([]) is None
+
+
+def test_swarm_pace_minority_liars_stay_between_honest_figures() -> None:
+    honest = [1.0, 1.1, 3.0]
+    assert swarm_pace([*honest, 1e-9]) == 1.0  # one "infinitely fast" of four
+    assert swarm_pace([*honest, 1e-9, 1e-9]) == 1.0  # two of five
+    assert swarm_pace([*honest, 1e9, 1e9]) == 3.0
+
+
+def test_target_rows_scales_and_clamps() -> None:
+    assert target_rows(8, 1.0, 3.0) == 2  # floor(8 / 3)
+    assert target_rows(8, 1.0, 1.0) == 8
+    assert target_rows(8, 2.0, 1.0) == 8  # never above the full batch
+    assert target_rows(8, 1.0, 100.0) == 1  # never below min_rows
+    assert target_rows(8, 1.0, 100.0, min_rows=2) == 2
+    assert target_rows(16, 1.0, 3.0) == 5  # floor(5.33)
+
+
+def test_next_rows_keeps_rows_inside_the_tolerance_band() -> None:
+    assert next_rows(4, 1.05, 1.0, 8) == 4
+    assert next_rows(4, 0.95, 1.0, 8) == 4
+    assert next_rows(4, 1.5, 1.0, 8) == 2  # floor(4 / 1.5)
+    assert next_rows(2, 0.5, 1.0, 8) == 4  # floor(2 / 0.5)
+    assert next_rows(6, 0.5, 1.0, 8) == 8  # floor(12) clamped to the batch
+    assert next_rows(2, 0.8, 1.0, 8) == 2  # floor(2.5): the floor keeps it early
+
+
+def _settle(controller: PaceController, seconds: float, pace: float | None) -> int:
+    """``SETTLE_STEPS`` steps of ``seconds`` in a swarm whose two other nodes take ``pace``
+    seconds per full batch (so the lower median is ``pace`` whenever this node is slower)."""
+    rows = controller.rows
+    for _ in range(SETTLE_STEPS):
+        rows = controller.observe(seconds, None if pace is None else [pace, pace])
+    return rows
+
+
+def test_controller_fast_node_keeps_its_full_batch() -> None:
+    controller = PaceController(batch_size=8)
+    assert _settle(controller, 1.0, 1.0) == 8
+    assert controller.full_seconds == 1.0
+    assert controller.slower_than_pace(1.0) is None
+
+
+def test_controller_without_pace_trains_the_full_batch() -> None:
+    controller = PaceController(batch_size=8)
+    assert _settle(controller, 3.0, None) == 8
+    assert controller.pace is None
+
+
+def test_controller_alone_or_at_the_median_keeps_its_batch_through_jitter() -> None:
+    alone, median = PaceController(batch_size=8), PaceController(batch_size=8)
+    for seconds in (1.0, 1.0, 1.0, 3.0, 3.0, 0.5, 3.0):
+        assert alone.observe(seconds, []) == 8
+        assert median.observe(seconds, [0.1, 100.0]) == 8  # its own figure is the median
+    assert alone.pace == alone.full_seconds
+
+
+def test_controller_converges_with_a_fixed_cost_per_step() -> None:
+    # Step seconds = 0.6 + 0.3 * rows: 3.0 at 8 rows; pace 1.0.
+    controller = PaceController(batch_size=8)
+    rows = []
+    for _ in range(4 * SETTLE_STEPS):
+        rows.append(controller.observe(0.6 + 0.3 * controller.rows, [1.0, 1.0]))
+    # 3.0 s at 8 rows: floor(8 / 3) = 2; 1.2 s at 2 rows: floor(2 / 1.2) = 1; 0.9 s at 1
+    # row is inside the band and stays.
+    assert rows == [8, 8, 2, 2, 2, 1] + [1] * (4 * SETTLE_STEPS - 6)
+    assert controller.full_seconds == pytest.approx(0.9 * 8)  # 0.9 s at 1 row, scaled
+
+
+def test_controller_keeps_its_estimate_until_new_rows_are_measured() -> None:
+    controller = PaceController(batch_size=8)
+    _settle(controller, 3.0, 1.0)
+    assert controller.rows == 2
+    assert controller.full_seconds == 3.0
+    controller.observe(1.2, [1.0, 1.0])
+    assert controller.full_seconds == pytest.approx(4.8)  # 1.2 s at 2 rows, times 4
+
+
+def test_controller_waits_for_settle_steps_before_changing() -> None:
+    controller = PaceController(batch_size=8)
+    for _ in range(SETTLE_STEPS - 1):
+        assert controller.observe(3.0, [1.0, 1.0]) == 8
+    assert controller.observe(3.0, [1.0, 1.0]) == 2
+    assert controller.pace == 1.0
+
+
+def test_controller_grows_back_when_the_pace_slows() -> None:
+    controller = PaceController(batch_size=8)
+    _settle(controller, 3.0, 1.0)
+    assert controller.rows == 2
+    assert _settle(controller, 0.75, 3.0) == 8  # floor(2 * 4) = 8
+
+
+def test_controller_moving_average_of_seconds() -> None:
+    controller = PaceController(batch_size=4)
+    controller.observe(1.0, None)
+    controller.observe(2.0, None)
+    assert controller.seconds == pytest.approx(1.3)  # 1 + 0.3 * (2 - 1)
+
+
+def test_controller_warns_only_at_its_fewest_rows_and_far_slower() -> None:
+    controller = PaceController(batch_size=2)
+    _settle(controller, 10.0, 1.0)
+    assert controller.rows == 1
+    assert controller.slower_than_pace(1.0) is None  # not measured at 1 row yet
+    _settle(controller, 5.0, 1.0)
+    assert controller.slower_than_pace(1.0) == pytest.approx(5.0)
+    assert controller.slower_than_pace(4.0) is None  # 1.25 times: under WARN_RATIO
+
+
+def test_controller_rejects_min_rows_above_the_batch() -> None:
+    with pytest.raises(ValueError, match="min_rows"):
+        PaceController(batch_size=2, min_rows=3)

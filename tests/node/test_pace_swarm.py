@@ -1,0 +1,72 @@
+"""Heterogeneous pace (SPEC 4.2, issue 12): three `diloco-node` processes, node c slowed on
+purpose (``--slow-down 3``: each of its inner steps takes 3x its compute, a slower device
+whatever the machine's load). With ``--pace adaptive`` (the default) c trains fewer
+sequences per step, so the swarm keeps the fast nodes' pace: they are blocked on rounds for
+a small share of their time, where lock-step (``--pace fixed``, today's behaviour) blocks
+them about 2/3 of it; c's tokens still count, with their weight in the rounds' means.
+
+The batch (8 x 128 tokens) is big enough that a step's compute scales with its rows on one
+CPU thread (about 0.07 s at 1 row, 0.21 s at 8 here), else fewer rows would not help.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+
+import pytest
+from test_swarm_node import listen, nodes  # noqa: F401  (the fixture)
+
+pytestmark = pytest.mark.swarm
+
+STEPS, H, BATCH, SEQ_LEN = 240, 30, 8, 128
+COMMON = [
+    "--seq-len", str(SEQ_LEN), "--batch-size", str(BATCH), "--threads", "1",
+    "--log-every", "60",
+]  # fmt: skip
+PACE = ["--pace", os.environ.get("DILOCO_TEST_PACE", "adaptive")]
+"""Every node's pace; ``DILOCO_TEST_PACE=fixed`` (lock-step, today's behaviour) makes the
+blocked-share and rows assertions fail."""
+
+
+def together(records: list[dict], first: int) -> list[dict]:
+    """Step records after ``first`` and before the run's last H steps (nodes end apart)."""
+    return [r for r in records if r["event"] == "step" and first < r["step"] <= STEPS - H]
+
+
+def test_fast_nodes_keep_their_pace_and_the_slow_nodes_tokens_count(nodes) -> None:  # noqa: F811
+    run = ["--name", "pace", "--steps", str(STEPS), "--H", str(H)]
+    a = nodes("a", ["start", *run, *COMMON, *PACE, *listen(2), "--data-seed", "0"])
+    address = a.address()
+    join = ["join", "--initial-peers", address, *COMMON, *PACE]
+    b = nodes("b", [*join, *listen(3), "--data-seed", "1"])
+    c = nodes("c", [*join, *listen(4), "--data-seed", "2", "--slow-down", "3"])
+    for node in (a, b, c):
+        assert node.process.wait(600) == 0, node.output()
+    rounds = {n.name: [r for r in n.records() if r["event"] == "round"] for n in (a, b, c)}
+    # All three present: from c's first round with three members.
+    first = min(r["step"] for r in rounds["c"] if r["members"] == 3)
+    late = {name: [r for r in rs if first <= r["step"] <= STEPS - H] for name, rs in rounds.items()}
+
+    # c trained fewer rows than its batch once it knew the pace ...
+    c_rows = [r["rows"] for r in together(c.records(), first + H)]
+    assert c_rows and statistics.median(c_rows) < BATCH, c_rows
+    summary = c.summary()
+    assert summary["rows_trained"] < BATCH * STEPS
+    # ... and its tokens are in the means: its rounds with all three members weigh what it
+    # trained, fewer tokens than a full batch's H steps (each fragment's rounds count every
+    # token once, so fragment 0's weights add up to at most what it trained).
+    c_weights = [r["weight"] for r in late["c"] if r["members"] == 3]
+    assert c_weights and min(c_weights) < H * BATCH * SEQ_LEN, c_weights
+    fragment_0 = [r["weight"] for r in rounds["c"] if r["fragment"] == 0]
+    assert 0 < sum(fragment_0) <= summary["tokens_trained"]
+    # Most rounds had all three members once they were present ...
+    for name in "abc":
+        assert 2 * sum(r["members"] == 3 for r in late[name]) >= len(late[name]) > 0, name
+    # ... and the fast nodes were blocked for well under lock-step's ~2/3 of their time
+    # (a loose bound: their compute over wall time, from their own step records).
+    for node in (a, b):
+        steps = together(node.records(), first)
+        wall = sum(r["wall_seconds"] for r in steps)
+        blocked = wall - sum(r["step_seconds"] for r in steps)
+        assert steps and blocked < wall / 3, (node.name, blocked, wall)
