@@ -12,7 +12,8 @@ the decisions here are pure functions of that ``SwarmView``, tested on hand-made
 - ``join_donors``: whom a joiner fetches the whole state from;
 - ``heal_plan``: which fragments to fetch, and from whom;
 - ``fragments_to_adopt``: which fetched fragments replace ours;
-- ``missed_rounds`` and ``open_suspects``: which fragments to keep checking.
+- ``missed_rounds`` and ``open_suspects`` (``diloco.node.suspects``): which fragments to
+  keep checking.
 
 ``Healer`` keeps the state between checks (suspect and diverged fragments), runs a check on
 the node's worker thread through a ``StateSource`` (the swarm, adapted by ``SwarmNode``),
@@ -30,7 +31,8 @@ from typing import Any, Protocol
 
 from diloco.errors import DilocoError, ProtocolError
 from diloco.node.claims import Offences, Schedule, SwarmView, assess, vouched_claims
-from diloco.node.fragments import last_sent_round, send_step
+from diloco.node.fragments import send_step
+from diloco.node.suspects import failed_everywhere, missed_rounds, open_suspects, version_of
 from diloco.node.trainer import NodeTrainer
 from diloco.protocol.fragment_state import FragmentState, OuterState
 from diloco.protocol.records import NodeRecord, Vouch, divergent_peers
@@ -53,19 +55,13 @@ VOUCH_POLL = 0.5
 JOIN_RETRY = 2.0
 """Seconds between a joiner's attempts to find and download a vouched state."""
 MAX_DONORS_TRIED = 8
+"""Donors one download tries in turn before the check gives up until the next one."""
 VERIFY_AFTER = 2.0
 """Seconds after a fragment's version moved (a round applied) before checking it against
 the swarm: its members publish their vouches right after applying it."""
-"""Donors one download tries in turn before the check gives up until the next one."""
 
 Mine = Mapping[int, tuple[int, str]]
 """This node's fragments: fragment -> (version, state hash)."""
-
-
-def version_of(record: NodeRecord, fragment: int) -> int:
-    """The version ``record`` claims for ``fragment`` (-1: none published)."""
-    entry = record.fragment(fragment)
-    return entry.version if entry else -1
 
 
 def hash_of(record: NodeRecord, fragment: int) -> str:
@@ -182,48 +178,6 @@ def catch_up_step(
         send_step(p, s.version, sync_every, num_fragments) for p, s in states.items() if s.version
     ]
     return max([step, *sends])
-
-
-def missed_rounds(step: int, versions: Sequence[int], sync_every: int) -> dict[int, int]:
-    """Fragment -> the last round sent by ``step``, for fragments whose version is older
-    (a state downloaded while that round was in flight lacks its result)."""
-    num_fragments = len(versions)
-    missed = {}
-    for p, version in enumerate(versions):
-        k = last_sent_round(step, p, sync_every, num_fragments)
-        if k >= 1 and version < k:
-            missed[p] = k
-    return missed
-
-
-def failed_everywhere(
-    view: SwarmView, missed: Mapping[int, int], schedule: Schedule, tau: int
-) -> bool:
-    """Whether every round of ``missed`` (fragment -> round) failed for every peer that holds
-    a vouched state of its fragment: each such record is past the round's receive step (the
-    run's ``tau``) with an older version. Nobody will vouch for such a round, so a joiner
-    need not wait for it to settle. Unvouched claims (a Sybil's newer one) say nothing; no
-    vouched holder at all: nothing is known."""
-    for p, k in missed.items():
-        holders = [r for r in view.records if view.holds_vouched(r, p)]
-        receive = schedule.send_step(p, k) + tau
-        if not holders or any(version_of(r, p) >= k or r.global_step <= receive for r in holders):
-            return False
-    return True
-
-
-def open_suspects(
-    suspects: Mapping[int, int], versions: Sequence[int], step: int, sync_every: int
-) -> dict[int, int]:
-    """The suspects (fragment -> round that failed) still in doubt: the version has not
-    caught up with that round (peers publish theirs every few seconds) and the fragment's
-    next round is not sent yet (that round tells anew)."""
-    num_fragments = len(versions)
-    return {
-        p: k
-        for p, k in suspects.items()
-        if versions[p] < k and step < send_step(p, k + 1, sync_every, num_fragments)
-    }
 
 
 class StateSource(Protocol):

@@ -287,20 +287,14 @@ class SwarmNode:
         self.on_event(record)
 
     def _round_record(self, applied: AppliedRound) -> dict[str, Any]:
+        key = applied.key
+        head = {"step": self.trainer.step, "fragment": key.fragment, "round": key.round}
         if not applied.ok:
-            return {
-                "event": "round_failed",
-                "step": self.trainer.step,
-                "fragment": applied.key.fragment,
-                "round": applied.key.round,
-                "blocked_seconds": applied.blocked_seconds,
-                "error": applied.error,
-            }
+            failed = {"blocked_seconds": applied.blocked_seconds, "error": applied.error}
+            return {"event": "round_failed", **head, **failed}
         return {
             "event": "round",
-            "step": self.trainer.step,
-            "fragment": applied.key.fragment,
-            "round": applied.key.round,
+            **head,
             "members": len(applied.members),
             "bytes_sent": applied.bytes_sent,
             "bytes_received": applied.bytes_received,
