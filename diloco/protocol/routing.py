@@ -59,6 +59,9 @@ class AllReduceService:
         self._rounds: dict[RoundKey, asyncio.Future[Round]] = {}
         self._finished: dict[RoundKey, Round] = {}
         """Rounds that returned here, kept for others' checks until ``Deadlines.forget``."""
+        self._standing: dict[RoundKey, StagedRunner] = {}
+        """Staged rounds that returned here and may still stand in for a lost member of
+        another stage group (``StagedRunner.serving_until``)."""
 
     @property
     def handlers(self) -> tuple[str, str, str, str]:
@@ -100,6 +103,9 @@ class AllReduceService:
             future.cancel()
         elif not future.cancelled() and future.exception() is None:
             served = future.result()
+            if isinstance(served, StagedRunner):
+                self._standing[key] = served
+                self._stop_standing(key)
             runners = served.runners if isinstance(served, StagedRunner) else [served]
             answering = [runner for runner in runners if runner.own is not None]
             if answering:
@@ -111,6 +117,19 @@ class AllReduceService:
                     loop.call_at(answered, runner.stop_answering)
                 forget = max(runner.deadlines.forget for runner in answering)
                 loop.call_at(forget, self._finished.pop, key, None)
+
+    def _stop_standing(self, key: RoundKey) -> None:
+        """Drop staged round ``key`` once it may no longer stand in (checked again then:
+        a retry it started keeps it routed until that retry's evidence is dropped)."""
+        served = self._standing.get(key)
+        if served is None:
+            return
+        loop = asyncio.get_running_loop()
+        until = served.serving_until()
+        if until <= loop.time():
+            del self._standing[key]
+        else:
+            loop.call_at(until, self._stop_standing, key)
 
     async def _runner_for(
         self, tag: RoundTag, group_id: bytes, sender: PeerID, finished: bool = False
@@ -129,6 +148,8 @@ class AllReduceService:
         served: Round
         if finished and key in self._finished:
             served = self._finished[key]
+        elif future is None and key in self._standing:
+            served = self._standing[key]
         else:
             if future is None:
                 return Reject(RejectCode.UNKNOWN_ROUND, reason="round not in flight here")

@@ -37,12 +37,12 @@ class SwarmReducer(Reducer):
 
     ``reduce`` returns at once; matchmaking and the all-reduce run on the swarm's loop and
     the future resolves within ``timeouts.total`` seconds (a staged round: one all-reduce and
-    its checks more per further stage). With ``target_group_size`` (e.g.
-    the number of live node records) matchmaking ends as soon as that many peers declared,
-    instead of after the whole window. ``max_weight`` caps every member's weight (tokens,
-    the run's cap) and ``clip_factor`` is the C of the reducers' norm clipping
-    (``aggregation``; 0: off). ``bans`` is the swarm's. ``runner_type`` is the class that
-    runs one all-reduce (tests substitute faulty subclasses).
+    its checks more per further stage, and per stage one more for a stand-in's retry). With
+    ``target_group_size`` (e.g. the number of live node records) matchmaking ends as soon as
+    that many peers declared, instead of after the whole window. ``max_weight`` caps every
+    member's weight (tokens, the run's cap) and ``clip_factor`` is the C of the reducers'
+    norm clipping (``aggregation``; 0: off). ``bans`` is the swarm's. ``runner_type`` is the
+    class that runs one all-reduce (tests substitute faulty subclasses).
 
     With ``verify`` (the default) every chunk is signed with the node's identity and every
     member checks the others' averages (``verification``): a reducer caught lying fails the
@@ -185,7 +185,8 @@ class SwarmReducer(Reducer):
                     stage = timeouts.allreduce + timeouts.verification
                     when = deadline.when()
                     assert when is not None
-                    deadline.reschedule(when + (grid.num_stages - 1) * stage)
+                    # every stage may run twice (a stand-in's retry: staged_runner)
+                    deadline.reschedule(when + (2 * grid.num_stages - 1) * stage)
                     runner = StagedRunner(
                         group=group,
                         plan=grid,
