@@ -12,7 +12,8 @@ lost in stage ``s`` is counted by no reducer of that stage (it died before its f
 arrived anywhere, or every reducer excluded it). Its stage-``s`` group still cuts the
 vector into the parts of all its contributors (the wire's partition is fixed by the
 group; a dead reducer's part is re-reduced by its substitute) and counts the others,
-weights renormalised over them. In stage 0 its own delta is thus counted nowhere. From
+weights renormalised over them, except in stage 0, where its cell reruns without it (the
+wire's ``stage_views``: the survivors' parts). Its own delta is thus counted nowhere. From
 stage 1 on, the value it would have contributed is its sub-cell's mean, which every live
 member of that sub-cell holds: the next live member of the sub-cell in line order (after
 the lost one, wrapping round) *stands in* for it, with the sub-cell's value, counted set
@@ -177,6 +178,8 @@ def staged_mean(
             present = [slot for slot in slots if slot is not None]
             if not present:  # every member of its cell is lost
                 continue
+            if s == 0:  # the cell reruns without its lost members: the survivors' parts
+                slots = list(present)
             if s > 0 and len(slots) == 1:
                 value = present[0].value
             else:

@@ -11,18 +11,19 @@ so the PART, REPORT and CHECK streams of different stages and groups never mix; 
 routing (``routing``) finds the runner of a stage by it. The arithmetic is that of
 ``staged.staged_mean``, the in-process reference: the same bytes on every member.
 
-**Faults** (``docs/staged.md``): a member lost in stage ``s >= 1`` after its cell counted
-it in stage ``s - 1`` leaves a value that every other member of its sub-cell holds. Its
-stage-``s`` group's survivors see it missing from their result and run their group again
-at once, under a new id (``stand_in_group_id``), with the next member of the lost one's
-sub-cell in line order (``stand_in_for``) in its slot: the *stand-in*, which knows from
-the plan which retries it may be asked for and starts one when its first stream arrives,
-with the value it held entering that stage, even after its own round ended here
-(``serving_until``). Same slots, weights and inputs as every other group of the stage: the
-same bytes, the mean of every member (``staged.staged_mean`` with ``lost``). Any other
-loss (a member lost in stage 0 is counted in some parts and not others; a second loss in
-a group; a stand-in that is itself lost) still fails the groups that did not count
-everyone, at their members (no partial update is applied).
+**Faults** (``docs/staged.md``, ``stage_views``): when exactly one contributor is missing
+from a stage group's agreed result, its members run the group once more under a *view*
+with its own id: in stage 0 the cell without the lost member (its survivors' value then
+counts the cell but that one, and says so in every later stage's slot weight and id); in a
+later stage, the lost contributor's slot taken by a *stand-in*, the next member of its
+sub-cell in line order, which holds the same bytes. A stand-in knows from the plan which
+views it may be asked for; it starts one when its first stream arrives (a member counted
+before and lost in this stage: only that group saw it), or at once (a member its sub-cell
+lost before: it knows), and serves such streams for a stage length after its own round
+ended (``serving_until``). Every group of a stage thus reduces the same slots, weights and
+bytes, and every survivor holds the same value: ``staged.staged_mean`` with ``lost``.
+Not handled (the group fails at its members, no partial update is applied): two losses in
+one stage group, or in one cell; a stand-in that is itself lost.
 
 Not on the wire yet: receivers (cells of uneven size, ``grid``) and single-member cells;
 such rounds run flat (``grid_for``).
@@ -31,6 +32,7 @@ such rounds run flat (``grid_for``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -47,6 +49,12 @@ from diloco.protocol.allreduce import AllReduceRunner
 from diloco.protocol.grid import GridPlan, plan_grid
 from diloco.protocol.group import GroupInfo, RoundTimeouts
 from diloco.protocol.reducer import RoundKey, RoundResult, StageMetrics
+from diloco.protocol.stage_views import (
+    SlotView,
+    candidate_views,
+    standing_views,
+    view_info,
+)
 from diloco.protocol.wire import GROUP_ID_BYTES
 
 logger = logging.getLogger(__name__)
@@ -60,41 +68,6 @@ def stage_group_id(group_id: bytes, stage: int, index: int) -> bytes:
     ``group_id``: what the PART, REPORT and CHECK heads of that stage group carry."""
     data = group_id + b"|stage|" + struct.pack("!II", stage, index)
     return hashlib.sha256(data).digest()[:GROUP_ID_BYTES]
-
-
-def stand_in_group_id(group_id: bytes, slot: int, stand_in: bytes) -> bytes:
-    """The id of stage group ``group_id`` run again with the peer ``stand_in`` in contributor
-    ``slot``'s place: members with different views of who is lost stream under different
-    ids and fail rather than mix."""
-    data = group_id + b"|stand-in|" + struct.pack("!I", slot) + stand_in
-    return hashlib.sha256(data).digest()[:GROUP_ID_BYTES]
-
-
-def stand_in_for(plan: GridPlan, stage: int, member: int) -> int | None:
-    """Who stands in on the wire for ``member`` lost in ``stage`` >= 1: the next member of
-    its sub-cell in line order, wrapping round (``staged.staged_mean``'s rule when that one
-    is live); None in stage 0 or a sub-cell of one."""
-    if stage == 0:
-        return None
-    start, end = plan.group_of(member, stage - 1).cell
-    p = plan.order.index(member)
-    following = [*range(p + 1, end), *range(start, p)]
-    return plan.order[following[0]] if following else None
-
-
-def with_stand_in(group: GroupInfo, info: GroupInfo, slot: int, stand_in: int) -> GroupInfo:
-    """Stage group ``info`` with ``group``'s member ``stand_in`` in contributor ``slot``."""
-    members = list(info.members)
-    members[slot] = group.members[stand_in]
-    clients = list(info.clients)
-    if clients:
-        clients[slot] = group.is_client(stand_in)
-    return dataclasses.replace(
-        info,
-        group_id=stand_in_group_id(info.group_id, slot, members[slot].to_bytes()),
-        members=tuple(members),
-        clients=tuple(clients),
-    )
 
 
 def round_text(key: RoundKey) -> str:
@@ -153,6 +126,10 @@ class StagedRunner:
     transfer_seconds: float | None = None
     """Not measured for staged rounds (``adaptive`` learns from flat ones)."""
 
+    ATTEMPTS = 4
+    """Stage lengths one stage may take here: the plan's group, a view, another view after
+    waiting for its first stream."""
+
     def __init__(
         self,
         *,
@@ -167,80 +144,111 @@ class StagedRunner:
         self.group, self.plan, self.delta = group, plan, delta
         self.make_runner, self.timeouts, self.max_weight = make_runner, timeouts, max_weight
         self.index = index = group.index(me)
+        self._capped = cap_weights(group.weights, max_weight)
         infos = stage_infos(group, plan)
         places = [
             next(g for g, sg in enumerate(groups) if index in sg.members) for groups in plan.stages
         ]
         self.mine = tuple(infos[s][g] for s, g in enumerate(places))
         """This member's group in each stage."""
-        self._plan_groups = tuple(plan.stages[s][g] for s, g in enumerate(places))
+        self._infos = infos
         loop = asyncio.get_running_loop()
         self._slots: dict[bytes, tuple[float, asyncio.Future[AllReduceRunner]]] = {}
         """Stage group id -> (how many stage lengths a stream may wait for it, its runner)."""
-        self._retries: dict[tuple[int, int], GroupInfo] = {}
-        """(stage, slot) -> this member's stage group run again with a stand-in there."""
+        self._views: dict[bytes, tuple[SlotView, GroupInfo]] = {}
+        """Views of this member's stage groups that another slot's loss may lead it to run."""
+        self._seen: dict[tuple[int, int], list[bytes]] = {}
+        """(stage, slot) -> ids of its views a stream arrived under, first first."""
+        self._seen_event: dict[tuple[int, int], asyncio.Event] = {}
         for s, info in enumerate(self.mine):
-            self._slots[info.group_id] = (2 * s, loop.create_future())
-            for slot, member in enumerate(self._plan_groups[s].contributors):
-                stand_in = stand_in_for(plan, s, member)
-                if member != index and stand_in is not None:
-                    retry = with_stand_in(group, info, slot, stand_in)
-                    self._retries[s, slot] = retry
-                    self._slots[retry.group_id] = (2 * s + 1, loop.create_future())
-        self._inputs = [loop.create_future() for _ in plan.stages]
-        """The value entering each stage here (what a stand-in contributes)."""
-        self._standing: dict[bytes, tuple[int, GroupInfo]] = {}
-        """Group id -> (stage, group) of the retries this member would stand in for."""
+            self._slots[info.group_id] = (self.ATTEMPTS * s, loop.create_future())
+            for view in candidate_views(plan, s, index):
+                seen = view_info(group, plan, self._capped, info, view)
+                self._views[seen.group_id] = (view, seen)
+                self._slots[seen.group_id] = (self.ATTEMPTS * s + 3, loop.create_future())
+                self._seen_event.setdefault((s, view.slot), asyncio.Event())
+        self._inputs: list[asyncio.Future[tuple[torch.Tensor, tuple[int, ...]]]] = [
+            loop.create_future() for _ in plan.stages
+        ]
+        """(value, members of its sub-cell it does not count) entering each stage here."""
+        self._standing: dict[bytes, tuple[SlotView, GroupInfo]] = {}
+        """Views this member may be asked to stand in for, a member counted before and lost
+        in that stage."""
         for s in range(1, plan.num_stages):
-            cell_start, cell_end = plan.group_of(index, s - 1).cell
-            for member in plan.order[cell_start:cell_end]:
-                if member != index and stand_in_for(plan, s, member) == index:
-                    theirs = plan.group_of(member, s)
-                    info = infos[s][plan.stages[s].index(theirs)]
-                    retry = with_stand_in(group, info, theirs.contributors.index(member), index)
-                    self._standing[retry.group_id] = (s, retry)
+            for other, view in standing_views(plan, s, index, ()):
+                self._standing.update([self._view_of(other, view)])
         self._stood_in: dict[bytes, AllReduceRunner] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._window_end = math.inf
+        self._running: tuple[int, AllReduceRunner] | None = None
         self.runners: list[AllReduceRunner] = []
         """The stages' runners started so far, in stage order."""
         self.part_missing = False
         """Whether this member's own part failed in some stage (``demotion``)."""
+
+    def _view_of(self, member: int, view: SlotView) -> tuple[bytes, tuple[SlotView, GroupInfo]]:
+        """``member``'s stage group seen through ``view``, by its id."""
+        planned = self.plan.group_of(member, view.stage)
+        info = self._infos[view.stage][self.plan.stages[view.stage].index(planned)]
+        seen = view_info(self.group, self.plan, self._capped, info, view)
+        return seen.group_id, (view, seen)
 
     def _stage_wait(self, stages: float) -> float:
         t = self.timeouts
         return t.matchmaking + stages * (t.allreduce + t.verification)
 
     async def runner_for(self, group_id: bytes) -> AllReduceRunner | None:
-        """The runner of this member's stage group ``group_id``, once that stage started
-        here (an earlier stage may still run: bounded by the stages before it), or of a
-        retry it stands in for; None for another group, or a stage this member never
-        starts."""
+        """The runner of this member's stage group ``group_id`` (or a view of it), once that
+        stage started here (an earlier stage may still run: bounded by the stages before
+        it), or of a view it stands in for; None for another group, or a stage this member
+        never starts."""
+        if group_id in self._stood_in:
+            return self._stood_in[group_id]
         if group_id in self._standing:
             return await self._stand_in(group_id)
         if group_id not in self._slots:
             return None
+        if group_id in self._views:
+            self._saw(group_id)
         stages, future = self._slots[group_id]
         await asyncio.wait({future}, timeout=self._stage_wait(stages))
         if not future.done() or future.cancelled():
             return None
         return future.result()
 
+    def _saw(self, group_id: bytes) -> None:
+        """A stream arrived under a view of one of this member's groups: the slot's
+        contributor in the group running now will not serve it (lost, or counting less)."""
+        view, _ = self._views[group_id]
+        seen = self._seen.setdefault((view.stage, view.slot), [])
+        if group_id in seen:
+            return
+        seen.append(group_id)
+        self._seen_event[view.stage, view.slot].set()
+        if self._running is not None and self._running[0] == view.stage:
+            runner = self._running[1]  # the plan's group or another view: the slot is elsewhere
+            if runner.group.group_id != group_id and view.slot < len(runner.group.members):
+                runner.exclude(runner.group.members[view.slot], "runs another view of the group")
+
     async def _stand_in(self, group_id: bytes) -> AllReduceRunner | None:
-        """Start (once) the retry ``group_id`` with this member in a lost member's slot."""
+        """Start (once) the view ``group_id`` with this member in a lost member's slot."""
+        view, info = self._standing[group_id]
+        entering = self._inputs[view.stage]
+        await asyncio.wait({entering}, timeout=self._stage_wait(self.ATTEMPTS * view.stage))
+        if not entering.done() or entering.cancelled():
+            return None
+        value, lost = entering.result()
+        if lost != view.lost or asyncio.get_running_loop().time() > self._window_end:
+            return None  # it would count its sub-cell otherwise than the view says
+        return self._start_stand_in(group_id, view, info, value)
+
+    def _start_stand_in(
+        self, group_id: bytes, view: SlotView, info: GroupInfo, value: torch.Tensor
+    ) -> AllReduceRunner:
         if group_id not in self._stood_in:
-            stage, info = self._standing[group_id]
-            value = self._inputs[stage]
-            await asyncio.wait({value}, timeout=self._stage_wait(2 * stage))
-            if not value.done() or value.cancelled():
-                return None
-            if group_id in self._stood_in:  # another stream started it meanwhile
-                return self._stood_in[group_id]
-            if asyncio.get_running_loop().time() > self._window_end:
-                return None
-            runner = self.make_runner(info, value.result(), math.inf)
+            runner = self.make_runner(info, value, math.inf)
             self._stood_in[group_id] = runner
-            task = asyncio.create_task(self._serve_stand_in(stage, runner))
+            task = asyncio.create_task(self._serve_stand_in(view.stage, runner))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         return self._stood_in[group_id]
@@ -257,7 +265,7 @@ class StagedRunner:
             logger.info("round %s: stood in for a lost member in stage %d", info.key, stage)
 
     def serving_until(self) -> float:
-        """Loop time until which this member's streams must stay routed: the retries it may
+        """Loop time until which this member's streams must stay routed: the views it may
         still be asked to stand in for, and the checks of those it ran."""
         runners = self._stood_in.values()
         return max([self._window_end, *(runner.deadlines.forget for runner in runners)])
@@ -271,43 +279,85 @@ class StagedRunner:
         runner = self.make_runner(info, held, self.max_weight if s == 0 else math.inf)
         self.runners.append(runner)
         self._slots[info.group_id][1].set_result(runner)
+        self._running = (s, runner)
         try:
             return await runner.run()
         except RoundFailed as exc:
             raise RoundFailed(exc.fragment, exc.round, f"stage {s}: {exc.reason}") from exc
         finally:
+            self._running = None
             self.part_missing = self.part_missing or runner.part_missing
 
-    async def _run_stage(self, s: int, held: torch.Tensor) -> RoundResult:
-        """Stage ``s`` here, run again once with a stand-in if one member was lost in it."""
+    async def _run_stage(
+        self, s: int, held: torch.Tensor, lost: tuple[int, ...]
+    ) -> tuple[RoundResult, GroupInfo, tuple[int, ...]]:
+        """Stage ``s`` here with ``held``, which counts this member's sub-cell but ``lost``:
+        the result, the group it came from, and the members it does not count."""
         info = self.mine[s]
-        result = await self._run_group(s, info, held)
-        missing = [k for k, n in enumerate(info.names) if n not in result.members]
-        if len(missing) == 1 and (s, missing[0]) in self._retries:
-            retry = self._retries[s, missing[0]]
-            logger.info(
-                "round %s: stage %d lost %s, again with %s standing in",
-                info.key,
-                s,
-                info.names[missing[0]],
-                retry.names[missing[0]],
-            )
-            again = await self._run_group(s, retry, held)
-            result = dataclasses.replace(
-                again,
-                bytes_sent=result.bytes_sent + again.bytes_sent,
-                bytes_received=result.bytes_received + again.bytes_received,
-            )
-            info = retry
-        missing_names = [n for n in info.names if n not in result.members]
-        if missing_names:
-            raise RoundFailed(
-                info.key.fragment,
-                info.key.round,
-                f"stage {s}: did not count {', '.join(missing_names)} (a staged round "
-                "counts every member of every stage group, or a stand-in for it)",
-            )
-        return result
+        if lost:  # this member's slot differs from the plan's: it runs its view at once
+            self._slots[info.group_id][1].cancel()
+            slot = info.members.index(self.group.members[self.index])
+            own_id, (_, own) = self._view_of(self.index, SlotView(s, slot, self.index, lost))
+            self._slots[own_id] = (self.ATTEMPTS * s, asyncio.get_running_loop().create_future())
+            for other, view in standing_views(self.plan, s, self.index, lost):
+                group_id, (_, theirs) = self._view_of(other, view)
+                self._start_stand_in(group_id, view, theirs, held)
+            return await self._run_group(s, own, held), own, lost
+        failure: RoundFailed | None = None
+        try:
+            result = await self._run_group(s, info, held)
+        except RoundFailed as exc:  # e.g. a part missing: its reducer runs a view
+            slots = [slot for (stage, slot), ids in self._seen.items() if stage == s and ids]
+            if len(slots) != 1:
+                raise
+            k, failure, sent, received = slots[0], exc, 0, 0
+        else:
+            missing = [k for k, n in enumerate(info.names) if n not in result.members]
+            if len(missing) != 1 or info.members[missing[0]] == self.group.members[self.index]:
+                return result, info, lost
+            k, sent, received = missing[0], result.bytes_sent, result.bytes_received
+        tried: set[bytes] = set()
+        for attempt in range(2):
+            chosen = self._next_view(s, k, tried, plain=attempt == 0 and s > 0)
+            if chosen is None and attempt == 1:
+                event = self._seen_event[s, k]
+                event.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(event.wait(), self._stage_wait(0))
+                chosen = self._next_view(s, k, tried, plain=False)
+            if chosen is None:
+                break
+            tried.add(chosen)
+            view, seen = self._views[chosen]
+            logger.info("round %s: stage %d lost %s, again as %s", info.key, s, info.names[k], view)
+            try:
+                result = await self._run_group(s, seen, held)
+            except RoundFailed as exc:  # another view may still count the slot
+                failure = exc
+                continue
+            failure = None
+            sent, received = sent + result.bytes_sent, received + result.bytes_received
+            info = seen
+            if all(n in result.members for n in seen.names):
+                lost = view.lost
+                break
+        if failure is not None:
+            raise failure
+        result = dataclasses.replace(result, bytes_sent=sent, bytes_received=received)
+        return result, info, lost
+
+    def _next_view(self, s: int, k: int, tried: set[bytes], *, plain: bool) -> bytes | None:
+        """The next view of slot ``k`` to run: one a stream arrived under, else in stage 0
+        the cell without it and (``plain``) later its stand-in counting it all."""
+        for group_id in self._seen.get((s, k), []):
+            if group_id not in tried:
+                return group_id
+        for group_id, (view, _) in self._views.items():
+            if view.stage != s or view.slot != k or group_id in tried:
+                continue
+            if s == 0 or (plain and not view.lost):
+                return group_id
+        return None
 
     async def run(self) -> RoundResult:
         """Run the stages; the last one's result, with each stage's metrics.
@@ -317,21 +367,30 @@ class StagedRunner:
         """
         loop = asyncio.get_running_loop()
         start, held = loop.time(), self.delta
+        lost: tuple[int, ...] = ()
         stages: list[StageMetrics] = []
         try:
             for s, info in enumerate(self.mine):
                 began = loop.time()
-                self._inputs[s].set_result(held)
+                self._inputs[s].set_result((held, lost))
                 if len(info.members) == 1:  # its sub-cell's mean is already the cell's
                     self._slots[info.group_id][1].cancel()
                     stages.append(StageMetrics(s, 1, 0, 0, 0.0))
                     continue
-                result = await self._run_stage(s, held)
+                result, ran, lost = await self._run_stage(s, held, lost)
+                missing = [n for n in ran.names if n not in result.members]
+                if missing:
+                    raise RoundFailed(
+                        info.key.fragment,
+                        info.key.round,
+                        f"stage {s}: did not count {', '.join(missing)} (a staged round "
+                        "counts every member of every stage group, or a stand-in for it)",
+                    )
                 held = result.delta
                 seconds = loop.time() - began
                 stages.append(
                     StageMetrics(
-                        s, len(info.members), result.bytes_sent, result.bytes_received, seconds
+                        s, len(ran.members), result.bytes_sent, result.bytes_received, seconds
                     )
                 )
                 logger.info(
@@ -341,14 +400,15 @@ class StagedRunner:
             for _, future in self._slots.values():
                 if not future.done():
                     future.cancel()
-            for future in self._inputs:
-                if not future.done():
-                    future.cancel()
-            # others' retries start at most a stage after ours ended
-            self._window_end = loop.time() + self._stage_wait(1)
+            for entering in self._inputs:
+                if not entering.done():
+                    entering.cancel()
+            # others' views start at most a few stage lengths after ours ended
+            self._window_end = loop.time() + self._stage_wait(self.ATTEMPTS - 1)
+        names = self.group.names
         return RoundResult(
             delta=held,
-            members=self.group.names,
+            members=tuple(n for i, n in enumerate(names) if i not in lost),
             bytes_sent=sum(m.bytes_sent for m in stages),
             bytes_received=sum(m.bytes_received for m in stages),
             seconds=loop.time() - start,

@@ -37,7 +37,7 @@ class SwarmReducer(Reducer):
 
     ``reduce`` returns at once; matchmaking and the all-reduce run on the swarm's loop and
     the future resolves within ``timeouts.total`` seconds (a staged round: one all-reduce and
-    its checks more per further stage, and per stage one more for a stand-in's retry). With
+    its checks more per further stage, and per stage a few more after a loss). With
     ``target_group_size`` (e.g. the number of live node records) matchmaking ends as soon as
     that many peers declared, instead of after the whole window. ``max_weight`` caps every
     member's weight (tokens, the run's cap) and ``clip_factor`` is the C of the reducers'
@@ -185,8 +185,9 @@ class SwarmReducer(Reducer):
                     stage = timeouts.allreduce + timeouts.verification
                     when = deadline.when()
                     assert when is not None
-                    # every stage may run twice (a stand-in's retry: staged_runner)
-                    deadline.reschedule(when + (2 * grid.num_stages - 1) * stage)
+                    # a stage may run its group again as a view (a loss: staged_runner)
+                    extra = StagedRunner.ATTEMPTS * grid.num_stages - 1
+                    deadline.reschedule(when + extra * stage)
                     runner = StagedRunner(
                         group=group,
                         plan=grid,

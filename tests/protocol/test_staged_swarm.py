@@ -10,7 +10,15 @@ import pytest
 import torch
 from hivemind.p2p import PeerID
 from swarm_expected import group_order
-from swarm_peers import TIMEOUTS, PeerProcess, command, make_delta, start_swarm, stop_peers
+from swarm_peers import (
+    TIMEOUTS,
+    PeerProcess,
+    command,
+    make_delta,
+    start_peer,
+    start_swarm,
+    stop_peers,
+)
 
 from diloco.codecs import get_codec
 from diloco.protocol.grid import GridPlan, plan_grid
@@ -83,40 +91,49 @@ def test_twelve_peers_in_groups_of_four_equal_the_staged_reference(
     assert error < (1e-6 if codec == "none" else 0.4)
 
 
-def test_peer_killed_mid_cross_cell_stage_is_stood_in_for(peers: list[PeerProcess]) -> None:
-    """The peer is SIGKILLed in stage 1 (across cells) once its own part has a contribution,
-    its stage-0 mean already held by its cell: its stage-1 group runs again with the next
-    member of its cell standing in, and all 11 survivors hold the in-process staged mean
-    with that loss (every contribution counted) and count all 12."""
-    fragment = 700
+@pytest.mark.parametrize(("stage", "fragment"), [(0, 700), (1, 701)])
+def test_peer_killed_mid_stage_the_eleven_survivors_hold_the_staged_mean(
+    peers: list[PeerProcess], stage: int, fragment: int
+) -> None:
+    """One peer is SIGKILLed mid-stage (once its own part has a contribution). In stage 0
+    its cell reruns without it and the next member of its cell takes its stage-1 slot,
+    counting the cell's 3; in stage 1 (its cell's mean already held by its cell) its
+    stage-1 group reruns with that stand-in. Either way all 11 survivors hold the bytes of
+    the in-process staged reducer with that loss, within float rounding of the flat
+    weighted mean of the members it counts."""
     command(peers, "codec", "none")
     command(peers, "staged", (MAX_GROUP, NUM_PEERS, False, None))
     victim = peers[5]
-    victim.send("staged", (MAX_GROUP, NUM_PEERS, False, 1))
+    victim.send("staged", (MAX_GROUP, NUM_PEERS, False, stage))
     assert victim.recv(30)[0] == "ok"
     seeds = [fragment * 100 + i for i in range(NUM_PEERS)]
     ids = [peer.peer_id for peer in peers]
     try:
         _reduce(peers, fragment, seeds)
-        assert victim.recv(TIMEOUT) == ("dying", 1)
+        assert victim.recv(TIMEOUT) == ("dying", stage)
         results = {i: peers[i].recv(TIMEOUT)[1][0] for i in range(NUM_PEERS) if i != 5}
-    finally:
-        victim.kill()
+    finally:  # a fresh peer in its place for the next test (the fixture stops it)
+        stop_peers([victim])
+        peers[5] = start_peer(peers[0].maddrs[:1])
     order = group_order(ids)
     position = {peer: k for k, peer in enumerate(order)}  # test index -> group index
     plan, _, deltas, _ = _expected(ids, fragment, seeds, "none")
-    reference = staged_mean(plan, deltas, get_codec("none"), lost={position[5]: 1})
-    assert reference.counted[position[0]] == frozenset(range(NUM_PEERS))
+    reference = staged_mean(plan, deltas, get_codec("none"), lost={position[5]: stage})
+    counted = sorted(reference.counted[position[0]])
+    assert len(counted) == (11 if stage == 0 else 12)
     assert all(r["ok"] for r in results.values()), results
     assert {r["sha256"] for r in results.values()} == {_sha(reference.values[position[0]])}
-    assert all(sorted(r["members"]) == sorted(ids) for r in results.values())
-    mates = {i for i in results if position[i] in plan.group_of(position[5], 1).members}
-    assert len(mates) == 2
-    # the victim's stage-1 mates ran that stage twice: more bytes than any other peer's one
-    others = max(results[i]["stages"][1][2] for i in results if i not in mates)
-    assert all(results[i]["stages"][1][2] > others for i in mates), results
-    # within float rounding of the flat weighted mean of all 12
-    w = torch.tensor([WEIGHTS[i] for i in order], dtype=torch.float64)
-    flat = (torch.stack(deltas).double() * (w / w.sum())[:, None]).sum(0)
+    names = {position[i]: ids[i] for i in range(NUM_PEERS)}
+    assert all(sorted(r["members"]) == sorted(names[m] for m in counted) for r in results.values())
+    # the stage that lost the victim ran again as a view: more bytes than any other's once
+    mates = {i for i in results if position[i] in plan.group_of(position[5], stage).members}
+    assert len(mates) == (3 if stage == 0 else 2)
+    others = max(results[i]["stages"][stage][2] for i in results if i not in mates)
+    if stage == 1:
+        assert all(results[i]["stages"][1][2] > others for i in mates), results
+    else:  # the cell reran among its 3 survivors
+        assert all(results[i]["stages"][0][1] == 3 for i in mates), results
+    w = torch.tensor([WEIGHTS[order[m]] for m in counted], dtype=torch.float64)
+    flat = (torch.stack([deltas[m] for m in counted]).double() * (w / w.sum())[:, None]).sum(0)
     value = reference.values[position[0]].double()
     assert float((value - flat).norm() / flat.norm()) < 1e-6

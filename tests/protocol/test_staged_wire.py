@@ -16,7 +16,6 @@ from hivemind.p2p import PeerID
 from memory_p2p import MemoryNetwork, MemoryP2P, make_identity
 
 from diloco.codecs import get_codec
-from diloco.errors import RoundFailed
 from diloco.protocol.aggregation import CLIP_FACTOR
 from diloco.protocol.allreduce import AllReduceRunner
 from diloco.protocol.bans import BanList
@@ -25,14 +24,9 @@ from diloco.protocol.group import GroupInfo, RoundTimeouts
 from diloco.protocol.identity import Identity
 from diloco.protocol.reducer import RoundKey, RoundResult
 from diloco.protocol.routing import AllReduceService
+from diloco.protocol.stage_views import stand_in_for, view_group_id
 from diloco.protocol.staged import staged_mean
-from diloco.protocol.staged_runner import (
-    RunnerFactory,
-    StagedRunner,
-    grid_for,
-    stand_in_for,
-    stand_in_group_id,
-)
+from diloco.protocol.staged_runner import RunnerFactory, StagedRunner, grid_for
 
 N, MAX_GROUP, NUMEL = 12, 4, 3_001
 KEY = RoundKey(5, 9)
@@ -179,10 +173,30 @@ def test_every_member_holds_the_staged_reference_bytes(codec: str) -> None:
     assert error < (1e-6 if codec == "none" else 0.4)
 
 
-def test_member_lost_in_stage_0_fails_the_round_for_all() -> None:
-    results = asyncio.run(_round("none", victim=3, die_in=0))
-    others = [r for i, r in enumerate(results) if i != 3]
-    assert all(isinstance(r, RoundFailed) for r in others), others
+def test_member_lost_in_stage_0_its_cell_reruns_without_it_and_a_stand_in_takes_its_slot() -> None:
+    """The victim dies as stage 0 starts: its cell reruns stage 0 without it, its stage-1
+    slot is taken by the next member of its cell, and the other cells' members learn the
+    cell's smaller weight from the views' ids: all 11 survivors hold the in-process
+    reference with that loss, the staged mean of the 11."""
+    victim = 3
+    results = asyncio.run(_round("none", victim=victim, die_in=0))
+    plan = plan_grid(f"{KEY.fragment}/{KEY.round}", [p.to_bytes() for p in _peers()], WEIGHTS, 4)
+    reference = staged_mean(plan, _deltas(), get_codec("none"), lost={victim: 0})
+    live = [m for m in range(N) if m != victim]
+    assert reference.counted[live[0]] == frozenset(live)
+    expected = reference.values[live[0]].numpy().tobytes()
+    names = [p.to_base58() for p in _peers()]
+    cell = set(plan.group_of(victim, 0).members) - {victim}
+    for i in live:
+        r = results[i]
+        assert isinstance(r, RoundResult), (i, r)
+        assert r.delta.numpy().tobytes() == expected
+        assert sorted(r.members) == sorted(names[m] for m in live)
+        assert r.stages[0].members == (3 if i in cell else 4)
+    w = torch.tensor([WEIGHTS[m] for m in live], dtype=torch.float64)
+    flat = (torch.stack([_deltas()[m] for m in live]).double() * (w / w.sum())[:, None]).sum(0)
+    error = float((reference.values[live[0]].double() - flat).norm() / flat.norm())
+    assert error < 1e-6
 
 
 def test_member_lost_in_stage_1_is_stood_in_for_and_every_survivor_holds_the_mean() -> None:
@@ -213,10 +227,16 @@ def test_member_lost_in_stage_1_is_stood_in_for_and_every_survivor_holds_the_mea
             )
 
 
-def test_stand_in_ids_differ_by_slot_and_peer() -> None:
+def test_view_ids_differ_by_slot_peer_and_lost_members() -> None:
     gid = bytes(16)
-    ids = {stand_in_group_id(gid, slot, bytes([peer])) for slot in range(3) for peer in range(3)}
-    assert len(ids) == 9 and gid not in ids
+    ids = {
+        view_group_id(gid, slot, bytes([peer]) * peer, lost)
+        for slot in range(3)
+        for peer in range(3)
+        for lost in ((), (1,), (2,), (1, 2))
+    }
+    assert len(ids) == 36 and gid not in ids
+    assert view_group_id(gid, 0, b"", (2, 1)) == view_group_id(gid, 0, b"", (1, 2))
 
 
 def test_stand_in_is_the_next_member_of_the_cell_in_line_order() -> None:
