@@ -157,7 +157,11 @@ class AllReduceService:
             if not future.done() or future.cancelled() or future.exception() is not None:
                 return Reject(RejectCode.UNKNOWN_ROUND, reason="no group for this round here")
             served = future.result()
-        runner = await served.runner_for(group_id) if isinstance(served, StagedRunner) else served
+        runner = (
+            await served.runner_for(group_id, sender)
+            if isinstance(served, StagedRunner)
+            else served
+        )
         if runner is None or runner.group.group_id != group_id:
             return Reject(RejectCode.NOT_MEMBER, reason="another group")
         return runner

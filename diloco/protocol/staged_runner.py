@@ -197,18 +197,19 @@ class StagedRunner:
         t = self.timeouts
         return t.matchmaking + stages * (t.allreduce + t.verification)
 
-    async def runner_for(self, group_id: bytes) -> AllReduceRunner | None:
+    async def runner_for(self, group_id: bytes, sender: PeerID) -> AllReduceRunner | None:
         """The runner of this member's stage group ``group_id`` (or a view of it), once that
         stage started here (an earlier stage may still run: bounded by the stages before
         it), or of a view it stands in for; None for another group, or a stage this member
-        never starts."""
+        never starts. A stream from a member of a view tells that the view runs
+        (``_saw``)."""
         if group_id in self._stood_in:
             return self._stood_in[group_id]
         if group_id in self._standing:
             return await self._stand_in(group_id)
         if group_id not in self._slots:
             return None
-        if group_id in self._views:
+        if group_id in self._views and sender in self._views[group_id][1].members:
             self._saw(group_id)
         stages, future = self._slots[group_id]
         await asyncio.wait({future}, timeout=self._stage_wait(stages))
