@@ -166,6 +166,11 @@ class AllReduceRunner:
         self._own_chunks = list(self.server.own_chunks)
         self.substitutes = Substitutes(self.index, self.num_members, self.server, group.clients)
         self.rereduced: set[int] = set()
+        self.not_members: set[int] = set()
+        """Members that refused this group's PART streams as not theirs (NOT_MEMBER): they
+        run another group (a staged round's view, ``staged_runner``)."""
+        self.not_member = asyncio.Event()
+        """Set whenever a member joins ``not_members``."""
         """Parts held as a substitute re-reduced them (not sampled by the checks)."""
         self.transfer_seconds: float | None = None  # all parts held, first try (``adaptive``)
         self.reports = ReportExchange(
@@ -420,6 +425,9 @@ class AllReduceRunner:
                 frame = await read_frame_header(reader, self.counter)
                 if frame.kind == Kind.REJECT and frame.body_len <= MAX_SMALL_BODY:
                     reject = Reject.parse(await read_body(reader, frame.body_len, self.counter))
+                    if reject.code == RejectCode.NOT_MEMBER:
+                        self.not_members.add(r)
+                        self.not_member.set()
                     failed = reject.code == RejectCode.BAD_PART and reject.reason.startswith(FAILED)
                     error = ProtocolError if failed else Excluded
                     raise error(f"rejected: {reject.code.name} {reject.reason}")

@@ -33,12 +33,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import hashlib
 import logging
 import math
 import struct
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from hivemind.p2p import PeerID
@@ -115,6 +115,15 @@ def stage_infos(group: GroupInfo, plan: GridPlan) -> tuple[tuple[GroupInfo, ...]
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Moved:
+    """Where a stage group went instead of finishing here: the view others pulled this
+    member into, or the slot whose member refused or was missing."""
+
+    pull: bytes | None = None
+    refused: int | None = None
+
+
 class StagedRunner:
     """One member's side of one staged round: its stage groups' runners, one after another.
 
@@ -126,7 +135,7 @@ class StagedRunner:
     transfer_seconds: float | None = None
     """Not measured for staged rounds (``adaptive`` learns from flat ones)."""
 
-    ATTEMPTS = 4
+    ATTEMPTS = 5
     """Stage lengths one stage may take here: the plan's group, a view, another view after
     waiting for its first stream."""
 
@@ -157,16 +166,16 @@ class StagedRunner:
         """Stage group id -> (how many stage lengths a stream may wait for it, its runner)."""
         self._views: dict[bytes, tuple[SlotView, GroupInfo]] = {}
         """Views of this member's stage groups that another slot's loss may lead it to run."""
-        self._seen: dict[tuple[int, int], list[bytes]] = {}
-        """(stage, slot) -> ids of its views a stream arrived under, first first."""
-        self._seen_event: dict[tuple[int, int], asyncio.Event] = {}
+        self._pulls: list[list[bytes]] = [[] for _ in plan.stages]
+        """Per stage, ids of views of this member's group a member of theirs streamed under,
+        first first: the group runs as that view (``_run_stage`` joins it)."""
+        self._pulled = [asyncio.Event() for _ in plan.stages]
         for s, info in enumerate(self.mine):
             self._slots[info.group_id] = (self.ATTEMPTS * s, loop.create_future())
             for view in candidate_views(plan, s, index):
                 seen = view_info(group, plan, self._capped, info, view)
                 self._views[seen.group_id] = (view, seen)
-                self._slots[seen.group_id] = (self.ATTEMPTS * s + 3, loop.create_future())
-                self._seen_event.setdefault((s, view.slot), asyncio.Event())
+                self._slots[seen.group_id] = (self.ATTEMPTS * s + 1, loop.create_future())
         self._inputs: list[asyncio.Future[tuple[torch.Tensor, tuple[int, ...]]]] = [
             loop.create_future() for _ in plan.stages
         ]
@@ -180,6 +189,8 @@ class StagedRunner:
         self._stood_in: dict[bytes, AllReduceRunner] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._window_end = math.inf
+        self._sent = self._received = 0
+        self._tried: set[bytes] = set()
         self._running: tuple[int, AllReduceRunner] | None = None
         self.runners: list[AllReduceRunner] = []
         """The stages' runners started so far, in stage order."""
@@ -202,7 +213,7 @@ class StagedRunner:
         stage started here (an earlier stage may still run: bounded by the stages before
         it), or of a view it stands in for; None for another group, or a stage this member
         never starts. A stream from a member of a view tells that the view runs
-        (``_saw``)."""
+        (``_pull``)."""
         if group_id in self._stood_in:
             return self._stood_in[group_id]
         if group_id in self._standing:
@@ -210,26 +221,20 @@ class StagedRunner:
         if group_id not in self._slots:
             return None
         if group_id in self._views and sender in self._views[group_id][1].members:
-            self._saw(group_id)
+            self._pull(group_id)
         stages, future = self._slots[group_id]
         await asyncio.wait({future}, timeout=self._stage_wait(stages))
         if not future.done() or future.cancelled():
             return None
         return future.result()
 
-    def _saw(self, group_id: bytes) -> None:
-        """A stream arrived under a view of one of this member's groups: the slot's
-        contributor in the group running now will not serve it (lost, or counting less)."""
+    def _pull(self, group_id: bytes) -> None:
+        """A member of a view of one of this member's groups streamed under it: the view
+        runs, so this member's group of that stage joins it."""
         view, _ = self._views[group_id]
-        seen = self._seen.setdefault((view.stage, view.slot), [])
-        if group_id in seen:
-            return
-        seen.append(group_id)
-        self._seen_event[view.stage, view.slot].set()
-        if self._running is not None and self._running[0] == view.stage:
-            runner = self._running[1]  # the plan's group or another view: the slot is elsewhere
-            if runner.group.group_id != group_id and view.slot < len(runner.group.members):
-                runner.exclude(runner.group.members[view.slot], "runs another view of the group")
+        if group_id not in self._pulls[view.stage]:
+            self._pulls[view.stage].append(group_id)
+            self._pulled[view.stage].set()
 
     async def _stand_in(self, group_id: bytes) -> AllReduceRunner | None:
         """Start (once) the view ``group_id`` with this member in a lost member's slot."""
@@ -259,11 +264,17 @@ class StagedRunner:
         try:
             await runner.run()
         except RoundFailed as exc:
-            logger.info("round %s: stand-in in stage %d failed: %s", info.key, stage, exc.reason)
+            logger.info(
+                "round %s: member %d stood in stage %d, failed: %s",
+                info.key,
+                self.index,
+                stage,
+                exc.reason,
+            )
         except Exception:
             logger.exception("round %s: stand-in in stage %d", info.key, stage)
         else:
-            logger.info("round %s: stood in for a lost member in stage %d", info.key, stage)
+            logger.info("round %s: member %d stood in in stage %d", info.key, self.index, stage)
 
     def serving_until(self) -> float:
         """Loop time until which this member's streams must stay routed: the views it may
@@ -276,88 +287,145 @@ class StagedRunner:
         if self.runners:
             self.runners[-1].exclude(peer, reason)
 
-    async def _run_group(self, s: int, info: GroupInfo, held: torch.Tensor) -> RoundResult:
+    async def _run_group(
+        self, s: int, info: GroupInfo, held: torch.Tensor, watch: int | None = -1
+    ) -> RoundResult | _Moved:
+        """Run ``info`` here: its result, or where the group moved, the run then cancelled:
+        a member of ``watch``'s slot (None: any; -1: none) refused it as not its group, or
+        a member streamed under a view of it not tried yet (``_pull``)."""
         runner = self.make_runner(info, held, self.max_weight if s == 0 else math.inf)
         self.runners.append(runner)
         self._slots[info.group_id][1].set_result(runner)
-        self._running = (s, runner)
+        self._tried.add(info.group_id)
+        task = asyncio.ensure_future(runner.run())
         try:
-            return await runner.run()
+            while True:
+                moved = self._moved(s, runner, watch)
+                if moved is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, RoundFailed):
+                        await task
+                    logger.info("round %s: member %d, stage %d: %s", info.key, self.index, s, moved)
+                    return moved
+                signals = [
+                    asyncio.ensure_future(runner.not_member.wait()),
+                    asyncio.ensure_future(self._pulled[s].wait()),
+                ]
+                await asyncio.wait({task, *signals}, return_when=asyncio.FIRST_COMPLETED)
+                for signal in signals:
+                    signal.cancel()
+                if task.done():
+                    return task.result()
+                runner.not_member.clear()
+                self._pulled[s].clear()
         except RoundFailed as exc:
             raise RoundFailed(exc.fragment, exc.round, f"stage {s}: {exc.reason}") from exc
         finally:
-            self._running = None
+            task.cancel()
             self.part_missing = self.part_missing or runner.part_missing
+            self._sent += runner.counter.sent
+            self._received += runner.counter.received
+
+    def _moved(self, s: int, runner: AllReduceRunner, watch: int | None) -> _Moved | None:
+        if watch == -1:
+            return None
+        pull = self._next_pull(s)
+        if pull is not None:
+            return _Moved(pull=pull)
+        refused = [k for k in sorted(runner.not_members) if watch in (None, k)]
+        return _Moved(refused=refused[0]) if refused else None
+
+    def _next_pull(self, s: int) -> bytes | None:
+        """A view of this member's stage-``s`` group that runs and was not tried here: one
+        whose sub-cell lost someone (its source knows) before a plain stand-in."""
+        pending = [i for i in self._pulls[s] if i not in self._tried]
+        knowing = [i for i in pending if self._views[i][0].lost]
+        return knowing[0] if knowing else pending[0] if pending else None
 
     async def _run_stage(
         self, s: int, held: torch.Tensor, lost: tuple[int, ...]
     ) -> tuple[RoundResult, GroupInfo, tuple[int, ...]]:
         """Stage ``s`` here with ``held``, which counts this member's sub-cell but ``lost``:
-        the result, the group it came from, and the members it does not count."""
-        info = self.mine[s]
+        the result, the group it came from, and the members it does not count.
+
+        The plan's group first. A member of the group streaming under one of its views
+        moves this member there at once (the view's source knows best). When one slot
+        ``k`` went missing (or refused the group as not its own), this member tries in
+        stage 0 the cell without ``k``'s member, later ``k``'s stand-in counting its whole
+        sub-cell, once; then it waits a stage length for a view to run.
+
+        Raises:
+            RoundFailed: an attempt failed here and nothing was left to try.
+        """
+        info, me = self.mine[s], self.group.members[self.index]
         if lost:  # this member's slot differs from the plan's: it runs its view at once
             self._slots[info.group_id][1].cancel()
-            slot = info.members.index(self.group.members[self.index])
+            slot = info.members.index(me)
             own_id, (_, own) = self._view_of(self.index, SlotView(s, slot, self.index, lost))
             self._slots[own_id] = (self.ATTEMPTS * s, asyncio.get_running_loop().create_future())
             for other, view in standing_views(self.plan, s, self.index, lost):
                 group_id, (_, theirs) = self._view_of(other, view)
                 self._start_stand_in(group_id, view, theirs, held)
-            return await self._run_group(s, own, held), own, lost
+            result = await self._run_group(s, own, held)
+            assert isinstance(result, RoundResult)  # -1: nothing moves it
+            return result, own, lost
+        current, view = info, SlotView(s, -1, None, ())
+        tried_fallback = False
         failure: RoundFailed | None = None
-        try:
-            result = await self._run_group(s, info, held)
-        except RoundFailed as exc:  # e.g. a part missing: its reducer runs a view
-            slots = [slot for (stage, slot), ids in self._seen.items() if stage == s and ids]
-            if len(slots) != 1:
-                raise
-            k, failure, sent, received = slots[0], exc, 0, 0
-        else:
-            missing = [k for k, n in enumerate(info.names) if n not in result.members]
-            if len(missing) != 1 or info.members[missing[0]] == self.group.members[self.index]:
-                return result, info, lost
-            k, sent, received = missing[0], result.bytes_sent, result.bytes_received
-        tried: set[bytes] = set()
-        for attempt in range(2):
-            chosen = self._next_view(s, k, tried, plain=attempt == 0 and s > 0)
-            if chosen is None and attempt == 1:
-                event = self._seen_event[s, k]
-                event.clear()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(event.wait(), self._stage_wait(0))
-                chosen = self._next_view(s, k, tried, plain=False)
-            if chosen is None:
-                break
-            tried.add(chosen)
-            view, seen = self._views[chosen]
-            logger.info("round %s: stage %d lost %s, again as %s", info.key, s, info.names[k], view)
+        outcome: RoundResult | _Moved
+        for _ in range(self.ATTEMPTS):
             try:
-                result = await self._run_group(s, seen, held)
-            except RoundFailed as exc:  # another view may still count the slot
-                failure = exc
-                continue
-            failure = None
-            sent, received = sent + result.bytes_sent, received + result.bytes_received
-            info = seen
-            if all(n in result.members for n in seen.names):
-                lost = view.lost
+                outcome = await self._run_group(
+                    s, current, held, watch=None if current is info else view.slot
+                )
+            except RoundFailed as exc:
+                outcome, failure = _Moved(), exc
+            else:
+                failure = None
+            if isinstance(outcome, RoundResult):
+                missing = [k for k, n in enumerate(current.names) if n not in outcome.members]
+                if not missing:
+                    return outcome, current, view.lost
+                if len(missing) == 1 and current.members[missing[0]] != me:
+                    outcome = _Moved(refused=missing[0])
+                else:
+                    outcome = _Moved()
+            pull = outcome.pull
+            if pull is None and not tried_fallback and outcome.refused is not None:
+                tried_fallback = True
+                if current is info:
+                    pull = self._fallback(s, outcome.refused)
+            if pull is None:
+                pull = await self._await_pull(s)
+            if pull is None:
                 break
+            view, current = self._views[pull]
         if failure is not None:
             raise failure
-        result = dataclasses.replace(result, bytes_sent=sent, bytes_received=received)
-        return result, info, lost
+        raise RoundFailed(
+            info.key.fragment,
+            info.key.round,
+            f"stage {s}: did not count every member of {', '.join(current.names)} (a staged "
+            "round counts every member of every stage group, or a stand-in for it)",
+        )
 
-    def _next_view(self, s: int, k: int, tried: set[bytes], *, plain: bool) -> bytes | None:
-        """The next view of slot ``k`` to run: one a stream arrived under, else in stage 0
-        the cell without it and (``plain``) later its stand-in counting it all."""
-        for group_id in self._seen.get((s, k), []):
-            if group_id not in tried:
-                return group_id
+    def _fallback(self, s: int, k: int) -> bytes | None:
+        """The view this member tries itself when slot ``k`` of its stage-``s`` group is
+        missing: the cell without it (stage 0), or its stand-in counting it all."""
         for group_id, (view, _) in self._views.items():
-            if view.stage != s or view.slot != k or group_id in tried:
-                continue
-            if s == 0 or (plain and not view.lost):
-                return group_id
+            if (view.stage, view.slot) == (s, k) and (s == 0 or not view.lost):
+                return group_id if group_id not in self._tried else None
+        return None
+
+    async def _await_pull(self, s: int) -> bytes | None:
+        """A view of this member's stage-``s`` group that others run, waited for a stage
+        length (its source may still be in the previous stage)."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            async with asyncio.timeout(self._stage_wait(1)):
+                while (pull := self._next_pull(s)) is None:
+                    self._pulled[s].clear()
+                    await self._pulled[s].wait()
+                return pull
         return None
 
     async def run(self) -> RoundResult:
@@ -378,6 +446,7 @@ class StagedRunner:
                     self._slots[info.group_id][1].cancel()
                     stages.append(StageMetrics(s, 1, 0, 0, 0.0))
                     continue
+                sent, received = self._sent, self._received
                 result, ran, lost = await self._run_stage(s, held, lost)
                 missing = [n for n in ran.names if n not in result.members]
                 if missing:
@@ -391,7 +460,7 @@ class StagedRunner:
                 seconds = loop.time() - began
                 stages.append(
                     StageMetrics(
-                        s, len(ran.members), result.bytes_sent, result.bytes_received, seconds
+                        s, len(ran.members), self._sent - sent, self._received - received, seconds
                     )
                 )
                 logger.info(
