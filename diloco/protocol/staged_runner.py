@@ -3,8 +3,8 @@
 A round's group (formed by matchmaking as for a flat round) with more members than the
 run's ``max_group_size`` is placed on a grid (``grid.plan_grid``, from the round's key and
 the GROUP's members: the same plan on every member). Stage ``s`` is an ordinary all-reduce
-among this member's stage-``s`` group, with the previous stage's result as input and the sub-cells'
-carried weights (capped once, at stage 0; never again) as the members' weights, so every
+among this member's stage-``s`` group, with the previous stage's result as input and the
+sub-cells' carried weights (capped once, at stage 0; never again) as the members' weights, so every
 stage keeps every flat rule: FP32 in group order, one encoding of each mean, exclusion,
 re-reduction, reports, checks. Each stage group has its own group id (``stage_group_id``),
 so the PART, REPORT and CHECK streams of different stages and groups never mix; the
@@ -12,18 +12,22 @@ routing (``routing``) finds the runner of a stage by it. The arithmetic is that 
 ``staged.staged_mean``, the in-process reference: the same bytes on every member.
 
 **Faults** (``docs/staged.md``, ``stage_views``): when exactly one contributor is missing
-from a stage group's agreed result, its members run the group once more under a *view*
-with its own id: in stage 0 the cell without the lost member (its survivors' value then
-counts the cell but that one, and says so in every later stage's slot weight and id); in a
-later stage, the lost contributor's slot taken by a *stand-in*, the next member of its
-sub-cell in line order, which holds the same bytes. A stand-in knows from the plan which
-views it may be asked for; it starts one when its first stream arrives (a member counted
-before and lost in this stage: only that group saw it), or at once (a member its sub-cell
-lost before: it knows), and serves such streams for a stage length after its own round
-ended (``serving_until``). Every group of a stage thus reduces the same slots, weights and
-bytes, and every survivor holds the same value: ``staged.staged_mean`` with ``lost``.
-Not handled (the group fails at its members, no partial update is applied): two losses in
-one stage group, or in one cell; a stand-in that is itself lost.
+from a stage group's agreed result, its members run the group once more as a *view* with
+its own id: in stage 0 the cell without the lost member (its survivors' value then counts
+the cell but that one, and says so in every later stage's slot weight and id); in a later
+stage, the lost contributor's slot taken by a *stand-in*, the next member of its sub-cell
+in line order, which holds the same bytes. Who knows starts: a member whose sub-cell lost
+someone runs its own view at once and refuses the plan's group (NOT_MEMBER), the stand-in
+of a member lost in an earlier stage starts that member's view at once; a stream from a
+member of a view moves every other member of the group into it (``_pull``), whatever it was
+running. The members of a group that lost a member nobody else knows about (counted
+before, lost in this stage) try its stand-in themselves; the stand-in knows from the plan
+which such views it may be asked for and serves them, with the value it held entering that
+stage, when their first stream arrives, also for a while after its own round ended
+(``serving_until``). Every group of a stage thus reduces the same slots, weights and bytes,
+and every survivor holds the same value: ``staged.staged_mean`` with ``lost``. Not handled
+(the group fails at its members, no partial update is applied): two losses in one stage
+group or one cell, a stand-in that is itself lost.
 
 Not on the wire yet: receivers (cells of uneven size, ``grid``) and single-member cells;
 such rounds run flat (``grid_for``).
@@ -122,6 +126,7 @@ class _Moved:
 
     pull: bytes | None = None
     refused: int | None = None
+    missing: int | None = None
 
 
 class StagedRunner:
@@ -233,6 +238,7 @@ class StagedRunner:
         runs, so this member's group of that stage joins it."""
         view, _ = self._views[group_id]
         if group_id not in self._pulls[view.stage]:
+            logger.info("round %s: member %d pulled into %s", self.group.key, self.index, view)
             self._pulls[view.stage].append(group_id)
             self._pulled[view.stage].set()
 
@@ -350,9 +356,10 @@ class StagedRunner:
 
         The plan's group first. A member of the group streaming under one of its views
         moves this member there at once (the view's source knows best). When one slot
-        ``k`` went missing (or refused the group as not its own), this member tries in
-        stage 0 the cell without ``k``'s member, later ``k``'s stand-in counting its whole
-        sub-cell, once; then it waits a stage length for a view to run.
+        ``k`` of the plan's group went missing, this member tries in stage 0 the cell
+        without ``k``'s member, later ``k``'s stand-in counting its whole sub-cell; when it
+        refused the group as not its own, or that failed, it waits a stage length for a
+        view to run.
 
         Raises:
             RoundFailed: an attempt failed here and nothing was left to try.
@@ -370,7 +377,6 @@ class StagedRunner:
             assert isinstance(result, RoundResult)  # -1: nothing moves it
             return result, own, lost
         current, view = info, SlotView(s, -1, None, ())
-        tried_fallback = False
         failure: RoundFailed | None = None
         outcome: RoundResult | _Moved
         for _ in range(self.ATTEMPTS):
@@ -387,19 +393,18 @@ class StagedRunner:
                 if not missing:
                     return outcome, current, view.lost
                 if len(missing) == 1 and current.members[missing[0]] != me:
-                    outcome = _Moved(refused=missing[0])
+                    outcome = _Moved(missing=missing[0])
                 else:
                     outcome = _Moved()
             pull = outcome.pull
-            if pull is None and not tried_fallback and outcome.refused is not None:
-                tried_fallback = True
-                if current is info:
-                    pull = self._fallback(s, outcome.refused)
+            if pull is None and current is info and outcome.missing is not None:
+                pull = self._fallback(s, outcome.missing)  # a refusal: its view will come
             if pull is None:
                 pull = await self._await_pull(s)
             if pull is None:
                 break
             view, current = self._views[pull]
+            logger.info("round %s: member %d, stage %d: now %s", info.key, self.index, s, view)
         if failure is not None:
             raise failure
         raise RoundFailed(

@@ -43,10 +43,11 @@ def reduce(peers: list[PeerProcess], fragment: int, seeds: list[int]) -> None:
 
 
 def warm_up(peers: list[PeerProcess], fragment: int) -> None:
-    """One staged round whose result is not checked: on a swarm just started, the first
-    dials between peers (p2pd connections, under the load of 12 starting processes) can
-    make a JOIN miss the leader's join timeout and the peer miss the round (SPEC 4), which
-    is matchmaking's business, not what the loss tests check."""
+    """One staged round whose result is not checked: on a swarm just started, a peer's
+    first declaration may not be found by the leader within its join timeout (a young DHT),
+    or its first dials (p2pd connections, under the load of 12 starting processes) make its
+    JOIN late, and it misses the round (SPEC 4): matchmaking's business, not what the
+    staged tests check."""
     command(peers, "codec", "none")
     command(peers, "staged", (MAX_GROUP, NUM_PEERS, False, None))
     for i, peer in enumerate(peers):

@@ -256,7 +256,8 @@ def peer_main(
     mp.set_start_method("fork", force=True)  # the DHT process forks, as in a real node
     _conn = conn
     logging.basicConfig(
-        level=logging.WARNING, format=f"[peer {os.getpid()}] %(levelname)s %(name)s: %(message)s"
+        level=logging.WARNING,
+        format=f"%(created).3f [peer {os.getpid()}] %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("diloco").setLevel(os.environ.get("DILOCO_TEST_LOG_LEVEL", "WARNING"))
     if "GOLOG_LOG_LEVEL" in os.environ:  # diagnostics: p2pd's own log, e.g. "error,p2pd=debug"

@@ -16,6 +16,7 @@ from staged_swarm import (
     expected,
     reduce,
     sha,
+    warm_up,
 )
 from swarm_peers import PeerProcess, command, start_swarm, stop_peers
 
@@ -26,6 +27,7 @@ pytestmark = pytest.mark.swarm
 def peers() -> Iterator[list[PeerProcess]]:
     swarm = start_swarm(NUM_PEERS)
     try:
+        warm_up(swarm, 599)
         yield swarm
     finally:
         stop_peers(swarm)
