@@ -196,7 +196,6 @@ class StagedRunner:
         self._window_end = math.inf
         self._sent = self._received = 0
         self._tried: set[bytes] = set()
-        self._running: tuple[int, AllReduceRunner] | None = None
         self.runners: list[AllReduceRunner] = []
         """The stages' runners started so far, in stage order."""
         self.part_missing = False
