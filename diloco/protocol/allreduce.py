@@ -166,12 +166,12 @@ class AllReduceRunner:
         self._own_chunks = list(self.server.own_chunks)
         self.substitutes = Substitutes(self.index, self.num_members, self.server, group.clients)
         self.rereduced: set[int] = set()
+        """Parts held as a substitute re-reduced them (not sampled by the checks)."""
         self.not_members: set[int] = set()
         """Members that refused this group's PART streams as not theirs (NOT_MEMBER): they
         run another group (a staged round's view, ``staged_runner``)."""
         self.not_member = asyncio.Event()
         """Set whenever a member joins ``not_members``."""
-        """Parts held as a substitute re-reduced them (not sampled by the checks)."""
         self.transfer_seconds: float | None = None  # all parts held, first try (``adaptive``)
         self.reports = ReportExchange(
             p2p=p2p, group=group, index=self.index, handler=self.report_handler, timeouts=timeouts

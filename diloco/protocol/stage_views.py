@@ -74,6 +74,13 @@ def stand_in_for(plan: GridPlan, stage: int, member: int) -> int | None:
     return cell[(cell.index(member) + 1) % len(cell)]
 
 
+def view_id(group: GroupInfo, info: GroupInfo, view: SlotView) -> bytes:
+    """The group id of stage group ``info`` (of ``group``'s round) seen through ``view``:
+    cheap, for the many views that never run (``view_info`` builds the one that does)."""
+    source = b"" if view.source is None else group.members[view.source].to_bytes()
+    return view_group_id(info.group_id, view.slot, source, view.lost)
+
+
 def view_info(
     group: GroupInfo, plan: GridPlan, capped: Sequence[float], info: GroupInfo, view: SlotView
 ) -> GroupInfo:
@@ -85,7 +92,6 @@ def view_info(
         del members[k], weights[k]
         if clients:
             del clients[k]
-        source = b""
     else:
         planned = group.index(info.members[k])
         members[k] = group.members[view.source]
@@ -94,10 +100,9 @@ def view_info(
         if view.lost:
             cell = sub_cell(plan, view.stage, planned)
             weights[k] = sum(float(capped[m]) for m in cell if m not in view.lost)
-        source = members[k].to_bytes()
     return dataclasses.replace(
         info,
-        group_id=view_group_id(info.group_id, k, source, view.lost),
+        group_id=view_id(group, info, view),
         members=tuple(members),
         weights=tuple(weights),
         clients=tuple(clients),

@@ -57,6 +57,7 @@ from diloco.protocol.stage_views import (
     SlotView,
     candidate_views,
     standing_views,
+    view_id,
     view_info,
 )
 from diloco.protocol.wire import GROUP_ID_BYTES
@@ -170,7 +171,9 @@ class StagedRunner:
         self._slots: dict[bytes, tuple[float, asyncio.Future[AllReduceRunner]]] = {}
         """Stage group id -> (how many stage lengths a stream may wait for it, its runner)."""
         self._views: dict[bytes, tuple[SlotView, GroupInfo]] = {}
-        """Views of this member's stage groups that another slot's loss may lead it to run."""
+        """Views of this member's stage groups that another slot's loss may lead it to run,
+        by id: the view and the plan's group it changes (``_seen`` builds the view's)."""
+        self._seen_infos: dict[bytes, GroupInfo] = {}
         self._pulls: list[list[bytes]] = [[] for _ in plan.stages]
         """Per stage, ids of views of this member's group a member of theirs streamed under,
         first first: the group runs as that view (``_run_stage`` joins it)."""
@@ -178,9 +181,9 @@ class StagedRunner:
         for s, info in enumerate(self.mine):
             self._slots[info.group_id] = (self.ATTEMPTS * s, loop.create_future())
             for view in candidate_views(plan, s, index):
-                seen = view_info(group, plan, self._capped, info, view)
-                self._views[seen.group_id] = (view, seen)
-                self._slots[seen.group_id] = (self.ATTEMPTS * s + 1, loop.create_future())
+                group_id = view_id(group, info, view)
+                self._views[group_id] = (view, info)
+                self._slots[group_id] = (self.ATTEMPTS * s + 1, loop.create_future())
         self._inputs: list[asyncio.Future[tuple[torch.Tensor, tuple[int, ...]]]] = [
             loop.create_future() for _ in plan.stages
         ]
@@ -224,13 +227,21 @@ class StagedRunner:
             return await self._stand_in(group_id)
         if group_id not in self._slots:
             return None
-        if group_id in self._views and sender in self._views[group_id][1].members:
+        if group_id in self._views and sender in self._seen(group_id).members:
             self._pull(group_id)
         stages, future = self._slots[group_id]
         await asyncio.wait({future}, timeout=self._stage_wait(stages))
         if not future.done() or future.cancelled():
             return None
         return future.result()
+
+    def _seen(self, group_id: bytes) -> GroupInfo:
+        """The stage group of view ``group_id`` (one of ``_views``), built once."""
+        if group_id not in self._seen_infos:
+            view, info = self._views[group_id]
+            seen = view_info(self.group, self.plan, self._capped, info, view)
+            self._seen_infos[group_id] = seen
+        return self._seen_infos[group_id]
 
     def _pull(self, group_id: bytes) -> None:
         """A member of a view of one of this member's groups streamed under it: the view
@@ -402,7 +413,7 @@ class StagedRunner:
                 pull = await self._await_pull(s)
             if pull is None:
                 break
-            view, current = self._views[pull]
+            view, current = self._views[pull][0], self._seen(pull)
             logger.info("round %s: member %d, stage %d: now %s", info.key, self.index, s, view)
         if failure is not None:
             raise failure

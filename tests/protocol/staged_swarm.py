@@ -4,11 +4,12 @@ most 4 (a 3x4 grid), their deltas, the in-process reference, and the killed-peer
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 
 import torch
 from hivemind.p2p import PeerID
 from swarm_expected import group_order
-from swarm_peers import TIMEOUTS, PeerProcess, command, make_delta, stop_peers
+from swarm_peers import TIMEOUTS, PeerProcess, command, make_delta, start_swarm, stop_peers
 
 from diloco.codecs import get_codec
 from diloco.protocol.grid import GridPlan, plan_grid
@@ -40,6 +41,16 @@ def sha(x: torch.Tensor) -> str:
 def reduce(peers: list[PeerProcess], fragment: int, seeds: list[int]) -> None:
     for i, peer in enumerate(peers):
         peer.send("reduce", [(fragment, 1, NUMEL, seeds[i], WEIGHTS[i])])
+
+
+def warm_swarm(fragment: int) -> Iterator[list[PeerProcess]]:
+    """The body of a module fixture: 12 peers, warmed up with round ``fragment``."""
+    swarm = start_swarm(NUM_PEERS)
+    try:
+        warm_up(swarm, fragment)
+        yield swarm
+    finally:
+        stop_peers(swarm)
 
 
 def warm_up(peers: list[PeerProcess], fragment: int) -> None:

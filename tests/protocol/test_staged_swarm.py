@@ -16,21 +16,16 @@ from staged_swarm import (
     expected,
     reduce,
     sha,
-    warm_up,
+    warm_swarm,
 )
-from swarm_peers import PeerProcess, command, start_swarm, stop_peers
+from swarm_peers import PeerProcess, command
 
 pytestmark = pytest.mark.swarm
 
 
 @pytest.fixture(scope="module")
 def peers() -> Iterator[list[PeerProcess]]:
-    swarm = start_swarm(NUM_PEERS)
-    try:
-        warm_up(swarm, 599)
-        yield swarm
-    finally:
-        stop_peers(swarm)
+    yield from warm_swarm(599)
 
 
 @pytest.mark.parametrize(("codec", "fragment"), [("none", 601), ("e3m0", 602)])

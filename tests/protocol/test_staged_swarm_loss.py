@@ -6,20 +6,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from staged_swarm import NUM_PEERS, check_killed_mid_stage, warm_up
-from swarm_peers import PeerProcess, start_swarm, stop_peers
+from staged_swarm import check_killed_mid_stage, warm_swarm
+from swarm_peers import PeerProcess
 
 pytestmark = pytest.mark.swarm
 
 
 @pytest.fixture(scope="module")
 def peers() -> Iterator[list[PeerProcess]]:
-    swarm = start_swarm(NUM_PEERS)
-    try:
-        warm_up(swarm, 699)
-        yield swarm
-    finally:
-        stop_peers(swarm)
+    yield from warm_swarm(699)
 
 
 def test_peer_killed_mid_cell_stage_the_eleven_survivors_hold_the_staged_mean(
