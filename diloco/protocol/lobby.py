@@ -127,8 +127,12 @@ class Lobby:
     """The prior state this member declared (``declarations.prior_tag``): only peers that
     declared the same share its group."""
     declared: dict[PeerID, str] = field(default_factory=dict)
-    """Every peer of the round's declarations last read (bans and the cap aside), with the
-    prior it declared."""
+    """Every peer of the round's declarations read so far (bans and the cap aside), with
+    the prior it declared."""
+    seen: dict[PeerID, tuple[float, bool]] = field(default_factory=dict)
+    """The peers of ``declared`` with this node's prior, with their weights and client
+    flags: every read adds to it, since a DHT read may miss a record an earlier one found
+    (another replica), and a leader must wait for every peer it knew had declared."""
     may_lead: bool = True
     """False for a node nobody can dial: it never leads."""
     decided: asyncio.Event = field(default_factory=asyncio.Event)

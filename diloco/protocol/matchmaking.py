@@ -237,11 +237,12 @@ class Matchmaker:
         """The peers of the round that may share this node's group, as far as it can tell
         when it must choose a role, and why the wait ended.
 
-        The view: ``_read_view`` plus the peers that already sent this node a JOIN (they are
-        in the round too). It returns early as soon as a peer that may lead and is ranked
-        before this node is known (it cannot lead, so it JOINs that peer now, and the JOIN
-        waits there; a node nobody can dial cannot lead at all), or ``target_group_size``
-        peers declared under any prior; otherwise after the window.
+        The view: the peers of its prior every read so far found (``Lobby.seen``) plus the
+        peers that already sent this node a JOIN (they are in the round too). It returns
+        early as soon as a peer that may lead and is ranked before this node is known (it
+        cannot lead, so it JOINs that peer now, and the JOIN waits there; a node nobody can
+        dial cannot lead at all), or ``target_group_size`` peers declared under any prior;
+        otherwise after the window.
         """
         loop = asyncio.get_running_loop()
         t = self.timeouts
@@ -249,7 +250,8 @@ class Matchmaker:
         me = self.p2p.peer_id
         while True:
             lobby.knock.clear()
-            view = await asyncio.wait_for(self._read_view(lobby), t.join_timeout)
+            await asyncio.wait_for(self._read_view(lobby), t.join_timeout)
+            view = dict(lobby.seen)
             for peer, joined in lobby.knockers.items():  # a declaration says more than a JOIN
                 view.setdefault(peer, joined)
             view = {
@@ -270,11 +272,12 @@ class Matchmaker:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(lobby.knock.wait(), min(poll, remaining))
 
-    async def _read_view(self, lobby: Lobby) -> dict[PeerID, tuple[float, bool]]:
-        """Peers declared with this node's prior, with their weights and client flags, less
-        the banned and those whose weight exceeds the cap (their JOIN would be refused);
-        every prior declared goes into ``lobby.declared``. Invalid declarations are logged
-        and skipped (declarations are signed: a peer can declare only itself)."""
+    async def _read_view(self, lobby: Lobby) -> None:
+        """Read the round's declarations into ``lobby``: every prior declared into
+        ``declared``, the peers of this node's prior (weights and client flags) into
+        ``seen``, less the banned and those whose weight exceeds the cap (their JOIN would
+        be refused). Invalid declarations are logged and skipped (declarations are signed: a
+        peer can declare only itself)."""
         declarations = await read_round_view(self.dht, lobby.dht_key, self.closed)
         usable = {
             peer: d
@@ -282,7 +285,9 @@ class Matchmaker:
             if d.weight <= self.max_weight and not self.bans.banned(peer)
         }
         lobby.declared.update((peer, d.prior) for peer, d in usable.items())
-        return {p: (d.weight, d.client) for p, d in usable.items() if d.prior == lobby.prior}
+        lobby.seen.update(
+            (p, (d.weight, d.client)) for p, d in usable.items() if d.prior == lobby.prior
+        )
 
     async def _lead(self, key: RoundKey, lobby: Lobby, view: set[PeerID], wait: float) -> GroupInfo:
         """Wait up to ``wait`` seconds for the peers of ``view`` to join, then send GROUP."""

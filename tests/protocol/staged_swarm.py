@@ -76,6 +76,7 @@ def check_killed_mid_stage(peers: list[PeerProcess], stage: int, fragment: int) 
     weighted mean of the members it counts."""
     command(peers, "codec", "none")
     command(peers, "staged", (MAX_GROUP, NUM_PEERS, False, None))
+    command(peers, "log", "INFO")  # who ran which view, shown when the test fails
     victim = peers[5]
     victim.send("staged", (MAX_GROUP, NUM_PEERS, False, stage))
     assert victim.recv(30)[0] == "ok"
@@ -87,6 +88,7 @@ def check_killed_mid_stage(peers: list[PeerProcess], stage: int, fragment: int) 
         results = {i: peers[i].recv(TIMEOUT)[1][0] for i in range(NUM_PEERS) if i != 5}
     finally:
         stop_peers([victim])
+    command([p for p in peers if p is not victim], "log", "WARNING")
     order = group_order(ids)
     position = {peer: k for k, peer in enumerate(order)}  # test index -> group index
     plan, _, deltas, _ = expected(ids, fragment, seeds, "none")
@@ -94,7 +96,11 @@ def check_killed_mid_stage(peers: list[PeerProcess], stage: int, fragment: int) 
     counted = sorted(reference.counted[position[0]])
     assert len(counted) == (11 if stage == 0 else 12)
     assert all(r["ok"] for r in results.values()), results
-    assert {r["sha256"] for r in results.values()} == {sha(reference.values[position[0]])}
+    held = {i: (r["sha256"][:12], len(r["members"]), r["stages"]) for i, r in results.items()}
+    assert {r["sha256"] for r in results.values()} == {sha(reference.values[position[0]])}, (
+        f"reference {sha(reference.values[position[0]])[:12]}, victim at {position[5]}, "
+        f"order {order}: {held}"
+    )
     names = {position[i]: ids[i] for i in range(NUM_PEERS)}
     assert all(sorted(r["members"]) == sorted(names[m] for m in counted) for r in results.values())
     # the stage that lost the victim ran again as a view: more bytes than any other's once

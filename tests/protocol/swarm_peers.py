@@ -301,6 +301,9 @@ def peer_main(
                 reducer.identity = swarm.dht.identity if verify else None
                 reducer.runner_type = AllReduceRunner if die is None else dying_in_stage(die)
                 _notify(("ok",))
+            elif command == "log":  # the level of diloco's log: "INFO" for a round to read
+                logging.getLogger("diloco").setLevel(args)
+                _notify(("ok",))
             elif command == "banned":
                 _notify(("banned", swarm.bans.banned(PeerID.from_base58(args))))
             elif command == "forgive":  # a fresh start between tests of the shared pool

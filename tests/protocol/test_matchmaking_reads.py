@@ -1,0 +1,89 @@
+"""Matchmaking when the DHT's reads disagree, in one process (``Matchmaker`` over
+``memory_p2p`` streams and a DHT held in a dict): a read of the round key may miss a
+record an earlier read found (it came from another replica). Seen in the staged swarm
+tests: a leader counted 12 of 12 declared, led with the 11 its last read held, and the
+12th peer's JOIN came too late for a round it had declared."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from hivemind.p2p import PeerID
+from memory_dht import MemoryDHT, Table
+from memory_p2p import MemoryNetwork, make_identity
+
+from diloco.protocol.bans import BanList
+from diloco.protocol.declarations import declare_round
+from diloco.protocol.group import GroupInfo, RoundTimeouts
+from diloco.protocol.identity import Identity
+from diloco.protocol.lobby import choose_leader, round_key
+from diloco.protocol.matchmaking import Matchmaker
+from diloco.protocol.reducer import RoundKey
+from diloco.protocol.wire import Group, Join, Kind, RoundTag
+
+RUN_ID = "reads-0123456789abcdef"
+DIGEST = bytes(range(16))
+KEY = RoundKey(3, 7)
+TIMEOUTS = RoundTimeouts(matchmaking_window=30.0, join_timeout=5.0)
+
+
+class ForgetfulDHT(MemoryDHT):
+    """A DHT whose reads find the records of ``forget`` once, then no more (a replica that
+    lacks them answers the later reads)."""
+
+    def __init__(self, identity: Identity, table: Table) -> None:
+        super().__init__(identity, table)
+        self.forget: set[Any] = set()
+        self.found: set[Any] = set()
+
+    async def get(self, key: str, latest: bool, return_future: bool) -> Any:
+        found = await super().get(key, latest, return_future)
+        if found is not None:
+            for sub in set(found.value) & self.forget:
+                if sub in self.found:
+                    del found.value[sub]
+                self.found.add(sub)
+        return found
+
+
+def test_a_leader_waits_for_a_peer_an_earlier_read_found_declared() -> None:
+    """The leader's first read finds the late peer's declaration, its later reads do not.
+    It still waits for that peer's JOIN (up to the join timeout), so the group has all
+    three; before, it led with the two its last read held and refused the third."""
+    network, table = MemoryNetwork(), Table()
+    identities = [make_identity(i) for i in range(3)]
+    ids = [PeerID.from_base58(identity.peer_id) for identity in identities]
+    first = choose_leader(ids, round_key(RUN_ID, KEY))
+    leader_at = ids.index(first)
+    others = [i for i in range(3) if i != leader_at]
+    dhts = [(ForgetfulDHT if i == leader_at else MemoryDHT)(identities[i], table) for i in range(3)]
+    p2ps = [network.join(peer) for peer in ids]
+    peers = [
+        Matchmaker(p2ps[i], dhts[i], RUN_ID, DIGEST, TIMEOUTS, BanList(), target_group_size=3)
+        for i in range(3)
+    ]
+    leader, follower, late = (peers[leader_at], *(peers[i] for i in others))
+    forgetful = dhts[leader_at]
+    assert isinstance(forgetful, ForgetfulDHT)
+    dht_key = round_key(RUN_ID, KEY)
+
+    async def main() -> tuple[GroupInfo, GroupInfo, tuple[Kind, bytes]]:
+        for peer in peers:
+            await peer.start()
+        await declare_round(late.dht, dht_key, 1.0, 1e12)
+        forgetful.forget = set(table[dht_key])  # the late peer's record: found once
+        leading = asyncio.create_task(leader.form_group(KEY, 1000, 0, 0, 1.0))
+        while not forgetful.found:  # the leader's first read found it
+            await asyncio.sleep(0.01)
+        following = asyncio.create_task(follower.form_group(KEY, 1000, 0, 0, 1.0))
+        while KEY in leader._lobbies and not leader._lobbies[KEY].decided.is_set():
+            await asyncio.sleep(0.01)  # until it counts 3 of 3 declared and leads
+        tag = RoundTag(DIGEST, KEY.fragment, KEY.round)
+        reply = await late._call_join(leader.p2p.peer_id, Join(tag, 1000, 0, 0, 1.0))
+        return await leading, await following, reply
+
+    led, followed, (kind, body) = asyncio.run(main())
+    assert kind == Kind.GROUP, body
+    assert set(Group.parse(body).members) == {peer.to_bytes() for peer in ids}
+    assert set(led.members) == set(followed.members) == set(ids)
