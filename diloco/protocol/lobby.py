@@ -131,8 +131,9 @@ class Lobby:
     the prior it declared."""
     seen: dict[PeerID, tuple[float, bool]] = field(default_factory=dict)
     """The peers of ``declared`` with this node's prior, with their weights and client
-    flags: every read adds to it, since a DHT read may miss a record an earlier one found
-    (another replica), and a leader must wait for every peer it knew had declared."""
+    flags: every read adds to it, since one read may miss a record another found (it
+    started before the record landed, as the window's read beside a JOIN's, or it asked
+    another replica), and a leader must wait for every peer it knew had declared."""
     may_lead: bool = True
     """False for a node nobody can dial: it never leads."""
     decided: asyncio.Event = field(default_factory=asyncio.Event)

@@ -1,8 +1,9 @@
 """Matchmaking when the DHT's reads disagree, in one process (``Matchmaker`` over
 ``memory_p2p`` streams and a DHT held in a dict): a read of the round key may miss a
-record an earlier read found (it came from another replica). Seen in the staged swarm
-tests: a leader counted 12 of 12 declared, led with the 11 its last read held, and the
-12th peer's JOIN came too late for a round it had declared."""
+record another read found (it started before the record landed, or came from another
+replica). Seen in the staged swarm tests: a leader counted 12 of 12 declared, led with the
+11 its window's read held, and the 12th peer's JOIN came too late for a round it had
+declared."""
 
 from __future__ import annotations
 
