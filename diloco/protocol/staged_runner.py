@@ -367,9 +367,10 @@ class StagedRunner:
         The plan's group first. A member of the group streaming under one of its views
         moves this member there at once (the view's source knows best). When one slot
         ``k`` of the plan's group went missing, this member tries in stage 0 the cell
-        without ``k``'s member, later ``k``'s stand-in counting its whole sub-cell; when it
-        refused the group as not its own, or that failed, it waits a stage length for a
-        view to run.
+        without ``k``'s member, later ``k``'s stand-in counting its whole sub-cell; so too
+        when the group failed here with only ``k``'s member taken for gone (``_gone``).
+        When it refused the group as not its own, or that failed, it waits a stage length
+        for a view to run.
 
         Raises:
             RoundFailed: an attempt failed here and nothing was left to try.
@@ -394,8 +395,8 @@ class StagedRunner:
                 outcome = await self._run_group(
                     s, current, held, watch=None if current is info else view.slot
                 )
-            except RoundFailed as exc:
-                outcome, failure = _Moved(), exc
+            except RoundFailed as exc:  # a member gone mid-stage may split the others
+                outcome, failure = _Moved(missing=self._gone(self.runners[-1])), exc
             else:
                 failure = None
             if isinstance(outcome, RoundResult):
@@ -423,6 +424,18 @@ class StagedRunner:
             f"stage {s}: did not count every member of {', '.join(current.names)} (a staged "
             "round counts every member of every stage group, or a stand-in for it)",
         )
+
+    @staticmethod
+    def _gone(runner: AllReduceRunner) -> int | None:
+        """The slot of the one member ``runner`` lost, if exactly one: taken for gone (its
+        streams broke in transport) or silent (no REPORT). A member that dies while
+        delivering its averaged part leaves the others of its group holding different
+        results, so all fail; each then tries that slot's view as if the member were
+        missing from an agreed result."""
+        n, me = len(runner.group.members), runner.index
+        silent = {i for i in range(n) if i != me and i not in runner.reports.received}
+        lost = runner.substitutes.gone | silent
+        return next(iter(lost)) if len(lost) == 1 else None
 
     def _fallback(self, s: int, k: int) -> bytes | None:
         """The view this member tries itself when slot ``k`` of its stage-``s`` group is

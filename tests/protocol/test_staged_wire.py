@@ -22,6 +22,7 @@ from diloco.protocol.bans import BanList
 from diloco.protocol.grid import plan_grid
 from diloco.protocol.group import GroupInfo, RoundTimeouts
 from diloco.protocol.identity import Identity
+from diloco.protocol.part_server import PartServer
 from diloco.protocol.reducer import RoundKey, RoundResult
 from diloco.protocol.routing import AllReduceService
 from diloco.protocol.stage_views import stand_in_for, view_group_id
@@ -60,10 +61,16 @@ WEIGHTS = tuple(float(3 + i) for i in range(N))
 
 
 async def _round(
-    codec: str, victim: int | None = None, die_in: int = 0, verify: bool = False
+    codec: str,
+    victim: int | None = None,
+    die_in: int = 0,
+    verify: bool = False,
+    delivering: bool = False,
 ) -> list[Any]:
     """Every member's result (or its RoundFailed); ``victim`` dies (``MemoryP2P.kill``)
-    when its stage ``die_in`` starts; with ``verify`` chunks are signed and checked."""
+    when its stage ``die_in`` starts, or with ``delivering`` once it delivered its
+    averaged part of that stage to one member; with ``verify`` chunks are signed and
+    checked."""
     network, peers, deltas = MemoryNetwork(), _peers(), _deltas()
     group = GroupInfo(
         KEY, bytes(range(16)), tuple(peers), WEIGHTS, NUMEL, *(get_codec(codec).codec_id,) * 2
@@ -79,7 +86,7 @@ async def _round(
         service = AllReduceService(transport, "run-0", DIGEST, TIMEOUTS, bans)
         await service.start()
         dies_in = die_in if i == victim else None
-        factory = _factory(transport, bans, service, codec, identity, dies_in)
+        factory = _factory(transport, bans, service, codec, identity, dies_in, delivering)
         slot = service.expect(KEY)
         staged = StagedRunner(
             group=group,
@@ -117,12 +124,15 @@ def _factory(
     codec: str,
     identity: Identity | None,
     dies_in: int | None,
+    delivering: bool = False,
 ) -> RunnerFactory:
-    """One member's stage runners; at the start of stage ``dies_in`` it dies."""
+    """One member's stage runners; at the start of stage ``dies_in`` it dies, or with
+    ``delivering`` once it delivered its averaged part of that stage to one member."""
     started = [0]
 
     def make(info: GroupInfo, x: torch.Tensor, cap: float) -> AllReduceRunner:
-        runner = AllReduceRunner(
+        dying = delivering and started[0] == dies_in
+        runner = (_delivering_once(transport) if dying else AllReduceRunner)(
             p2p=transport,
             group=info,
             digest=DIGEST,
@@ -137,13 +147,33 @@ def _factory(
             handlers=service.handlers,
             identity=identity,
         )
-        if started[0] == dies_in:
+        if started[0] == dies_in and not delivering:
             transport.kill()
             runner.run = _forever  # type: ignore[method-assign]
         started[0] += 1
         return runner
 
     return make
+
+
+def _delivering_once(transport: MemoryP2P) -> type[AllReduceRunner]:
+    """A runner whose part server delivers its averaged part to the first member that
+    asks, holds the others, then dies: one member holds the part, the others never will."""
+
+    class Server(PartServer):
+        chosen: int | None = None
+
+        async def _send_averages(self, j: int, writer: asyncio.StreamWriter) -> None:
+            if self.chosen not in (None, j):
+                await asyncio.sleep(1e6)
+            self.chosen = j
+            await super()._send_averages(j, writer)
+            transport.kill()
+
+    class DeliveringOnce(AllReduceRunner):
+        server_type = Server
+
+    return DeliveringOnce
 
 
 async def _forever() -> RoundResult:
@@ -225,6 +255,22 @@ def test_member_lost_in_stage_1_is_stood_in_for_and_every_survivor_holds_the_mea
                 for j in range(N)
                 if j != victim and j not in mates
             )
+
+
+def test_member_dying_as_it_delivers_its_stage_1_part_is_stood_in_for() -> None:
+    """The victim delivers its averaged stage-1 part to one member of its stage-1 group,
+    then dies: the two hold different parts, so that group fails at both (no majority, or
+    a part missing). Each then runs the group with the victim's stand-in, which holds the
+    victim's cell value: all 11 survivors hold the staged mean of all 12."""
+    victim = 3
+    results = asyncio.run(_round("none", victim=victim, die_in=1, delivering=True))
+    plan = plan_grid(f"{KEY.fragment}/{KEY.round}", [p.to_bytes() for p in _peers()], WEIGHTS, 4)
+    expected = staged_mean(plan, _deltas(), get_codec("none"), lost={victim: 1}).values[0]
+    assert expected.numpy().tobytes() == _reference("none").numpy().tobytes()
+    for i, r in enumerate(results):
+        if i != victim:
+            assert isinstance(r, RoundResult), (i, r)
+            assert r.delta.numpy().tobytes() == expected.numpy().tobytes(), i
 
 
 def test_view_ids_differ_by_slot_peer_and_lost_members() -> None:
