@@ -1,0 +1,215 @@
+"""How a staged round ends when one member dies at a random moment (issue 16): 12 members
+in groups of 4 (a 3x4 grid) in one process over in-memory streams (the tests'
+``memory_p2p``), the wire code of ``StagedRunner`` unchanged, each stream open and each
+stage runner start delayed by a random few tens of milliseconds, one member killed per
+round.
+
+    python benchmarks/staged_losses.py --rounds 100 --die when-reducing
+
+``--die when-reducing``: the victim dies in stage 0 or 1 once its own part has a first
+contribution (the swarm tests' fault); ``--die at-random``: at a random time up to 0.4 s
+after its stage-0 or stage-1 runner starts (it may then die while delivering, reporting,
+or after the stage). Each round is classed by the survivors' results:
+
+* ``agree``: all 11 hold the same bytes, those of the in-process reference
+  (``staged_mean``) with the victim lost in the stage it died in, or, when it died after
+  its stage had counted it, in the next one;
+* ``partial``: some survivors fail (they apply nothing and heal), the others agree on one
+  of those values;
+* ``diverged``: two survivors hold different successful values, or a value no reference
+  has: the guarantee broken (must stay 0);
+* ``failed``: every survivor fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import logging
+import math
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from hivemind.p2p import PeerID
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "protocol"))
+from memory_p2p import MemoryNetwork, MemoryP2P, make_identity  # noqa: E402
+
+from diloco.codecs import get_codec  # noqa: E402
+from diloco.protocol.aggregation import CLIP_FACTOR  # noqa: E402
+from diloco.protocol.allreduce import AllReduceRunner  # noqa: E402
+from diloco.protocol.bans import BanList  # noqa: E402
+from diloco.protocol.group import GroupInfo, RoundTimeouts  # noqa: E402
+from diloco.protocol.reducer import RoundKey, RoundResult  # noqa: E402
+from diloco.protocol.routing import AllReduceService  # noqa: E402
+from diloco.protocol.staged import staged_mean  # noqa: E402
+from diloco.protocol.staged_runner import StagedRunner, grid_for  # noqa: E402
+
+N, MAX_GROUP, NUMEL = 12, 4, 3_001
+KEY = RoundKey(5, 9)
+DIGEST = bytes(range(16))
+WEIGHTS = tuple(float(3 + i) for i in range(N))
+TIMEOUTS = RoundTimeouts(
+    matchmaking_window=0.5,
+    join_timeout=0.5,
+    sender_timeout=8.0,
+    reducer_timeout=6.0,
+    report_timeout=4.0,
+    verify_timeout=4.0,
+    connect_timeout=2.0,
+)
+
+
+class _SlowP2P(MemoryP2P):
+    """Opens each stream after a random delay of up to 30 ms."""
+
+    rng: random.Random
+
+    async def call_binary_stream_handler(self, peer_id: PeerID, handler_name: str) -> Any:
+        await asyncio.sleep(self.rng.random() * 0.03)
+        return await super().call_binary_stream_handler(peer_id, handler_name)
+
+
+def _deltas() -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(16)
+    return [torch.randn(NUMEL, generator=gen) * (1 + 0.1 * i) for i in range(N)]
+
+
+async def _round(
+    seed: int, victim: int, stage: int, die: str, delay: float
+) -> tuple[Any, list[Any]]:
+    """The plan and every member's result (or exception) of one round."""
+    rng = random.Random(seed)
+    network = MemoryNetwork()
+    peers = sorted(
+        (PeerID.from_base58(make_identity(i).peer_id) for i in range(N)), key=PeerID.to_bytes
+    )
+    codec = get_codec("none")
+    group = GroupInfo(KEY, DIGEST, tuple(peers), WEIGHTS, NUMEL, codec.codec_id, codec.codec_id)
+    plan = grid_for(group, MAX_GROUP, math.inf)
+    assert plan is not None
+    deltas, runs = _deltas(), []
+    for i, peer in enumerate(peers):
+        transport = _SlowP2P(network, peer)
+        transport.rng = rng
+        network.peers[peer] = transport
+        bans = BanList()
+        service = AllReduceService(transport, "run-0", DIGEST, TIMEOUTS, bans)
+        await service.start()
+        started = [0]
+
+        def make(
+            info: GroupInfo,
+            x: torch.Tensor,
+            cap: float,
+            transport: MemoryP2P = transport,
+            bans: BanList = bans,
+            service: AllReduceService = service,
+            dies: bool = i == victim,
+            started: list[int] = started,
+        ) -> AllReduceRunner:
+            runner = AllReduceRunner(
+                p2p=transport,
+                group=info,
+                digest=DIGEST,
+                codec=codec,
+                return_codec=codec,
+                delta=x,
+                timeouts=TIMEOUTS,
+                max_norm_ratio=100.0,
+                max_weight=cap,
+                clip_factor=CLIP_FACTOR,
+                bans=bans,
+                handlers=service.handlers,
+                identity=None,
+            )
+            dying = dies and started[0] == stage
+            started[0] += 1
+            if dying and die == "at-random":
+                asyncio.get_running_loop().call_later(delay, transport.kill)
+            run = runner.run
+
+            async def delayed() -> RoundResult:
+                await asyncio.sleep(rng.random() * 0.05)
+                if not (dying and die == "when-reducing"):
+                    return await run()
+                running = asyncio.ensure_future(run())
+                while not runner.server.reducer.received and not running.done():
+                    await asyncio.sleep(0.01)
+                transport.kill()
+                return await running
+
+            runner.run = delayed  # type: ignore[method-assign]
+            return runner
+
+        slot = service.expect(KEY)
+        staged = StagedRunner(
+            group=group,
+            plan=plan,
+            me=peer,
+            delta=deltas[i],
+            make_runner=make,
+            timeouts=TIMEOUTS,
+            max_weight=math.inf,
+        )
+        slot.set_result(staged)
+        runs.append((service, staged))
+
+    async def one(service: AllReduceService, staged: StagedRunner) -> RoundResult:
+        try:
+            return await asyncio.wait_for(staged.run(), 120)
+        finally:
+            service.finish(KEY)
+
+    tasks = [asyncio.ensure_future(one(*r)) for r in runs]
+    try:
+        await asyncio.wait([t for i, t in enumerate(tasks) if i != victim])
+        for task in tasks:
+            task.cancel()
+        return plan, await asyncio.gather(*tasks, return_exceptions=True)
+    finally:
+        network.close()
+
+
+def classify(plan: Any, results: list[Any], victim: int, stage: int) -> str:
+    deltas, codec = _deltas(), get_codec("none")
+    live = [i for i in range(N) if i != victim]
+    references = {
+        staged_mean(plan, deltas, codec, lost={victim: s}).values[live[0]].numpy().tobytes()
+        for s in range(stage, plan.num_stages)
+    }
+    held = [results[i] for i in live]
+    values = {r.delta.numpy().tobytes() for r in held if isinstance(r, RoundResult)}
+    if not values:
+        return "failed"
+    if len(values) > 1 or not values <= references:
+        return "diverged"
+    return "agree" if all(isinstance(r, RoundResult) for r in held) else "partial"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--die", choices=["when-reducing", "at-random"], default="when-reducing")
+    args = parser.parse_args()
+    logging.disable(logging.CRITICAL)  # the victim's own failures would fill the screen
+    counts: collections.Counter[str] = collections.Counter()
+    for seed in range(args.seed, args.seed + args.rounds):
+        rng = random.Random(seed * 7919)
+        victim, stage, delay = rng.randrange(N), rng.choice([0, 1]), rng.random() * 0.4
+        plan, results = asyncio.run(_round(seed, victim, stage, args.die, delay))
+        outcome = classify(plan, results, victim, stage)
+        counts[outcome] += 1
+        if outcome != "agree":
+            failed = sum(1 for r in results if not isinstance(r, RoundResult)) - 1
+            print(f"seed {seed}: victim {victim} in stage {stage}: {outcome}, {failed} failed")
+    print(", ".join(f"{k} {counts[k]}" for k in ("agree", "partial", "diverged", "failed")))
+
+
+if __name__ == "__main__":
+    main()
