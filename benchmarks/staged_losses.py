@@ -37,17 +37,17 @@ import torch
 from hivemind.p2p import PeerID
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "protocol"))
-from memory_p2p import MemoryNetwork, MemoryP2P, make_identity  # noqa: E402
+from memory_p2p import MemoryNetwork, MemoryP2P, make_identity
 
-from diloco.codecs import get_codec  # noqa: E402
-from diloco.protocol.aggregation import CLIP_FACTOR  # noqa: E402
-from diloco.protocol.allreduce import AllReduceRunner  # noqa: E402
-from diloco.protocol.bans import BanList  # noqa: E402
-from diloco.protocol.group import GroupInfo, RoundTimeouts  # noqa: E402
-from diloco.protocol.reducer import RoundKey, RoundResult  # noqa: E402
-from diloco.protocol.routing import AllReduceService  # noqa: E402
-from diloco.protocol.staged import staged_mean  # noqa: E402
-from diloco.protocol.staged_runner import StagedRunner, grid_for  # noqa: E402
+from diloco.codecs import get_codec
+from diloco.protocol.aggregation import CLIP_FACTOR
+from diloco.protocol.allreduce import AllReduceRunner
+from diloco.protocol.bans import BanList
+from diloco.protocol.group import GroupInfo, RoundTimeouts
+from diloco.protocol.reducer import RoundKey, RoundResult
+from diloco.protocol.routing import AllReduceService
+from diloco.protocol.staged import staged_mean
+from diloco.protocol.staged_runner import StagedRunner, grid_for
 
 N, MAX_GROUP, NUMEL = 12, 4, 3_001
 KEY = RoundKey(5, 9)

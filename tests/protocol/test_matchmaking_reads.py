@@ -3,9 +3,9 @@
 record another read found (it started before the record landed, or came from another
 replica). Seen in the staged swarm tests: a leader counted 12 of 12 declared, led with the
 11 its window's read held, and the 12th peer's JOIN came too late for a round it had
-declared; and (CI, 2026-12-04) a round of 12 split into groups of 8 and 4, each applying
-its own mean, as a node that had counted the first-ranked peer among the declared but
-not in its view led a group of its own."""
+declared; and (CI, 2026-12-04, read from its logs) a round of 12 split into groups of 8
+and 4, each applying its own mean, as a node that had counted the first-ranked peer among
+the declared but not in its view led a group of its own."""
 
 from __future__ import annotations
 
