@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import collections
 import logging
-import math
 import random
 import sys
 from pathlib import Path
@@ -37,46 +36,40 @@ import torch
 from hivemind.p2p import PeerID
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "protocol"))
-from memory_p2p import MemoryNetwork, MemoryP2P, make_identity
+from memory_p2p import MemoryNetwork, MemoryP2P
+from staged_memory import N, deltas, run_round, runner
 
 from diloco.codecs import get_codec
-from diloco.protocol.aggregation import CLIP_FACTOR
 from diloco.protocol.allreduce import AllReduceRunner
 from diloco.protocol.bans import BanList
-from diloco.protocol.group import GroupInfo, RoundTimeouts
-from diloco.protocol.reducer import RoundKey, RoundResult
+from diloco.protocol.group import GroupInfo
+from diloco.protocol.reducer import RoundResult
 from diloco.protocol.routing import AllReduceService
 from diloco.protocol.staged import staged_mean
-from diloco.protocol.staged_runner import StagedRunner, grid_for
-
-N, MAX_GROUP, NUMEL = 12, 4, 3_001
-KEY = RoundKey(5, 9)
-DIGEST = bytes(range(16))
-WEIGHTS = tuple(float(3 + i) for i in range(N))
-TIMEOUTS = RoundTimeouts(
-    matchmaking_window=0.5,
-    join_timeout=0.5,
-    sender_timeout=8.0,
-    reducer_timeout=6.0,
-    report_timeout=4.0,
-    verify_timeout=4.0,
-    connect_timeout=2.0,
-)
+from diloco.protocol.staged_runner import RunnerFactory
 
 
 class _SlowP2P(MemoryP2P):
     """Opens each stream after a random delay of up to 30 ms."""
 
-    rng: random.Random
+    def __init__(self, network: MemoryNetwork, peer_id: PeerID, rng: random.Random) -> None:
+        super().__init__(network, peer_id)
+        self.rng = rng
 
     async def call_binary_stream_handler(self, peer_id: PeerID, handler_name: str) -> Any:
         await asyncio.sleep(self.rng.random() * 0.03)
         return await super().call_binary_stream_handler(peer_id, handler_name)
 
 
-def _deltas() -> list[torch.Tensor]:
-    gen = torch.Generator().manual_seed(16)
-    return [torch.randn(NUMEL, generator=gen) * (1 + 0.1 * i) for i in range(N)]
+class _SlowNetwork(MemoryNetwork):
+    def __init__(self, rng: random.Random) -> None:
+        super().__init__()
+        self.rng = rng
+
+    def join(self, peer_id: PeerID) -> MemoryP2P:
+        p2p = _SlowP2P(self, peer_id, self.rng)
+        self.peers[peer_id] = p2p
+        return p2p
 
 
 async def _round(
@@ -84,102 +77,43 @@ async def _round(
 ) -> tuple[Any, list[Any]]:
     """The plan and every member's result (or exception) of one round."""
     rng = random.Random(seed)
-    network = MemoryNetwork()
-    peers = sorted(
-        (PeerID.from_base58(make_identity(i).peer_id) for i in range(N)), key=PeerID.to_bytes
-    )
-    codec = get_codec("none")
-    group = GroupInfo(KEY, DIGEST, tuple(peers), WEIGHTS, NUMEL, codec.codec_id, codec.codec_id)
-    plan = grid_for(group, MAX_GROUP, math.inf)
-    assert plan is not None
-    deltas, runs = _deltas(), []
-    for i, peer in enumerate(peers):
-        transport = _SlowP2P(network, peer)
-        transport.rng = rng
-        network.peers[peer] = transport
-        bans = BanList()
-        service = AllReduceService(transport, "run-0", DIGEST, TIMEOUTS, bans)
-        await service.start()
+
+    def factory(
+        i: int, transport: MemoryP2P, bans: BanList, service: AllReduceService
+    ) -> RunnerFactory:
         started = [0]
 
-        def make(
-            info: GroupInfo,
-            x: torch.Tensor,
-            cap: float,
-            transport: MemoryP2P = transport,
-            bans: BanList = bans,
-            service: AllReduceService = service,
-            dies: bool = i == victim,
-            started: list[int] = started,
-        ) -> AllReduceRunner:
-            runner = AllReduceRunner(
-                p2p=transport,
-                group=info,
-                digest=DIGEST,
-                codec=codec,
-                return_codec=codec,
-                delta=x,
-                timeouts=TIMEOUTS,
-                max_norm_ratio=100.0,
-                max_weight=cap,
-                clip_factor=CLIP_FACTOR,
-                bans=bans,
-                handlers=service.handlers,
-                identity=None,
-            )
-            dying = dies and started[0] == stage
+        def make(info: GroupInfo, x: torch.Tensor, cap: float) -> AllReduceRunner:
+            made = runner(AllReduceRunner, transport, bans, service, "none", None, info, x, cap)
+            dying = i == victim and started[0] == stage
             started[0] += 1
             if dying and die == "at-random":
                 asyncio.get_running_loop().call_later(delay, transport.kill)
-            run = runner.run
+            run = made.run
 
             async def delayed() -> RoundResult:
                 await asyncio.sleep(rng.random() * 0.05)
                 if not (dying and die == "when-reducing"):
                     return await run()
                 running = asyncio.ensure_future(run())
-                while not runner.server.reducer.received and not running.done():
+                while not made.server.reducer.received and not running.done():
                     await asyncio.sleep(0.01)
                 transport.kill()
                 return await running
 
-            runner.run = delayed  # type: ignore[method-assign]
-            return runner
+            made.run = delayed  # type: ignore[method-assign]
+            return made
 
-        slot = service.expect(KEY)
-        staged = StagedRunner(
-            group=group,
-            plan=plan,
-            me=peer,
-            delta=deltas[i],
-            make_runner=make,
-            timeouts=TIMEOUTS,
-            max_weight=math.inf,
-        )
-        slot.set_result(staged)
-        runs.append((service, staged))
+        return make
 
-    async def one(service: AllReduceService, staged: StagedRunner) -> RoundResult:
-        try:
-            return await asyncio.wait_for(staged.run(), 120)
-        finally:
-            service.finish(KEY)
-
-    tasks = [asyncio.ensure_future(one(*r)) for r in runs]
-    try:
-        await asyncio.wait([t for i, t in enumerate(tasks) if i != victim])
-        for task in tasks:
-            task.cancel()
-        return plan, await asyncio.gather(*tasks, return_exceptions=True)
-    finally:
-        network.close()
+    return await run_round("none", factory, victim, _SlowNetwork(rng))
 
 
 def classify(plan: Any, results: list[Any], victim: int, stage: int) -> str:
-    deltas, codec = _deltas(), get_codec("none")
+    values, codec = deltas(), get_codec("none")
     live = [i for i in range(N) if i != victim]
     references = {
-        staged_mean(plan, deltas, codec, lost={victim: s}).values[live[0]].numpy().tobytes()
+        staged_mean(plan, values, codec, lost={victim: s}).values[live[0]].numpy().tobytes()
         for s in range(stage, plan.num_stages)
     }
     held = [results[i] for i in live]

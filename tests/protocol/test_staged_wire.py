@@ -6,58 +6,34 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
-import math
 from typing import Any
 
 import pytest
 import torch
-from hivemind.p2p import PeerID
-from memory_p2p import MemoryNetwork, MemoryP2P, make_identity
+from memory_p2p import MemoryP2P
+from staged_memory import (
+    KEY,
+    WEIGHTS,
+    N,
+    deltas,
+    identity_of,
+    peers,
+    run_round,
+    runner,
+)
 
 from diloco.codecs import get_codec
-from diloco.protocol.aggregation import CLIP_FACTOR
 from diloco.protocol.allreduce import AllReduceRunner
 from diloco.protocol.bans import BanList
 from diloco.protocol.grid import plan_grid
-from diloco.protocol.group import GroupInfo, RoundTimeouts
+from diloco.protocol.group import GroupInfo
 from diloco.protocol.identity import Identity
 from diloco.protocol.part_server import PartServer
-from diloco.protocol.reducer import RoundKey, RoundResult
+from diloco.protocol.reducer import RoundResult
 from diloco.protocol.routing import AllReduceService
 from diloco.protocol.stage_views import stand_in_for, view_group_id
 from diloco.protocol.staged import staged_mean
-from diloco.protocol.staged_runner import RunnerFactory, StagedRunner, grid_for
-
-N, MAX_GROUP, NUMEL = 12, 4, 3_001
-KEY = RoundKey(5, 9)
-DIGEST = hashlib.sha256(b"staged wire test").digest()[:16]
-TIMEOUTS = RoundTimeouts(  # 12 members signing and checking in one process on a busy CPU
-    matchmaking_window=0.5,
-    join_timeout=0.5,
-    sender_timeout=8.0,
-    reducer_timeout=6.0,
-    report_timeout=4.0,
-    verify_timeout=4.0,
-    connect_timeout=2.0,
-)
-
-
-IDENTITIES = [make_identity(i) for i in range(N)]
-
-
-def _peers() -> list[PeerID]:
-    """Group order: peer id bytes (the identities' ids do not sort by index)."""
-    ids = [PeerID.from_base58(identity.peer_id) for identity in IDENTITIES]
-    return sorted(ids, key=PeerID.to_bytes)
-
-
-def _deltas() -> list[torch.Tensor]:
-    gen = torch.Generator().manual_seed(16)
-    return [torch.randn(NUMEL, generator=gen) * (1 + 0.1 * i) for i in range(N)]
-
-
-WEIGHTS = tuple(float(3 + i) for i in range(N))
+from diloco.protocol.staged_runner import RunnerFactory
 
 
 async def _round(
@@ -71,50 +47,16 @@ async def _round(
     when its stage ``die_in`` starts, or with ``delivering`` once it delivered its
     averaged part of that stage to one member; with ``verify`` chunks are signed and
     checked."""
-    network, peers, deltas = MemoryNetwork(), _peers(), _deltas()
-    group = GroupInfo(
-        KEY, bytes(range(16)), tuple(peers), WEIGHTS, NUMEL, *(get_codec(codec).codec_id,) * 2
-    )
-    plan = grid_for(group, MAX_GROUP, math.inf)
-    assert plan is not None
-    runs = []
-    for i, peer in enumerate(peers):
-        transport = network.join(peer)
-        names = [identity.peer_id for identity in IDENTITIES]
-        identity = IDENTITIES[names.index(peer.to_base58())] if verify else None
-        bans = BanList()
-        service = AllReduceService(transport, "run-0", DIGEST, TIMEOUTS, bans)
-        await service.start()
+
+    def factory(
+        i: int, transport: MemoryP2P, bans: BanList, service: AllReduceService
+    ) -> RunnerFactory:
+        identity = identity_of(transport.peer_id) if verify else None
         dies_in = die_in if i == victim else None
-        factory = _factory(transport, bans, service, codec, identity, dies_in, delivering)
-        slot = service.expect(KEY)
-        staged = StagedRunner(
-            group=group,
-            plan=plan,
-            me=peer,
-            delta=deltas[i],
-            make_runner=factory,
-            timeouts=TIMEOUTS,
-            max_weight=math.inf,
-        )
-        slot.set_result(staged)
-        runs.append((service, staged))
+        return _factory(transport, bans, service, codec, identity, dies_in, delivering)
 
-    async def one(service: AllReduceService, staged: StagedRunner) -> RoundResult:
-        try:
-            return await asyncio.wait_for(staged.run(), 60)
-        finally:
-            service.finish(KEY)
-
-    tasks = [asyncio.ensure_future(one(*r)) for r in runs]
-    others = [t for i, t in enumerate(tasks) if i != victim]
-    try:
-        await asyncio.wait(others)  # the victim waits for ever: cancelled once they end
-        for task in tasks:
-            task.cancel()
-        return await asyncio.gather(*tasks, return_exceptions=True)
-    finally:
-        network.close()
+    _, results = await run_round(codec, factory, victim)
+    return results
 
 
 def _factory(
@@ -132,26 +74,13 @@ def _factory(
 
     def make(info: GroupInfo, x: torch.Tensor, cap: float) -> AllReduceRunner:
         dying = delivering and started[0] == dies_in
-        runner = (_delivering_once(transport) if dying else AllReduceRunner)(
-            p2p=transport,
-            group=info,
-            digest=DIGEST,
-            codec=get_codec(codec),
-            return_codec=get_codec(codec),
-            delta=x,
-            timeouts=TIMEOUTS,
-            max_norm_ratio=100.0,
-            max_weight=cap,
-            clip_factor=CLIP_FACTOR,
-            bans=bans,
-            handlers=service.handlers,
-            identity=identity,
-        )
+        cls = _delivering_once(transport) if dying else AllReduceRunner
+        made = runner(cls, transport, bans, service, codec, identity, info, x, cap)
         if started[0] == dies_in and not delivering:
             transport.kill()
-            runner.run = _forever  # type: ignore[method-assign]
+            made.run = _forever  # type: ignore[method-assign]
         started[0] += 1
-        return runner
+        return made
 
     return make
 
@@ -182,8 +111,8 @@ async def _forever() -> RoundResult:
 
 
 def _reference(codec: str) -> torch.Tensor:
-    plan = plan_grid(f"{KEY.fragment}/{KEY.round}", [p.to_bytes() for p in _peers()], WEIGHTS, 4)
-    values = staged_mean(plan, _deltas(), get_codec(codec)).values
+    plan = plan_grid(f"{KEY.fragment}/{KEY.round}", [p.to_bytes() for p in peers()], WEIGHTS, 4)
+    values = staged_mean(plan, deltas(), get_codec(codec)).values
     assert all(torch.equal(v, values[0]) for v in values)
     return values[0]
 
@@ -198,7 +127,7 @@ def test_every_member_holds_the_staged_reference_bytes(codec: str) -> None:
         assert [(m.stage, m.members) for m in r.stages] == [(0, 4), (1, 3)]
         assert r.bytes_sent == sum(m.bytes_sent for m in r.stages) > 0
     w = torch.tensor(WEIGHTS, dtype=torch.float64)
-    flat = (torch.stack(_deltas()).double() * (w / w.sum())[:, None]).sum(0)
+    flat = (torch.stack(deltas()).double() * (w / w.sum())[:, None]).sum(0)
     error = float((expected.double() - flat).norm() / flat.norm())
     assert error < (1e-6 if codec == "none" else 0.4)
 
@@ -210,12 +139,12 @@ def test_member_lost_in_stage_0_its_cell_reruns_without_it_and_a_stand_in_takes_
     reference with that loss, the staged mean of the 11."""
     victim = 3
     results = asyncio.run(_round("none", victim=victim, die_in=0))
-    plan = plan_grid(f"{KEY.fragment}/{KEY.round}", [p.to_bytes() for p in _peers()], WEIGHTS, 4)
-    reference = staged_mean(plan, _deltas(), get_codec("none"), lost={victim: 0})
+    plan = plan_grid(f"{KEY.fragment}/{KEY.round}", [p.to_bytes() for p in peers()], WEIGHTS, 4)
+    reference = staged_mean(plan, deltas(), get_codec("none"), lost={victim: 0})
     live = [m for m in range(N) if m != victim]
     assert reference.counted[live[0]] == frozenset(live)
     expected = reference.values[live[0]].numpy().tobytes()
-    names = [p.to_base58() for p in _peers()]
+    names = [p.to_base58() for p in peers()]
     cell = set(plan.group_of(victim, 0).members) - {victim}
     for i in live:
         r = results[i]
@@ -224,7 +153,7 @@ def test_member_lost_in_stage_0_its_cell_reruns_without_it_and_a_stand_in_takes_
         assert sorted(r.members) == sorted(names[m] for m in live)
         assert r.stages[0].members == (3 if i in cell else 4)
     w = torch.tensor([WEIGHTS[m] for m in live], dtype=torch.float64)
-    flat = (torch.stack([_deltas()[m] for m in live]).double() * (w / w.sum())[:, None]).sum(0)
+    flat = (torch.stack([deltas()[m] for m in live]).double() * (w / w.sum())[:, None]).sum(0)
     error = float((reference.values[live[0]].double() - flat).norm() / flat.norm())
     assert error < 1e-6
 
@@ -235,8 +164,8 @@ def test_member_lost_in_stage_1_is_stood_in_for_and_every_survivor_holds_the_mea
     survivors hold the in-process reference with that loss: the staged mean of all 12."""
     victim = 3
     results = asyncio.run(_round("none", victim=victim, die_in=1))
-    plan = plan_grid(f"{KEY.fragment}/{KEY.round}", [p.to_bytes() for p in _peers()], WEIGHTS, 4)
-    reference = staged_mean(plan, _deltas(), get_codec("none"), lost={victim: 1})
+    plan = plan_grid(f"{KEY.fragment}/{KEY.round}", [p.to_bytes() for p in peers()], WEIGHTS, 4)
+    reference = staged_mean(plan, deltas(), get_codec("none"), lost={victim: 1})
     stand_in = stand_in_for(plan, 1, victim)
     assert reference.stand_ins == ((), ((victim, stand_in),))
     assert reference.counted[0] == frozenset(range(N))
@@ -264,8 +193,8 @@ def test_member_dying_as_it_delivers_its_stage_1_part_is_stood_in_for() -> None:
     victim's cell value: all 11 survivors hold the staged mean of all 12."""
     victim = 3
     results = asyncio.run(_round("none", victim=victim, die_in=1, delivering=True))
-    plan = plan_grid(f"{KEY.fragment}/{KEY.round}", [p.to_bytes() for p in _peers()], WEIGHTS, 4)
-    expected = staged_mean(plan, _deltas(), get_codec("none"), lost={victim: 1}).values[0]
+    plan = plan_grid(f"{KEY.fragment}/{KEY.round}", [p.to_bytes() for p in peers()], WEIGHTS, 4)
+    expected = staged_mean(plan, deltas(), get_codec("none"), lost={victim: 1}).values[0]
     assert expected.numpy().tobytes() == _reference("none").numpy().tobytes()
     for i, r in enumerate(results):
         if i != victim:
@@ -286,7 +215,7 @@ def test_view_ids_differ_by_slot_peer_and_lost_members() -> None:
 
 
 def test_stand_in_is_the_next_member_of_the_cell_in_line_order() -> None:
-    plan = plan_grid("5/9", [p.to_bytes() for p in _peers()], WEIGHTS, 4)
+    plan = plan_grid("5/9", [p.to_bytes() for p in peers()], WEIGHTS, 4)
     for cell in plan.stages[0]:
         line = sorted(cell.contributors, key=plan.order.index)
         for k, member in enumerate(line):
