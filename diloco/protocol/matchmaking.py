@@ -44,7 +44,8 @@ Protocol, for every node that reaches the send step of round ``(p, k)``:
 5. A follower whose JOIN fails in transport (stream refused or cut) tries once more; if
    that fails too the leader counts as dead and the follower turns to the first peer (by
    ``leader_rank``) of its view that is still reachable and not a client (itself included:
-   then it leads).
+   then it reads the round once more and leads, waiting for every peer of its prior it
+   knows declared: its view may predate them, it JOINed as soon as it saw a leader).
    Every follower of a dead leader does the same, so views that agree converge on the same
    new leader; a peer that still redirects to the dead leader (it has not noticed yet) is
    asked again shortly.
@@ -251,14 +252,7 @@ class Matchmaker:
         while True:
             lobby.knock.clear()
             await asyncio.wait_for(self._read_view(lobby), t.join_timeout)
-            view = dict(lobby.seen)
-            for peer, joined in lobby.knockers.items():  # a declaration says more than a JOIN
-                view.setdefault(peer, joined)
-            view = {
-                peer: (w, client)
-                for peer, (w, client) in view.items()
-                if w <= self.max_weight and not self.bans.banned(peer)
-            }
+            view = self._known(lobby)
             arrived = len(lobby.declared.keys() | view.keys() | {me})
             leaders = self._may_lead(view, lobby)
             if leaders and choose_leader(leaders, lobby.dht_key) != me:
@@ -271,6 +265,19 @@ class Matchmaker:
             poll = self.poll if self.target_group_size is not None else remaining
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(lobby.knock.wait(), min(poll, remaining))
+
+    def _known(self, lobby: Lobby) -> dict[PeerID, tuple[float, bool]]:
+        """The peers of this node's prior known so far: every read's (``Lobby.seen``) and
+        those that sent a JOIN, with weights and client flags, less the banned and those
+        whose weight exceeds the cap."""
+        view = dict(lobby.seen)
+        for peer, joined in lobby.knockers.items():  # a declaration says more than a JOIN
+            view.setdefault(peer, joined)
+        return {
+            peer: (w, client)
+            for peer, (w, client) in view.items()
+            if w <= self.max_weight and not self.bans.banned(peer)
+        }
 
     async def _read_view(self, lobby: Lobby) -> None:
         """Read the round's declarations into ``lobby``: every prior declared into
@@ -385,6 +392,12 @@ class Matchmaker:
                 if target == self.p2p.peer_id:
                     logger.warning("round %s: leader unreachable, leading instead", key)
                     lobby.leader = None
+                    # the view it followed with may predate peers that declared since
+                    # (it JOINed as soon as it saw a leader): wait for those too
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        wait = min(self.timeouts.join_timeout, deadline - loop.time())
+                        await asyncio.wait_for(self._read_view(lobby), wait)
+                    alive = (alive | set(self._known(lobby))) - dead
                     return await self._lead(key, lobby, alive, deadline - loop.time())
                 lobby.leader = target
                 continue

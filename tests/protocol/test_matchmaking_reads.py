@@ -20,7 +20,7 @@ from diloco.protocol.bans import BanList
 from diloco.protocol.declarations import declare_round
 from diloco.protocol.group import GroupInfo, RoundTimeouts
 from diloco.protocol.identity import Identity
-from diloco.protocol.lobby import choose_leader, round_key
+from diloco.protocol.lobby import choose_leader, leader_rank, round_key
 from diloco.protocol.matchmaking import Matchmaker
 from diloco.protocol.reducer import RoundKey
 from diloco.protocol.wire import Group, Join, Kind, RoundTag
@@ -90,3 +90,34 @@ def test_a_leader_waits_for_a_peer_an_earlier_read_found_declared() -> None:
     assert kind == Kind.GROUP, body
     assert set(Group.parse(body).members) == {peer.to_bytes() for peer in ids}
     assert set(led.members) == set(followed.members) == set(ids)
+
+
+def test_a_follower_taking_over_a_dead_leader_waits_for_peers_declared_since() -> None:
+    """The second-ranked peer JOINs the first-ranked one as soon as it sees it (its view
+    then holds the two), finds it dead and leads instead; a third peer declared meanwhile
+    and, finding the leader dead too, JOINs it. It reads the round once more before
+    leading, so it waits for the third: a group of two. Before, it led the view it had
+    followed with (itself alone: too small), and the third was refused."""
+    network, table = MemoryNetwork(), Table()
+    identities = [make_identity(10 + i) for i in range(3)]
+    ids = [PeerID.from_base58(identity.peer_id) for identity in identities]
+    dht_key = round_key(RUN_ID, KEY)
+    dead, second, third = sorted(range(3), key=lambda i: leader_rank(dht_key, ids[i]))
+    dhts = [MemoryDHT(identity, table) for identity in identities]
+    p2ps = [network.join(peer) for peer in ids]
+    peers = [Matchmaker(p2ps[i], dhts[i], RUN_ID, DIGEST, TIMEOUTS, BanList()) for i in range(3)]
+
+    async def main() -> list[GroupInfo | BaseException]:
+        await declare_round(dhts[dead], dht_key, 1.0, 1e12)
+        p2ps[dead].kill()  # declared, then gone
+        for i in (second, third):
+            await peers[i].start()
+        taking_over = asyncio.create_task(peers[second].form_group(KEY, 1000, 0, 0, 1.0))
+        while KEY not in peers[second]._lobbies or not peers[second]._lobbies[KEY].decided.is_set():
+            await asyncio.sleep(0.01)  # it follows the dead leader, its view {dead, itself}
+        late = asyncio.create_task(peers[third].form_group(KEY, 1000, 0, 0, 1.0))
+        return await asyncio.gather(taking_over, late, return_exceptions=True)
+
+    results = asyncio.run(main())
+    assert all(isinstance(r, GroupInfo) for r in results), results
+    assert all(set(r.members) == {ids[second], ids[third]} for r in results), results
