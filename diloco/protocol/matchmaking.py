@@ -471,6 +471,8 @@ class Matchmaker:
                 return reject(RejectCode.MISMATCH, "fragment size or codec differs")
             return Kind.GROUP, formed[1]  # a member asking again: its first reply was lost
         lobby = self._lobbies.get(key)
+        if lobby is None and formed is not None:  # led and closed: a late peer misses it
+            return reject(RejectCode.GROUP_CLOSED, "group already formed")
         if lobby is None:
             return reject(RejectCode.UNKNOWN_ROUND, f"not in round {key}")
         mine = lobby.request

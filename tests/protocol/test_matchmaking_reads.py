@@ -1,11 +1,11 @@
-"""Matchmaking when the DHT's reads disagree, in one process (``Matchmaker`` over
-``memory_p2p`` streams and a DHT held in a dict): a read of the round key may miss a
-record another read found (it started before the record landed, or came from another
-replica). Seen in the staged swarm tests: a leader counted 12 of 12 declared, led with the
-11 its window's read held, and the 12th peer's JOIN came too late for a round it had
-declared; and (CI, 2026-12-04, read from its logs) a round of 12 split into groups of 8
-and 4, each applying its own mean, as a node that had counted the first-ranked peer among
-the declared but not in its view led a group of its own."""
+"""Matchmaking when the DHT's reads disagree, and for a JOIN that comes late, in one
+process (``Matchmaker`` over ``memory_p2p`` streams and a DHT held in a dict): a read of
+the round key may miss a record another read found (it started before the record landed,
+or came from another replica). Seen in the staged swarm tests: a leader counted 12 of 12
+declared, led with the 11 its window's read held, and the 12th peer's JOIN came too late
+for a round it had declared; and (CI, 2026-12-04, read from its logs) a round of 12 split
+into groups of 8 and 4, each applying its own mean, as a node that had counted the
+first-ranked peer among the declared but not in its view led a group of its own."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from diloco.protocol.identity import Identity
 from diloco.protocol.lobby import choose_leader, leader_rank, round_key
 from diloco.protocol.matchmaking import Matchmaker
 from diloco.protocol.reducer import RoundKey
-from diloco.protocol.wire import Group, Join, Kind, RoundTag
+from diloco.protocol.wire import Group, Join, Kind, Reject, RejectCode, RoundTag
 
 RUN_ID = "reads-0123456789abcdef"
 DIGEST = bytes(range(16))
@@ -121,3 +121,40 @@ def test_a_follower_taking_over_a_dead_leader_waits_for_peers_declared_since() -
     results = asyncio.run(main())
     assert all(isinstance(r, GroupInfo) for r in results), results
     assert all(set(r.members) == {ids[second], ids[third]} for r in results), results
+
+
+def test_a_join_after_the_leader_formed_its_group_is_told_the_group_closed() -> None:
+    """A peer that JOINs a leader whose round's group formed and whose matchmaking ended
+    gets GROUP_CLOSED (it misses the round), not UNKNOWN_ROUND (as if the leader had never
+    been in it)."""
+    network, table = MemoryNetwork(), Table()
+    identities = [make_identity(20 + i) for i in range(3)]
+    ids = [PeerID.from_base58(identity.peer_id) for identity in identities]
+    peers = [
+        Matchmaker(
+            network.join(ids[i]),
+            MemoryDHT(identities[i], table),
+            RUN_ID,
+            DIGEST,
+            TIMEOUTS,
+            BanList(),
+            target_group_size=2,
+        )
+        for i in range(3)
+    ]
+    first, other = sorted(range(2), key=lambda i: leader_rank(round_key(RUN_ID, KEY), ids[i]))
+
+    async def main() -> tuple[list[GroupInfo], tuple[Kind, bytes]]:
+        for peer in peers:
+            await peer.start()
+        groups = await asyncio.gather(
+            *(peers[i].form_group(KEY, 1000, 0, 0, 1.0) for i in (first, other))
+        )
+        tag = RoundTag(DIGEST, KEY.fragment, KEY.round)
+        late = await peers[2]._call_join(ids[first], Join(tag, 1000, 0, 0, 1.0))
+        return list(groups), late
+
+    groups, (kind, body) = asyncio.run(main())
+    assert all(set(g.members) == {ids[first], ids[other]} for g in groups)
+    assert kind == Kind.REJECT
+    assert Reject.parse(body).code == RejectCode.GROUP_CLOSED, Reject.parse(body)
