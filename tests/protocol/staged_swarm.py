@@ -9,7 +9,15 @@ from collections.abc import Iterator
 import torch
 from hivemind.p2p import PeerID
 from swarm_expected import group_order
-from swarm_peers import TIMEOUTS, PeerProcess, command, make_delta, start_swarm, stop_peers
+from swarm_peers import (
+    LOG_LEVEL,
+    TIMEOUTS,
+    PeerProcess,
+    command,
+    make_delta,
+    start_swarm,
+    stop_peers,
+)
 
 from diloco.codecs import get_codec
 from diloco.protocol.grid import GridPlan, plan_grid
@@ -88,7 +96,7 @@ def check_killed_mid_stage(peers: list[PeerProcess], stage: int, fragment: int) 
         results = {i: peers[i].recv(TIMEOUT)[1][0] for i in range(NUM_PEERS) if i != 5}
     finally:
         stop_peers([victim])
-    command([p for p in peers if p is not victim], "log", "WARNING")
+    command([p for p in peers if p is not victim], "log", LOG_LEVEL)
     order = group_order(ids)
     position = {peer: k for k, peer in enumerate(order)}  # test index -> group index
     plan, _, deltas, _ = expected(ids, fragment, seeds, "none")
@@ -96,10 +104,10 @@ def check_killed_mid_stage(peers: list[PeerProcess], stage: int, fragment: int) 
     counted = sorted(reference.counted[position[0]])
     assert len(counted) == (11 if stage == 0 else 12)
     assert all(r["ok"] for r in results.values()), results
+    want = sha(reference.values[position[0]])
     held = {i: (r["sha256"][:12], len(r["members"]), r["stages"]) for i, r in results.items()}
-    assert {r["sha256"] for r in results.values()} == {sha(reference.values[position[0]])}, (
-        f"reference {sha(reference.values[position[0]])[:12]}, victim at {position[5]}, "
-        f"order {order}: {held}"
+    assert {r["sha256"] for r in results.values()} == {want}, (
+        f"reference {want[:12]}, victim at {position[5]}, order {order}: {held}"
     )
     names = {position[i]: ids[i] for i in range(NUM_PEERS)}
     assert all(sorted(r["members"]) == sorted(names[m] for m in counted) for r in results.values())

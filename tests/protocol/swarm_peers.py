@@ -60,6 +60,8 @@ TIMEOUTS = RoundTimeouts(
     report_timeout=3.0,
     connect_timeout=3.0,
 ).scaled(UNIT)
+LOG_LEVEL = os.environ.get("DILOCO_TEST_LOG_LEVEL", "WARNING")
+"""The peers' level for diloco's log (the "log" command changes it for a while)."""
 RUN_ID = make_run_id("test", {"purpose": "protocol tests"})
 
 
@@ -259,7 +261,7 @@ def peer_main(
         level=logging.WARNING,
         format=f"%(created).3f [peer {os.getpid()}] %(levelname)s %(name)s: %(message)s",
     )
-    logging.getLogger("diloco").setLevel(os.environ.get("DILOCO_TEST_LOG_LEVEL", "WARNING"))
+    logging.getLogger("diloco").setLevel(LOG_LEVEL)
     if "GOLOG_LOG_LEVEL" in os.environ:  # diagnostics: p2pd's own log, e.g. "error,p2pd=debug"
         logging.getLogger("hivemind.p2p.p2p_daemon").setLevel(logging.DEBUG)
     # Each peer on its own loopback address: libp2p limits connections per source IP.

@@ -20,7 +20,7 @@ from diloco.protocol.bans import BanList
 from diloco.protocol.declarations import declare_round
 from diloco.protocol.group import GroupInfo, RoundTimeouts
 from diloco.protocol.identity import Identity
-from diloco.protocol.lobby import choose_leader, leader_rank, round_key
+from diloco.protocol.lobby import leader_rank, round_key
 from diloco.protocol.matchmaking import Matchmaker
 from diloco.protocol.reducer import RoundKey
 from diloco.protocol.wire import Group, Join, Kind, Reject, RejectCode, RoundTag
@@ -29,6 +29,8 @@ RUN_ID = "reads-0123456789abcdef"
 DIGEST = bytes(range(16))
 KEY = RoundKey(3, 7)
 TIMEOUTS = RoundTimeouts(matchmaking_window=30.0, join_timeout=5.0)
+DHT_KEY = round_key(RUN_ID, KEY)
+JOIN = Join(RoundTag(DIGEST, KEY.fragment, KEY.round), 1000, 0, 0, 1.0)
 
 
 class ForgetfulDHT(MemoryDHT):
@@ -50,40 +52,50 @@ class ForgetfulDHT(MemoryDHT):
         return found
 
 
+def _ranked(first: int) -> list[Identity]:
+    """Three identities, the first to lead the round first."""
+    identities = [make_identity(first + i) for i in range(3)]
+    return sorted(identities, key=lambda i: leader_rank(DHT_KEY, PeerID.from_base58(i.peer_id)))
+
+
+def _matchmaker(
+    network: MemoryNetwork, dht: MemoryDHT, target_group_size: int | None = None
+) -> Matchmaker:
+    p2p = network.join(PeerID.from_base58(dht.identity.peer_id))
+    return Matchmaker(
+        p2p, dht, RUN_ID, DIGEST, TIMEOUTS, BanList(), target_group_size=target_group_size
+    )
+
+
+async def _until_decided(peer: Matchmaker, forming: asyncio.Task[GroupInfo]) -> None:
+    """Until ``peer`` chose its role in the round (or its matchmaking ended)."""
+    while not forming.done() and not (KEY in peer._lobbies and peer._lobbies[KEY].decided.is_set()):
+        await asyncio.sleep(0.01)
+
+
 def test_a_leader_waits_for_a_peer_an_earlier_read_found_declared() -> None:
     """The leader's first read finds the late peer's declaration, its later reads do not.
     It still waits for that peer's JOIN (up to the join timeout), so the group has all
     three; before, it led with the two its last read held and refused the third."""
     network, table = MemoryNetwork(), Table()
-    identities = [make_identity(i) for i in range(3)]
-    ids = [PeerID.from_base58(identity.peer_id) for identity in identities]
-    first = choose_leader(ids, round_key(RUN_ID, KEY))
-    leader_at = ids.index(first)
-    others = [i for i in range(3) if i != leader_at]
-    dhts = [(ForgetfulDHT if i == leader_at else MemoryDHT)(identities[i], table) for i in range(3)]
-    p2ps = [network.join(peer) for peer in ids]
-    peers = [
-        Matchmaker(p2ps[i], dhts[i], RUN_ID, DIGEST, TIMEOUTS, BanList(), target_group_size=3)
-        for i in range(3)
+    first, *others = _ranked(0)
+    forgetful = ForgetfulDHT(first, table)
+    leader, follower, late = [
+        _matchmaker(network, dht, 3) for dht in (forgetful, *(MemoryDHT(i, table) for i in others))
     ]
-    leader, follower, late = (peers[leader_at], *(peers[i] for i in others))
-    forgetful = dhts[leader_at]
-    assert isinstance(forgetful, ForgetfulDHT)
-    dht_key = round_key(RUN_ID, KEY)
+    ids = [peer.p2p.peer_id for peer in (leader, follower, late)]
 
     async def main() -> tuple[GroupInfo, GroupInfo, tuple[Kind, bytes]]:
-        for peer in peers:
+        for peer in (leader, follower, late):
             await peer.start()
-        await declare_round(late.dht, dht_key, 1.0, 1e12)
-        forgetful.forget = set(table[dht_key])  # the late peer's record: found once
+        await declare_round(late.dht, DHT_KEY, 1.0, 1e12)
+        forgetful.forget = set(table[DHT_KEY])  # the late peer's record: found once
         leading = asyncio.create_task(leader.form_group(KEY, 1000, 0, 0, 1.0))
         while not forgetful.found:  # the leader's first read found it
             await asyncio.sleep(0.01)
         following = asyncio.create_task(follower.form_group(KEY, 1000, 0, 0, 1.0))
-        while KEY in leader._lobbies and not leader._lobbies[KEY].decided.is_set():
-            await asyncio.sleep(0.01)  # until it counts 3 of 3 declared and leads
-        tag = RoundTag(DIGEST, KEY.fragment, KEY.round)
-        reply = await late._call_join(leader.p2p.peer_id, Join(tag, 1000, 0, 0, 1.0))
+        await _until_decided(leader, leading)  # it counts 3 of 3 declared and leads
+        reply = await late._call_join(leader.p2p.peer_id, JOIN)
         return await leading, await following, reply
 
     led, followed, (kind, body) = asyncio.run(main())
@@ -99,28 +111,24 @@ def test_a_follower_taking_over_a_dead_leader_waits_for_peers_declared_since() -
     leading, so it waits for the third: a group of two. Before, it led the view it had
     followed with (itself alone: too small), and the third was refused."""
     network, table = MemoryNetwork(), Table()
-    identities = [make_identity(10 + i) for i in range(3)]
-    ids = [PeerID.from_base58(identity.peer_id) for identity in identities]
-    dht_key = round_key(RUN_ID, KEY)
-    dead, second, third = sorted(range(3), key=lambda i: leader_rank(dht_key, ids[i]))
-    dhts = [MemoryDHT(identity, table) for identity in identities]
-    p2ps = [network.join(peer) for peer in ids]
-    peers = [Matchmaker(p2ps[i], dhts[i], RUN_ID, DIGEST, TIMEOUTS, BanList()) for i in range(3)]
+    dead, second, third = [_matchmaker(network, MemoryDHT(i, table)) for i in _ranked(10)]
 
     async def main() -> list[GroupInfo | BaseException]:
-        await declare_round(dhts[dead], dht_key, 1.0, 1e12)
-        p2ps[dead].kill()  # declared, then gone
-        for i in (second, third):
-            await peers[i].start()
-        taking_over = asyncio.create_task(peers[second].form_group(KEY, 1000, 0, 0, 1.0))
-        while KEY not in peers[second]._lobbies or not peers[second]._lobbies[KEY].decided.is_set():
-            await asyncio.sleep(0.01)  # it follows the dead leader, its view {dead, itself}
-        late = asyncio.create_task(peers[third].form_group(KEY, 1000, 0, 0, 1.0))
+        await declare_round(dead.dht, DHT_KEY, 1.0, 1e12)
+        dead.p2p.kill()  # declared, then gone
+        for peer in (second, third):
+            await peer.start()
+        taking_over = asyncio.create_task(second.form_group(KEY, 1000, 0, 0, 1.0))
+        await _until_decided(
+            second, taking_over
+        )  # it follows the dead leader, its view {dead, itself}
+        late = asyncio.create_task(third.form_group(KEY, 1000, 0, 0, 1.0))
         return await asyncio.gather(taking_over, late, return_exceptions=True)
 
     results = asyncio.run(main())
     assert all(isinstance(r, GroupInfo) for r in results), results
-    assert all(set(r.members) == {ids[second], ids[third]} for r in results), results
+    pair = {second.p2p.peer_id, third.p2p.peer_id}
+    assert all(set(r.members) == pair for r in results), results
 
 
 def test_a_join_after_the_leader_formed_its_group_is_told_the_group_closed() -> None:
@@ -128,33 +136,17 @@ def test_a_join_after_the_leader_formed_its_group_is_told_the_group_closed() -> 
     gets GROUP_CLOSED (it misses the round), not UNKNOWN_ROUND (as if the leader had never
     been in it)."""
     network, table = MemoryNetwork(), Table()
-    identities = [make_identity(20 + i) for i in range(3)]
-    ids = [PeerID.from_base58(identity.peer_id) for identity in identities]
-    peers = [
-        Matchmaker(
-            network.join(ids[i]),
-            MemoryDHT(identities[i], table),
-            RUN_ID,
-            DIGEST,
-            TIMEOUTS,
-            BanList(),
-            target_group_size=2,
-        )
-        for i in range(3)
-    ]
-    first, other = sorted(range(2), key=lambda i: leader_rank(round_key(RUN_ID, KEY), ids[i]))
+    first, other, late = [_matchmaker(network, MemoryDHT(i, table), 2) for i in _ranked(20)]
 
     async def main() -> tuple[list[GroupInfo], tuple[Kind, bytes]]:
-        for peer in peers:
+        for peer in (first, other, late):
             await peer.start()
         groups = await asyncio.gather(
-            *(peers[i].form_group(KEY, 1000, 0, 0, 1.0) for i in (first, other))
+            *(peer.form_group(KEY, 1000, 0, 0, 1.0) for peer in (first, other))
         )
-        tag = RoundTag(DIGEST, KEY.fragment, KEY.round)
-        late = await peers[2]._call_join(ids[first], Join(tag, 1000, 0, 0, 1.0))
-        return list(groups), late
+        return list(groups), await late._call_join(first.p2p.peer_id, JOIN)
 
     groups, (kind, body) = asyncio.run(main())
-    assert all(set(g.members) == {ids[first], ids[other]} for g in groups)
+    assert all(set(g.members) == {first.p2p.peer_id, other.p2p.peer_id} for g in groups)
     assert kind == Kind.REJECT
     assert Reject.parse(body).code == RejectCode.GROUP_CLOSED, Reject.parse(body)

@@ -25,7 +25,7 @@ from staged_memory import (
 from diloco.codecs import get_codec
 from diloco.protocol.allreduce import AllReduceRunner
 from diloco.protocol.bans import BanList
-from diloco.protocol.grid import plan_grid
+from diloco.protocol.grid import GridPlan, plan_grid
 from diloco.protocol.group import GroupInfo
 from diloco.protocol.identity import Identity
 from diloco.protocol.part_server import PartServer
@@ -110,8 +110,13 @@ async def _forever() -> RoundResult:
     raise AssertionError("unreachable")
 
 
+def _plan() -> GridPlan:
+    """The round's grid, as every member places it."""
+    return plan_grid(f"{KEY.fragment}/{KEY.round}", [p.to_bytes() for p in peers()], WEIGHTS, 4)
+
+
 def _reference(codec: str) -> torch.Tensor:
-    plan = plan_grid(f"{KEY.fragment}/{KEY.round}", [p.to_bytes() for p in peers()], WEIGHTS, 4)
+    plan = _plan()
     values = staged_mean(plan, deltas(), get_codec(codec)).values
     assert all(torch.equal(v, values[0]) for v in values)
     return values[0]
@@ -139,7 +144,7 @@ def test_member_lost_in_stage_0_its_cell_reruns_without_it_and_a_stand_in_takes_
     reference with that loss, the staged mean of the 11."""
     victim = 3
     results = asyncio.run(_round("none", victim=victim, die_in=0))
-    plan = plan_grid(f"{KEY.fragment}/{KEY.round}", [p.to_bytes() for p in peers()], WEIGHTS, 4)
+    plan = _plan()
     reference = staged_mean(plan, deltas(), get_codec("none"), lost={victim: 0})
     live = [m for m in range(N) if m != victim]
     assert reference.counted[live[0]] == frozenset(live)
@@ -164,7 +169,7 @@ def test_member_lost_in_stage_1_is_stood_in_for_and_every_survivor_holds_the_mea
     survivors hold the in-process reference with that loss: the staged mean of all 12."""
     victim = 3
     results = asyncio.run(_round("none", victim=victim, die_in=1))
-    plan = plan_grid(f"{KEY.fragment}/{KEY.round}", [p.to_bytes() for p in peers()], WEIGHTS, 4)
+    plan = _plan()
     reference = staged_mean(plan, deltas(), get_codec("none"), lost={victim: 1})
     stand_in = stand_in_for(plan, 1, victim)
     assert reference.stand_ins == ((), ((victim, stand_in),))
@@ -193,7 +198,7 @@ def test_member_dying_as_it_delivers_its_stage_1_part_is_stood_in_for() -> None:
     victim's cell value: all 11 survivors hold the staged mean of all 12."""
     victim = 3
     results = asyncio.run(_round("none", victim=victim, die_in=1, delivering=True))
-    plan = plan_grid(f"{KEY.fragment}/{KEY.round}", [p.to_bytes() for p in peers()], WEIGHTS, 4)
+    plan = _plan()
     expected = staged_mean(plan, deltas(), get_codec("none"), lost={victim: 1}).values[0]
     assert expected.numpy().tobytes() == _reference("none").numpy().tobytes()
     for i, r in enumerate(results):
@@ -215,7 +220,7 @@ def test_view_ids_differ_by_slot_peer_and_lost_members() -> None:
 
 
 def test_stand_in_is_the_next_member_of_the_cell_in_line_order() -> None:
-    plan = plan_grid("5/9", [p.to_bytes() for p in peers()], WEIGHTS, 4)
+    plan = _plan()
     for cell in plan.stages[0]:
         line = sorted(cell.contributors, key=plan.order.index)
         for k, member in enumerate(line):
