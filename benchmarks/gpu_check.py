@@ -43,7 +43,7 @@ from diloco.node.config import NodeOptions, RunConfig
 from diloco.node.data import load_corpus
 from diloco.node.outer import OuterConfig
 from diloco.node.trainer import NodeTrainer
-from diloco.protocol.reducer import (
+from diloco.protocol.core.reducer import (
     Contribution,
     InProcessReducer,
     Reducer,

@@ -45,7 +45,7 @@ from diloco.node.inner import InnerConfig, lr_at
 from diloco.node.model import Transformer
 from diloco.node.outer import OuterConfig
 from diloco.node.trainer import NodeTrainer
-from diloco.protocol.reducer import InProcessReducer
+from diloco.protocol.core.reducer import InProcessReducer
 
 
 def _sync(device: torch.device) -> None:

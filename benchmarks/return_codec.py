@@ -31,7 +31,7 @@ from diloco.node.data import load_corpus
 from diloco.node.inner import InnerConfig
 from diloco.node.local import LocalConfig, LocalTrainer
 from diloco.node.outer import OuterConfig
-from diloco.protocol.reducer import Contribution, InProcessReducer, RoundKey
+from diloco.protocol.core.reducer import Contribution, InProcessReducer, RoundKey
 
 RETURN_CODECS = ("e3m0", "int8", "bf16", "none")
 

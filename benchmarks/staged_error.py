@@ -2,7 +2,7 @@
 
 For N members with deltas ``common + own`` (both standard normal, so members agree about
 as much as their noise) and token weights drawn in [1000, 3000], reduce along the grid plan
-(``diloco.protocol.staged``) and flat (one group), and print relative RMS errors
+(``diloco.protocol.staged.reference``) and flat (one group), and print relative RMS errors
 ``||x - exact|| / ||exact||`` against the FP64 weighted mean:
 
 * ``added``: a stage's output against the exact weighted mean of the values it was given
@@ -23,8 +23,8 @@ import time
 import torch
 
 from diloco.codecs import get_codec
-from diloco.protocol.grid import plan_grid
-from diloco.protocol.staged import staged_mean
+from diloco.protocol.staged.grid import plan_grid
+from diloco.protocol.staged.reference import staged_mean
 
 
 def exact_mean(values: list[torch.Tensor], weights: list[float]) -> torch.Tensor:

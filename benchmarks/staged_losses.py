@@ -40,13 +40,13 @@ from memory_p2p import MemoryNetwork, MemoryP2P
 from staged_memory import N, deltas, run_round, runner
 
 from diloco.codecs import get_codec
-from diloco.protocol.allreduce import AllReduceRunner
-from diloco.protocol.bans import BanList
-from diloco.protocol.group import GroupInfo
-from diloco.protocol.reducer import RoundResult
-from diloco.protocol.routing import AllReduceService
-from diloco.protocol.staged import staged_mean
-from diloco.protocol.staged_runner import RunnerFactory
+from diloco.protocol.allreduce.member import AllReduceRunner
+from diloco.protocol.allreduce.routing import AllReduceService
+from diloco.protocol.core.group import GroupInfo
+from diloco.protocol.core.reducer import RoundResult
+from diloco.protocol.staged.reference import staged_mean
+from diloco.protocol.staged.runner import RunnerFactory
+from diloco.protocol.trust.bans import BanList
 
 
 class _SlowP2P(MemoryP2P):

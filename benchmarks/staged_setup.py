@@ -16,9 +16,9 @@ import time
 import torch
 from hivemind.p2p import PeerID
 
-from diloco.protocol.group import GroupInfo, RoundTimeouts
-from diloco.protocol.reducer import RoundKey
-from diloco.protocol.staged_runner import StagedRunner, grid_for
+from diloco.protocol.core.group import GroupInfo, RoundTimeouts
+from diloco.protocol.core.reducer import RoundKey
+from diloco.protocol.staged.runner import StagedRunner, grid_for
 
 
 async def _setup_seconds(group: GroupInfo, max_group_size: int) -> float:

@@ -23,8 +23,8 @@ import torch
 
 from diloco.node.data import load_corpus
 from diloco.node.local import LocalConfig, LocalTrainer
-from diloco.protocol import aggregation, reducer
-from diloco.protocol.aggregation import Combined
+from diloco.protocol.core import aggregation, reducer
+from diloco.protocol.core.aggregation import Combined
 
 RATIOS: list[float] = []
 """Per combined chunk: largest norm / lower median (the reference), of the current run."""

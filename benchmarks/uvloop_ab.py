@@ -2,7 +2,7 @@
 
 Runs ``diloco-node bench allreduce`` (real peer processes on loopback) alternately with
 each loop, ``--pairs`` times, and prints the per-run medians of the all-reduce seconds per
-round (and with matchmaking). The asyncio runs replace ``diloco.protocol.event_loop
+round (and with matchmaking). The asyncio runs replace ``diloco.protocol.runtime.event_loop
 .new_event_loop`` with ``asyncio.new_event_loop`` through a ``sitecustomize`` module on
 ``PYTHONPATH``, which every spawned peer process imports before anything else; the product
 has no switch for it.
@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PATCH = """import asyncio
-import diloco.protocol.event_loop as event_loop
+import diloco.protocol.runtime.event_loop as event_loop
 event_loop.new_event_loop = asyncio.new_event_loop
 """
 

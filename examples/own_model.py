@@ -15,7 +15,7 @@ from torch import nn
 from diloco.codecs import get_codec
 from diloco.node.fragments import model_fragments
 from diloco.node.outer import FragmentSync, OuterConfig
-from diloco.protocol.reducer import InProcessReducer
+from diloco.protocol.core.reducer import InProcessReducer
 
 
 class MyModel(nn.Module):

@@ -35,9 +35,9 @@ import torch
 
 from diloco.bench import netns
 from diloco.errors import ConfigError, RoundFailed
-from diloco.protocol.grid import num_stages
-from diloco.protocol.group import RoundTimeouts
-from diloco.protocol.processes import end_with_parent
+from diloco.protocol.core.group import RoundTimeouts
+from diloco.protocol.runtime.processes import end_with_parent
+from diloco.protocol.staged.grid import num_stages
 
 logger = logging.getLogger(__name__)
 
@@ -334,10 +334,10 @@ def _peer_main(
 class _DilocoPeer:
     def __init__(self, index: int, config: BenchConfig, initial: list[str], host: str) -> None:
         from diloco.codecs import get_codec
-        from diloco.protocol.network import NetworkOptions
-        from diloco.protocol.run_id import make_run_id
-        from diloco.protocol.swarm import Swarm
-        from diloco.protocol.swarm_reducer import SwarmReducer
+        from diloco.protocol.allreduce.swarm_reducer import SwarmReducer
+        from diloco.protocol.records.run_id import make_run_id
+        from diloco.protocol.runtime.network import NetworkOptions
+        from diloco.protocol.runtime.swarm import Swarm
 
         self.config = config
         run_id = make_run_id("bench", {"numel": config.numel, "codec": config.codec})
@@ -357,7 +357,7 @@ class _DilocoPeer:
         self.stage_members: list[int] = []
 
     def round(self, round_: int, delta: torch.Tensor) -> tuple[torch.Tensor, float]:
-        from diloco.protocol.reducer import Contribution, RoundKey
+        from diloco.protocol.core.reducer import Contribution, RoundKey
 
         key = RoundKey(0, round_ + 1)
         result = self.reducer.reduce(key, [Contribution("me", delta, 1.0)]).result()
@@ -379,8 +379,8 @@ class _HivemindPeer:
         from hivemind.averaging import DecentralizedAverager
         from hivemind.compression import Float16Compression
 
-        from diloco.protocol.network import NetworkOptions
-        from diloco.protocol.swarm import make_dht
+        from diloco.protocol.runtime.network import NetworkOptions
+        from diloco.protocol.runtime.swarm import make_dht
 
         self.config = config
         self.dht = make_dht(NetworkOptions(initial_peers=tuple(initial), host_maddrs=(host,)))

@@ -8,7 +8,7 @@ import threading
 import click
 
 from diloco.errors import ConfigError
-from diloco.protocol.network import LOOPBACK, NetworkOptions
+from diloco.protocol.runtime.network import LOOPBACK, NetworkOptions
 
 
 @click.command()

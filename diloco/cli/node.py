@@ -29,16 +29,16 @@ from diloco.node.flags import (
 )
 from diloco.node.model import preset
 from diloco.node.outer import check_tau
-from diloco.protocol.network import NetworkOptions
-from diloco.protocol.run_id import check_run_id
-from diloco.protocol.swarm_key import SwarmKey, load_swarm_key
+from diloco.protocol.records.run_id import check_run_id
+from diloco.protocol.runtime.network import NetworkOptions
+from diloco.protocol.trust.swarm_key import SwarmKey, load_swarm_key
 
 if TYPE_CHECKING:
     from hivemind import DHT
 
     from diloco.node.metrics_exporter import NodeMetrics
     from diloco.node.swarm_node import SwarmNode
-    from diloco.protocol.discovery import SignedRunConfig
+    from diloco.protocol.records.run_configs import SignedRunConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -76,7 +76,7 @@ from dataclasses import dataclass, field
 from statistics import median_low
 
 from diloco.node.fragments import last_sent_round, send_step
-from diloco.protocol.records import NodeRecord, Vouch
+from diloco.protocol.records.nodes import NodeRecord, Vouch
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 ``RunConfig`` is what every node of a run shares; its hash is part of the run id (SPEC 4).
 ``NodeOptions`` and ``RoundOptions`` are each volunteer's own choices, and so is
-``diloco.protocol.network.NetworkOptions``: none of them is ever taken from the swarm
+``diloco.protocol.runtime.network.NetworkOptions``: none of them is ever taken from the swarm
 (SPEC 4.1 "Local choices are never taken from the swarm"), so the data path lives in
 ``NodeOptions``, never in the run configuration.
 
@@ -39,11 +39,11 @@ from diloco.node.inner import InnerConfig
 from diloco.node.model import PRESETS, ModelConfig, preset
 from diloco.node.outer import OuterConfig, OuterDevice, round_token_cap
 from diloco.node.pace import PaceMode
-from diloco.protocol.aggregation import CLIP_FACTOR, check_clip_factor
-from diloco.protocol.run_id import RUN_NAME_PATTERN
+from diloco.protocol.core.aggregation import CLIP_FACTOR, check_clip_factor
+from diloco.protocol.records.run_id import RUN_NAME_PATTERN
 
 if typing.TYPE_CHECKING:
-    from diloco.protocol.group import RoundTimeouts
+    from diloco.protocol.core.group import RoundTimeouts
 
 T = TypeVar("T")
 KEY_ID_PATTERN = re.compile(r"[0-9a-f]{16}")
@@ -98,7 +98,7 @@ class RunConfig:
     """Cap on a member's weight in one round, in tokens (its weight is the tokens it
     processed since its last sync of the fragment plus those carried from failed rounds,
     SPEC 2.4 step 3); a member counts at most this much, so no peer owns a mean by
-    claiming a huge weight (``diloco.protocol.aggregation``). None: ``outer.CAP_SEQUENCES`` x
+    claiming a huge weight (``diloco.protocol.core.aggregation``). None: ``outer.CAP_SEQUENCES`` x
     ``seq_len`` x H, the tokens of four rounds of a node with the default batch of 8
     sequences; raise it for runs whose nodes take bigger batches."""
     clip_factor: float = CLIP_FACTOR
@@ -107,7 +107,7 @@ class RunConfig:
     mean). Honest runs are never clipped at the default (benchmarks/RESULTS.md, "Trust")."""
     max_group_size: int | None = None
     """Most members of one all-reduce group: a fragment round with more runs in stages on a
-    grid of groups of at most this many (``diloco.protocol.staged_runner``; issue 16), every
+    grid of groups of at most this many (``diloco.protocol.staged.runner``; issue 16), every
     node following the same plan. None: one flat group, whatever its size."""
     creator: str | None = None
     """Peer id (base58) of the node that started the run; its key signs this configuration
@@ -141,7 +141,7 @@ class RunConfig:
         if self.creator is not None:
             # Imported here: identity reads libp2p's key format through hivemind, which the
             # trainers (and a GPU machine without hivemind) must not need to import.
-            from diloco.protocol.identity import public_key_of
+            from diloco.protocol.trust.identity import public_key_of
 
             try:
                 public_key_of(self.creator)
@@ -324,7 +324,7 @@ class RoundOptions:
             raise ConfigError(f"exit_timeout must be >= 0 seconds, got {self.exit_timeout}")
 
     def timeouts(self) -> RoundTimeouts:
-        from diloco.protocol.group import RoundTimeouts  # hivemind: only a swarm node needs it
+        from diloco.protocol.core.group import RoundTimeouts  # hivemind: only a swarm node needs it
 
         return RoundTimeouts(
             matchmaking_window=self.matchmaking_window,

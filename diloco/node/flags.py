@@ -27,7 +27,7 @@ from diloco.node.config import (
     set_path,
 )
 from diloco.node.model import PRESETS
-from diloco.protocol.network import NetworkOptions
+from diloco.protocol.runtime.network import NetworkOptions
 
 T = TypeVar("T")
 

@@ -34,9 +34,9 @@ from diloco.node.claims import Offences, Schedule, SwarmView, assess, vouched_cl
 from diloco.node.fragments import send_step
 from diloco.node.suspects import failed_everywhere, missed_rounds, open_suspects, version_of
 from diloco.node.trainer import NodeTrainer
-from diloco.protocol.fragment_state import FragmentState, OuterState
-from diloco.protocol.records import NodeRecord, Vouch, divergent_peers
-from diloco.protocol.reducer import RoundKey
+from diloco.protocol.core.reducer import RoundKey
+from diloco.protocol.records.nodes import NodeRecord, Vouch, divergent_peers
+from diloco.protocol.state.fragment import FragmentState, OuterState
 
 logger = logging.getLogger(__name__)
 

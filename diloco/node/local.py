@@ -55,7 +55,7 @@ from diloco.node.outer import (
     FragmentSync,
     round_token_cap,
 )
-from diloco.protocol.reducer import Contribution, InProcessReducer, RoundKey
+from diloco.protocol.core.reducer import Contribution, InProcessReducer, RoundKey
 
 logger = logging.getLogger(__name__)
 

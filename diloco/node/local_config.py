@@ -12,7 +12,7 @@ from diloco.node.fragments import EmbeddingPlacement, Pattern
 from diloco.node.inner import InnerConfig
 from diloco.node.outer import OuterConfig, check_tau
 from diloco.node.pace import swarm_pace, target_rows
-from diloco.protocol.aggregation import CLIP_FACTOR, check_clip_factor
+from diloco.protocol.core.aggregation import CLIP_FACTOR, check_clip_factor
 
 Method = Literal["dp", "diloco", "streaming"]
 

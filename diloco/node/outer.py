@@ -36,8 +36,8 @@ from diloco.node.device_link import DeviceLink
 from diloco.node.fragments import sends_at
 from diloco.node.outer_step import assign, flatten, merge, nesterov_step
 from diloco.node.pending import PendingRound
-from diloco.protocol.fragment_state import FragmentState
-from diloco.protocol.reducer import Contribution, RoundKey, RoundResult
+from diloco.protocol.core.reducer import Contribution, RoundKey, RoundResult
+from diloco.protocol.state.fragment import FragmentState
 
 logger = logging.getLogger(__name__)
 

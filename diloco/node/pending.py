@@ -7,7 +7,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from diloco.errors import RoundFailed
-from diloco.protocol.reducer import RoundKey, RoundResult
+from diloco.protocol.core.reducer import RoundKey, RoundResult
 
 
 @dataclass(slots=True)

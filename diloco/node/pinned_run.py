@@ -21,12 +21,12 @@ from hivemind import DHT
 
 from diloco.errors import ConfigError
 from diloco.node.config import RunConfig
-from diloco.protocol.discovery import SignedRunConfig, find_run_configs
-from diloco.protocol.network import NetworkOptions
-from diloco.protocol.run_id import make_run_id
-from diloco.protocol.run_info import ask_peers, choose_run, peer_id_in
-from diloco.protocol.signed_records import signer
-from diloco.protocol.swarm import make_dht
+from diloco.protocol.records.run_configs import SignedRunConfig, find_run_configs
+from diloco.protocol.records.run_id import make_run_id
+from diloco.protocol.records.run_info import ask_peers, choose_run, peer_id_in
+from diloco.protocol.runtime.network import NetworkOptions
+from diloco.protocol.runtime.swarm import make_dht
+from diloco.protocol.trust.envelopes import signer
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def start_run(
 def discover_run(
     net: NetworkOptions, run_id: str | None = None
 ) -> tuple[RunConfig, SignedRunConfig, DHT]:
-    """Ask the initial peers which run they train (RUN_INFO, ``diloco.protocol.run_info``);
+    """Ask the initial peers which run they train (RUN_INFO, ``diloco.protocol.records.run_info``);
     returns that run with the running DHT, which the node then keeps (shut it down if the
     node is not built). Never a configuration from the DHT: one that merely shares the
     run's name is someone else's run.

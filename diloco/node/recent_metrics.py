@@ -4,7 +4,7 @@
 ``--metrics-out``: ``config``, ``step``, ``progress``, ``eval``, ``round``,
 ``round_failed``, ``healed``) and keeps counters and the newest ``MAX_POINTS`` losses and
 ``MAX_ROUNDS`` rounds; ``record`` turns them into the ``MetricsRecord`` the node publishes
-(``diloco.protocol.metrics_records``). Non-finite losses (a diverged node) are left out:
+(``diloco.protocol.records.metrics``). Non-finite losses (a diverged node) are left out:
 the record carries finite numbers only.
 """
 
@@ -16,7 +16,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from diloco.protocol.metrics_records import (
+from diloco.protocol.records.metrics import (
     MAX_MEMBERS,
     MAX_POINTS,
     MAX_ROUNDS,

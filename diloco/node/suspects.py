@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 from diloco.node.claims import Schedule, SwarmView
 from diloco.node.fragments import last_sent_round, send_step
-from diloco.protocol.records import NodeRecord
+from diloco.protocol.records.nodes import NodeRecord
 
 
 def version_of(record: NodeRecord, fragment: int) -> int:

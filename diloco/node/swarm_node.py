@@ -41,11 +41,10 @@ from diloco.node.outer import AppliedRound
 from diloco.node.recent_metrics import RecentMetrics
 from diloco.node.traffic import data_parallel_bytes
 from diloco.node.trainer import NodeTrainer
-from diloco.protocol.discovery import SignedRunConfig, publish_run_config
-from diloco.protocol.fragment_state import OuterState
-from diloco.protocol.metrics_records import publish_metrics
-from diloco.protocol.network import NetworkOptions
-from diloco.protocol.records import (
+from diloco.protocol.allreduce.swarm_reducer import SwarmReducer
+from diloco.protocol.core.reducer import RoundKey
+from diloco.protocol.records.metrics import publish_metrics
+from diloco.protocol.records.nodes import (
     MAX_VOUCH_ROUNDS,
     FragmentVersion,
     NodeRecord,
@@ -53,13 +52,14 @@ from diloco.protocol.records import (
     publish_vouches,
     read_vouches,
 )
-from diloco.protocol.reducer import RoundKey
-from diloco.protocol.run_id import make_run_id, run_digest
-from diloco.protocol.run_info import serve_run_info
-from diloco.protocol.signed_records import MAX_RECORD_TTL
-from diloco.protocol.swarm import Swarm
-from diloco.protocol.swarm_key import ClosedSwarm, check_swarm_key, load_swarm_key
-from diloco.protocol.swarm_reducer import SwarmReducer
+from diloco.protocol.records.run_configs import SignedRunConfig, publish_run_config
+from diloco.protocol.records.run_id import make_run_id, run_digest
+from diloco.protocol.records.run_info import serve_run_info
+from diloco.protocol.runtime.network import NetworkOptions
+from diloco.protocol.runtime.swarm import Swarm
+from diloco.protocol.state.fragment import OuterState
+from diloco.protocol.trust.envelopes import MAX_RECORD_TTL
+from diloco.protocol.trust.swarm_key import ClosedSwarm, check_swarm_key, load_swarm_key
 
 logger = logging.getLogger(__name__)
 

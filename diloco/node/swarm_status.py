@@ -6,8 +6,8 @@ import asyncio
 
 from hivemind import DHT
 
-from diloco.protocol.discovery import SignedRunConfig, find_run_configs
-from diloco.protocol.records import NodeRecord, read_records, record_validator
+from diloco.protocol.records.nodes import NodeRecord, read_records, record_validator
+from diloco.protocol.records.run_configs import SignedRunConfig, find_run_configs
 
 RunStatus = tuple[SignedRunConfig, list[NodeRecord]]
 

@@ -4,7 +4,7 @@ One estimate shared by the node's run summary and the simulator's accountant
 (``diloco.sim.accounting``), so the two never disagree. It lives in ``node`` because ``sim``
 imports from ``node`` and never the other way (STYLE, "sim/"); it imports nothing of ours.
 
-Cost model (``diloco.protocol.partition``): reducing ``n`` values of ``b`` bits among ``M``
+Cost model (``diloco.protocol.core.partition``): reducing ``n`` values of ``b`` bits among ``M``
 members, each member sends ``n * b * 2(M - 1)/M`` bits and receives as many, the traffic of
 a ring or butterfly all-reduce (Patarasuk and Yuan, 2009). Data-parallel reduces every
 parameter's gradient at every inner step; the paper's gradients travel in bf16 (Douillard

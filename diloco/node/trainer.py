@@ -41,8 +41,8 @@ from diloco.node.inner import build_inner_optimizer, inner_step, lr_at
 from diloco.node.model import Transformer
 from diloco.node.outer import AppliedRound, FragmentSync, check_tau
 from diloco.node.pace import PaceController
-from diloco.protocol.fragment_state import FragmentState
-from diloco.protocol.reducer import Reducer
+from diloco.protocol.core.reducer import Reducer
+from diloco.protocol.state.fragment import FragmentState
 
 logger = logging.getLogger(__name__)
 

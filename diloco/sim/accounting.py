@@ -75,7 +75,7 @@ class RunSpec:
     """Bits per outer-gradient value of ``diloco``, ``streaming`` and ``streaming-overlap``."""
     max_group_size: int | None = None
     """Bounded groups: rounds of the DiLoCo methods run in stages of at most this many
-    members (``diloco.protocol.grid``); None: one flat group of all ``M`` replicas."""
+    members (``diloco.protocol.staged.grid``); None: one flat group of all ``M`` replicas."""
 
     def __post_init__(self) -> None:
         if not min(self.dp_bits, self.outer_bits) > 0:

@@ -1,7 +1,7 @@
 """A protocol simulator for thousands of peers: one staged (or flat) round per draw (issue 16).
 
 Pure and in one process: peers get links drawn at random, the round follows the protocol's
-own stage plan (``diloco.protocol.grid.plan_grid``; flat = one group of everyone), and every
+own stage plan (``diloco.protocol.staged.grid.plan_grid``; flat = one group of everyone), and every
 transfer's time comes from a link model, so thousands of peers take seconds, not a swarm.
 
 **Links** (``LinkModel``): each peer draws an uplink and a downlink rate (log-normal around
@@ -57,7 +57,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from diloco.protocol.grid import GridPlan, StageGroup, plan_grid
+from diloco.protocol.staged.grid import GridPlan, StageGroup, plan_grid
 
 Rule = Literal["fail", "rereduce"]
 RULES: tuple[Rule, ...] = ("fail", "rereduce")

@@ -1,6 +1,6 @@
 """Bytes and streams per peer of a staged all-reduce (issue 16), from the stage plan. Pure.
 
-Cost model per stage group (``diloco.protocol.grid``: ``M`` contributors, ``R`` receivers,
+Cost model per stage group (``diloco.protocol.staged.grid``: ``M`` contributors, ``R`` receivers,
 a vector of ``n`` values at ``b`` bits, equal butterfly parts of ``S = n * b / 8 / M``
 bytes): a contributor opens one stream to each of the other ``M - 1`` reducers, sends its
 ``M - 1`` parts there, and as a reducer sends its averaged part to ``M - 1 + R`` members, so
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from diloco.protocol.grid import GridPlan, plan_grid
+from diloco.protocol.staged.grid import GridPlan, plan_grid
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -19,9 +19,9 @@ from diloco.node.compute import ComputeOptions
 from diloco.node.config import NodeOptions, RoundOptions, RunConfig
 from diloco.node.flags import NETWORK_FLAGS, NODE_FLAGS, ROUND_FLAGS, RUN_FLAGS
 from diloco.node.outer import OuterConfig
-from diloco.protocol.network import NetworkOptions
-from diloco.protocol.run_id import make_run_id
-from diloco.protocol.swarm_key import load_swarm_key
+from diloco.protocol.records.run_id import make_run_id
+from diloco.protocol.runtime.network import NetworkOptions
+from diloco.protocol.trust.swarm_key import load_swarm_key
 
 FLAGS_BEFORE_THE_SPLIT = {
     "--config", "--name", "--preset", "--seq-len", "--steps", "--H", "--fragment-size",

@@ -35,10 +35,7 @@ from diloco.errors import ProtocolError
 from diloco.node.fragments import last_sent_round, model_fragments
 from diloco.node.model import Transformer
 from diloco.node.pinned_run import discover_run
-from diloco.protocol.fragment_state import FragmentState, OuterState
-from diloco.protocol.identity import Identity
-from diloco.protocol.network import NetworkOptions
-from diloco.protocol.records import (
+from diloco.protocol.records.nodes import (
     FragmentVersion,
     NodeRecord,
     Vouch,
@@ -47,10 +44,13 @@ from diloco.protocol.records import (
     vouch_key,
     vouch_payload,
 )
-from diloco.protocol.run_id import make_run_id
-from diloco.protocol.signed_records import pack_payload, seal
-from diloco.protocol.state_transfer import fetch_state
-from diloco.protocol.swarm import Swarm
+from diloco.protocol.records.run_id import make_run_id
+from diloco.protocol.runtime.network import NetworkOptions
+from diloco.protocol.runtime.swarm import Swarm
+from diloco.protocol.state.fragment import FragmentState, OuterState
+from diloco.protocol.state.transfer import fetch_state
+from diloco.protocol.trust.envelopes import pack_payload, seal
+from diloco.protocol.trust.identity import Identity
 
 FORGED_VERSION = 1000
 SPAM = 20

@@ -26,27 +26,27 @@ from typing import Any
 from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
 
-from diloco.protocol import streams
-from diloco.protocol.declarations import declare_round
-from diloco.protocol.discovery import (
+from diloco.protocol.core.reducer import RoundKey
+from diloco.protocol.matchmaking.lobby import round_key
+from diloco.protocol.records.declarations import declare_round
+from diloco.protocol.records.run_configs import (
     RUN_CONFIGS_KEY,
     SignedRunConfig,
     encode_config,
     find_run_configs,
     publish_run_config,
 )
-from diloco.protocol.identity import signing_input
-from diloco.protocol.lobby import round_key
-from diloco.protocol.network import NetworkOptions
-from diloco.protocol.part_wire import PartHead
-from diloco.protocol.reducer import RoundKey
-from diloco.protocol.run_id import make_run_id, run_digest
-from diloco.protocol.run_info import fetch_run_info, peer_id_in, serve_run_info
-from diloco.protocol.signed_records import pack_payload, seal, signer, store_signed
-from diloco.protocol.state_transfer import fetch_state
-from diloco.protocol.swarm import make_dht
-from diloco.protocol.swarm_key import ClosedSwarm, ClosedTransport, load_swarm_key
-from diloco.protocol.wire import GROUP_ID_BYTES, Join, Kind, Reject, RoundTag
+from diloco.protocol.records.run_id import make_run_id, run_digest
+from diloco.protocol.records.run_info import fetch_run_info, peer_id_in, serve_run_info
+from diloco.protocol.runtime import streams
+from diloco.protocol.runtime.network import NetworkOptions
+from diloco.protocol.runtime.swarm import make_dht
+from diloco.protocol.state.transfer import fetch_state
+from diloco.protocol.trust.envelopes import pack_payload, seal, signer, store_signed
+from diloco.protocol.trust.identity import signing_input
+from diloco.protocol.trust.swarm_key import ClosedSwarm, ClosedTransport, load_swarm_key
+from diloco.protocol.wire.frames import GROUP_ID_BYTES, Join, Kind, Reject, RoundTag
+from diloco.protocol.wire.part import PartHead
 
 
 def _forged_payload(identity: Any, config: dict[str, Any]) -> bytes:

@@ -16,7 +16,7 @@ from diloco.node.claims import (
     vouched_claims,
     vouchers,
 )
-from diloco.protocol.records import FragmentVersion, NodeRecord, Vouch
+from diloco.protocol.records.nodes import FragmentVersion, NodeRecord, Vouch
 
 # T 300, H 30, 5 fragments: offsets 0, 6, 12, 18, 24; round k of p is sent at 6p + 30k.
 SCHEDULE = Schedule(steps=300, sync_every=30, num_fragments=5)

@@ -18,9 +18,9 @@ from diloco.node.config import (
 from diloco.node.flags import join_mismatch, run_config
 from diloco.node.inner import InnerConfig
 from diloco.node.outer import OuterConfig
-from diloco.protocol.identity import Identity
-from diloco.protocol.network import NetworkOptions
-from diloco.protocol.run_id import make_run_id
+from diloco.protocol.records.run_id import make_run_id
+from diloco.protocol.runtime.network import NetworkOptions
+from diloco.protocol.trust.identity import Identity
 
 
 def test_defaults_are_what_start_has_always_used() -> None:

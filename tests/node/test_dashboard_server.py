@@ -12,8 +12,8 @@ import pytest
 
 from diloco.node.dashboard.server import DashboardServer
 from diloco.node.dashboard.view import SwarmView
-from diloco.protocol.metrics_records import LossPoint, MetricsRecord
-from diloco.protocol.records import FragmentVersion, NodeRecord
+from diloco.protocol.records.metrics import LossPoint, MetricsRecord
+from diloco.protocol.records.nodes import FragmentVersion, NodeRecord
 
 PEER = "12D3KooWAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
 HOSTILE = "</script><script>alert(1)</script>"

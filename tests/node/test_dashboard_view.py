@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from diloco.node.dashboard.view import STALE_AFTER, SwarmView, agreement, reachability
-from diloco.protocol.metrics_records import LossPoint, MetricsRecord, RoundEntry
-from diloco.protocol.records import FragmentVersion, NodeRecord
+from diloco.protocol.records.metrics import LossPoint, MetricsRecord, RoundEntry
+from diloco.protocol.records.nodes import FragmentVersion, NodeRecord
 
 A = "12D3KooWAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
 B = "12D3KooWBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBB"

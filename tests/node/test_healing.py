@@ -30,9 +30,9 @@ from diloco.node.healing import (
 from diloco.node.inner import InnerConfig
 from diloco.node.outer import OuterConfig
 from diloco.node.trainer import NodeOptions, NodeTrainer, RunConfig
-from diloco.protocol.fragment_state import FragmentState, OuterState
-from diloco.protocol.records import FragmentVersion, NodeRecord, Vouch
-from diloco.protocol.reducer import InProcessReducer, RoundKey
+from diloco.protocol.core.reducer import InProcessReducer, RoundKey
+from diloco.protocol.records.nodes import FragmentVersion, NodeRecord, Vouch
+from diloco.protocol.state.fragment import FragmentState, OuterState
 
 A, B, C = "a" * 64, "b" * 64, "c" * 64
 NONE: frozenset[str] = frozenset()

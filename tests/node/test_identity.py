@@ -6,10 +6,10 @@ from pathlib import Path
 
 from hivemind.p2p import PeerID
 
-from diloco.protocol.identity import load_identity
-from diloco.protocol.network import NetworkOptions
-from diloco.protocol.run_id import make_run_id
-from diloco.protocol.swarm import Swarm, make_dht
+from diloco.protocol.records.run_id import make_run_id
+from diloco.protocol.runtime.network import NetworkOptions
+from diloco.protocol.runtime.swarm import Swarm, make_dht
+from diloco.protocol.trust.identity import load_identity
 
 
 def test_joiner_dht_takes_its_peer_id_from_the_identity_file(tmp_path: Path) -> None:

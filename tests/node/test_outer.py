@@ -5,7 +5,7 @@ from torch import nn
 from diloco.errors import ConfigError
 from diloco.node.outer import FragmentSync, OuterConfig
 from diloco.node.outer_step import merge, nesterov_step
-from diloco.protocol.reducer import RoundKey
+from diloco.protocol.core.reducer import RoundKey
 
 
 def test_nesterov_step_equals_torch_sgd_nesterov_over_several_rounds() -> None:
@@ -39,7 +39,7 @@ def test_merge_by_hand() -> None:
 def test_fragment_sync_applies_outer_step_and_merge_by_hand() -> None:
     from concurrent.futures import Future
 
-    from diloco.protocol.reducer import RoundResult
+    from diloco.protocol.core.reducer import RoundResult
 
     weight = nn.Parameter(torch.tensor([1.0, 2.0]))
     config = OuterConfig(
@@ -104,7 +104,7 @@ def _sync_with_rounds_in_flight() -> tuple[nn.Linear, FragmentSync]:
     from concurrent.futures import Future
 
     from diloco.errors import RoundFailed
-    from diloco.protocol.reducer import RoundResult
+    from diloco.protocol.core.reducer import RoundResult
 
     layer = nn.Linear(3, 2)
     weight, bias = list(layer.named_parameters())
@@ -150,7 +150,7 @@ def test_fragment_sync_state_dict_round_trip_applies_the_same_rounds() -> None:
 def test_fragment_sync_finish_applies_every_round_in_flight_in_receive_order() -> None:
     from concurrent.futures import Future
 
-    from diloco.protocol.reducer import RoundResult
+    from diloco.protocol.core.reducer import RoundResult
 
     layer = nn.Linear(3, 2)
     weight, bias = list(layer.named_parameters())
@@ -231,7 +231,7 @@ def test_fragment_sync_load_state_dict_refuses_another_shape_and_changes_nothing
 
 
 def test_fragment_sync_adopt_loads_outer_into_theta_and_drops_carried_weight() -> None:
-    from diloco.protocol.fragment_state import FragmentState
+    from diloco.protocol.state.fragment import FragmentState
 
     layer, sync = _sync_with_rounds_in_flight()
     peer = FragmentState(torch.tensor([9.0, 8.0]), torch.tensor([1.0, 2.0]), 7)
@@ -247,8 +247,8 @@ def test_fragment_sync_adopt_loads_outer_into_theta_and_drops_carried_weight() -
 def test_state_hash_follows_every_change_of_the_outer_state() -> None:
     from concurrent.futures import Future
 
-    from diloco.protocol.fragment_state import FragmentState
-    from diloco.protocol.reducer import RoundResult
+    from diloco.protocol.core.reducer import RoundResult
+    from diloco.protocol.state.fragment import FragmentState
 
     weight = nn.Parameter(torch.tensor([1.0, 2.0]))
     sync = FragmentSync([[("w", weight)]], OuterConfig(sync_every=2), "me", tau=1)
@@ -276,7 +276,7 @@ def test_fragment_sync_round_failed_already_no_longer_blocks_healing() -> None:
     from concurrent.futures import Future
 
     from diloco.errors import PriorDiverged
-    from diloco.protocol.fragment_state import FragmentState
+    from diloco.protocol.state.fragment import FragmentState
 
     _, sync = _sync_with_rounds_in_flight()
     assert sync.in_flight() == {0}  # fragment 0's round succeeded: it is still to apply

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from diloco.node.recent_metrics import RecentMetrics
-from diloco.protocol.metrics_records import MAX_POINTS, MAX_ROUNDS, LossPoint, RoundEntry
+from diloco.protocol.records.metrics import MAX_POINTS, MAX_ROUNDS, LossPoint, RoundEntry
 
 
 def _round(fragment: int, round_: int, step: int) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from diloco.node.inner import InnerConfig
 from diloco.node.outer import OuterConfig
 from diloco.node.prepare_data import PrepareConfig, prepare
 from diloco.node.trainer import NodeTrainer
-from diloco.protocol.reducer import (
+from diloco.protocol.core.reducer import (
     Contribution,
     InProcessReducer,
     Reducer,

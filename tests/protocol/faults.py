@@ -16,13 +16,13 @@ from typing import Any
 import torch
 from hivemind.p2p import PeerID
 
-from diloco.protocol.allreduce import AllReduceRunner
-from diloco.protocol.check_wire import Seal
-from diloco.protocol.part_server import PartServer
-from diloco.protocol.part_wire import Averaged, PartHead
-from diloco.protocol.reduction import Assembled
-from diloco.protocol.streams import write_frame
-from diloco.protocol.wire import Kind, RoundTag
+from diloco.protocol.allreduce.member import AllReduceRunner
+from diloco.protocol.allreduce.part_server import PartServer
+from diloco.protocol.core.round import Assembled
+from diloco.protocol.runtime.streams import write_frame
+from diloco.protocol.wire.check import Seal
+from diloco.protocol.wire.frames import Kind, RoundTag
+from diloco.protocol.wire.part import Averaged, PartHead
 
 
 class Fault(enum.Enum):

@@ -19,12 +19,12 @@ from memory_p2p import MemoryNetwork, make_identity
 
 from diloco.codecs import get_codec
 from diloco.errors import RoundFailed
-from diloco.protocol.aggregation import CLIP_FACTOR
-from diloco.protocol.allreduce import AllReduceRunner
-from diloco.protocol.bans import BanList
-from diloco.protocol.group import GroupInfo, RoundTimeouts
-from diloco.protocol.reducer import Contribution, InProcessReducer, RoundKey, RoundResult
-from diloco.protocol.routing import AllReduceService
+from diloco.protocol.allreduce.member import AllReduceRunner
+from diloco.protocol.allreduce.routing import AllReduceService
+from diloco.protocol.core.aggregation import CLIP_FACTOR
+from diloco.protocol.core.group import GroupInfo, RoundTimeouts
+from diloco.protocol.core.reducer import Contribution, InProcessReducer, RoundKey, RoundResult
+from diloco.protocol.trust.bans import BanList
 
 TIMEOUTS = RoundTimeouts(
     matchmaking_window=1.0,

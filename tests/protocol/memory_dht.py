@@ -8,8 +8,8 @@ from typing import Any
 from hivemind.utils import DHTExpiration, ValueWithExpiration
 from hivemind.utils.serializer import MSGPackSerializer
 
-from diloco.protocol.identity import Identity
-from diloco.protocol.signed_records import SigningDHT
+from diloco.protocol.trust.envelopes import SigningDHT
+from diloco.protocol.trust.identity import Identity
 
 Table = dict[str, dict[Any, tuple[bytes, float]]]
 

@@ -19,8 +19,8 @@ from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 from hivemind.p2p.p2p_daemon_bindings.utils import ControlFailure
 from hivemind.utils.multiaddr import Multiaddr
 
-from diloco.protocol.identity import Identity
-from diloco.protocol.streams import StreamHandler
+from diloco.protocol.runtime.streams import StreamHandler
+from diloco.protocol.trust.identity import Identity
 
 Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 _ADDR = Multiaddr("/ip4/127.0.0.1/tcp/1")

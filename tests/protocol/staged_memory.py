@@ -16,15 +16,15 @@ from hivemind.p2p import PeerID
 from memory_p2p import MemoryNetwork, MemoryP2P, make_identity
 
 from diloco.codecs import get_codec
-from diloco.protocol.aggregation import CLIP_FACTOR
-from diloco.protocol.allreduce import AllReduceRunner
-from diloco.protocol.bans import BanList
-from diloco.protocol.grid import GridPlan
-from diloco.protocol.group import GroupInfo, RoundTimeouts
-from diloco.protocol.identity import Identity
-from diloco.protocol.reducer import RoundKey, RoundResult
-from diloco.protocol.routing import AllReduceService
-from diloco.protocol.staged_runner import RunnerFactory, StagedRunner, grid_for
+from diloco.protocol.allreduce.member import AllReduceRunner
+from diloco.protocol.allreduce.routing import AllReduceService
+from diloco.protocol.core.aggregation import CLIP_FACTOR
+from diloco.protocol.core.group import GroupInfo, RoundTimeouts
+from diloco.protocol.core.reducer import RoundKey, RoundResult
+from diloco.protocol.staged.grid import GridPlan
+from diloco.protocol.staged.runner import RunnerFactory, StagedRunner, grid_for
+from diloco.protocol.trust.bans import BanList
+from diloco.protocol.trust.identity import Identity
 
 N, MAX_GROUP, NUMEL = 12, 4, 3_001
 KEY = RoundKey(5, 9)

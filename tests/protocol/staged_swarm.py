@@ -20,8 +20,8 @@ from swarm_peers import (
 )
 
 from diloco.codecs import get_codec
-from diloco.protocol.grid import GridPlan, plan_grid
-from diloco.protocol.staged import staged_mean
+from diloco.protocol.staged.grid import GridPlan, plan_grid
+from diloco.protocol.staged.reference import staged_mean
 
 NUM_PEERS, MAX_GROUP = 12, 4
 NUMEL = 300_001  # two chunks per part in stage 0

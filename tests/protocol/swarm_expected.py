@@ -11,11 +11,11 @@ from hivemind.p2p import PeerID
 from swarm_peers import make_delta
 
 from diloco.codecs import get_codec
-from diloco.protocol.aggregation import CLIP_FACTOR, robust_mean
-from diloco.protocol.lobby import leader_rank, round_key
-from diloco.protocol.partition import butterfly_parts
-from diloco.protocol.reducer import Contribution, InProcessReducer, RoundKey
-from diloco.protocol.reduction import chunk_spans
+from diloco.protocol.core.aggregation import CLIP_FACTOR, robust_mean
+from diloco.protocol.core.partition import butterfly_parts
+from diloco.protocol.core.reducer import Contribution, InProcessReducer, RoundKey
+from diloco.protocol.core.round import chunk_spans
+from diloco.protocol.matchmaking.lobby import leader_rank, round_key
 
 
 def group_order(peer_ids: Sequence[str]) -> list[int]:

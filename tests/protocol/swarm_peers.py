@@ -33,21 +33,21 @@ from hivemind.p2p import PeerID
 
 from diloco.codecs import get_codec
 from diloco.errors import ProtocolError, RoundFailed
-from diloco.protocol.allreduce import AllReduceRunner
-from diloco.protocol.demotion import Demotion
-from diloco.protocol.fragment_state import FragmentState, OuterState
-from diloco.protocol.group import RoundTimeouts
-from diloco.protocol.lobby import leader_rank
-from diloco.protocol.matchmaking import Matchmaker
-from diloco.protocol.network import NetworkOptions
-from diloco.protocol.part_server import PartServer
-from diloco.protocol.records import FragmentVersion, NodeRecord
-from diloco.protocol.reducer import Contribution, RoundKey
-from diloco.protocol.run_id import make_run_id
-from diloco.protocol.streams import write_frame
-from diloco.protocol.swarm import Swarm
-from diloco.protocol.swarm_reducer import SwarmReducer
-from diloco.protocol.wire import Kind
+from diloco.protocol.allreduce.member import AllReduceRunner
+from diloco.protocol.allreduce.part_server import PartServer
+from diloco.protocol.allreduce.swarm_reducer import SwarmReducer
+from diloco.protocol.core.demotion import Demotion
+from diloco.protocol.core.group import RoundTimeouts
+from diloco.protocol.core.reducer import Contribution, RoundKey
+from diloco.protocol.matchmaking.lobby import leader_rank
+from diloco.protocol.matchmaking.matchmaker import Matchmaker
+from diloco.protocol.records.nodes import FragmentVersion, NodeRecord
+from diloco.protocol.records.run_id import make_run_id
+from diloco.protocol.runtime.network import NetworkOptions
+from diloco.protocol.runtime.streams import write_frame
+from diloco.protocol.runtime.swarm import Swarm
+from diloco.protocol.state.fragment import FragmentState, OuterState
+from diloco.protocol.wire.frames import Kind
 
 UNIT = float(os.environ.get("DILOCO_TEST_TIME_UNIT", "1.0"))
 """One scaled time unit (seconds); raise it on a slow machine."""

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from diloco.protocol.adaptive import MARGIN_S, RECENT_ROUNDS, adapted_timeouts, percentile
-from diloco.protocol.group import RoundTimeouts
+from diloco.protocol.core.adaptive import MARGIN_S, RECENT_ROUNDS, adapted_timeouts, percentile
+from diloco.protocol.core.group import RoundTimeouts
 
 RUN = RoundTimeouts(sender_timeout=10.0, reducer_timeout=8.0, connect_timeout=5.0)
 

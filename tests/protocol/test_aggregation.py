@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from diloco.protocol.aggregation import (
+from diloco.protocol.core.aggregation import (
     cap_weight,
     cap_weights,
     check_clip_factor,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from diloco.errors import ProtocolError
-from diloco.protocol.agreement import (
+from diloco.protocol.core.agreement import (
     ANOTHER_RESULT,
     MISSING_PARTS,
     Verdict,
@@ -14,8 +14,8 @@ from diloco.protocol.agreement import (
     check_report,
     decide,
 )
-from diloco.protocol.part_wire import Report
-from diloco.protocol.wire import RoundTag
+from diloco.protocol.wire.frames import RoundTag
+from diloco.protocol.wire.part import Report
 
 TAG = RoundTag(bytes(range(16)), 1, 3)
 GID = b"g" * 16

@@ -13,7 +13,7 @@ from faults import GARBAGE, Fault
 from swarm_expected import group_order, in_process_sha, partial_sha
 from swarm_peers import TIMEOUTS, PeerProcess, command, run_rounds, start_peer, stop_peers
 
-from diloco.protocol.reduction import CHUNK_VALUES
+from diloco.protocol.core.round import CHUNK_VALUES
 
 
 @pytest.mark.swarm

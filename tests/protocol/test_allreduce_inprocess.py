@@ -30,12 +30,12 @@ from inprocess import (
 
 from diloco.codecs import get_codec
 from diloco.errors import RoundFailed
-from diloco.protocol.allreduce import AllReduceRunner
-from diloco.protocol.bans import BAN_OFFENCES, BanList
-from diloco.protocol.part_server import PartServer
-from diloco.protocol.partition import butterfly_parts
-from diloco.protocol.reducer import Contribution, InProcessReducer
-from diloco.protocol.reduction import CHUNK_VALUES
+from diloco.protocol.allreduce.member import AllReduceRunner
+from diloco.protocol.allreduce.part_server import PartServer
+from diloco.protocol.core.partition import butterfly_parts
+from diloco.protocol.core.reducer import Contribution, InProcessReducer
+from diloco.protocol.core.round import CHUNK_VALUES
+from diloco.protocol.trust.bans import BAN_OFFENCES, BanList
 
 
 def _without(

@@ -32,10 +32,10 @@ from swarm_peers import (
     stop_peers,
 )
 
-from diloco.protocol.aggregation import CLIP_FACTOR
-from diloco.protocol.bans import BAN_OFFENCES
-from diloco.protocol.partition import butterfly_parts
-from diloco.protocol.reducer import RoundKey
+from diloco.protocol.core.aggregation import CLIP_FACTOR
+from diloco.protocol.core.partition import butterfly_parts
+from diloco.protocol.core.reducer import RoundKey
+from diloco.protocol.trust.bans import BAN_OFFENCES
 
 NUMEL = 4_096
 ROUND_TIMEOUT = TIMEOUTS.total + 60

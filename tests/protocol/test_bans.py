@@ -7,8 +7,8 @@ import logging
 import pytest
 from hivemind.p2p import PeerID
 
-from diloco.protocol.bans import BanList
-from diloco.protocol.wire import RejectCode
+from diloco.protocol.trust.bans import BanList
+from diloco.protocol.wire.frames import RejectCode
 
 LIAR, OTHER = PeerID(b"\x00\x24liar"), PeerID(b"\x00\x24other")
 
@@ -87,7 +87,7 @@ def test_ban_and_release_are_logged_with_peer_and_offence(
 ) -> None:
     clock = Clock()
     bans = _bans(clock)
-    with caplog.at_level(logging.WARNING, logger="diloco.protocol.bans"):
+    with caplog.at_level(logging.WARNING, logger="diloco.protocol.trust.bans"):
         for reason in ("bad PART", "bad REPORT", "reported another result"):
             bans.offend(LIAR, reason)
         clock.now += 600
@@ -108,7 +108,7 @@ def test_ban_list_refuses_rules_that_cannot_work(kwargs: dict[str, float]) -> No
 def test_proven_lie_bans_at_once_for_the_ban_duration(caplog: pytest.LogCaptureFixture) -> None:
     clock = Clock()
     bans = _bans(clock)
-    with caplog.at_level(logging.WARNING, logger="diloco.protocol.bans"):
+    with caplog.at_level(logging.WARNING, logger="diloco.protocol.trust.bans"):
         bans.ban(LIAR, "block 3 is not the average of the signed chunks")
     assert bans.banned(LIAR) and not bans.banned(OTHER)
     assert f"banning {LIAR} for 600 s: block 3 is not the average" in caplog.text

@@ -7,7 +7,7 @@ import struct
 import pytest
 
 from diloco.errors import ProtocolError
-from diloco.protocol.check_wire import (
+from diloco.protocol.wire.check import (
     MAX_SAMPLES,
     CheckEntry,
     CheckRequest,
@@ -16,8 +16,8 @@ from diloco.protocol.check_wire import (
     EvidenceRequest,
     Seal,
 )
-from diloco.protocol.part_wire import PartHead
-from diloco.protocol.wire import RoundTag
+from diloco.protocol.wire.frames import RoundTag
+from diloco.protocol.wire.part import PartHead
 
 TAG = RoundTag(bytes(range(16)), 3, 9)
 GID = b"g" * 16

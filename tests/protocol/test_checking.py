@@ -18,13 +18,13 @@ from hivemind.p2p import PeerID
 from inprocess import delta_of, deltas, expected, member_id, names, run_round
 
 from diloco.errors import RoundFailed
-from diloco.protocol.allreduce import AllReduceRunner
-from diloco.protocol.check_wire import CheckRequest, CheckResponse
-from diloco.protocol.part_server import PartServer
-from diloco.protocol.part_wire import Averaged
-from diloco.protocol.reducer import RoundResult
-from diloco.protocol.signatures import sign_check
-from diloco.protocol.wire import Reject, RejectCode
+from diloco.protocol.allreduce.member import AllReduceRunner
+from diloco.protocol.allreduce.part_server import PartServer
+from diloco.protocol.core.reducer import RoundResult
+from diloco.protocol.trust.round_signatures import sign_check
+from diloco.protocol.wire.check import CheckRequest, CheckResponse
+from diloco.protocol.wire.frames import Reject, RejectCode
+from diloco.protocol.wire.part import Averaged
 
 NUMEL = 4 * 16 * 256  # four parts of 16 blocks
 WEIGHTS = [1.0, 2.0, 3.0, 1.5]

@@ -10,14 +10,14 @@ from memory_dht import MemoryDHT, Table
 from memory_p2p import make_identity
 
 from diloco.errors import ProtocolError
-from diloco.protocol.declarations import (
+from diloco.protocol.records.declarations import (
     MAX_DECLARATION_BYTES,
     Declaration,
     declare_round,
     parse_declaration,
     read_round_view,
 )
-from diloco.protocol.signed_records import pack_payload
+from diloco.protocol.trust.envelopes import pack_payload
 
 PRIOR = "0123456789abcdef"
 

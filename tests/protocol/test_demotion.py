@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from diloco.protocol.demotion import Demotion, own_part_missing
-from diloco.protocol.part_wire import Report
-from diloco.protocol.wire import RoundTag
+from diloco.protocol.core.demotion import Demotion, own_part_missing
+from diloco.protocol.wire.frames import RoundTag
+from diloco.protocol.wire.part import Report
 
 TAG = RoundTag(bytes(16), 0, 1)
 

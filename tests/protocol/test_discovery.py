@@ -9,16 +9,16 @@ from typing import Any
 import pytest
 
 from diloco.errors import ConfigError, ProtocolError
-from diloco.protocol.discovery import (
+from diloco.protocol.records.run_configs import (
     MAX_CONFIG_BYTES,
     MAX_JSON_DEPTH,
     SignedRunConfig,
     encode_config,
     parse_config,
 )
-from diloco.protocol.identity import Identity, signing_input
-from diloco.protocol.run_id import make_run_id
-from diloco.protocol.signed_records import pack_payload
+from diloco.protocol.records.run_id import make_run_id
+from diloco.protocol.trust.envelopes import pack_payload
+from diloco.protocol.trust.identity import Identity, signing_input
 
 CREATOR, MALLORY = Identity.generate(), Identity.generate()
 CONFIG = {"model": "tiny", "outer": {"lr": 0.7, "betas": [0.9, 0.95]}, "creator": CREATOR.peer_id}

@@ -8,7 +8,7 @@ import sys
 import pytest
 import uvloop
 
-from diloco.protocol.event_loop import new_event_loop
+from diloco.protocol.runtime.event_loop import new_event_loop
 
 
 def test_uvloop_when_installed() -> None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from diloco.errors import ProtocolError
-from diloco.protocol.fragment_state import FragmentState
+from diloco.protocol.state.fragment import FragmentState
 
 
 def test_sha256_is_the_hash_of_outer_then_momentum_as_le_fp32() -> None:

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from diloco.protocol.grid import num_stages, plan_grid, split_even
+from diloco.protocol.staged.grid import num_stages, plan_grid, split_even
 
 
 def _peers(n: int) -> list[bytes]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from diloco.errors import ConfigError
-from diloco.protocol.group import RoundTimeouts
+from diloco.protocol.core.group import RoundTimeouts
 
 
 def test_timeouts_scaled_and_total_bounds_every_phase() -> None:

@@ -1,4 +1,4 @@
-"""Ed25519 identities (``protocol/identity.py``): libp2p key files, peer id <-> public key,
+"""Ed25519 identities (``protocol/trust/identity.py``): libp2p key files, peer id <-> public key,
 signatures. (Named apart from ``tests/node/test_identity.py``: test basenames must differ.)"""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hivemind.proto import crypto_pb2
 
 from diloco.errors import ConfigError, ProtocolError
-from diloco.protocol.identity import (
+from diloco.protocol.trust.identity import (
     Identity,
     load_identity,
     load_or_create_identity,

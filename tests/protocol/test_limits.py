@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from diloco.protocol.limits import MAX_TRACKED_PEERS, StreamLimiter, StreamLimits
+from diloco.protocol.trust.limits import MAX_TRACKED_PEERS, StreamLimiter, StreamLimits
 
 LIMITS = StreamLimits(max_streams=3, burst=2, refill_seconds=10.0)
 

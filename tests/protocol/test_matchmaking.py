@@ -21,8 +21,8 @@ from swarm_peers import (
     write_leading_identity,
 )
 
-from diloco.protocol.lobby import choose_leader, leader_rank, round_key
-from diloco.protocol.reducer import RoundKey
+from diloco.protocol.core.reducer import RoundKey
+from diloco.protocol.matchmaking.lobby import choose_leader, leader_rank, round_key
 
 
 def test_round_key_namespaced_by_run_and_round() -> None:

@@ -12,13 +12,13 @@ from memory_dht import MemoryDHT, Table
 from memory_p2p import MemoryNetwork, make_identity
 
 from diloco.errors import PriorDiverged, RoundFailed
-from diloco.protocol.bans import BanList
-from diloco.protocol.declarations import declare_round
-from diloco.protocol.group import GroupInfo, RoundTimeouts
-from diloco.protocol.lobby import others_prior, round_key
-from diloco.protocol.matchmaking import Matchmaker
-from diloco.protocol.reducer import RoundKey
-from diloco.protocol.wire import Join, Kind, Reject, RejectCode, RoundTag
+from diloco.protocol.core.group import GroupInfo, RoundTimeouts
+from diloco.protocol.core.reducer import RoundKey
+from diloco.protocol.matchmaking.lobby import others_prior, round_key
+from diloco.protocol.matchmaking.matchmaker import Matchmaker
+from diloco.protocol.records.declarations import declare_round
+from diloco.protocol.trust.bans import BanList
+from diloco.protocol.wire.frames import Join, Kind, Reject, RejectCode, RoundTag
 
 RUN_ID = "priors-0123456789abcdef"
 DIGEST = bytes(range(16))
@@ -79,7 +79,7 @@ def test_same_prior_pair_forms_without_waiting_for_the_odd_one(
         jobs = [_form(peer, prior) for peer, prior in zip(peers, [X, X, Y], strict=True)]
         return await asyncio.gather(*jobs, return_exceptions=True)
 
-    with caplog.at_level(logging.INFO, logger="diloco.protocol.matchmaking"):
+    with caplog.at_level(logging.INFO, logger="diloco.protocol.matchmaking.matchmaker"):
         first, second, odd = asyncio.run(main())
     ids = {peer.p2p.peer_id for peer in peers[:2]}
     assert isinstance(first, GroupInfo) and isinstance(second, GroupInfo), (first, second)

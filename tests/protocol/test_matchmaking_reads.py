@@ -16,14 +16,14 @@ from hivemind.p2p import PeerID
 from memory_dht import MemoryDHT, Table
 from memory_p2p import MemoryNetwork, make_identity
 
-from diloco.protocol.bans import BanList
-from diloco.protocol.declarations import declare_round
-from diloco.protocol.group import GroupInfo, RoundTimeouts
-from diloco.protocol.identity import Identity
-from diloco.protocol.lobby import leader_rank, round_key
-from diloco.protocol.matchmaking import Matchmaker
-from diloco.protocol.reducer import RoundKey
-from diloco.protocol.wire import Group, Join, Kind, Reject, RejectCode, RoundTag
+from diloco.protocol.core.group import GroupInfo, RoundTimeouts
+from diloco.protocol.core.reducer import RoundKey
+from diloco.protocol.matchmaking.lobby import leader_rank, round_key
+from diloco.protocol.matchmaking.matchmaker import Matchmaker
+from diloco.protocol.records.declarations import declare_round
+from diloco.protocol.trust.bans import BanList
+from diloco.protocol.trust.identity import Identity
+from diloco.protocol.wire.frames import Group, Join, Kind, Reject, RejectCode, RoundTag
 
 RUN_ID = "reads-0123456789abcdef"
 DIGEST = bytes(range(16))

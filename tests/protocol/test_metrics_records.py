@@ -14,8 +14,7 @@ from hivemind.dht.validation import DHTRecord
 from hivemind.utils import MSGPackSerializer, ValueWithExpiration, get_dht_time
 
 from diloco.errors import ProtocolError
-from diloco.protocol.identity import Identity
-from diloco.protocol.metrics_records import (
+from diloco.protocol.records.metrics import (
     MAX_METRICS_BYTES,
     MAX_POINTS,
     MAX_ROUNDS,
@@ -26,9 +25,10 @@ from diloco.protocol.metrics_records import (
     metrics_key,
     read_metrics,
 )
-from diloco.protocol.records import FragmentVersion, NodeRecord, nodes_key, record_validator
-from diloco.protocol.run_id import make_run_id
-from diloco.protocol.signed_records import pack_payload, seal
+from diloco.protocol.records.nodes import FragmentVersion, NodeRecord, nodes_key, record_validator
+from diloco.protocol.records.run_id import make_run_id
+from diloco.protocol.trust.envelopes import pack_payload, seal
+from diloco.protocol.trust.identity import Identity
 
 RUN = make_run_id("metrics", {"steps": 10})
 ALICE, MALLORY = Identity.generate(), Identity.generate()

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from diloco.protocol.norms import block_norms, chunk_norm
+from diloco.protocol.core.norms import block_norms, chunk_norm
 
 
 def test_block_norms_per_block_of_256_values_last_one_short() -> None:

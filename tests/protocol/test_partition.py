@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from diloco.codecs import CODEC_NAMES, get_codec
-from diloco.protocol.partition import PART_ALIGN, butterfly_parts, substitute
+from diloco.protocol.core.partition import PART_ALIGN, butterfly_parts, substitute
 
 
 def test_butterfly_parts_equal_split_by_hand() -> None:

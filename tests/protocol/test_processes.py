@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from diloco.protocol.processes import WholeMessages
+from diloco.protocol.runtime.processes import WholeMessages
 
 GONE_BOUND_S = 30.0
 """Generous bound for a process to end once its owner is gone (typically about 1 s)."""
@@ -127,7 +127,7 @@ def test_end_with_parent_runs_cleanup_and_exits_when_parent_is_killed(
         owners,
         f"""
         import os, time
-        from diloco.protocol import processes
+        from diloco.protocol.runtime import processes
         parent = os.getpid()
         if (child := os.fork()) == 0:
             processes.end_with_parent(parent, lambda: open({str(marker)!r}, "w").close())
@@ -152,7 +152,7 @@ def test_end_with_parent_counts_a_parent_gone_before_the_watch(
         owners,
         f"""
         import os, time
-        from diloco.protocol import processes
+        from diloco.protocol.runtime import processes
         parent = os.getpid()
         if (child := os.fork()) == 0:
             while os.getppid() == parent:
@@ -172,7 +172,7 @@ def test_end_with_parent_counts_a_parent_gone_before_the_watch(
 
 SPAWN_SLEEP = """
     import asyncio, os, threading, time, uvloop
-    from diloco.protocol import processes
+    from diloco.protocol.runtime import processes
 
     async def spawn():  # as hivemind starts p2pd
         process = await asyncio.subprocess.create_subprocess_exec("sleep", "600")
@@ -214,7 +214,7 @@ def test_children_end_with_this_process_leaves_children_of_other_threads_alone(
 def test_children_end_with_this_process_restores_the_spawn_function() -> None:
     import asyncio
 
-    from diloco.protocol import processes
+    from diloco.protocol.runtime import processes
 
     original = asyncio.subprocess.create_subprocess_exec
     with processes.children_end_with_this_process():
@@ -253,9 +253,9 @@ def test_whole_messages_waits_for_a_body_written_after_its_length() -> None:
 
 SWARM_OWNER = """
     import os, threading, time
-    from diloco.protocol.network import NetworkOptions
-    from diloco.protocol.run_id import make_run_id
-    from diloco.protocol.swarm import Swarm
+    from diloco.protocol.runtime.network import NetworkOptions
+    from diloco.protocol.records.run_id import make_run_id
+    from diloco.protocol.runtime.swarm import Swarm
 
     def start():
         global swarm

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hivemind.utils.multiaddr import Multiaddr
 
-from diloco.protocol.reachability import (
+from diloco.protocol.runtime.reachability import (
     REACHABLE,
     UNREACHABLE,
     dial_targets,

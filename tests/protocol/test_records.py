@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from diloco.errors import ProtocolError
-from diloco.protocol.declarations import parse_declaration
-from diloco.protocol.lobby import round_key
-from diloco.protocol.records import (
+from diloco.protocol.core.reducer import RoundKey
+from diloco.protocol.matchmaking.lobby import round_key
+from diloco.protocol.records.declarations import parse_declaration
+from diloco.protocol.records.nodes import (
     MAX_NODE_RECORD_BYTES,
     MAX_ROUND_MEMBERS,
     MAX_VOUCH_ROUNDS,
@@ -24,8 +25,7 @@ from diloco.protocol.records import (
     vouch_key,
     vouch_payload,
 )
-from diloco.protocol.reducer import RoundKey
-from diloco.protocol.signed_records import pack_payload
+from diloco.protocol.trust.envelopes import pack_payload
 
 PEER = "12D3KooWLrRGEqt4uZwLBrUdd4763UK5hmFfmv15Eu8CATkuN8CM"
 H = "ab" * 32

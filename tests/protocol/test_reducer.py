@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from diloco.codecs import get_codec
-from diloco.protocol.reducer import Contribution, InProcessReducer, RoundKey
-from diloco.protocol.reduction import CHUNK_VALUES
+from diloco.protocol.core.reducer import Contribution, InProcessReducer, RoundKey
+from diloco.protocol.core.round import CHUNK_VALUES
 
 KEY = RoundKey(0, 1)
 

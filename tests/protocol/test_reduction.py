@@ -13,8 +13,7 @@ import torch
 
 from diloco.codecs import get_codec
 from diloco.errors import ProtocolError
-from diloco.protocol.part_wire import Averaged, PartHead
-from diloco.protocol.reduction import (
+from diloco.protocol.core.round import (
     CHUNK_VALUES,
     Assembly,
     AveragedPart,
@@ -25,7 +24,8 @@ from diloco.protocol.reduction import (
     chunk_spans,
     part_digest,
 )
-from diloco.protocol.wire import RoundTag
+from diloco.protocol.wire.frames import RoundTag
+from diloco.protocol.wire.part import Averaged, PartHead
 
 NONE = get_codec("none")
 TAG = RoundTag(bytes(range(16)), 2, 5)

@@ -6,11 +6,11 @@ import asyncio
 
 from inprocess import KEY, TIMEOUTS, Round, deltas
 
-from diloco.protocol.allreduce import AllReduceRunner
-from diloco.protocol.check_wire import CheckRequest, CheckResponse
-from diloco.protocol.reducer import RoundResult
-from diloco.protocol.streams import open_stream, read_frame, write_frame
-from diloco.protocol.wire import Kind, Reject, RejectCode
+from diloco.protocol.allreduce.member import AllReduceRunner
+from diloco.protocol.core.reducer import RoundResult
+from diloco.protocol.runtime.streams import open_stream, read_frame, write_frame
+from diloco.protocol.wire.check import CheckRequest, CheckResponse
+from diloco.protocol.wire.frames import Kind, Reject, RejectCode
 
 
 async def _ask(round_: Round, member: int, of: int) -> CheckResponse | Reject:

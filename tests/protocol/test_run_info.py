@@ -10,11 +10,9 @@ from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 from memory_p2p import MemoryNetwork, make_peer_id
 
 from diloco.errors import ConfigError
-from diloco.protocol import streams
-from diloco.protocol.discovery import SignedRunConfig
-from diloco.protocol.identity import Identity, signing_input
-from diloco.protocol.run_id import make_run_id
-from diloco.protocol.run_info import (
+from diloco.protocol.records.run_configs import SignedRunConfig
+from diloco.protocol.records.run_id import make_run_id
+from diloco.protocol.records.run_info import (
     RUN_INFO_HANDLER,
     ask_peers,
     choose_run,
@@ -22,8 +20,10 @@ from diloco.protocol.run_info import (
     peer_id_in,
     serve_run_info,
 )
-from diloco.protocol.signed_records import pack_payload
-from diloco.protocol.wire import Kind
+from diloco.protocol.runtime import streams
+from diloco.protocol.trust.envelopes import pack_payload
+from diloco.protocol.trust.identity import Identity, signing_input
+from diloco.protocol.wire.frames import Kind
 
 HONEST, HOSTILE = Identity.generate(), Identity.generate()
 

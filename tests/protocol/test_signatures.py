@@ -8,10 +8,8 @@ import dataclasses
 import pytest
 
 from diloco.errors import ProtocolError
-from diloco.protocol.check_wire import CheckEntry, CheckResponse
-from diloco.protocol.identity import Identity
-from diloco.protocol.part_wire import PartHead
-from diloco.protocol.signatures import (
+from diloco.protocol.trust.identity import Identity
+from diloco.protocol.trust.round_signatures import (
     sign_averaged,
     sign_check,
     sign_part,
@@ -19,7 +17,9 @@ from diloco.protocol.signatures import (
     verify_check,
     verify_part,
 )
-from diloco.protocol.wire import RoundTag
+from diloco.protocol.wire.check import CheckEntry, CheckResponse
+from diloco.protocol.wire.frames import RoundTag
+from diloco.protocol.wire.part import PartHead
 
 ME, OTHER = Identity.generate(), Identity.generate()
 SEAL = PartHead(RoundTag(bytes(range(16)), 3, 9), b"g" * 16, 1, 2)

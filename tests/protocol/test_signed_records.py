@@ -24,19 +24,10 @@ from hivemind.dht.validation import DHTRecord
 from hivemind.utils import MSGPackSerializer, ValueWithExpiration, get_dht_time
 from test_identity_keys import SEED_KEY_FILE, SEED_PEER_ID
 
-from diloco.protocol.declarations import read_declarations
-from diloco.protocol.discovery import (
-    RUN_CONFIGS_KEY,
-    SignedRunConfig,
-    encode_config,
-    find_run_configs,
-    publish_run_config,
-)
-from diloco.protocol.identity import Identity, signing_input
-from diloco.protocol.lobby import round_key
-from diloco.protocol.network import NetworkOptions
-from diloco.protocol.processes import TiedDHT
-from diloco.protocol.records import (
+from diloco.protocol.core.reducer import RoundKey
+from diloco.protocol.matchmaking.lobby import round_key
+from diloco.protocol.records.declarations import read_declarations
+from diloco.protocol.records.nodes import (
     FragmentVersion,
     NodeRecord,
     nodes_key,
@@ -45,16 +36,25 @@ from diloco.protocol.records import (
     record_validator,
     vouch_key,
 )
-from diloco.protocol.reducer import RoundKey
-from diloco.protocol.run_id import make_run_id
-from diloco.protocol.signed_records import (
+from diloco.protocol.records.run_configs import (
+    RUN_CONFIGS_KEY,
+    SignedRunConfig,
+    encode_config,
+    find_run_configs,
+    publish_run_config,
+)
+from diloco.protocol.records.run_id import make_run_id
+from diloco.protocol.runtime.network import NetworkOptions
+from diloco.protocol.runtime.processes import TiedDHT
+from diloco.protocol.runtime.swarm import make_dht
+from diloco.protocol.trust.envelopes import (
     MAX_PAYLOAD_BYTES,
     SignedRecordValidator,
     pack_payload,
     seal,
     signer,
 )
-from diloco.protocol.swarm import make_dht
+from diloco.protocol.trust.identity import Identity, signing_input
 
 ALICE, BOB, MALLORY = Identity.generate(), Identity.generate(), Identity.generate()
 CONFIG = {"model": "tiny", "steps": 10, "creator": ALICE.peer_id}
@@ -278,7 +278,7 @@ REASONS = {
 
 @pytest.mark.parametrize("case", list(REJECTED))
 def test_validator_rejects(case: str, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.DEBUG, logger="diloco.protocol.signed_records"):
+    with caplog.at_level(logging.DEBUG, logger="diloco.protocol.trust.envelopes"):
         assert record_validator().validate(REJECTED[case]()) is False
     assert REASONS[case] in caplog.text
 

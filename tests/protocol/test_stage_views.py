@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from hivemind.p2p import PeerID
 
-from diloco.protocol.grid import GridPlan, plan_grid
-from diloco.protocol.group import GroupInfo
-from diloco.protocol.reducer import RoundKey
-from diloco.protocol.stage_views import (
+from diloco.protocol.core.group import GroupInfo
+from diloco.protocol.core.reducer import RoundKey
+from diloco.protocol.staged.grid import GridPlan, plan_grid
+from diloco.protocol.staged.runner import stage_infos
+from diloco.protocol.staged.views import (
     SlotView,
     candidate_views,
     stand_in_for,
@@ -16,7 +17,6 @@ from diloco.protocol.stage_views import (
     view_group_id,
     view_info,
 )
-from diloco.protocol.staged_runner import stage_infos
 
 WEIGHTS = tuple(float(10 + 3 * i) for i in range(12))
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from diloco.codecs import get_codec
-from diloco.protocol.grid import GridPlan, plan_grid
-from diloco.protocol.reducer import Contribution, InProcessReducer, RoundKey
-from diloco.protocol.staged import staged_mean
+from diloco.protocol.core.reducer import Contribution, InProcessReducer, RoundKey
+from diloco.protocol.staged.grid import GridPlan, plan_grid
+from diloco.protocol.staged.reference import staged_mean
 
 
 def _deltas(n: int, numel: int, seed: int = 0) -> list[torch.Tensor]:

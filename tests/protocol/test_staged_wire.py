@@ -23,17 +23,17 @@ from staged_memory import (
 )
 
 from diloco.codecs import get_codec
-from diloco.protocol.allreduce import AllReduceRunner
-from diloco.protocol.bans import BanList
-from diloco.protocol.grid import GridPlan, plan_grid
-from diloco.protocol.group import GroupInfo
-from diloco.protocol.identity import Identity
-from diloco.protocol.part_server import PartServer
-from diloco.protocol.reducer import RoundResult
-from diloco.protocol.routing import AllReduceService
-from diloco.protocol.stage_views import stand_in_for, view_group_id
-from diloco.protocol.staged import staged_mean
-from diloco.protocol.staged_runner import RunnerFactory
+from diloco.protocol.allreduce.member import AllReduceRunner
+from diloco.protocol.allreduce.part_server import PartServer
+from diloco.protocol.allreduce.routing import AllReduceService
+from diloco.protocol.core.group import GroupInfo
+from diloco.protocol.core.reducer import RoundResult
+from diloco.protocol.staged.grid import GridPlan, plan_grid
+from diloco.protocol.staged.reference import staged_mean
+from diloco.protocol.staged.runner import RunnerFactory
+from diloco.protocol.staged.views import stand_in_for, view_group_id
+from diloco.protocol.trust.bans import BanList
+from diloco.protocol.trust.identity import Identity
 
 
 async def _round(

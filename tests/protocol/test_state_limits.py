@@ -15,13 +15,13 @@ import pytest
 import torch
 
 from diloco.errors import ProtocolError
-from diloco.protocol.bans import BanList
-from diloco.protocol.fragment_state import FragmentState, OuterState
-from diloco.protocol.limits import StreamLimits
-from diloco.protocol.network import NetworkOptions
-from diloco.protocol.run_id import make_run_id, run_digest
-from diloco.protocol.state_transfer import SnapshotHashes, StateServer, fetch_state
-from diloco.protocol.swarm import Swarm
+from diloco.protocol.records.run_id import make_run_id, run_digest
+from diloco.protocol.runtime.network import NetworkOptions
+from diloco.protocol.runtime.swarm import Swarm
+from diloco.protocol.state.fragment import FragmentState, OuterState
+from diloco.protocol.state.transfer import SnapshotHashes, StateServer, fetch_state
+from diloco.protocol.trust.bans import BanList
+from diloco.protocol.trust.limits import StreamLimits
 
 RUN = make_run_id("limits", {"purpose": "state spam"})
 NUM_FRAGMENTS, NUMEL = 3, 50_000
@@ -97,7 +97,7 @@ def test_state_server_caps_a_spammer_and_hashes_each_snapshot_once(
         asks = [fetch_state(client.p2p, peer, RUN, digest) for _ in range(SPAM)]
         return list(await asyncio.gather(*asks, return_exceptions=True))
 
-    with caplog.at_level(logging.WARNING, logger="diloco.protocol.state_transfer"):
+    with caplog.at_level(logging.WARNING, logger="diloco.protocol.state.transfer"):
         at_once = client.call(spam(), 120.0)
         one_by_one = []
         for _ in range(BURST + 2):

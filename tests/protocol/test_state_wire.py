@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from diloco.errors import ProtocolError
-from diloco.protocol.state_wire import StateEntry, StateHeader, StateRequest
+from diloco.protocol.wire.state import StateEntry, StateHeader, StateRequest
 
 DIGEST = bytes(range(16))
 

@@ -13,8 +13,8 @@ from hivemind.utils.multiaddr import Multiaddr
 from memory_p2p import make_peer_id, stream_pair
 
 from diloco.errors import ProtocolError
-from diloco.protocol import streams
-from diloco.protocol.wire import FRAME_HEADER, ByteCounter, Kind, Reject, RejectCode
+from diloco.protocol.runtime import streams
+from diloco.protocol.wire.frames import FRAME_HEADER, ByteCounter, Kind, Reject, RejectCode
 
 PEER = make_peer_id(7)
 
@@ -105,7 +105,7 @@ def test_stream_handler_protocol_error_answered_malformed_and_logged(
         return None
 
     bad_magic = FRAME_HEADER.pack(b"XX", 1, Kind.JOIN, 0)
-    with caplog.at_level(logging.WARNING, logger="diloco.protocol.streams"):
+    with caplog.at_level(logging.WARNING, logger="diloco.protocol.runtime.streams"):
         received = asyncio.run(_exchange(serve, bad_magic))
     reject = _reject_of(received)
     assert reject.code == RejectCode.MALFORMED and "magic" in reject.reason
@@ -149,7 +149,7 @@ def test_stream_handler_deadline_closes_the_stream_quietly(
         await reader.readexactly(1)  # the client never sends it
         return None
 
-    with caplog.at_level(logging.DEBUG, logger="diloco.protocol.streams"):
+    with caplog.at_level(logging.DEBUG, logger="diloco.protocol.runtime.streams"):
         assert asyncio.run(_exchange(serve, timeout=0.05)) == b""
     assert [r.levelno for r in caplog.records] == [logging.DEBUG]
 
@@ -160,7 +160,7 @@ def test_stream_handler_cut_stream_logged_at_debug(caplog: pytest.LogCaptureFixt
     ) -> Reject | None:
         raise ConnectionResetError("cut")
 
-    with caplog.at_level(logging.DEBUG, logger="diloco.protocol.streams"):
+    with caplog.at_level(logging.DEBUG, logger="diloco.protocol.runtime.streams"):
         assert asyncio.run(_exchange(serve)) == b""
     assert [r.levelno for r in caplog.records] == [logging.DEBUG]
 
@@ -173,7 +173,7 @@ def test_stream_handler_bug_logged_with_traceback_not_raised(
     ) -> Reject | None:
         raise KeyError("a bug of ours")
 
-    with caplog.at_level(logging.ERROR, logger="diloco.protocol.streams"):
+    with caplog.at_level(logging.ERROR, logger="diloco.protocol.runtime.streams"):
         assert asyncio.run(_exchange(serve)) == b""
     (record,) = caplog.records
     assert record.exc_info is not None and record.exc_info[0] is KeyError

@@ -20,14 +20,14 @@ from memory_p2p import MemoryNetwork, MemoryP2P, make_peer_id, stream_pair
 from test_signed_records import _entry, _StubDHT
 
 from diloco.errors import ConfigError
-from diloco.protocol import streams
-from diloco.protocol.declarations import read_declarations
-from diloco.protocol.identity import Identity
-from diloco.protocol.lobby import round_key
-from diloco.protocol.reducer import RoundKey
-from diloco.protocol.run_id import make_run_id, run_digest
-from diloco.protocol.signed_records import pack_payload
-from diloco.protocol.swarm_key import (
+from diloco.protocol.core.reducer import RoundKey
+from diloco.protocol.matchmaking.lobby import round_key
+from diloco.protocol.records.declarations import read_declarations
+from diloco.protocol.records.run_id import make_run_id, run_digest
+from diloco.protocol.runtime import streams
+from diloco.protocol.trust.envelopes import pack_payload
+from diloco.protocol.trust.identity import Identity
+from diloco.protocol.trust.swarm_key import (
     ClosedSwarm,
     ClosedTransport,
     NotMember,
@@ -35,7 +35,7 @@ from diloco.protocol.swarm_key import (
     check_swarm_key,
     load_swarm_key,
 )
-from diloco.protocol.wire import Kind, Reject, RejectCode
+from diloco.protocol.wire.frames import Kind, Reject, RejectCode
 
 RUN = make_run_id("closed", {"seed": 1})
 DIGEST = run_digest(RUN)
@@ -186,7 +186,7 @@ def test_opener_with_another_key_refused_and_logged_on_both_sides(
         await asyncio.sleep(0.05)
         return server.peer_id, client.peer_id, echo.served
 
-    with caplog.at_level(logging.WARNING, logger="diloco.protocol.swarm_key"):
+    with caplog.at_level(logging.WARNING, logger="diloco.protocol.trust.swarm_key"):
         server, client, served = asyncio.run(main())
     assert served == []
     assert f"refused ECHO from {client}: not a member of this closed swarm" in caplog.text
@@ -202,7 +202,7 @@ def test_opener_without_key_gets_reject_and_no_service(caplog: pytest.LogCapture
         await asyncio.sleep(0.05)
         return answer, client.peer_id, echo.served
 
-    with caplog.at_level(logging.WARNING, logger="diloco.protocol.swarm_key"):
+    with caplog.at_level(logging.WARNING, logger="diloco.protocol.trust.swarm_key"):
         answer, client, served = asyncio.run(main())
     assert served == []
     assert answer.startswith(b"REJECT ")
@@ -275,7 +275,7 @@ def test_responder_without_key_found_out_before_the_request_is_sent(
         await asyncio.sleep(0.05)
         return impostor.peer_id, received
 
-    with caplog.at_level(logging.WARNING, logger="diloco.protocol.swarm_key"):
+    with caplog.at_level(logging.WARNING, logger="diloco.protocol.trust.swarm_key"):
         impostor, received = asyncio.run(main())
     assert received == [b""]  # the request never left the opener
     assert f"{impostor} is not a member of this closed swarm" in caplog.text

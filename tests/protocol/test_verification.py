@@ -17,11 +17,11 @@ import torch
 
 from diloco.codecs import Codec, get_codec
 from diloco.errors import ProtocolError
-from diloco.protocol.aggregation import CLIP_FACTOR
-from diloco.protocol.norms import chunk_norm, num_blocks
-from diloco.protocol.partition import butterfly_parts
-from diloco.protocol.reduction import PartReducer, RoundPlan, chunk_spans
-from diloco.protocol.verification import (
+from diloco.protocol.core.aggregation import CLIP_FACTOR
+from diloco.protocol.core.norms import chunk_norm, num_blocks
+from diloco.protocol.core.partition import butterfly_parts
+from diloco.protocol.core.round import PartReducer, RoundPlan, chunk_spans
+from diloco.protocol.core.verification import (
     Answer,
     Judgement,
     OwnContribution,
@@ -39,7 +39,7 @@ from diloco.protocol.verification import (
     slices_alone,
     wanted_evidence,
 )
-from diloco.protocol.wire import RoundTag
+from diloco.protocol.wire.frames import RoundTag
 
 TAG = RoundTag(bytes(range(16)), 1, 7)
 GID = b"v" * 16

@@ -8,9 +8,7 @@ import struct
 import pytest
 
 from diloco.errors import ProtocolError
-from diloco.protocol import wire
-from diloco.protocol.part_wire import Averaged, PartHead, Report
-from diloco.protocol.wire import (
+from diloco.protocol.wire.frames import (
     FRAME_HEADER,
     Frame,
     Group,
@@ -20,6 +18,8 @@ from diloco.protocol.wire import (
     RejectCode,
     RoundTag,
 )
+from diloco.protocol.wire import frames as wire
+from diloco.protocol.wire.part import Averaged, PartHead, Report
 
 TAG = RoundTag(bytes(range(16)), 3, 9)
 GID = b"g" * 16

@@ -21,11 +21,11 @@ from diloco.errors import ConfigError
 from diloco.node.config import RunConfig
 from diloco.node.dashboard.view import SwarmView
 from diloco.node.model import Transformer
-from diloco.protocol.discovery import find_run_configs
-from diloco.protocol.metrics_records import read_metrics
-from diloco.protocol.network import NetworkOptions
-from diloco.protocol.records import read_records
-from diloco.protocol.swarm import make_dht
+from diloco.protocol.records.metrics import read_metrics
+from diloco.protocol.records.nodes import read_records
+from diloco.protocol.records.run_configs import find_run_configs
+from diloco.protocol.runtime.network import NetworkOptions
+from diloco.protocol.runtime.swarm import make_dht
 
 logger = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from diloco.node.traffic import data_parallel_bytes
-from diloco.protocol.metrics_records import MetricsRecord, RoundEntry
-from diloco.protocol.records import NodeRecord
+from diloco.protocol.records.metrics import MetricsRecord, RoundEntry
+from diloco.protocol.records.nodes import NodeRecord
 
 STALE_AFTER = 15.0
 """Seconds after its last sighting in the DHT that a node no longer counts as alive (nodes

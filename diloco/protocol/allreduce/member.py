@@ -1,0 +1,502 @@
+"""Butterfly all-reduce of one fragment round over p2pd streams (SPEC 4).
+
+Member ``j`` of a group of ``M`` reduces part ``j`` of the vector (``butterfly_parts``).
+Every member opens one stream per other reducer and streams its part there as consecutive
+chunks (``chunk_spans``), each encoded on its own (PART); on the same stream it reads back
+the reducer's averaged chunks (AVERAGED). A reducer decodes every contribution, combines
+them (``aggregation.robust_mean``: capped weights, clipped norms, FP32 in group order, as
+``InProcessReducer``), encodes each averaged chunk once with the return codec and sends
+the same bytes, with the mask of members it counted and their norms, to every member; it
+uses the decoded bytes itself. So all members hold bit-identical parts. Chunks pipeline the
+two phases: chunk ``c`` is averaged and on its way back while chunk ``c + 1`` arrives.
+
+Faults and agreement (the whole rule: ``docs/allreduce.md``): a member whose first chunk
+is late or invalid is not counted; a part whose reducer dies, stalls or fails is
+re-reduced by its substitute among the survivors (``rereduction``), or else missing, never
+replaced by local values; members exchange REPORTs (``report_exchange``) and apply the
+result a strict majority of the full contributors holds (``agreement.decide``), dissenters
+commit an offence (``bans``); a *client* (nobody can dial it, or demoted) reduces no part;
+with an ``identity`` parts are sealed and checked (``checking``, ``verification``).
+
+This module (member side) and ``part_server`` (reducer side) move the bytes and keep the
+deadlines; what the bytes mean is decided by the pure ``reduction`` and ``agreement``.
+Encoding and decoding run in the default executor so the event loop keeps serving streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hashlib
+import logging
+import random
+
+import torch
+from hivemind.p2p import PeerID
+
+from diloco.codecs import Codec
+from diloco.errors import ProtocolError, RoundFailed
+from diloco.protocol.allreduce.checking import Checker, answer_check, blame, convict
+from diloco.protocol.allreduce.part_server import Deadlines, PartServer
+from diloco.protocol.allreduce.reports import STREAM_RETRIES, ReportExchange
+from diloco.protocol.allreduce.substitute import FAILED, Excluded, Substitutes
+from diloco.protocol.core.agreement import decide
+from diloco.protocol.core.demotion import own_part_missing
+from diloco.protocol.core.group import GroupInfo, RoundTimeouts
+from diloco.protocol.core.partition import substitute
+from diloco.protocol.core.reducer import RoundResult
+from diloco.protocol.core.round import (
+    Assembled,
+    Assembly,
+    AveragedPart,
+    PartReducer,
+    RoundPlan,
+    part_digest,
+)
+from diloco.protocol.core.verification import (
+    SAMPLES_PER_PART,
+    Judgement,
+    OwnContribution,
+    PartClaims,
+    draw_samples,
+    slices_alone,
+)
+from diloco.protocol.runtime.streams import (
+    TRANSPORT_ERRORS,
+    StreamTransport,
+    open_stream,
+    read_body,
+    read_frame,
+    read_frame_header,
+    stop_sending,
+    write_frame,
+)
+from diloco.protocol.trust.bans import BanList
+from diloco.protocol.trust.identity import Identity
+from diloco.protocol.trust.round_signatures import sign_part, verify_averaged
+from diloco.protocol.wire.check import CheckRequest, Seal
+from diloco.protocol.wire.frames import (
+    MAX_SMALL_BODY,
+    SIGNATURE_BYTES,
+    ByteCounter,
+    Kind,
+    Reject,
+    RejectCode,
+    RoundTag,
+)
+from diloco.protocol.wire.part import Averaged, PartHead, Report
+
+logger = logging.getLogger(__name__)
+
+
+class AllReduceRunner:
+    """One member's side of one round's all-reduce: sender of ``M - 1`` parts, reducer of one.
+
+    It moves bytes and keeps time; what the bytes mean is decided by ``AveragedPart``,
+    ``self.assembly`` and ``agreement.decide``; ``self.server`` serves its own part.
+    ``server_type`` is the class that does (tests substitute faulty subclasses). Without
+    an ``identity`` nothing is signed or checked (for measurements: every member of a
+    group must then run without). ``rng`` picks the blocks checked: private randomness.
+    """
+
+    server_type: type[PartServer] = PartServer
+    samples: int = SAMPLES_PER_PART
+    rng: random.Random = random.SystemRandom()
+
+    def __init__(
+        self,
+        *,
+        p2p: StreamTransport,
+        group: GroupInfo,
+        digest: bytes,
+        codec: Codec,
+        return_codec: Codec,
+        delta: torch.Tensor,
+        timeouts: RoundTimeouts,
+        max_norm_ratio: float,
+        max_weight: float,
+        clip_factor: float,
+        bans: BanList,
+        handlers: tuple[str, str, str, str],
+        identity: Identity | None = None,
+    ) -> None:
+        if codec.codec_id != group.codec_id or return_codec.codec_id != group.return_codec_id:
+            raise ValueError("codecs differ from the group's")
+        self.p2p, self.group, self.delta, self.timeouts = p2p, group, delta, timeouts
+        self.part_handler, self.report_handler = handlers[:2]
+        self.check_handlers = handlers[2:]
+        self.identity, self.bans = identity, bans
+        self.index = group.index(p2p.peer_id)
+        self.num_members = len(group.members)
+        self.plan = RoundPlan.build(
+            tag=RoundTag(digest, group.key.fragment, group.key.round),
+            group_id=group.group_id,
+            index=self.index,
+            weights=group.weights,
+            delta=delta,
+            codec=codec,
+            return_codec=return_codec,
+            max_norm_ratio=max_norm_ratio,
+            max_weight=max_weight,
+            clip_factor=clip_factor,
+            clients=group.clients,
+        )
+        self.assembly = Assembly(self.plan)
+        checked = identity is not None and slices_alone(return_codec)
+        self.own = OwnContribution(self.plan, delta) if checked else None
+        """What this member sent, for checks; None when nothing is checked."""
+        self.claims: dict[int, PartClaims] = {}
+        self._sent: dict[tuple[int, int], tuple[bytes, bytes]] = {}
+        """Payload and sha256 of every chunk sent, by (part, chunk)."""
+        self._recorded = asyncio.Event()
+        self._part_records: dict[int, asyncio.Future[None]] = {}
+        self._recording: asyncio.Future[list[None]] | None = None
+        self._asked: dict[int, int] = {}
+        everyone = (True,) * self.num_members
+        for j in range(self.num_members):
+            if group.is_client(j):  # an empty part, alike on every member (module docstring)
+                empty = torch.zeros(0, dtype=torch.float32)
+                self.assembly.add(j, everyone, empty, part_digest([]))
+        self.counter = ByteCounter()
+        loop = asyncio.get_running_loop()
+        self._t0 = loop.time()
+        self.deadlines = Deadlines.starting(self._t0, timeouts)
+        self.server = self._part_server(self.index, self.deadlines)
+        self._own_chunks = list(self.server.own_chunks)
+        self.substitutes = Substitutes(self.index, self.num_members, self.server, group.clients)
+        self.rereduced: set[int] = set()
+        """Parts held as a substitute re-reduced them (not sampled by the checks)."""
+        self.not_members: set[int] = set()
+        """Members that refused this group's PART streams as not theirs (NOT_MEMBER): they
+        run another group (a staged round's view, ``staged_runner``)."""
+        self.not_member = asyncio.Event()
+        """Set whenever a member joins ``not_members``."""
+        self.transfer_seconds: float | None = None  # all parts held, first try (``adaptive``)
+        self.reports = ReportExchange(
+            p2p=p2p, group=group, index=self.index, handler=self.report_handler, timeouts=timeouts
+        )
+        self.part_missing = True
+        """Whether this member's own part failed (``demotion``); True until ``run`` ends."""
+
+    async def run(self) -> RoundResult:
+        """Exchange parts, agree by reports, and return the round's result.
+
+        Raises:
+            RoundFailed: a part is missing here or at a member that reported, or results
+                differ; the caller must then leave its outer state unchanged.
+        """
+        loop = asyncio.get_running_loop()
+        key = self.group.key
+        client = self.group.is_client(self.index)
+        reduce_task = asyncio.create_task(self._nothing() if client else self._reduce_own())
+        exchanges = [
+            asyncio.create_task(self._exchange(j))
+            for j in range(self.num_members)
+            if j != self.index and not self.group.is_client(j)
+        ]
+        try:
+            for c, future in enumerate(self._own_chunks):
+                own = await loop.run_in_executor(None, self._own_chunk, c)
+                self._touch_recorded()
+                future.set_result(own)
+            encoded = loop.time()
+            await reduce_task
+            reduced = loop.time()
+            for task in exchanges:
+                await task
+        finally:
+            for task in (reduce_task, *exchanges):
+                task.cancel()
+        assembled = self.assembly.result()
+        assembled_at = loop.time()
+        if all(assembled.held) and not self.rereduced:
+            self.transfer_seconds = assembled_at - self._t0
+        self.assembly.clear()  # what stays of the round is what its checks need
+        self._own_chunks.clear()
+        self._sent = {}  # the gather is over; what checks need is in the parts' records
+        self._recording = asyncio.gather(*self._part_records.values())
+        checks = self._start_checks(assembled)  # alongside the reports: one phase, not two
+        try:
+            await self._exchange_reports(assembled)
+            for server in (self.server, *self.substitutes.servers):
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(
+                        server.idle.wait(), max(0.0, self.deadlines.report - loop.time())
+                    )
+            agreed = loop.time()
+            self.part_missing = own_part_missing(
+                self.index, not assembled.held[self.index], self.reports.received
+            )
+            verdict = decide(
+                self.index, assembled.held, assembled.digest, assembled.full, self.reports.received
+            )
+            blame(self.group, verdict.dissent, verdict.accepted, self.bans)
+            if not verdict.accepted:
+                raise RoundFailed(key.fragment, key.round, verdict.reason)
+            judgements = await checks if checks is not None else {}
+        finally:
+            if checks is not None:
+                checks.cancel()
+        times = [t - self._t0 for t in (encoded, reduced, assembled_at, agreed, loop.time())]
+        logger.info(
+            "round %s: encoded %.3fs, own part averaged %.3fs, all parts %.3fs, agreed %.3fs, "
+            "checked %.3fs",
+            key,
+            *times,
+        )
+        failed = convict(self.group, judgements, self.bans)
+        if failed:
+            raise RoundFailed(key.fragment, key.round, failed)
+        return RoundResult(
+            delta=assembled.delta,
+            members=tuple(n for n, ok in zip(self.group.names, assembled.full, strict=True) if ok),
+            bytes_sent=self.counter.sent,
+            bytes_received=self.counter.received,
+            seconds=loop.time() - self._t0,
+        )
+
+    @staticmethod
+    async def _nothing() -> None:
+        """A client's reducer side: it has no part to serve."""
+
+    def _encode_chunk(self, j: int, c: int) -> bytes:
+        """Payload of chunk ``c`` of part ``j`` (sent to reducer ``j``)."""
+        a, b = self.plan.chunks[j][c]
+        return self.plan.codec.encode(self.delta[a:b].contiguous())
+
+    def _own_chunk(self, c: int) -> torch.Tensor:
+        """Chunk ``c`` of this member's own part as its reducer (itself) uses it."""
+        a, b = self.plan.chunks[self.index][c]
+        payload = self.plan.codec.encode(self.delta[a:b].contiguous())
+        values = self.plan.codec.decode(payload)
+        if self.own is not None:
+            self.own.record(self.index, c, payload, values)
+        return values
+
+    def _part_frame(self, j: int, c: int) -> tuple[bytes, bytes]:
+        """Head and payload of chunk ``c`` of part ``j`` (in an executor). Encoded once:
+        a stream opened again after a cut resends the same bytes, which the seal covers."""
+        if (j, c) not in self._sent:
+            payload = self._encode_chunk(j, c)
+            self._sent[(j, c)] = (payload, hashlib.sha256(payload).digest())
+        return self._part_head(j, c).serialize(), self._sent[(j, c)][0]
+
+    def _record_part(self, j: int) -> None:
+        """Record this member's chunks of part ``j`` for the checks (their norms, in an
+        executor) once all are sent: while the averaged parts are awaited, not after."""
+        if self.own is not None and j not in self._part_records:
+            chunks = [(j, c, self._sent[(j, c)][0]) for c in range(len(self.plan.chunks[j]))]
+            job = asyncio.get_running_loop().run_in_executor(None, self.own.record_all, chunks)
+            job.add_done_callback(lambda _: self._touch_recorded())
+            self._part_records[j] = job
+
+    def stop_answering(self) -> None:
+        """Drop what answering checks needs (the delta): every member's checks are over."""
+        self.own = None
+        self.delta = torch.empty(0)
+
+    def _seal(self, j: int) -> bytes:
+        """The SEAL of this member's chunks of part ``j`` (all of them sent)."""
+        head = self.plan.seal_head(j)
+        if self.identity is None:
+            return Seal(head, bytes(SIGNATURE_BYTES)).serialize()
+        hashes = [self._sent[(j, c)][1] for c in range(len(self.plan.chunks[j]))]
+        return Seal(head, sign_part(self.identity, head, hashes)).serialize()
+
+    def _touch_recorded(self) -> None:
+        """Wake ``answer_check``: another chunk was recorded."""
+        recorded, self._recorded = self._recorded, asyncio.Event()
+        recorded.set()
+
+    def _part_head(self, j: int, c: int) -> PartHead:
+        return self.plan.head(j, c)
+
+    async def _reduce_own(self) -> None:
+        """Reduce this member's part; if it failed, have its substitute re-reduce it."""
+        await self.server.reduce()
+        if self.server.reducer.failed is not None:
+            await self._rereduce(self.index)
+
+    async def _exchange(self, j: int) -> None:
+        """Stream part ``j`` to its reducer and put the average it returns in the assembly;
+        if that fails, have the part re-reduced (``rereduction``)."""
+        reason = await self._fetch(j, j, self.deadlines.part)
+        peer = self.group.members[j]
+        if reason is None or isinstance(reason, Excluded):
+            self.substitutes.decline(j)
+            if reason is not None:  # this member's own doing: nothing to re-reduce
+                logger.warning(
+                    "round %s: part %d from %s missing: %r", self.group.key, j, peer, reason
+                )
+            return
+        logger.warning("round %s: part %d from %s failed: %r", self.group.key, j, peer, reason)
+        if isinstance(reason, TRANSPORT_ERRORS):
+            self.substitutes.mark_gone(j)
+        await self._rereduce(j)
+
+    async def _rereduce(self, j: int) -> None:
+        """Part ``j`` failed here: re-reduce it as its substitute, or fetch it from that one."""
+        s = substitute(j, self.num_members, self.group.clients)
+        if s is None:
+            logger.warning(
+                "round %s: part %d missing, no member may re-reduce it", self.group.key, j
+            )
+            return
+        if s == self.index:
+            make = functools.partial(self._part_server, j, self.deadlines.rereducing())
+            failed = await self.substitutes.reduce(j, make, functools.partial(self._chunk_sent, j))
+            reason: Exception | None = None if failed is None else ProtocolError(failed)
+        else:
+            reason = await self._fetch(j, s, self.deadlines.rereduce)
+        if reason is not None:
+            logger.warning(
+                "round %s: part %d missing, not re-reduced: %r", self.group.key, j, reason
+            )
+            return
+        self.rereduced.add(j)
+        logger.info("round %s: part %d re-reduced by member %d", self.group.key, j, s)
+
+    def _part_server(self, j: int, deadlines: Deadlines) -> PartServer:
+        """The server of part ``j`` here: this member's own, or one it re-reduces."""
+        loop = asyncio.get_running_loop()
+        return self.server_type(
+            reducer=PartReducer(self.plan, part=j),
+            group=self.group,
+            me=self.p2p.peer_id,
+            deadlines=deadlines,
+            timeouts=self.timeouts,
+            counter=self.counter,
+            own_chunks=[loop.create_future() for _ in self.plan.chunks[j]],
+            assembly=self.assembly,
+            identity=self.identity,
+            bans=self.bans,
+        )
+
+    def _chunk_sent(self, j: int, c: int) -> torch.Tensor:
+        """Chunk ``c`` of part ``j`` of this member's delta as its reducer would use it, the
+        codec's round trip (in an executor)."""
+        a, b = self.plan.chunks[j][c]
+        return self.plan.codec.decode(self.plan.codec.encode(self.delta[a:b].contiguous()))
+
+    async def _fetch(self, j: int, r: int, deadline: float) -> Exception | None:
+        """Stream part ``j`` to member ``r`` and put the average it returns in the assembly,
+        by ``deadline``; why it failed, or None. A stream cut in transport is opened once
+        more (see the module docstring)."""
+        loop = asyncio.get_running_loop()
+        peer = self.group.members[r]
+        for attempt in range(1 + STREAM_RETRIES):
+            try:
+                part = await asyncio.wait_for(
+                    self._exchange_inner(j, peer, r), deadline - loop.time()
+                )
+            except (ProtocolError, asyncio.TimeoutError) as exc:
+                return exc
+            except TRANSPORT_ERRORS as exc:
+                reason: Exception = exc
+                if attempt < STREAM_RETRIES and deadline - loop.time() > 0.2:
+                    logger.info("round %s: part %d stream cut (%r), again", self.group.key, j, exc)
+                    await asyncio.sleep(0.1)
+            else:
+                assert part.mask is not None
+                self.assembly.add(j, part.mask, torch.cat(part.values), part.digest())
+                claims = PartClaims(part.mask, tuple(part.norms), tuple(part.block_norms))
+                self.claims[j] = claims
+                return None
+        return reason
+
+    async def _exchange_inner(self, j: int, peer: PeerID, r: int) -> AveragedPart:
+        loop = asyncio.get_running_loop()
+        reader, writer = await open_stream(
+            self.p2p, peer, self.part_handler, self.timeouts.connect_timeout
+        )
+
+        async def send() -> None:
+            for c in range(len(self.plan.chunks[j])):
+                frame = await loop.run_in_executor(None, self._part_frame, j, c)
+                await write_frame(writer, Kind.PART, *frame, counter=self.counter)
+            await write_frame(writer, Kind.SEAL, self._seal(j), counter=self.counter)
+            self._record_part(j)
+
+        sending = asyncio.create_task(send())
+        try:
+            part = AveragedPart(self.plan, j, r)
+            for c in range(len(part.chunks)):
+                frame = await read_frame_header(reader, self.counter)
+                if frame.kind == Kind.REJECT and frame.body_len <= MAX_SMALL_BODY:
+                    reject = Reject.parse(await read_body(reader, frame.body_len, self.counter))
+                    if reject.code == RejectCode.NOT_MEMBER:
+                        self.not_members.add(r)
+                        self.not_member.set()
+                    failed = reject.code == RejectCode.BAD_PART and reject.reason.startswith(FAILED)
+                    error = ProtocolError if failed else Excluded
+                    raise error(f"rejected: {reject.code.name} {reject.reason}")
+                expected = part.body_size(c)
+                if frame.kind != Kind.AVERAGED or frame.body_len != expected:
+                    raise ProtocolError(
+                        f"{frame.kind.name} of {frame.body_len} bytes, expected {expected}"
+                    )
+                body = await read_body(reader, frame.body_len, self.counter)
+                msg = Averaged.parse(body)
+                part.check(c, msg)
+                values = await loop.run_in_executor(None, part.decode, c, msg.payload)
+                part.add(c, msg, values, body)
+            _, body = await read_frame(reader, (Kind.SEAL,), Seal.SIZE, self.counter)
+            seal = Seal.parse(body)
+            if seal.head != self.plan.seal_head(j):
+                raise ProtocolError("SEAL of another part")
+            if self.identity is not None:
+                args = (self.group.names[r], seal.head, part.digest(), seal.signature)
+                await loop.run_in_executor(None, verify_averaged, *args)
+            return part
+        finally:
+            stop_sending(sending)
+            writer.close()
+
+    def _start_checks(self, assembled: Assembled) -> asyncio.Task[dict[int, Judgement]] | None:
+        """Start checking the parts of the other reducers, once all are held (``checking``)."""
+        if self.own is None or not all(assembled.held):
+            return None
+        claims = {j: c for j, c in self.claims.items() if j not in self.rereduced}
+        samples = draw_samples(self.plan, claims, assembled.delta, self.samples, self.rng)
+        checker = Checker(
+            p2p=self.p2p,
+            group=self.group,
+            plan=self.plan,
+            own=self.own,
+            deadlines=self.deadlines,
+            timeouts=self.timeouts,
+            handlers=self.check_handlers,
+            counter=self.counter,
+        )
+        return asyncio.create_task(checker.run(samples, self._recording))
+
+    async def answer_check(self, sender: PeerID, request: CheckRequest) -> Reject | bytes:
+        """This member's signed CHECK_RES to member ``sender`` (twice per round at most:
+        once more after a cut stream), or why not."""
+        if sender not in self.group.members or sender == self.p2p.peer_id:
+            return Reject(RejectCode.NOT_MEMBER, reason="not a member of this group")
+        i = self.group.index(sender)
+        self._asked[i] = self._asked.get(i, 0) + 1
+        if self.own is None or self.identity is None or self._asked[i] > 2:
+            return Reject(RejectCode.MISMATCH, reason="no checks here, or asked before")
+        answer = await answer_check(
+            sender=i,
+            request=request,
+            plan=self.plan,
+            own=self.own,
+            identity=self.identity,
+            recorded=lambda: self._recorded,
+            deadline=self.deadlines.check,
+        )
+        return answer if isinstance(answer, Reject) else answer.serialize()
+
+    def exclude(self, peer: PeerID, reason: str) -> None:
+        """Stop waiting for ``peer``'s contribution (it broke the protocol elsewhere)."""
+        if peer in self.group.members and peer != self.p2p.peer_id:
+            self.server.exclude(self.group.index(peer), reason)
+
+    async def _exchange_reports(self, assembled: Assembled) -> None:
+        """Send my report to everyone; wait for the full contributors' reports (bounded)."""
+        report = Report(self.plan.tag, self.group.group_id, assembled.held, assembled.digest)
+        await self.reports.exchange(report, assembled.full, self.deadlines.report)

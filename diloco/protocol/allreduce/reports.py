@@ -1,0 +1,112 @@
+"""The REPORT exchange of one round over streams (``agreement`` decides what they mean).
+
+Every member sends its REPORT to every other member and waits, up to the round's report
+deadline, for the reports of the full contributors (``agreement.awaited_reports``). A
+report stream cut in transport is opened once more; a report not delivered is logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from hivemind.p2p import PeerID
+
+from diloco.errors import ProtocolError
+from diloco.protocol.core.agreement import awaited_reports, check_report
+from diloco.protocol.core.group import GroupInfo, RoundTimeouts
+from diloco.protocol.runtime.streams import (
+    TRANSPORT_ERRORS,
+    StreamTransport,
+    open_stream,
+    read_frame,
+    write_frame,
+)
+from diloco.protocol.wire.frames import Kind
+from diloco.protocol.wire.part import Report
+
+logger = logging.getLogger(__name__)
+
+STREAM_RETRIES = 1
+"""Extra attempts of a REPORT stream after it was cut in transport."""
+
+
+class ReportExchange:
+    """Member ``index``'s REPORTs of one round: the one it sends, those it received."""
+
+    def __init__(
+        self,
+        *,
+        p2p: StreamTransport,
+        group: GroupInfo,
+        index: int,
+        handler: str,
+        timeouts: RoundTimeouts,
+    ) -> None:
+        self.p2p, self.group, self.index = p2p, group, index
+        self.handler, self.timeouts = handler, timeouts
+        self.received: dict[int, Report] = {}
+        """Each member's first report, by group index."""
+        self._arrived = asyncio.Event()
+
+    async def exchange(self, report: Report, full: tuple[bool, ...], deadline: float) -> None:
+        """Send ``report`` to everyone; wait for the reports of the full contributors
+        (``full``) until ``deadline`` (loop time)."""
+        loop = asyncio.get_running_loop()
+        message = report.serialize()
+        members = self.group.members
+        sends = [
+            asyncio.create_task(self._send(members[i], message))
+            for i in range(len(members))
+            if i != self.index
+        ]
+        awaited = awaited_reports(self.index, full)
+        try:
+            while not awaited <= set(self.received):
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    missing = sorted(awaited - set(self.received))
+                    logger.warning("round %s: no report from members %s", self.group.key, missing)
+                    break
+                self._arrived.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._arrived.wait(), remaining)
+            await asyncio.wait(sends, timeout=max(0.0, deadline - loop.time()))
+        finally:
+            for task in sends:
+                task.cancel()
+
+    async def _send(self, peer: PeerID, message: bytes) -> None:
+        """Deliver a report to ``peer``; a stream cut in transport is opened once more."""
+        for attempt in range(1 + STREAM_RETRIES):
+            try:
+                reader, writer = await open_stream(
+                    self.p2p, peer, self.handler, self.timeouts.connect_timeout
+                )
+                try:
+                    await write_frame(writer, Kind.REPORT, message)
+                    await read_frame(reader, (Kind.ACK,))
+                    return
+                finally:
+                    writer.close()
+            except (ProtocolError, asyncio.TimeoutError) as exc:
+                reason: Exception = exc
+                break
+            except TRANSPORT_ERRORS as exc:
+                reason = exc
+                if attempt < STREAM_RETRIES:
+                    await asyncio.sleep(0.1)
+        logger.debug("round %s: report to %s not delivered: %r", self.group.key, peer, reason)
+
+    def accept(self, sender: PeerID, report: Report) -> None:
+        """Keep a member's report (its first one; the handler checked framing and round).
+
+        Raises:
+            ProtocolError: from a non-member, or for another group.
+        """
+        if sender not in self.group.members or sender == self.p2p.peer_id:
+            raise ProtocolError("report from a non-member")
+        check_report(report, self.group.group_id, len(self.group.members))
+        self.received.setdefault(self.group.index(sender), report)
+        self._arrived.set()

@@ -1,0 +1,228 @@
+"""Routes the streams of the all-reduce to the round they belong to (``AllReduceService``).
+
+One node serves four handlers per run: PART and REPORT for rounds in flight, CHECK and
+EVIDENCE (the verification phase) for those too and, until every member's dispute is over
+(``Deadlines.forget``), for rounds this node has finished: another member may still be
+checking a part after this node's round returned. A staged round (``staged_runner``) has
+one runner per stage, found by the stage group's id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from hivemind.p2p import PeerID
+
+from diloco.errors import ProtocolError, RoundFailed
+from diloco.protocol.allreduce.member import AllReduceRunner
+from diloco.protocol.core.group import RoundTimeouts
+from diloco.protocol.core.reducer import RoundKey
+from diloco.protocol.runtime.streams import (
+    StreamTransport,
+    read_body,
+    read_frame,
+    read_frame_header,
+    stream_handler,
+    write_frame,
+)
+from diloco.protocol.staged.runner import StagedRunner
+from diloco.protocol.trust.bans import BanList
+from diloco.protocol.wire.check import CheckRequest, EvidenceRequest
+from diloco.protocol.wire.frames import MAX_GROUP_SIZE, Kind, Reject, RejectCode, RoundTag
+from diloco.protocol.wire.part import PartHead, Report
+
+Round = AllReduceRunner | StagedRunner
+"""What serves one round here: a flat round's runner, or a staged round's stages."""
+
+
+class AllReduceService:
+    """Routes PART, REPORT, CHECK and EVIDENCE streams to the round they belong to.
+
+    A round is registered (``expect``) before its node declares itself in matchmaking, so
+    a member that formed its group first and sends early is held until this node's group is
+    known (bounded by the matchmaking time), not refused.
+    """
+
+    def __init__(
+        self,
+        p2p: StreamTransport,
+        run_id: str,
+        digest: bytes,
+        timeouts: RoundTimeouts,
+        bans: BanList,
+    ) -> None:
+        self.p2p, self.digest, self.timeouts, self.bans = p2p, digest, timeouts, bans
+        self.part_handler = f"/diloco/{run_id}/part/1"
+        self.report_handler = f"/diloco/{run_id}/report/1"
+        self.check_handler = f"/diloco/{run_id}/check/1"
+        self.evidence_handler = f"/diloco/{run_id}/evidence/1"
+        self._rounds: dict[RoundKey, asyncio.Future[Round]] = {}
+        self._finished: dict[RoundKey, Round] = {}
+        """Rounds that returned here, kept for others' checks until ``Deadlines.forget``."""
+        self._standing: dict[RoundKey, StagedRunner] = {}
+        """Staged rounds that returned here and may still stand in for a lost member of
+        another stage group (``StagedRunner.serving_until``)."""
+
+    @property
+    def handlers(self) -> tuple[str, str, str, str]:
+        """PART, REPORT, CHECK and EVIDENCE handler names, as ``AllReduceRunner`` takes them."""
+        return self.part_handler, self.report_handler, self.check_handler, self.evidence_handler
+
+    async def start(self) -> None:
+        """Register the four handlers on the shared P2P daemon (banned peers refused)."""
+        t = self.timeouts
+        waits = t.connect_timeout + t.matchmaking  # the first frame, then this node's group
+        reply = t.reply_timeout
+        checks = waits + t.allreduce + t.verification
+        for handler_name, name, serve, timeout in (
+            (self.part_handler, "PART", self._serve_part, waits + t.allreduce),
+            (self.report_handler, "REPORT", self._serve_report, waits + reply),
+            (self.check_handler, "CHECK", self._serve_check, checks),
+            (self.evidence_handler, "EVIDENCE", self._serve_evidence, checks),
+        ):
+            handler = stream_handler(
+                name, serve, timeout=timeout, reply_timeout=reply, admit=self.bans.admit
+            )
+            await self.p2p.add_binary_stream_handler(handler_name, handler)
+
+    def expect(self, key: RoundKey) -> asyncio.Future[Round]:
+        """Open the slot of round ``key``; resolve it with the runner once the group is known."""
+        if key in self._rounds or key in self._finished:
+            raise RoundFailed(key.fragment, key.round, "this round is already in flight")
+        future: asyncio.Future[Round] = asyncio.get_running_loop().create_future()
+        self._rounds[key] = future
+        return future
+
+    def finish(self, key: RoundKey) -> None:
+        """Close the slot of round ``key``: new PART and REPORT streams for it are refused from
+        now on; its checks and evidence are served until ``Deadlines.forget``."""
+        future = self._rounds.pop(key, None)
+        if future is None:
+            return
+        if not future.done():
+            future.cancel()
+        elif not future.cancelled() and future.exception() is None:
+            served = future.result()
+            if isinstance(served, StagedRunner):
+                self._standing[key] = served
+                self._stop_standing(key)
+            runners = served.runners if isinstance(served, StagedRunner) else [served]
+            answering = [runner for runner in runners if runner.own is not None]
+            if answering:
+                self._finished[key] = served
+                loop = asyncio.get_running_loop()
+                for runner in answering:
+                    # others' checks end a matchmaking after ours at most, their disputes too
+                    answered = runner.deadlines.check + self.timeouts.matchmaking
+                    loop.call_at(answered, runner.stop_answering)
+                forget = max(runner.deadlines.forget for runner in answering)
+                loop.call_at(forget, self._finished.pop, key, None)
+
+    def _stop_standing(self, key: RoundKey) -> None:
+        """Drop staged round ``key`` once it may no longer stand in (checked again then:
+        a retry it started keeps it routed until that retry's evidence is dropped)."""
+        served = self._standing.get(key)
+        if served is None:
+            return
+        loop = asyncio.get_running_loop()
+        until = served.serving_until()
+        if until <= loop.time():
+            del self._standing[key]
+        else:
+            loop.call_at(until, self._stop_standing, key)
+
+    async def _runner_for(
+        self, tag: RoundTag, group_id: bytes, sender: PeerID, finished: bool = False
+    ) -> AllReduceRunner | Reject:
+        key = RoundKey(tag.fragment, tag.round)
+        future = self._rounds.get(key)
+        if tag.digest != self.digest:
+            if (
+                future is not None
+                and future.done()
+                and not future.cancelled()
+                and future.exception() is None
+            ):
+                future.result().exclude(sender, "message of another run")
+            return Reject(RejectCode.WRONG_RUN, reason="different run configuration")
+        served: Round
+        if finished and key in self._finished:
+            served = self._finished[key]
+        elif future is None and key in self._standing:
+            served = self._standing[key]
+        else:
+            if future is None:
+                return Reject(RejectCode.UNKNOWN_ROUND, reason="round not in flight here")
+            await asyncio.wait({future}, timeout=self.timeouts.matchmaking)
+            if not future.done() or future.cancelled() or future.exception() is not None:
+                return Reject(RejectCode.UNKNOWN_ROUND, reason="no group for this round here")
+            served = future.result()
+        runner = (
+            await served.runner_for(group_id, sender)
+            if isinstance(served, StagedRunner)
+            else served
+        )
+        if runner is None or runner.group.group_id != group_id:
+            return Reject(RejectCode.NOT_MEMBER, reason="another group")
+        return runner
+
+    async def _serve_part(
+        self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> Reject | None:
+        connect = self.timeouts.connect_timeout
+        frame = await asyncio.wait_for(read_frame_header(reader), connect)
+        if frame.kind != Kind.PART or frame.body_len < PartHead.SIZE:
+            raise ProtocolError(f"{frame.kind.name} of {frame.body_len} bytes on the part stream")
+        head = PartHead.parse(await asyncio.wait_for(read_body(reader, PartHead.SIZE), connect))
+        runner = await self._runner_for(head.tag, head.group_id, peer)
+        if isinstance(runner, Reject):
+            return runner
+        if head.part == runner.index:
+            return await runner.server.accept_part(peer, frame, head, reader, writer)
+        deadline = runner.deadlines.rereduce
+        return await runner.substitutes.accept_part(peer, frame, head, reader, writer, deadline)
+
+    async def _serve_report(
+        self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> Reject | None:
+        t = self.timeouts
+        _, body = await asyncio.wait_for(read_frame(reader, (Kind.REPORT,)), t.connect_timeout)
+        report = Report.parse(body)
+        runner = await self._runner_for(report.tag, report.group_id, peer)
+        if isinstance(runner, Reject):
+            return runner
+        runner.reports.accept(peer, report)
+        await asyncio.wait_for(write_frame(writer, Kind.ACK), t.reply_timeout)
+        return None
+
+    async def _serve_check(
+        self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> Reject | None:
+        t = self.timeouts
+        limit = CheckRequest.max_size(MAX_GROUP_SIZE)
+        _, body = await asyncio.wait_for(
+            read_frame(reader, (Kind.CHECK_REQ,), limit), t.connect_timeout
+        )
+        request = CheckRequest.parse(body)
+        runner = await self._runner_for(request.tag, request.group_id, peer, finished=True)
+        if isinstance(runner, Reject):
+            return runner
+        answer = await runner.answer_check(peer, request)
+        if isinstance(answer, Reject):
+            return answer
+        await asyncio.wait_for(
+            write_frame(writer, Kind.CHECK_RES, answer, counter=runner.counter), t.reply_timeout
+        )
+        return None
+
+    async def _serve_evidence(
+        self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> Reject | None:
+        _, body = await asyncio.wait_for(
+            read_frame(reader, (Kind.EVIDENCE_REQ,)), self.timeouts.connect_timeout
+        )
+        request = EvidenceRequest.parse(body)
+        runner = await self._runner_for(request.tag, request.group_id, peer, finished=True)
+        if isinstance(runner, Reject):
+            return runner
+        return await runner.server.serve_evidence(peer, request, writer)

@@ -1,0 +1,254 @@
+"""``SwarmReducer``: the trainer's view of the protocol, reducing fragment rounds with the
+swarm's other nodes over a ``Swarm`` (matchmaking, then one all-reduce per group)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Sequence
+
+import torch
+
+from diloco.codecs import Codec
+from diloco.errors import RoundFailed
+from diloco.protocol.allreduce.member import AllReduceRunner
+from diloco.protocol.allreduce.routing import AllReduceService
+from diloco.protocol.core.adaptive import RECENT_ROUNDS, adapted_timeouts
+from diloco.protocol.core.aggregation import CLIP_FACTOR, check_clip_factor, weighted_mean
+from diloco.protocol.core.demotion import Demotion
+from diloco.protocol.core.group import GroupInfo, RoundTimeouts
+from diloco.protocol.core.partition import butterfly_parts
+from diloco.protocol.core.reducer import Contribution, Reducer, RoundKey, RoundResult
+from diloco.protocol.core.verification import slices_alone
+from diloco.protocol.matchmaking.matchmaker import Matchmaker
+from diloco.protocol.runtime.swarm import Swarm
+from diloco.protocol.staged.runner import StagedRunner, grid_for
+
+logger = logging.getLogger(__name__)
+
+
+class SwarmReducer(Reducer):
+    """Reduces fragment rounds with the other nodes of the swarm; one per ``Swarm``.
+
+    ``reduce`` returns at once; matchmaking and the all-reduce run on the swarm's loop and
+    the future resolves within ``timeouts.total`` seconds (a staged round: one all-reduce and
+    its checks more per further stage, and per stage a few more after a loss). With
+    ``target_group_size`` (e.g. the number of live node records) matchmaking ends as soon as
+    that many peers declared, instead of after the whole window. ``max_weight`` caps every
+    member's weight (tokens, the run's cap) and ``clip_factor`` is the C of the reducers'
+    norm clipping (``aggregation``; 0: off). ``bans`` is the swarm's. ``runner_type`` is the
+    class that runs one all-reduce (tests substitute faulty subclasses).
+
+    With ``verify`` (the default) every chunk is signed with the node's identity and every
+    member checks the others' averages (``verification``): a reducer caught lying fails the
+    round here and is banned (``bans``).
+    ``verify=False`` is for measuring what that costs; every node of a swarm must then run
+    without it (unsigned chunks are refused by nodes that verify).
+    A ``client`` (nobody can dial it: ``reachability``) takes part in every round but
+    reduces no part and never leads; a node whose own part keeps failing becomes one for a
+    while (``demotion``). With ``max_group_size`` (the run's, alike on every node) a group of
+    more members runs in stages on a grid (``staged_runner``); None: always one flat group.
+    """
+
+    runner_type: type[AllReduceRunner] = AllReduceRunner
+
+    def __init__(
+        self,
+        swarm: Swarm,
+        codec: Codec,
+        return_codec: Codec | None = None,
+        *,
+        timeouts: RoundTimeouts | None = None,
+        min_group_size: int = 2,
+        target_group_size: int | None = None,
+        max_norm_ratio: float = 100.0,
+        max_weight: float = math.inf,
+        clip_factor: float = CLIP_FACTOR,
+        verify: bool = True,
+        client: bool = False,
+        demotion: Demotion | None = None,
+        max_group_size: int | None = None,
+    ) -> None:
+        if not max_norm_ratio > 1:
+            raise ValueError(f"max_norm_ratio must be > 1, got {max_norm_ratio}")
+        check_clip_factor(clip_factor)
+        self.swarm, self.codec, self.return_codec = swarm, codec, return_codec or codec
+        self.bans, self.max_weight, self.clip_factor = swarm.bans, max_weight, clip_factor
+        self.timeouts = timeouts or RoundTimeouts()
+        self.min_group_size, self.max_norm_ratio = min_group_size, max_norm_ratio
+        self.identity = swarm.dht.identity if verify else None
+        if verify and not slices_alone(self.return_codec):
+            logger.warning(
+                "averages encoded with %r cannot be recomputed by block: they are signed, "
+                "not checked",
+                self.return_codec,
+            )
+        self.client, self.max_group_size = client, max_group_size
+        self.demotion = demotion or Demotion()
+        self.matchmaker = Matchmaker(
+            swarm.streams,
+            swarm.dht,
+            swarm.run_id,
+            swarm.digest,
+            self.timeouts,
+            self.bans,
+            min_group_size,
+            target_group_size,
+            max_weight,
+            swarm.closed,
+        )
+        self.service = AllReduceService(
+            swarm.streams, swarm.run_id, swarm.digest, self.timeouts, self.bans
+        )
+        self.timings: collections.OrderedDict[RoundKey, tuple[float, float]] = (
+            collections.OrderedDict()
+        )
+        """(matchmaking seconds, all-reduce seconds) of the last rounds, oldest first."""
+        self.transfers: collections.deque[float] = collections.deque(maxlen=RECENT_ROUNDS)
+        """Transfer times of the last rounds with every part on the first try (``adaptive``)."""
+        swarm.call(self._start())
+
+    async def _start(self) -> None:
+        await self.matchmaker.start()
+        await self.service.start()
+
+    def close(self) -> None:
+        """Stop answering this reducer's streams; rounds in flight fail or finish by their
+        deadlines. The swarm itself stays up (``Swarm.shutdown`` ends it)."""
+        for name in (self.matchmaker.handler_name, *self.service.handlers):
+            try:
+                self.swarm.call(self.swarm.p2p.remove_binary_stream_handler(name), 5.0)
+            except Exception as exc:  # the daemon may already be gone at shutdown
+                logger.debug("removing handler %s: %r", name, exc)
+
+    def reduce(
+        self, key: RoundKey, contributions: Sequence[Contribution]
+    ) -> concurrent.futures.Future[RoundResult]:
+        if len(contributions) != 1:
+            raise ValueError(
+                f"a swarm node has exactly one local contribution, got {len(contributions)}"
+            )
+        contribution = contributions[0]
+        delta = contribution.delta
+        if delta.dtype != torch.float32 or delta.dim() != 1 or delta.device.type != "cpu":
+            raise ValueError("the delta must be a 1-D float32 CPU tensor")
+        return self.swarm.submit(self._reduce(key, contribution))
+
+    async def _reduce(self, key: RoundKey, contribution: Contribution) -> RoundResult:
+        try:
+            async with asyncio.timeout(self.timeouts.total) as deadline:
+                return await self._reduce_inner(key, contribution, deadline)
+        except RoundFailed as exc:
+            logger.warning("%s", exc)
+            raise
+        except asyncio.TimeoutError as exc:
+            raise RoundFailed(key.fragment, key.round, "round deadline passed") from exc
+        except Exception as exc:
+            logger.exception("round %s failed unexpectedly", key)
+            raise RoundFailed(key.fragment, key.round, f"internal error: {exc!r}") from exc
+
+    async def _reduce_inner(
+        self, key: RoundKey, contribution: Contribution, deadline: asyncio.Timeout
+    ) -> RoundResult:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        delta = contribution.delta.detach().contiguous()
+        slot = self.service.expect(key)
+        reduced, failed = False, False  # a round without a group serves a demotion too
+        try:
+            group = await self.matchmaker.form_group(
+                key,
+                delta.numel(),
+                self.codec.codec_id,
+                self.return_codec.codec_id,
+                float(contribution.weight),
+                contribution.prior,
+                client=self.client or self.demotion.demoted,
+                may_lead=not self.client,
+            )
+            reduced = not group.is_client(group.index(self.swarm.peer_id))
+            matched = loop.time()
+            grid = grid_for(group, self.max_group_size, self.max_weight)
+            runner: AllReduceRunner | StagedRunner
+            if len(group.members) == 1:
+                result = await loop.run_in_executor(None, self._alone, delta, group.names)
+            else:
+                timeouts = self.round_timeouts()
+                if grid is None:
+                    runner = self._runner(group, delta, self.max_weight, timeouts)
+                else:
+                    stage = timeouts.allreduce + timeouts.verification
+                    when = deadline.when()
+                    assert when is not None
+                    # a stage may run its group again as a view (a loss: staged_runner)
+                    extra = StagedRunner.ATTEMPTS * grid.num_stages - 1
+                    deadline.reschedule(when + extra * stage)
+                    runner = StagedRunner(
+                        group=group,
+                        plan=grid,
+                        me=self.swarm.peer_id,
+                        delta=delta,
+                        make_runner=lambda info, x, cap: self._runner(info, x, cap, timeouts),
+                        timeouts=timeouts,
+                        max_weight=self.max_weight,
+                    )
+                slot.set_result(runner)
+                try:
+                    result = await runner.run()
+                finally:  # also when the round fails or its deadline cancels it
+                    failed = runner.part_missing
+                if runner.transfer_seconds is not None:
+                    self.transfers.append(runner.transfer_seconds)
+        finally:
+            self.service.finish(key)
+            self.demotion.record(reduced, failed)
+        self.timings[key] = (matched - start, loop.time() - matched)
+        while len(self.timings) > 64:
+            self.timings.popitem(last=False)
+        return dataclasses.replace(
+            result, seconds=loop.time() - start, matchmaking_seconds=matched - start
+        )
+
+    def _runner(
+        self, group: GroupInfo, delta: torch.Tensor, max_weight: float, timeouts: RoundTimeouts
+    ) -> AllReduceRunner:
+        """The runner of one all-reduce (a flat round, or one stage of a staged one)."""
+        return self.runner_type(
+            p2p=self.swarm.streams,
+            group=group,
+            digest=self.swarm.digest,
+            codec=self.codec,
+            return_codec=self.return_codec,
+            delta=delta,
+            timeouts=timeouts,
+            max_norm_ratio=self.max_norm_ratio,
+            max_weight=max_weight,
+            clip_factor=self.clip_factor,
+            bans=self.bans,
+            handlers=self.service.handlers,
+            identity=self.identity,
+        )
+
+    def round_timeouts(self) -> RoundTimeouts:
+        """This round's timeouts: the part deadlines adapted to recent transfers."""
+        net = self.swarm.net
+        return adapted_timeouts(
+            self.timeouts,
+            self.transfers,
+            factor=net.transfer_timeout_factor,
+            floor=net.min_transfer_timeout,
+        )
+
+    def _alone(self, delta: torch.Tensor, names: tuple[str, ...]) -> RoundResult:
+        """A group of one: the node's own delta through both codecs (SPEC 2.7)."""
+        start = time.perf_counter()
+        ((lo, hi),) = butterfly_parts(delta.numel(), 1)
+        own = self.codec.decode(self.codec.encode(delta[lo:hi].contiguous()))
+        mean = weighted_mean([own], [1.0])
+        result = self.return_codec.decode(self.return_codec.encode(mean))
+        return RoundResult(result, names, 0, 0, time.perf_counter() - start)

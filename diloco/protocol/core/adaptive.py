@@ -1,0 +1,59 @@
+"""Round deadlines that follow the measured transfer times of recent rounds (issue 12). Pure.
+
+A round's part deadlines (``RoundTimeouts.sender_timeout`` and ``reducer_timeout``, and
+the re-reduction window, which is as long as the latter) are upper bounds that must hold
+on the slowest link a run allows, so on a fast swarm a reducer that stalls is noticed,
+and its part re-reduced (``rereduction``), only long after the round could have ended.
+``adapted_timeouts`` shrinks them to ``factor`` times the 90th percentile of the transfer
+times of this node's recent rounds (all-reduce start to every part held) plus a margin,
+bounded below by ``floor`` and above by the run's own timeouts: never longer than the
+configuration allows, never so short that a round of ordinary jitter misses them.
+
+Each node adapts its own deadlines from its own measurements; nodes of one group may thus
+stop waiting at different times. That is safe (a member that gives up on a part asks for
+its re-reduction, and the REPORT majority settles any difference) but costs a round when
+the spread is wide, hence the factor and the margin.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+from diloco.protocol.core.group import RoundTimeouts
+
+RECENT_ROUNDS = 16
+"""Transfer times kept: the last rounds that completed with every part on the first try."""
+MIN_SAMPLES = 3
+"""Fewer measured rounds than this: the run's timeouts, unchanged."""
+MARGIN_S = 0.5
+"""Added to ``factor`` times the percentile: scheduling jitter of a busy host."""
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    """The nearest-rank ``q``-quantile of ``samples`` (``0 < q <= 1``, samples not empty)."""
+    if not samples or not 0 < q <= 1:
+        raise ValueError(f"need samples and 0 < q <= 1, got {len(samples)} samples, q={q}")
+    ordered = sorted(samples)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def adapted_timeouts(
+    timeouts: RoundTimeouts, transfers: Sequence[float], *, factor: float, floor: float
+) -> RoundTimeouts:
+    """``timeouts`` with the part deadlines set to ``factor * p90 + MARGIN_S`` of the last
+    ``RECENT_ROUNDS`` ``transfers`` (seconds), clamped to ``[floor, configured]``; the
+    connect timeout is clamped to the sender timeout it must not exceed. ``factor <= 0`` or
+    fewer than ``MIN_SAMPLES`` transfers: ``timeouts`` unchanged."""
+    recent = list(transfers)[-RECENT_ROUNDS:]
+    if factor <= 0 or len(recent) < MIN_SAMPLES:
+        return timeouts
+    budget = max(floor, factor * percentile(recent, 0.9) + MARGIN_S)
+    sender = min(budget, timeouts.sender_timeout)
+    return dataclasses.replace(
+        timeouts,
+        sender_timeout=sender,
+        reducer_timeout=min(budget, timeouts.reducer_timeout),
+        connect_timeout=min(timeouts.connect_timeout, sender),
+    )

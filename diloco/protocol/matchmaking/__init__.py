@@ -1,0 +1,5 @@
+"""Who meets in a fragment round::
+
+lobby       a round's DHT key, its leader, the prior check, this node's lobby state
+matchmaker  the protocol: declare, read the view, lead (GROUP) or follow (JOIN)
+"""

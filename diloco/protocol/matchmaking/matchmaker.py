@@ -1,0 +1,511 @@
+"""Group formation for one fragment round ``(p, k)`` on the DHT (SPEC 4 "Matchmaking").
+
+Protocol, for every node that reaches the send step of round ``(p, k)``:
+
+1. Declare: store ``weight`` and the *prior* (the hash of the fragment state this node starts
+   the round from, ``declarations``) under DHT key ``{run_id}/frag{p}/round{k}``, subkey =
+   own peer id, and open a lobby for that round (so joins can arrive from now on).
+2. Read the key at once, then (with ``target_group_size``) every ``poll`` seconds and
+   whenever a JOIN knocks, or (without) at the end of ``matchmaking_window``. The view is
+   the declarations of this node's prior plus the peers that already sent this node a
+   JOIN, less the peers it bans (``bans``): every member applies the same mean to its own
+   prior state, so only equal priors may share a group. The *leader* is the first peer of
+   the view by ``leader_rank``, a hash of the round key and the peer id (self included). A
+   node that sees a peer ranked before itself cannot lead: it JOINs that peer at once, and
+   the JOIN waits there until that peer has chosen its role. A node that is first so far
+   waits until the window ends or ``target_group_size`` peers declared (under any prior: a
+   peer that declared another one has arrived, and waiting for it is useless), then leads.
+   Nodes that declared they cannot be dialled (clients, ``reachability``) are in the view
+   but never lead; such a node that sees no peer that may lead fails the round. A node
+   left without a partner while most other peers declared one other prior fails the round
+   with ``PriorDiverged`` (``others_prior``): its state has diverged, it should heal.
+3. A leader waits until every peer it saw has joined, or ``join_timeout``; it then closes
+   the lobby and sends the same GROUP (members sorted by peer id bytes, their weights, a
+   random group id, the members whose JOIN asked to reduce no part: clients, and demoted
+   nodes, ``demotion``; the leader itself reduces when nobody else would) to every joiner.
+   A JOIN from a peer whose declaration shows another prior, or cannot be found, is refused
+   (MISMATCH), no offence: a redirect or a slow DHT can bring an honest peer there, and a
+   peer lying about its prior only sends the contribution it could send anyway.
+   It keeps that GROUP until the round's matchmaking bound has passed and sends it again to
+   a member that asks again (its first stream broke), so a member never misses the GROUP it
+   is counted in because of one lost stream. A JOIN from a non-member after closing gets
+   GROUP_CLOSED: that node misses the round (SPEC 4). A JOIN whose weight exceeds the run's
+   cap (``max_weight``) is refused (MISMATCH) and is an offence: every honest node clamps
+   its own weight to the cap, which is part of the run configuration, so only a peer that
+   breaks the run's rules sends one, and a peer that lies about its weight is not trusted
+   with a contribution either.
+4. A follower sends JOIN to its leader and waits for GROUP; a GROUP that is invalid (another
+   round, size or codec, without it, its weight or client flag changed, any weight over
+   the cap) fails
+   the round for it and is the leader's offence. A node asked to lead that is
+   itself a follower answers NOT_LEADER with its own leader, and the follower follows the
+   redirect (each peer at most once), so views that disagree at the edge of the window
+   still converge on one leader.
+5. A follower whose JOIN fails in transport (stream refused or cut) tries once more; if
+   that fails too the leader counts as dead and the follower turns to the first peer (by
+   ``leader_rank``) of its view that is still reachable and not a client (itself included:
+   then it reads the round once more and leads, waiting for every peer of its prior it
+   knows declared: its view may predate them, it JOINed as soon as it saw a leader).
+   Every follower of a dead leader does the same, so views that agree converge on the same
+   new leader; a peer that still redirects to the dead leader (it has not noticed yet) is
+   asked again shortly.
+
+The leader's GROUP message is the agreement step: every member takes the same list from the
+same bytes. Failure modes: a leader that dies after sending GROUP to some followers but not
+all makes those that got it wait for the others in vain (the all-reduce then fails for all);
+two leaders with disjoint views make two groups, each a valid average of its own members.
+Every await has a deadline derived from ``RoundTimeouts``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import secrets
+
+from hivemind import DHT
+from hivemind.p2p import PeerID
+from hivemind.utils import get_dht_time
+
+from diloco.errors import PriorDiverged, ProtocolError, RoundFailed
+from diloco.protocol.core.group import GroupInfo, RoundTimeouts
+from diloco.protocol.core.reducer import RoundKey
+from diloco.protocol.matchmaking.lobby import (
+    Lobby,
+    check_group,
+    choose_leader,
+    group_info,
+    others_prior,
+    round_key,
+)
+from diloco.protocol.records.declarations import declare_round, prior_tag, read_round_view
+from diloco.protocol.runtime import streams
+from diloco.protocol.trust.bans import BanList
+from diloco.protocol.trust.swarm_key import ClosedSwarm
+from diloco.protocol.wire import frames as wire
+from diloco.protocol.wire.frames import Group, Join, Kind, Reject, RejectCode, RoundTag
+
+logger = logging.getLogger(__name__)
+
+
+_TRANSPORT_RETRIES = 1
+"""Extra JOIN attempts to the same leader after a transport failure, before failing over."""
+
+
+class Matchmaker:
+    """Forms one group per fragment round; several rounds may be in matchmaking at once."""
+
+    def __init__(
+        self,
+        p2p: streams.StreamTransport,
+        dht: DHT,
+        run_id: str,
+        digest: bytes,
+        timeouts: RoundTimeouts,
+        bans: BanList,
+        min_group_size: int = 2,
+        target_group_size: int | None = None,
+        max_weight: float = math.inf,
+        closed: ClosedSwarm | None = None,
+    ) -> None:
+        if not max_weight > 0:
+            raise ValueError(f"max_weight must be > 0 tokens, got {max_weight!r}")
+        if min_group_size < 1:
+            raise ValueError(f"min_group_size must be >= 1, got {min_group_size}")
+        if target_group_size is not None and target_group_size < min_group_size:
+            raise ValueError("target_group_size must be >= min_group_size")
+        self.target_group_size = target_group_size
+        self.p2p, self.dht, self.run_id, self.digest = p2p, dht, run_id, digest
+        self.timeouts, self.min_group_size = timeouts, min_group_size
+        self.bans, self.max_weight = bans, max_weight
+        self.closed = closed
+        """A closed swarm's proofs: declarations carry ours, views drop outsiders."""
+        self.handler_name = f"/diloco/{run_id}/join/1"
+        self._lobbies: dict[RoundKey, Lobby] = {}
+        self._formed: dict[RoundKey, tuple[frozenset[PeerID], bytes]] = {}
+        """GROUP messages this node sent as leader, kept for members that ask again."""
+
+    @property
+    def poll(self) -> float:
+        """Seconds between reads of the round key while waiting for ``target_group_size``."""
+        return max(0.02, self.timeouts.matchmaking_window / 40)
+
+    async def start(self) -> None:
+        """Register the JOIN handler on the shared P2P daemon."""
+        t = self.timeouts
+        handler = streams.stream_handler(
+            "JOIN",
+            self._serve_join,
+            timeout=t.matchmaking + t.join_timeout,
+            reply_timeout=t.reply_timeout,
+            admit=self.bans.admit,
+        )
+        await self.p2p.add_binary_stream_handler(self.handler_name, handler)
+
+    async def form_group(
+        self,
+        key: RoundKey,
+        numel: int,
+        codec_id: int,
+        return_codec_id: int,
+        weight: float,
+        prior: str = "",
+        client: bool = False,
+        may_lead: bool = True,
+    ) -> GroupInfo:
+        """Declare, wait the window, and assemble or join the group of round ``key`` among
+        the members that start it from the same ``prior`` state hash; a ``client`` asks to
+        reduce no part; a node that may not lead (nobody can dial it) declares so.
+
+        Raises:
+            PriorDiverged: too few peers declared ``prior`` for a group, and most others
+                declared one other prior (``others_prior``).
+            RoundFailed: no group of at least ``min_group_size`` formed in time, this node
+                arrived after its group had closed, or it may not lead and saw no peer that
+                may.
+        """
+        if key in self._lobbies:
+            raise RoundFailed(key.fragment, key.round, "this round is already in matchmaking")
+        tag = RoundTag(self.digest, key.fragment, key.round)
+        weight = min(weight, self.max_weight)
+        request = Join(tag, numel, codec_id, return_codec_id, weight, client)
+        request.check()
+        lobby = Lobby(
+            request, round_key(self.run_id, key), prior=prior_tag(prior), may_lead=may_lead
+        )
+        self._lobbies[key] = lobby
+        try:
+            t = self.timeouts
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            expiration = get_dht_time() + t.matchmaking + t.allreduce
+            await asyncio.wait_for(
+                declare_round(
+                    self.dht,
+                    lobby.dht_key,
+                    weight,
+                    expiration,
+                    self.closed,
+                    client=not may_lead,
+                    prior=prior,
+                ),
+                t.join_timeout,
+            )
+            declared = loop.time()
+            seen, ended = await self._wait_window(lobby)
+            view = set(seen) | {self.p2p.peer_id}
+            leaders = self._may_lead(seen, lobby)
+            logger.info(
+                "round %s: declared in %.3fs, saw %d peers of our prior (%d may lead) "
+                "after %.3fs: %s",
+                key,
+                declared - start,
+                len(view),
+                len(leaders),
+                loop.time() - start,
+                ended,
+            )
+            others = others_prior(lobby.declared, lobby.prior)
+            if len(view) < self.min_group_size and others is not None:
+                why = f"no partner of our prior {lobby.prior or '-'}; most start from {others}"
+                raise PriorDiverged(key.fragment, key.round, why, others)
+            if not leaders:
+                raise RoundFailed(key.fragment, key.round, "no peer that may lead")
+            leader = choose_leader(leaders, lobby.dht_key)
+            if leader == self.p2p.peer_id:
+                lobby.decided.set()
+                return await self._lead(key, lobby, view, t.join_timeout)
+            lobby.leader = leader
+            lobby.decided.set()
+            return await self._follow(key, lobby, view, leaders, start + t.matchmaking)
+        finally:
+            lobby.closed = True
+            lobby.decided.set()
+            for reply in lobby.joiners.values():
+                if not reply.done():
+                    closed = Reject(RejectCode.GROUP_CLOSED, reason="round ended")
+                    reply.set_result((Kind.REJECT, closed.serialize()))
+            del self._lobbies[key]
+
+    def _may_lead(self, view: dict[PeerID, tuple[float, bool]], lobby: Lobby) -> set[PeerID]:
+        """The peers of ``view`` (and this node) that did not declare they cannot be dialled:
+        those who may lead."""
+        leaders = {peer for peer, (_, client) in view.items() if not client}
+        return leaders | {self.p2p.peer_id} if lobby.may_lead else leaders
+
+    async def _wait_window(self, lobby: Lobby) -> tuple[dict[PeerID, tuple[float, bool]], str]:
+        """The peers of the round that may share this node's group, as far as it can tell
+        when it must choose a role, and why the wait ended.
+
+        The view: the peers of its prior every read so far found (``Lobby.seen``) plus the
+        peers that already sent this node a JOIN (they are in the round too). It returns
+        early as soon as a peer that may lead and is ranked before this node is known (it
+        cannot lead, so it JOINs that peer now, and the JOIN waits there; a node nobody can
+        dial cannot lead at all), or ``target_group_size`` peers declared under any prior;
+        otherwise after the window.
+        """
+        loop = asyncio.get_running_loop()
+        t = self.timeouts
+        deadline = loop.time() + t.matchmaking_window
+        me = self.p2p.peer_id
+        while True:
+            lobby.knock.clear()
+            await asyncio.wait_for(self._read_view(lobby), t.join_timeout)
+            view = self._known(lobby)
+            arrived = len(lobby.declared.keys() | view.keys() | {me})
+            leaders = self._may_lead(view, lobby)
+            if leaders and choose_leader(leaders, lobby.dht_key) != me:
+                return view, "a peer of our prior ranks first to lead"
+            if self.target_group_size is not None and arrived >= self.target_group_size:
+                return view, f"{arrived} of {self.target_group_size} live nodes declared"
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return view, "the window ended"
+            poll = self.poll if self.target_group_size is not None else remaining
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(lobby.knock.wait(), min(poll, remaining))
+
+    def _known(self, lobby: Lobby) -> dict[PeerID, tuple[float, bool]]:
+        """The peers of this node's prior known so far: every read's (``Lobby.seen``) and
+        those that sent a JOIN, with weights and client flags, less the banned and those
+        whose weight exceeds the cap."""
+        view = dict(lobby.seen)
+        for peer, joined in lobby.knockers.items():  # a declaration says more than a JOIN
+            view.setdefault(peer, joined)
+        return {
+            peer: (w, client)
+            for peer, (w, client) in view.items()
+            if w <= self.max_weight and not self.bans.banned(peer)
+        }
+
+    async def _read_view(self, lobby: Lobby) -> None:
+        """Read the round's declarations into ``lobby``: every prior declared into
+        ``declared``, the peers of this node's prior (weights and client flags) into
+        ``seen``, less the banned and those whose weight exceeds the cap (their JOIN would
+        be refused). Invalid declarations are logged and skipped (declarations are signed: a
+        peer can declare only itself)."""
+        declarations = await read_round_view(self.dht, lobby.dht_key, self.closed)
+        usable = {
+            peer: d
+            for peer, d in declarations.items()
+            if d.weight <= self.max_weight and not self.bans.banned(peer)
+        }
+        lobby.declared.update((peer, d.prior) for peer, d in usable.items())
+        lobby.seen.update(
+            (p, (d.weight, d.client)) for p, d in usable.items() if d.prior == lobby.prior
+        )
+
+    async def _lead(self, key: RoundKey, lobby: Lobby, view: set[PeerID], wait: float) -> GroupInfo:
+        """Wait up to ``wait`` seconds for the peers of ``view`` to join, then send GROUP."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        expected = view - {self.p2p.peer_id}
+        while not expected <= set(lobby.joiners) and (remaining := deadline - loop.time()) > 0:
+            lobby.changed.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(lobby.changed.wait(), remaining)
+        lobby.closed = True
+        banned = Reject(RejectCode.BANNED, reason="banned while the group formed").serialize()
+        for peer in [p for p in lobby.joiners if self.bans.banned(p)]:
+            lobby.joiners.pop(peer).set_result((Kind.REJECT, banned))
+        assert lobby.may_lead, "a node nobody can dial never leads"
+        members = sorted([self.p2p.peer_id, *lobby.joiners], key=lambda peer: peer.to_bytes())
+        weights = {**lobby.weights, self.p2p.peer_id: lobby.request.weight}
+        if len(members) < self.min_group_size:
+            reason = f"{len(members)} member(s) < min_group_size {self.min_group_size}"
+            too_small = Reject(RejectCode.GROUP_TOO_SMALL, reason=reason).serialize()
+            for future in lobby.joiners.values():
+                future.set_result((Kind.REJECT, too_small))
+            raise RoundFailed(key.fragment, key.round, f"no group: {reason}")
+        request = lobby.request
+        me_client = request.client and any(p not in lobby.clients for p in lobby.joiners)
+        group = Group(
+            request.tag,
+            secrets.token_bytes(wire.GROUP_ID_BYTES),
+            request.numel,
+            request.codec_id,
+            request.return_codec_id,
+            tuple(peer.to_bytes() for peer in members),
+            tuple(weights[p] for p in members),
+            tuple(p in lobby.clients or (p == self.p2p.peer_id and me_client) for p in members),
+        )
+        message = group.serialize()
+        self._formed[key] = (frozenset(members), message)
+        loop.call_later(self.timeouts.matchmaking, self._formed.pop, key, None)
+        for future in lobby.joiners.values():
+            future.set_result((Kind.GROUP, message))
+        logger.info(
+            "round %s: leading a group of %d (%d clients)",
+            key,
+            len(members),
+            len(lobby.clients) + me_client,
+        )
+        return group_info(key, group)
+
+    async def _follow(
+        self,
+        key: RoundKey,
+        lobby: Lobby,
+        view: set[PeerID],
+        leaders: set[PeerID],
+        deadline: float,
+    ) -> GroupInfo:
+        """JOIN the leader (following redirects, retrying and failing over to the next of
+        ``leaders``, the peers of ``view`` that may lead; see step 5); give up at
+        ``deadline`` (loop time)."""
+        loop = asyncio.get_running_loop()
+        visited: set[PeerID] = set()
+        dead: set[PeerID] = set()
+        failures = 0
+        assert lobby.leader is not None
+        target = lobby.leader
+        while True:
+            visited.add(target)
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise RoundFailed(key.fragment, key.round, "no GROUP from the leader in time")
+            try:
+                kind, body = await asyncio.wait_for(
+                    self._call_join(target, lobby.request), remaining
+                )
+            except asyncio.TimeoutError as exc:
+                raise RoundFailed(
+                    key.fragment, key.round, f"leader {target} did not answer"
+                ) from exc
+            except ProtocolError as exc:
+                raise RoundFailed(key.fragment, key.round, f"leader {target}: {exc}") from exc
+            except streams.TRANSPORT_ERRORS as exc:  # refused or cut: retry, then fail over
+                failures += 1
+                logger.info("round %s: JOIN to %s failed: %r", key, target, exc)
+                if failures <= _TRANSPORT_RETRIES:
+                    await asyncio.sleep(min(0.1, max(0.0, deadline - loop.time())))
+                    continue
+                dead.add(target)
+                failures = 0
+                alive = view - dead
+                if not leaders - dead:
+                    raise RoundFailed(
+                        key.fragment, key.round, "no live peer that may lead"
+                    ) from exc
+                target = choose_leader(leaders - dead, lobby.dht_key)
+                if target == self.p2p.peer_id:
+                    logger.warning("round %s: leader unreachable, leading instead", key)
+                    lobby.leader = None
+                    # the view it followed with may predate peers that declared since
+                    # (it JOINed as soon as it saw a leader): wait for those too
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        wait = min(self.timeouts.join_timeout, deadline - loop.time())
+                        await asyncio.wait_for(self._read_view(lobby), wait)
+                    alive = (alive | set(self._known(lobby))) - dead
+                    return await self._lead(key, lobby, alive, deadline - loop.time())
+                lobby.leader = target
+                continue
+            if kind == Kind.GROUP:
+                return self._check_group(key, lobby.request, body, target)
+            reject = Reject.parse(body)
+            if reject.code == RejectCode.NOT_LEADER and reject.redirect:
+                redirect = PeerID(reject.redirect)
+                if redirect in dead:  # it has not noticed yet that its leader died: ask again
+                    await asyncio.sleep(min(0.1, max(0.0, deadline - loop.time())))
+                    continue
+                if redirect not in visited and redirect != self.p2p.peer_id:
+                    target = redirect
+                    continue
+            raise RoundFailed(
+                key.fragment,
+                key.round,
+                f"leader {target} refused: {reject.code.name} {reject.reason}",
+            )
+
+    async def _call_join(self, leader: PeerID, request: Join) -> tuple[Kind, bytes]:
+        _, reader, writer = await asyncio.wait_for(
+            self.p2p.call_binary_stream_handler(leader, self.handler_name),
+            self.timeouts.connect_timeout,
+        )
+        try:
+            await streams.write_frame(writer, Kind.JOIN, request.serialize())
+            kind, body = await streams.read_frame(reader, (Kind.GROUP,), wire.MAX_SMALL_BODY)
+            return kind, bytes(body)
+        finally:
+            writer.close()
+
+    def _check_group(self, key: RoundKey, request: Join, body: bytes, leader: PeerID) -> GroupInfo:
+        """The GROUP ``leader`` sent, if valid; an invalid one is the leader's offence."""
+        try:
+            info = check_group(key, request, body, self.p2p.peer_id, self.max_weight)
+        except (ProtocolError, ValueError) as exc:
+            self.bans.offend(leader, f"round {key}: invalid GROUP: {exc}")
+            raise RoundFailed(key.fragment, key.round, f"invalid GROUP: {exc}") from exc
+        logger.info("round %s: joined a group of %d", key, len(info.members))
+        return info
+
+    async def _serve_join(
+        self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """Answer one JOIN with GROUP or a refusal (``streams.stream_handler`` wraps it)."""
+        reply = await asyncio.wait_for(self._answer_join(peer, reader), self.timeouts.matchmaking)
+        await asyncio.wait_for(streams.write_frame(writer, *reply), self.timeouts.join_timeout)
+
+    async def _answer_join(self, peer: PeerID, reader: asyncio.StreamReader) -> tuple[Kind, bytes]:
+        _, body = await streams.read_frame(reader, (Kind.JOIN,), wire.MAX_SMALL_BODY)
+        request = Join.parse(body)
+
+        def reject(code: RejectCode, reason: str = "", redirect: bytes = b"") -> tuple[Kind, bytes]:
+            return Kind.REJECT, Reject(code, redirect, reason).serialize()
+
+        if request.tag.digest != self.digest:
+            return reject(RejectCode.WRONG_RUN, "different run configuration")
+        key = RoundKey(request.tag.fragment, request.tag.round)
+        if request.weight > self.max_weight:
+            self.bans.offend(peer, f"round {key}: JOIN weight {request.weight:g} over the cap")
+            return reject(RejectCode.MISMATCH, f"weight over the run's cap {self.max_weight:g}")
+        formed = self._formed.get(key)
+        if formed is not None and peer in formed[0]:
+            group = Group.parse(formed[1])
+            if (request.numel, request.codec_id, request.return_codec_id) != (
+                group.numel,
+                group.codec_id,
+                group.return_codec_id,
+            ):
+                return reject(RejectCode.MISMATCH, "fragment size or codec differs")
+            return Kind.GROUP, formed[1]  # a member asking again: its first reply was lost
+        lobby = self._lobbies.get(key)
+        if lobby is None and formed is not None:  # led and closed: a late peer misses it
+            return reject(RejectCode.GROUP_CLOSED, "group already formed")
+        if lobby is None:
+            return reject(RejectCode.UNKNOWN_ROUND, f"not in round {key}")
+        mine = lobby.request
+        if (request.numel, request.codec_id, request.return_codec_id) != (
+            mine.numel,
+            mine.codec_id,
+            mine.return_codec_id,
+        ):
+            return reject(RejectCode.MISMATCH, "fragment size or codec differs")
+        if peer not in lobby.declared:  # it declared before it JOINed: read again
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._read_view(lobby), self.timeouts.join_timeout)
+        if (prior := lobby.declared.get(peer)) != lobby.prior:
+            said = "no declaration found" if prior is None else f"declared prior {prior or '-'}"
+            logger.info("round %s: JOIN of %s refused: %s", key, peer, said)
+            return reject(
+                RejectCode.MISMATCH, f"{said}; this group's prior is {lobby.prior or '-'}"
+            )
+        lobby.knockers.setdefault(peer, (request.weight, request.client))
+        lobby.knock.set()
+        await lobby.decided.wait()
+        if lobby.leader is not None:
+            return reject(RejectCode.NOT_LEADER, redirect=lobby.leader.to_bytes())
+        pending = lobby.joiners.get(peer)
+        if pending is not None and not pending.done():
+            return await pending  # asking again while the group is still open
+        if lobby.closed or peer in lobby.joiners or peer == self.p2p.peer_id:
+            return reject(RejectCode.GROUP_CLOSED, "group already formed")
+        reply: asyncio.Future[tuple[Kind, bytes]] = asyncio.get_running_loop().create_future()
+        lobby.joiners[peer] = reply
+        lobby.weights[peer] = request.weight
+        if request.client:
+            lobby.clients.add(peer)
+        lobby.changed.set()
+        return await reply

@@ -1,0 +1,9 @@
+"""The node's handle on the swarm::
+
+swarm         Swarm: the DHT, p2pd and the protocol's event-loop thread
+network       NetworkOptions: listen / announce addresses, identity, relays, key
+processes     the DHT process's p2pd held by pidfd, stopped if shutdown stalls
+event_loop    uvloop where installed, else asyncio's
+streams       frames over p2pd streams, transport errors, the handler wrapper
+reachability  dial-back check: a node nobody can dial becomes a client
+"""

@@ -1,0 +1,7 @@
+"""Bounded groups: a large round run in stages over a grid::
+
+grid       pure: members placed on a grid, the plan of stages
+reference  pure: the in-process reducer following a plan (tests and benchmarks)
+runner     the staged round over the wire: one all-reduce per stage
+views      the stage groups run when a member is lost mid-stage
+"""

@@ -1,0 +1,260 @@
+"""Owned DHT records (SPEC 4.1 "Records are owned"): signed by their author, stored under
+the author's peer id, checked by every DHT node that stores or returns them and by readers.
+
+Every value a node stores is an envelope, a msgpack list::
+
+    [key: str, payload: bytes, signature: 64 bytes]
+    stored under DHT key = key, subkey = author's Ed25519 peer id (base58),
+    signature = Ed25519 by the subkey's key over
+        signing_input("diloco-record/1", key, subkey, payload, float(expiration))
+
+``payload`` is the kind's own msgpack (node record, run config...). The key travels in
+clear because hivemind hands validators only its hash: with it, ``SignedRecordValidator``
+knows the record's kind from the key's form (``schemas``) and checks the payload's schema,
+so a node record stored under a round key is refused like any malformed one.
+
+Why not hivemind's ``RSASignatureValidator`` + ``SchemaValidator`` (as its progress tracker
+uses): the RSA validator is keyed by a second, process-wide RSA key embedded in the subkey,
+unrelated to the libp2p peer id; a record's author could then differ from the peer that
+libp2p authenticates on streams, and every subkey carries a ~400-byte RSA key. Here the
+subkey *is* the peer id, whose Ed25519 key is inlined (``identity``): one identity for
+streams and records, 64-byte signatures. ``SchemaValidator`` needs pydantic models per
+key; our schemas are the strict ``from_wire`` parsers the readers use anyway.
+
+Signing happens in the application's process (``store_signed``), not in the DHT process
+through ``sign_value``: the key stays with the node, the validator holds no secret and
+stays small and picklable, and ``sign_value``/``strip_value`` are the identity.
+hivemind calls ``validate`` when a peer asks us to store a record, on our own stores and
+on every record a peer returns to us (one invalid subkey drops that peer's whole answer
+for the key). Readers (``read_signed``) verify again: a DHT node that runs without this
+validator, or a hostile one, may return anything.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+from hivemind import DHT
+from hivemind.dht.routing import DHTID
+from hivemind.dht.validation import DHTRecord, RecordValidatorBase
+from hivemind.utils import get_dht_time
+
+from diloco.errors import ConfigError, ProtocolError
+from diloco.protocol.runtime.processes import TiedDHT
+from diloco.protocol.trust.identity import Identity, load_or_create_identity, signing_input, verify
+
+logger = logging.getLogger(__name__)
+
+DOMAIN = "diloco-record/1"
+MAX_RECORD_TTL = 300.0
+"""Seconds a record may live beyond now: a far expiration would pin it after its author left."""
+MAX_CLOCK_SKEW = 60.0
+"""Seconds another peer's clock may run ahead of ours."""
+MAX_KEY_CHARS = 256
+MAX_PAYLOAD_BYTES = 72 * 1024
+"""Largest payload of any kind (a run configuration: 64 KiB of JSON and its run id)."""
+MAX_RECORD_BYTES = MAX_PAYLOAD_BYTES + 1024
+
+Schema = Callable[[str, str, bytes], object]
+"""Checks a payload of one kind: ``(key, author peer id, payload)``; raises ProtocolError or
+ConfigError when it is malformed."""
+
+
+@dataclass(frozen=True, slots=True)
+class SignedValue:
+    """A verified record: its author's payload and its expiration (DHT time)."""
+
+    payload: bytes
+    expiration: float
+
+
+class SigningDHT(TiedDHT):
+    """A ``hivemind.DHT`` whose p2pd runs with this node's Ed25519 ``identity``, which
+    ``store_signed`` signs with in this process; it ends with this process (``TiedDHT``).
+
+    With ``identity_path`` None the node gets a fresh identity (a new peer id each start),
+    written to a private temporary directory (mode 0700) that is removed once p2pd has read
+    the key. Other keyword arguments are ``hivemind.DHT``'s; it always starts at once.
+
+    Raises:
+        ConfigError: the identity file is not an Ed25519 key, or p2pd reports another peer
+            id than the key's.
+    """
+
+    identity: Identity
+
+    def __init__(self, *, identity_path: str | None, **kwargs: Any) -> None:
+        private_dir = tempfile.mkdtemp(prefix="diloco-id-") if identity_path is None else None
+        try:
+            if private_dir is None:
+                path, identity = str(identity_path), load_or_create_identity(str(identity_path))
+            else:
+                path, identity = os.path.join(private_dir, "identity.key"), Identity.generate()
+                identity.write(path)
+            # hivemind's identity-in-use check would start a second p2pd (NAT probing on)
+            # and reads only RSA keys: off.
+            fixed = {"start": True, "check_if_identity_free": False}
+            super().__init__(identity_path=path, **(kwargs | fixed))
+        finally:
+            if private_dir is not None:  # p2pd has read it, or failed to start
+                shutil.rmtree(private_dir, ignore_errors=True)
+        self.identity = identity
+        if self.peer_id.to_base58() != identity.peer_id:
+            self.shutdown()
+            raise ConfigError(f"p2pd runs as {self.peer_id}, not as the key's {identity.peer_id}")
+
+
+class SignedRecordValidator(RecordValidatorBase):  # type: ignore[misc]
+    """Accepts a record iff it is a well-formed envelope signed by its subkey's key, expires
+    within ``MAX_RECORD_TTL + MAX_CLOCK_SKEW`` seconds, and its key has a form listed in
+    ``schemas`` whose check passes the payload. Everything else is refused, unsigned values
+    and values without a subkey included: every record of ours is owned.
+    """
+
+    def __init__(self, schemas: Sequence[tuple[re.Pattern[str], Schema]]) -> None:
+        self.schemas = tuple(schemas)
+
+    def validate(self, record: DHTRecord) -> bool:
+        try:
+            author = _unpack(record.subkey, MAX_KEY_CHARS)
+            envelope = _unpack(record.value, MAX_RECORD_BYTES)
+            key = envelope[0] if isinstance(envelope, list) and envelope else None
+            if not isinstance(key, str) or len(key) > MAX_KEY_CHARS:
+                raise ProtocolError("value is not a signed envelope")
+            if DHTID.generate(source=key).to_bytes() != record.key:
+                raise ProtocolError(f"envelope names key {key!r}, not the record's")
+            signed = open_envelope(key, author, envelope, record.expiration_time)
+            self.check_payload(key, str(author), signed.payload)
+        except (ProtocolError, ConfigError) as exc:
+            logger.debug("refusing a DHT record: %s", exc)
+            return False
+        return True
+
+    def check_payload(self, key: str, author: str, payload: bytes) -> None:
+        """Run the schema of ``key``'s form on ``payload``.
+
+        Raises:
+            ProtocolError: no schema for such a key, or the schema's own error.
+        """
+        for pattern, schema in self.schemas:
+            if pattern.fullmatch(key):
+                schema(key, author, payload)
+                return
+        raise ProtocolError(f"no record kind for key {key!r}")
+
+    def merge_with(self, other: RecordValidatorBase) -> bool:
+        return isinstance(other, SignedRecordValidator) and other.schemas == self.schemas
+
+
+def seal(identity: Identity, key: str, payload: bytes, expiration: float) -> list[Any]:
+    """The envelope of ``payload`` under ``key``, signed by ``identity`` (see module doc)."""
+    message = signing_input(DOMAIN, key, identity.peer_id, payload, float(expiration))
+    return [key, payload, identity.sign(message)]
+
+
+def open_envelope(key: str, author: object, envelope: object, expiration: object) -> SignedValue:
+    """The verified payload of an envelope read under ``key`` and subkey ``author``.
+
+    Raises:
+        ProtocolError: not an envelope of this key, an expiration that is not finite or too
+            far ahead, an oversize payload, or a signature that is not ``author``'s.
+    """
+    if not isinstance(author, str):
+        raise ProtocolError(f"subkey {author!r:.80} is not a peer id")
+    if not isinstance(envelope, list) or len(envelope) != 3:
+        raise ProtocolError(f"value under {author}'s subkey is not a signed envelope")
+    stated_key, payload, signature = envelope
+    if stated_key != key:
+        raise ProtocolError(f"record of {author} is signed for another key")
+    if not isinstance(payload, bytes) or len(payload) > MAX_PAYLOAD_BYTES:
+        raise ProtocolError(f"payload of {author} is not bytes of at most {MAX_PAYLOAD_BYTES}")
+    if not isinstance(expiration, float) or not math.isfinite(expiration):
+        raise ProtocolError(f"record of {author} has expiration {expiration!r}")
+    if expiration > get_dht_time() + MAX_RECORD_TTL + MAX_CLOCK_SKEW:
+        raise ProtocolError(f"record of {author} expires too far ahead")
+    verify(author, signing_input(DOMAIN, key, author, payload, expiration), signature)
+    return SignedValue(payload, expiration)
+
+
+async def store_signed(dht: DHT, key: str, payload: bytes, expiration: float) -> bool:
+    """Sign ``payload`` for ``key`` with the node's identity and store it under its own
+    subkey until ``expiration`` (DHT time, at most ``MAX_RECORD_TTL`` ahead).
+
+    Raises:
+        TypeError: ``dht`` is not a ``SigningDHT``.
+        ValueError: an expiration beyond ``MAX_RECORD_TTL``, which the DHT would refuse.
+    """
+    identity = signer(dht)
+    if expiration > get_dht_time() + MAX_RECORD_TTL:
+        raise ValueError(f"records live at most {MAX_RECORD_TTL} s")
+    envelope = seal(identity, key, payload, expiration)
+    stored = await dht.store(
+        key, envelope, float(expiration), subkey=identity.peer_id, return_future=True
+    )
+    return bool(stored)
+
+
+async def read_signed(dht: DHT, key: str) -> dict[str, SignedValue]:
+    """Every unexpired record under ``key`` whose signature and form check out, by author
+    peer id; the others are logged with the peer id they claim and skipped."""
+    found = await dht.get(key, latest=True, return_future=True)
+    if found is None or not isinstance(found.value, Mapping):
+        return {}
+    verified = {}
+    for author, item in found.value.items():
+        value, expiration = getattr(item, "value", None), getattr(item, "expiration_time", None)
+        try:
+            verified[author] = open_envelope(key, author, value, expiration)
+        except ProtocolError as exc:
+            logger.warning("ignoring record under %s claimed by %r: %s", key, author, exc)
+    return verified
+
+
+def signer(dht: DHT) -> Identity:
+    """The identity ``dht`` signs records with.
+
+    Raises:
+        TypeError: ``dht`` is not a ``SigningDHT`` (it has no key to sign with).
+    """
+    if not isinstance(dht, SigningDHT):
+        raise TypeError("records are stored through a SigningDHT (make_dht starts one)")
+    return dht.identity
+
+
+def pack_payload(value: object) -> bytes:
+    """msgpack of a payload value (lists, dicts with str keys, str, int, float, bytes)."""
+    return bytes(msgpack.packb(value, use_bin_type=True, use_single_float=False))
+
+
+def unpack_payload(payload: bytes, max_bytes: int) -> object:
+    """Decode an untrusted payload of at most ``max_bytes``.
+
+    Bounded: lengths by ``max_bytes``, nesting by msgpack's own stack (1024 levels; deeper
+    input raises), no extension types. Kind schemas then check the exact shape.
+
+    Raises:
+        ProtocolError: oversize, truncated, trailing bytes, or invalid msgpack.
+    """
+    return _unpack(payload, max_bytes)
+
+
+def _unpack(data: bytes, max_bytes: int) -> object:
+    if not isinstance(data, bytes) or len(data) > max_bytes:
+        raise ProtocolError(f"msgpack value larger than {max_bytes} bytes")
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=True, ext_hook=_no_ext)
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise ProtocolError(f"invalid msgpack value: {exc!r:.200}") from exc
+
+
+def _no_ext(code: int, data: bytes) -> object:
+    raise ValueError(f"msgpack extension type {code}")
