@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from hivemind.p2p import PeerID
 
 from diloco.protocol.records.run_id import make_run_id
@@ -12,6 +13,7 @@ from diloco.protocol.runtime.swarm import Swarm, make_dht
 from diloco.protocol.trust.identity import load_identity
 
 
+@pytest.mark.swarm
 def test_joiner_dht_takes_its_peer_id_from_the_identity_file(tmp_path: Path) -> None:
     path = tmp_path / "node.key"
     net = NetworkOptions(identity_path=str(path))
@@ -25,6 +27,7 @@ def test_joiner_dht_takes_its_peer_id_from_the_identity_file(tmp_path: Path) -> 
     assert ids[0] == ids[1] == PeerID.from_base58(load_identity(path).peer_id)
 
 
+@pytest.mark.swarm
 def test_swarm_takes_its_peer_id_from_the_identity_file(tmp_path: Path) -> None:
     path = tmp_path / "node.key"
     with Swarm(make_run_id("identity", {}), NetworkOptions(identity_path=str(path))) as swarm:
