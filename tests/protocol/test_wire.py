@@ -8,6 +8,7 @@ import struct
 import pytest
 
 from diloco.errors import ProtocolError
+from diloco.protocol.wire import frames as wire
 from diloco.protocol.wire.frames import (
     FRAME_HEADER,
     Frame,
@@ -18,7 +19,6 @@ from diloco.protocol.wire.frames import (
     RejectCode,
     RoundTag,
 )
-from diloco.protocol.wire import frames as wire
 from diloco.protocol.wire.part import Averaged, PartHead, Report
 
 TAG = RoundTag(bytes(range(16)), 3, 9)
