@@ -27,6 +27,7 @@ import torch
 from hivemind.compression import CompressionInfo, Float16Compression, Uniform8BitQuantization
 from hivemind.proto import runtime_pb2
 
+from diloco.bench.provenance import provenance
 from diloco.codecs import get_codec
 
 
@@ -161,6 +162,7 @@ def main() -> None:
             "machine": platform.processor() or platform.machine(),
             "date": time.strftime("%Y-%m-%d"),
             "rows": [asdict(r) for r in rows],
+            "provenance": provenance(),
         }
         args.json.write_text(json.dumps(record, indent=2) + "\n")
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from diloco.bench.provenance import provenance
 from diloco.codecs import get_codec
 from diloco.node.config import return_codec_for
 from diloco.node.data import load_corpus
@@ -100,6 +101,7 @@ def loss(args: argparse.Namespace) -> None:
                     "bytes_sent_per_replica": summary["bytes_sent_per_replica"],
                     "rounds_pending": summary["rounds_pending"],
                     "wall_s": time.perf_counter() - start,
+                    "provenance": provenance(),
                 }
                 with args.out.open("a") as f:
                     f.write(json.dumps(row) + "\n")

@@ -28,6 +28,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from diloco.bench.provenance import provenance
 from diloco.sim.dag import compute_utilisation
 from diloco.sim.metrics import measured_schedule, parse_metrics
 from diloco.sim.round_costs import measured_cu, predict_cu, read_windows, round_costs
@@ -114,7 +115,9 @@ def main() -> None:
                 print(table_row(rows[-1]), flush=True)
     for row in rows:
         print(cross_line(rows, row), flush=True)
-    args.out.write_text(json.dumps({"steps": args.steps, "rows": rows}, indent=1) + "\n")
+    args.out.write_text(
+        json.dumps({"steps": args.steps, "rows": rows, "provenance": provenance()}, indent=1) + "\n"
+    )
     os.chmod(args.out, 0o644)
 
 
