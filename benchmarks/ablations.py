@@ -1,4 +1,4 @@
-"""Ablations of issue 6: the Streaming DiLoCo paper's findings, reproduced at CPU scale.
+"""Ablations: the Streaming DiLoCo paper's findings, reproduced at CPU scale.
 
 Each named sweep is a list of points (a series, an x value, a ``LocalConfig`` and the
 summary metric to read); every point runs once per seed with the in-process trainer

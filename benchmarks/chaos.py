@@ -1,4 +1,4 @@
-"""Chaos run (issue 12): 6 real nodes, SIGKILLed and frozen at random (``diloco.bench.chaos``).
+"""Chaos run: 6 real nodes, SIGKILLed and frozen at random (``diloco.bench.chaos``).
 
 One run per call, so that each takes the shared lock on its own; each appends its tally to
 ``--out`` (JSON lines). ``--baseline`` runs the same swarm without faults (the reference for

@@ -1,4 +1,4 @@
-"""Rounds applied / attempted with one protocol-only peer SIGKILLed per round (issue 12 (4)).
+"""Rounds applied / attempted with one protocol-only peer SIGKILLed per round.
 
 Spawns ``--peers`` benchmark peers (``diloco.bench.allreduce``: real processes, real p2pd,
 loopback). Every round all peers start reducing their seeded vectors; once matchmaking is

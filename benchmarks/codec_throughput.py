@@ -1,4 +1,4 @@
-"""Codec throughput (issue 2): encode/decode speed of every ``diloco.codecs`` codec on one core.
+"""Codec throughput: encode/decode speed of every ``diloco.codecs`` codec on one core.
 
 Times, on one random-normal FP32 vector (16M values by default) with ``torch.set_num_threads(1)``,
 the best of a few repeats of encode and decode for each codec (e3m0 with both roundings), of

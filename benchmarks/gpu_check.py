@@ -1,4 +1,4 @@
-"""The GPU check of issue 13, for one CUDA device (run through ``benchmarks/gpu_check.sh``).
+"""The GPU check, for one CUDA device (run through ``benchmarks/gpu_check.sh``).
 
 Sections, each timed and each allowed to fail on its own (its error is recorded):
 

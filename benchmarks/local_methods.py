@@ -1,4 +1,4 @@
-"""Method comparison of issue 2: dp vs diloco vs streaming (vs one replica alone), equal tokens.
+"""Method comparison: dp vs diloco vs streaming (vs one replica alone), equal tokens.
 
 Runs the in-process trainer (``diloco.node.local``) for each method and replica count,
 writes every summary to a JSON file and prints a markdown table.

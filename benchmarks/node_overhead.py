@@ -1,4 +1,4 @@
-"""Node overhead (issue 13): tokens/s of the node's compute against a plain PyTorch loop.
+"""Node overhead: tokens/s of the node's compute against a plain PyTorch loop.
 
 Subcommands (results as JSON with ``--json``; commands and numbers in RESULTS.md):
 

@@ -1,4 +1,4 @@
-"""The second quantisation (issue 14): which codec the reducers send the mean back in.
+"""The second quantisation: which codec the reducers send the mean back in.
 
 Two measurements. ``error``: M members' outer gradients (1M Gaussian values each) go
 through ``InProcessReducer`` (the swarm's wire path: E3M0 up, FP32 mean, the return codec

@@ -1,4 +1,4 @@
-"""Soak run (issue 12): 3 real nodes for a long time; does anything grow after warm-up?
+"""Soak run: 3 real nodes for a long time; does anything grow after warm-up?
 
 ``diloco-node start`` + 2 ``join`` on loopback (tiny preset, embedded data, one torch thread
 each, a schedule far longer than the run), sampled every ``--interval`` seconds from /proc:
