@@ -1,4 +1,4 @@
-"""Ablations of issue 6: the Streaming DiLoCo paper's findings, reproduced at CPU scale.
+"""Ablations: the Streaming DiLoCo paper's findings, reproduced at CPU scale.
 
 Each named sweep is a list of points (a series, an x value, a ``LocalConfig`` and the
 summary metric to read); every point runs once per seed with the in-process trainer
@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from diloco.bench.provenance import provenance
 from diloco.node.data import Corpus, load_corpus
 from diloco.node.fragments import fragment_blocks
 from diloco.node.inner import InnerConfig
@@ -375,7 +376,8 @@ class RunCache:
 
     def put(self, config: LocalConfig, summary: dict[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        line = json.dumps({"key": self.key(config), "summary": summary}) + "\n"
+        record = {"key": self.key(config), "summary": summary, "provenance": provenance()}
+        line = json.dumps(record) + "\n"
         with self.path.open("a") as sink:
             sink.write(line)
 
@@ -449,6 +451,7 @@ def run_sweep(
         + " ".join(map(str, seeds)),
         "points": points,
         "runs": runs,
+        "provenance": provenance(),
     }
 
 

@@ -15,6 +15,7 @@ import json
 import logging
 
 from diloco.bench.allreduce import BenchConfig, run_allreduce_bench, summary
+from diloco.bench.provenance import provenance
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ def main() -> None:
         )
         result = run_allreduce_bench(config)
         logger.info("%s\n  bandwidth: %s Mbit/s", summary(result), bandwidth or "loopback")
-        results.append(result.to_json())
+        results.append(result.to_json() | {"provenance": provenance()})
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

@@ -1,4 +1,4 @@
-"""Chaos run (issue 12): 6 real nodes, SIGKILLed and frozen at random (``diloco.bench.chaos``).
+"""Chaos run: 6 real nodes, SIGKILLed and frozen at random (``diloco.bench.chaos``).
 
 One run per call, so that each takes the shared lock on its own; each appends its tally to
 ``--out`` (JSON lines). ``--baseline`` runs the same swarm without faults (the reference for
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from diloco.bench.chaos import ChaosConfig, run_chaos
+from diloco.bench.provenance import provenance
 
 HERE = Path(__file__).parent
 
@@ -76,7 +77,7 @@ def main() -> None:
         result = run_chaos(config, folder)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         with args.out.open("a") as out:
-            out.write(json.dumps(result) + "\n")
+            out.write(json.dumps(result | {"provenance": provenance()}) + "\n")
         brief = {k: v for k, v in result.items() if k not in ("config", "nodes")}
         print(json.dumps(brief, indent=1))
     runs = [json.loads(line) for line in args.out.read_text().splitlines() if line.strip()]

@@ -1,4 +1,4 @@
-"""Rounds applied / attempted with one protocol-only peer SIGKILLed per round (issue 12 (4)).
+"""Rounds applied / attempted with one protocol-only peer SIGKILLed per round.
 
 Spawns ``--peers`` benchmark peers (``diloco.bench.allreduce``: real processes, real p2pd,
 loopback). Every round all peers start reducing their seeded vectors; once matchmaking is
@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 from diloco.bench.allreduce import BenchConfig, _peer_main, _recv, _stop
+from diloco.bench.provenance import provenance
 
 
 def _spawn(config: BenchConfig, index: int, initial: list[str]) -> tuple[Any, Any, list[str]]:
@@ -100,7 +101,7 @@ def main() -> None:
     print(f"{out['peers']} peers: {out['applied']} / {out['rounds']} rounds applied")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+            json.dump(out | {"provenance": provenance()}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Codec throughput (issue 2): encode/decode speed of every ``diloco.codecs`` codec on one core.
+"""Codec throughput: encode/decode speed of every ``diloco.codecs`` codec on one core.
 
 Times, on one random-normal FP32 vector (16M values by default) with ``torch.set_num_threads(1)``,
 the best of a few repeats of encode and decode for each codec (e3m0 with both roundings), of
@@ -27,6 +27,7 @@ import torch
 from hivemind.compression import CompressionInfo, Float16Compression, Uniform8BitQuantization
 from hivemind.proto import runtime_pb2
 
+from diloco.bench.provenance import provenance
 from diloco.codecs import get_codec
 
 
@@ -161,6 +162,7 @@ def main() -> None:
             "machine": platform.processor() or platform.machine(),
             "date": time.strftime("%Y-%m-%d"),
             "rows": [asdict(r) for r in rows],
+            "provenance": provenance(),
         }
         args.json.write_text(json.dumps(record, indent=2) + "\n")
 

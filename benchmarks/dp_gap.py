@@ -1,4 +1,4 @@
-"""How the gap between Streaming DiLoCo and data-parallel closes with training (issue 14).
+"""How the gap between Streaming DiLoCo and data-parallel closes with training.
 
 Reads the JSON files that ``local_methods.py`` wrote for ``dp`` and ``streaming`` runs
 (2 replicas, one run length each), prints a markdown table of the eval losses and the gap

@@ -1,4 +1,4 @@
-"""The GPU check of issue 13, for one CUDA device (run through ``benchmarks/gpu_check.sh``).
+"""The GPU check, for one CUDA device (run through ``benchmarks/gpu_check.sh``).
 
 Sections, each timed and each allowed to fail on its own (its error is recorded):
 
@@ -36,6 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import node_overhead
 
+from diloco.bench.provenance import provenance
 from diloco.codecs import get_codec
 from diloco.codecs.e3m0 import E3M0Codec
 from diloco.node.compute import ComputeOptions
@@ -276,6 +277,7 @@ def main() -> None:
     report["codec"] = _section(lambda: codec(args), args)
     report["overhead"] = overhead(args)
     report["seconds"] = time.perf_counter() - args.started
+    report["provenance"] = provenance()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     (args.out / "gpu_check.md").write_text(markdown(report))

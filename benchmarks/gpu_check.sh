@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check of issue 13 on one CUDA device, in about 5 minutes (at most 8): correctness of
+# The GPU check on one CUDA device, in about 5 minutes (at most 8): correctness of
 # the asynchronous outer loop on the GPU, node vs plain-loop tokens/s (fp32/TF32, bf16, outer
 # state on the device, torch.compile) and E3M0 on the device. Writes gpu_check.json and
 # gpu_check.md into $OUT (default ./gpu_check_out).

@@ -1,4 +1,4 @@
-"""Method comparison of issue 2: dp vs diloco vs streaming (vs one replica alone), equal tokens.
+"""Method comparison: dp vs diloco vs streaming (vs one replica alone), equal tokens.
 
 Runs the in-process trainer (``diloco.node.local``) for each method and replica count,
 writes every summary to a JSON file and prints a markdown table.
@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from diloco.bench.provenance import provenance
 from diloco.node.data import load_corpus
 from diloco.node.inner import InnerConfig
 from diloco.node.local import LocalConfig, LocalTrainer
@@ -119,7 +120,14 @@ def main() -> None:
                 )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
-        json.dumps({"args": vars(args) | {"out": str(args.out)}, "results": results}, indent=1)
+        json.dumps(
+            {
+                "args": vars(args) | {"out": str(args.out)},
+                "results": results,
+                "provenance": provenance(),
+            },
+            indent=1,
+        )
     )
 
 

@@ -1,4 +1,4 @@
-"""Node overhead (issue 13): tokens/s of the node's compute against a plain PyTorch loop.
+"""Node overhead: tokens/s of the node's compute against a plain PyTorch loop.
 
 Subcommands (results as JSON with ``--json``; commands and numbers in RESULTS.md):
 
@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from diloco.bench.provenance import provenance
 from diloco.codecs import get_codec
 from diloco.node.compute import ComputeOptions, compile_model, configure_backends
 from diloco.node.config import NodeOptions, RunConfig
@@ -346,7 +347,7 @@ def main() -> None:
         result = inprocess(args)
     else:
         result = swarm(args)
-    text = json.dumps(result, indent=2, default=str)
+    text = json.dumps(result | {"provenance": provenance()}, indent=2, default=str)
     if args.json:
         args.json.write_text(text + "\n")
     print(text)

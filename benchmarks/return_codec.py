@@ -1,4 +1,4 @@
-"""The second quantisation (issue 14): which codec the reducers send the mean back in.
+"""The second quantisation: which codec the reducers send the mean back in.
 
 Two measurements. ``error``: M members' outer gradients (1M Gaussian values each) go
 through ``InProcessReducer`` (the swarm's wire path: E3M0 up, FP32 mean, the return codec
@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from diloco.bench.provenance import provenance
 from diloco.codecs import get_codec
 from diloco.node.config import return_codec_for
 from diloco.node.data import load_corpus
@@ -100,6 +101,7 @@ def loss(args: argparse.Namespace) -> None:
                     "bytes_sent_per_replica": summary["bytes_sent_per_replica"],
                     "rounds_pending": summary["rounds_pending"],
                     "wall_s": time.perf_counter() - start,
+                    "provenance": provenance(),
                 }
                 with args.out.open("a") as f:
                     f.write(json.dumps(row) + "\n")

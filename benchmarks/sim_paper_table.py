@@ -1,4 +1,4 @@
-"""Issues 5 and 14: the paper's required-bandwidth table, CU figures, the simulator's speed.
+"""The paper's required-bandwidth table, CU figures, the simulator's speed.
 
 For the 1B / 10B / 100B presets, sweeps every method over a log grid of bandwidths, prints a
 markdown table of the lowest Gbit/s that reaches each CU target next to the paper's value

@@ -1,4 +1,4 @@
-"""Soak run (issue 12): 3 real nodes for a long time; does anything grow after warm-up?
+"""Soak run: 3 real nodes for a long time; does anything grow after warm-up?
 
 ``diloco-node start`` + 2 ``join`` on loopback (tiny preset, embedded data, one torch thread
 each, a schedule far longer than the run), sampled every ``--interval`` seconds from /proc:
@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from diloco.bench.procs import NodeProcess, sample
+from diloco.bench.provenance import provenance
 
 HERE = Path(__file__).parent
 NODE_ARGS = ["--seq-len", "32", "--batch-size", "4", "--threads", "1", "--log-every", "100"]
@@ -241,6 +242,7 @@ def main() -> None:
         "exit_codes": exit_codes,
         "rows": rows,
         "samples": samples,
+        "provenance": provenance(),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))

@@ -1,4 +1,4 @@
-"""What each stage of a staged round adds to the codec's error (issue 16).
+"""What each stage of a staged round adds to the codec's error.
 
 For N members with deltas ``common + own`` (both standard normal, so members agree about
 as much as their noise) and token weights drawn in [1000, 3000], reduce along the grid plan

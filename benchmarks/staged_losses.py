@@ -1,4 +1,4 @@
-"""How a staged round ends when one member dies at a random moment (issue 16): 12 members
+"""How a staged round ends when one member dies at a random moment: 12 members
 in groups of 4 (a 3x4 grid) in one process over in-memory streams (the tests'
 ``memory_p2p``), the wire code of ``StagedRunner`` unchanged, each stream open and each
 stage runner start delayed by a random few tens of milliseconds, one member killed per

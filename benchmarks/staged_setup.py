@@ -1,4 +1,4 @@
-"""What setting up one member's side of a staged round costs (issue 16): ``StagedRunner``'s
+"""What setting up one member's side of a staged round costs: ``StagedRunner``'s
 constructor, which runs on the event loop at the start of every staged round and lists
 every view of the member's groups a loss may lead to (``stage_views.candidate_views``).
 

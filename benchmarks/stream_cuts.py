@@ -1,6 +1,6 @@
 """Loop the protocol's swarm tests on busy cores and count the streams cut in transport.
 
-Issue 12, "the cut streams": on two busy cores a libp2p stream between peers sometimes
+"The cut streams": on two busy cores a libp2p stream between peers sometimes
 ended early. This script reproduces the conditions: one busy-loop process per core, the
 protocol's multi-process tests run ``--runs`` times in a row without reruns, the peers
 logging at DEBUG. Tests that kill a peer or cut a stream on purpose are left out, so every

@@ -1,4 +1,4 @@
-"""Compute utilisation of a 3-node swarm on throttled links (issues 4, 14), streaming vs DiLoCo.
+"""Compute utilisation of a 3-node swarm on throttled links, streaming vs DiLoCo.
 
 Runs ``examples/throttled_swarm.sh`` (three nodes in network namespaces behind ``tc tbf``
 links; root) for each rate, method and repeat, keeps each run's metrics under
@@ -7,8 +7,11 @@ and in steady state (``diloco.sim.round_costs.measured_cu``) next to the CU the 
 predicts from the same node's metrics (``diloco.sim.round_costs.predict_cu``).
 
     sudo .venv/bin/python benchmarks/throttled_cu.py --steps 300 --repeats 2 \
-        --metrics-dir benchmarks/results/throttled_cu \
-        --out benchmarks/results/throttled_cu_issue14.json
+        --metrics-dir /tmp/throttled_cu \
+        --out benchmarks/results/throttled_cu_predicted.json
+
+The per-node metrics and logs are raw run output and stay out of the repository: keep them in
+a folder of your own (``--metrics-dir``, required) to rerun ``--analyse`` on them.
 
 ``--analyse`` skips the runs and reads the metrics already under ``--metrics-dir``; without it,
 runs whose metrics are already kept there are not run again (add repeats to a table).
@@ -25,6 +28,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from diloco.bench.provenance import provenance
 from diloco.sim.dag import compute_utilisation
 from diloco.sim.metrics import measured_schedule, parse_metrics
 from diloco.sim.round_costs import measured_cu, predict_cu, read_windows, round_costs
@@ -111,7 +115,9 @@ def main() -> None:
                 print(table_row(rows[-1]), flush=True)
     for row in rows:
         print(cross_line(rows, row), flush=True)
-    args.out.write_text(json.dumps({"steps": args.steps, "rows": rows}, indent=1) + "\n")
+    args.out.write_text(
+        json.dumps({"steps": args.steps, "rows": rows, "provenance": provenance()}, indent=1) + "\n"
+    )
     os.chmod(args.out, 0o644)
 
 

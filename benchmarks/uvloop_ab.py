@@ -21,6 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from diloco.bench.provenance import provenance
+
 ROOT = Path(__file__).resolve().parent.parent
 PATCH = """import asyncio
 import diloco.protocol.runtime.event_loop as event_loop
@@ -78,7 +80,15 @@ def main() -> None:
         medians = [float(str(r["median_s"])) for r in runs if r["loop"] == variant]
         print(f"{variant:>7}: median of run medians {statistics.median(medians):.3f} s")
     if opts.json:
-        opts.json.write_text(json.dumps({"config": vars(opts) | {"json": None}, "runs": runs}))
+        opts.json.write_text(
+            json.dumps(
+                {
+                    "config": vars(opts) | {"json": None},
+                    "runs": runs,
+                    "provenance": provenance(ROOT),
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

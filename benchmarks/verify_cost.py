@@ -22,6 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from diloco.bench.provenance import provenance
+
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = {"verify": [], "no-verify": ["--no-verify"]}
 
@@ -85,7 +87,9 @@ def main() -> None:
     print(f"cost {cost:.3f} s = {100 * cost / summary['verify']:.1f}% of the verified round")
     if opts.json:
         config = vars(opts) | {"json": None}
-        opts.json.write_text(json.dumps({"config": config, "runs": runs}, indent=1))
+        opts.json.write_text(
+            json.dumps({"config": config, "runs": runs, "provenance": provenance(ROOT)}, indent=1)
+        )
 
 
 if __name__ == "__main__":

@@ -6,4 +6,5 @@ They sit beside ``cli``, above ``node`` and ``protocol``, which never import the
                 hivemind's averager too
     netns       hosts in network namespaces behind ``tc tbf`` links (root), also for
                 ``examples/throttled_swarm.sh``
+    provenance  the commit, machine and torch version every benchmark's JSON records
 """
