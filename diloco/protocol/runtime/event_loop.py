@@ -3,8 +3,9 @@
 uvloop (libuv) runs the protocol's many small stream reads and writes with less overhead
 than asyncio's pure-Python selector loop; hivemind depends on it and runs its own DHT
 process on it. Measured on the loopback all-reduce (4 peers, 10^7 values, E3M0; six
-alternating pairs of runs, benchmarks/RESULTS.md "uvloop for the swarm thread's event loop"): median 1.02 s per
-all-reduce with uvloop against 1.15 s with asyncio's loop, so it stays.
+alternating pairs of runs, benchmarks/RESULTS.md "uvloop for the swarm thread's event
+loop"): median 1.02 s per all-reduce with uvloop against 1.15 s with asyncio's loop, so it
+stays.
 """
 
 from __future__ import annotations
