@@ -18,7 +18,8 @@ from hivemind.p2p import PeerID
 
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
 from diloco.protocol.core.reducer import RoundKey
-from diloco.protocol.staged.runner import StagedRunner, grid_for
+from diloco.protocol.staged.groups import grid_for
+from diloco.protocol.staged.runner import StagedRunner
 
 
 async def _setup_seconds(group: GroupInfo, max_group_size: int) -> float:

@@ -22,7 +22,8 @@ from diloco.protocol.core.aggregation import CLIP_FACTOR
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
 from diloco.protocol.core.reducer import RoundKey, RoundResult
 from diloco.protocol.staged.grid import GridPlan
-from diloco.protocol.staged.runner import RunnerFactory, StagedRunner, grid_for
+from diloco.protocol.staged.groups import grid_for
+from diloco.protocol.staged.runner import RunnerFactory, StagedRunner
 from diloco.protocol.trust.bans import BanList
 from diloco.protocol.trust.identity import Identity
 

@@ -8,7 +8,7 @@ from hivemind.p2p import PeerID
 from diloco.protocol.core.group import GroupInfo
 from diloco.protocol.core.reducer import RoundKey
 from diloco.protocol.staged.grid import GridPlan, plan_grid
-from diloco.protocol.staged.runner import stage_infos
+from diloco.protocol.staged.groups import stage_infos
 from diloco.protocol.staged.views import (
     SlotView,
     candidate_views,

@@ -7,7 +7,7 @@ from hivemind.p2p import PeerID
 
 from diloco.protocol.core.group import GroupInfo
 from diloco.protocol.core.reducer import RoundKey
-from diloco.protocol.staged.runner import grid_for, stage_group_id, stage_infos
+from diloco.protocol.staged.groups import grid_for, stage_group_id, stage_infos
 
 
 def _group(n: int, clients: tuple[bool, ...] = ()) -> GroupInfo:

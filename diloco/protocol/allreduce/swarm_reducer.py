@@ -27,7 +27,8 @@ from diloco.protocol.core.reducer import Contribution, Reducer, RoundKey, RoundR
 from diloco.protocol.core.verification import slices_alone
 from diloco.protocol.matchmaking.matchmaker import Matchmaker
 from diloco.protocol.runtime.swarm import Swarm
-from diloco.protocol.staged.runner import StagedRunner, grid_for
+from diloco.protocol.staged.groups import grid_for
+from diloco.protocol.staged.runner import StagedRunner
 
 logger = logging.getLogger(__name__)
 
