@@ -101,9 +101,7 @@ def test_a_liar_paired_with_one_honest_node_cannot_shrink_its_rows() -> None:
     # Its tokens agree with its claim (a full batch), so only the rule can stop it: the
     # upper median of [1e-6, 1.0] is 1.0. Former rule: 1e-6 -> 1 row.
     ledger = witness({"liar": [BATCH * ROW] * 3})
-    assert weigh_claims({"liar": FAST}, ledger.weights(), 1.0, BATCH, ROW).counted == {
-        "liar": FAST
-    }
+    assert weigh_claims({"liar": FAST}, ledger.weights(), 1.0, BATCH, ROW).counted == {"liar": FAST}
     assert rows(1.0, {"liar": FAST}, ledger) == BATCH
 
 
