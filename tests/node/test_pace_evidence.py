@@ -10,10 +10,18 @@ contradicts its tokens, a liar paired with one honest node) each shrink the node
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
+from diloco.codecs import get_codec
+from diloco.node.config import NodeOptions, RunConfig
+from diloco.node.data import load_corpus
+from diloco.node.outer import OuterConfig
 from diloco.node.pace import SETTLE_STEPS, PaceController, weigh_claims
+from diloco.node.trainer import NodeTrainer
 from diloco.node.witness import Witness, WitnessedRound
+from diloco.protocol.core.reducer import InProcessReducer
 
 BATCH, SEQ_LEN, H = 8, 128, 30
 ROW = SEQ_LEN * H
@@ -151,3 +159,24 @@ def test_witness_weights_are_the_peers_not_this_nodes() -> None:
     ledger.record(WitnessedRound(0, 2, ("a", "b"), "z", {"a": 9.0, "b": 9.0}))  # not ours
     ledger.record(WitnessedRound(1, 2, (ME, "b"), "w", {ME: 5.0, "b": 3.0, "ghost": 1.0}))
     assert ledger.weights() == {"a": [7.0], "b": [3.0]}
+
+
+def test_trainer_counts_backed_claims_and_logs_each_ignored_peer_once(caplog) -> None:
+    run = RunConfig(steps=4, seq_len=SEQ_LEN, outer=OuterConfig(sync_every=H))
+    trainer = NodeTrainer(
+        run,
+        NodeOptions(batch_size=BATCH),
+        InProcessReducer(get_codec("none")),
+        ME,
+        load_corpus(None),
+    )
+    ledger = witness({"twin": [BATCH * ROW] * 3, "liar": [ROW] * 3})
+    claims = {"twin": 1.0, "liar": FAST, **paper(2)}
+    with caplog.at_level(logging.INFO, logger="diloco.node.trainer"):
+        for _ in range(3):  # every publish
+            trainer.hear_claims(claims, ledger.weights())
+    assert trainer.peer_step_seconds == (1.0,)
+    logged = [(r.levelno, r.getMessage()) for r in caplog.records]
+    assert len(logged) == 3  # once per ignored peer, not once per publish
+    assert sum(level == logging.WARNING and "liar" in m for level, m in logged) == 1
+    assert sum(level == logging.INFO and "no round with this node" in m for level, m in logged) == 2
