@@ -23,7 +23,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -118,6 +118,8 @@ class AppliedRound:
     error: str = ""
     weight: float = 0.0
     """This replica's own weight in the round (its tokens, SPEC 2.4 step 3)."""
+    member_weights: Mapping[str, float] = field(default_factory=dict)
+    """Each member's announced weight, where the round carried it (docs/design.md "Pace")."""
 
 
 @dataclass
@@ -315,6 +317,7 @@ class FragmentSync:
             outer_sha256=self.hashes[p],
             prior_sha256=prior,
             weight=pending.weight,
+            member_weights=result.weights,
         )
 
     def _merge(self, p: int) -> None:

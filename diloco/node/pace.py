@@ -1,26 +1,29 @@
 """How many sequences (rows) a node trains per inner step to keep the swarm's pace.
 
-SPEC 4.2: nodes run on different hardware, and a fragment round needs its live members, so
-a node slower per step than the others makes them wait at every round. The schedule is
-left alone (every node does every inner step, sends at ``t_p + kH``, applies ``tau`` steps
-later); what adapts is a slow node's batch. Each node publishes the seconds it would take
-for one inner step with its full batch; the swarm's pace is the *lower median* of the live
-nodes' figures (``swarm_pace``), so a minority claiming to be infinitely fast or slow can
-move it only between honest values (SPEC 4.1). A node slower than the pace trains fewer
-rows, about ``batch_size * pace / full_seconds``; its weight in a round's mean is the tokens
-it actually trained, so its data still counts for what it is.
+Nodes run on different hardware, and a fragment round needs its live members, so a node
+slower per step than the others makes them wait at every round. The schedule is left alone
+(every node does every inner step, sends at ``t_p + kH``, applies ``tau`` steps later);
+what adapts is a slow node's batch. Each node publishes the seconds it would take for one
+inner step with its full batch. A node counts only the claims of peers it has seen work
+(rounds it applied with them) whose announced tokens agree with the claim
+(``weigh_claims``); the pace is the *upper median* of those figures and its own
+(``swarm_pace``), so keys that only write records count for nothing, and fewer than half
+of the figures, however small, cannot set it (docs/design.md "Pace"). A node slower than
+the pace trains fewer rows, about ``batch_size * pace / full_seconds``; its weight in a
+round's mean is the tokens it actually trained, so its data still counts for what it is.
 
 Step time is not linear in rows (a fixed cost per step), so a first guess from the linear
 model misses; ``PaceController`` corrects it from the measured step time with a
 multiplicative update, inside a tolerance band (hysteresis) so the rows do not flap.
 
-Pure: no clock, no I/O; the trainer feeds it measured seconds.
+Pure: no clock, no I/O; the trainer feeds it measured seconds and the claims it heard.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -38,14 +41,73 @@ WARN_RATIO = 1.5
 """A node at its fewest rows and this many times slower than the pace is told so."""
 
 
-def swarm_pace(step_seconds: Iterable[float]) -> float | None:
-    """The lower median of the live nodes' full-batch step seconds (None: no figures).
+RECENT_ROUNDS = 3
+"""A peer's newest witnessed rounds whose weights (median) give its rows per step."""
+ROWS_BAND = 2.0
+"""A claim agrees with a peer's tokens when the rows it implies and the rows its weights
+show are within this factor of each other, give or take one row (both are floored)."""
 
-    With ``n`` figures it is the ``(n - 1) // 2``-th smallest: a minority of made-up
-    figures, however small or large, leaves it between two honest ones.
+
+def swarm_pace(step_seconds: Iterable[float]) -> float | None:
+    """The upper median of the counted full-batch step seconds (None: no figures).
+
+    With ``n`` figures it is the ``n // 2``-th smallest: made-up small figures set it only
+    if they are more than half of those counted; with an even count (a pair of one honest
+    node and one liar) the slower middle one wins, so a liar claiming to be fast never
+    shrinks its partner's rows. Made-up large figures fewer than half leave it at an
+    honest one.
     """
     ordered = sorted(step_seconds)
-    return ordered[(len(ordered) - 1) // 2] if ordered else None
+    return ordered[len(ordered) // 2] if ordered else None
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """The peers' pace claims a node counts, and why it ignores the others."""
+
+    counted: dict[str, float]
+    """Peer -> its claimed full-batch step seconds, backed by its witnessed tokens."""
+    ignored: dict[str, str]
+    """Peer -> why its claim does not count."""
+
+
+def weigh_claims(
+    claims: Mapping[str, float],
+    worked: Mapping[str, Sequence[float]],
+    own_seconds: float | None,
+    batch_size: int,
+    round_tokens_per_row: float,
+) -> Evidence:
+    """Which peers' claimed step seconds count towards this node's pace.
+
+    ``claims``: the other live nodes' published full-batch seconds; ``worked``: each
+    peer's announced weights (tokens) in the rounds this node applied with it, oldest
+    first (``Witness.weights``); ``round_tokens_per_row``: the tokens one row per step
+    adds to a round (``seq_len * H``). A claim counts only when the peer worked with this
+    node and its newest weights show about the rows the claim implies at the pace of the
+    witnessed claims and this node's own figure: ``target_rows(batch_size, pace, s)``,
+    with this node's batch as the reference (the swarm's nodes share it).
+    """
+    counted: dict[str, float] = {}
+    ignored: dict[str, str] = {}
+    witnessed = {peer: s for peer, s in claims.items() if worked.get(peer)}
+    for peer in claims.keys() - witnessed.keys():
+        ignored[peer] = "no round with this node"
+    own = [] if own_seconds is None else [own_seconds]
+    pace = swarm_pace([*witnessed.values(), *own])
+    if pace is None:
+        return Evidence(counted, ignored)
+    for peer, seconds in witnessed.items():
+        shown = statistics.median(worked[peer][-RECENT_ROUNDS:]) / round_tokens_per_row
+        implied = target_rows(batch_size, pace, seconds)
+        if max(shown, implied) <= ROWS_BAND * min(shown, implied) + 1:
+            counted[peer] = seconds
+        else:
+            ignored[peer] = (
+                f"claims {seconds:.3g} s per step, i.e. {implied} rows at the pace "
+                f"{pace:.3g} s, but its rounds show {shown:.2f} rows per step"
+            )
+    return Evidence(counted, ignored)
 
 
 def target_rows(batch_size: int, pace: float, full_seconds: float, min_rows: int = 1) -> int:

@@ -41,6 +41,7 @@ from diloco.node.outer import AppliedRound
 from diloco.node.recent_metrics import RecentMetrics
 from diloco.node.traffic import data_parallel_bytes
 from diloco.node.trainer import NodeTrainer
+from diloco.node.witness import Witness, WitnessedRound
 from diloco.protocol.allreduce.swarm_reducer import SwarmReducer
 from diloco.protocol.core.reducer import RoundKey
 from diloco.protocol.records.metrics import publish_metrics
@@ -130,6 +131,8 @@ class SwarmNode:
             )
             member = self.swarm.peer_id.to_base58()
             self.trainer = NodeTrainer(run, options, self.reducer, member)
+            self.witness = Witness(member)
+            """The rounds this node applied: whose claims count (docs/design.md "Pace")."""
             # Version 0 of every fragment is the run's initial state (same seed everywhere):
             # the only unvouched state a joiner or healer adopts.
             initial_hashes = [s.sha256() for s in self.trainer.sync.states]
@@ -213,6 +216,11 @@ class SwarmNode:
             key = applied.key
             vouch = Vouch(me, key.fragment, key.round, applied.outer_sha256, members)
             self.vouches[key.fragment].append(vouch)
+            self.witness.record(
+                WitnessedRound(
+                    key.fragment, key.round, members, applied.outer_sha256, applied.member_weights
+                )
+            )
 
     def _publish(self, record: NodeRecord, vouches: Mapping[int, tuple[Vouch, ...]]) -> None:
         """Worker thread: refresh our records and vouches (new ones, and unchanged ones before
@@ -235,12 +243,14 @@ class SwarmNode:
         self.swarm.call(publish_run_config(self.swarm.dht, self.signed, RECORD_TTL))
         records = self.swarm.read_records()
         self.reducer.matchmaker.target_group_size = max(self.rounds.min_group_size, len(records))
-        # The others' figures; the trainer adds its own as it is at each step (the pace).
-        self.trainer.peer_step_seconds = tuple(
-            r.step_seconds
+        # The others' claims, counted only as far as their witnessed work backs them; the
+        # trainer adds its own figure as it is at each step (docs/design.md "Pace").
+        claims = {
+            r.peer_id: r.step_seconds
             for r in records
             if r.peer_id != record.peer_id and r.step_seconds is not None
-        )
+        }
+        self.trainer.hear_claims(claims, self.witness.weights())
         metrics = self.recent.record()  # for dashboards: last, it decides nothing
         self.swarm.call(publish_metrics(self.swarm.dht, self.run_id, metrics, RECORD_TTL))
 

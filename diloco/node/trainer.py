@@ -16,7 +16,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,7 @@ from diloco.node.hf_export import export_hf
 from diloco.node.inner import build_inner_optimizer, inner_step, lr_at
 from diloco.node.model import Transformer
 from diloco.node.outer import AppliedRound, FragmentSync, check_tau
-from diloco.node.pace import PaceController
+from diloco.node.pace import PaceController, weigh_claims
 from diloco.protocol.core.reducer import Reducer
 from diloco.protocol.state.fragment import FragmentState
 
@@ -105,8 +105,11 @@ class NodeTrainer:
         self.pacer = PaceController(options.batch_size)
         """Rows per inner step (``diloco.node.pace``); the full batch in ``fixed`` mode."""
         self.peer_step_seconds: tuple[float, ...] = ()
-        """The other live nodes' published full-batch step seconds, set by the swarm node
-        from their records; with this node's own current figure they give the pace."""
+        """The other live nodes' full-batch step seconds that count (``hear_claims``); with
+        this node's own current figure they give the pace."""
+        self.ignored_claims: dict[str, bool] = {}
+        """Peers whose pace claims do not count -> whether they worked with this node (each
+        logged once, and again only if that changes)."""
         self.rows_trained = 0
         """Sequences trained by this node's inner steps (tokens: times ``seq_len``)."""
         self.warned_at = -PACE_WARNING_EVERY
@@ -164,6 +167,29 @@ class NodeTrainer:
                 pace,
                 self.pacer.rows,
             )
+
+    def hear_claims(
+        self, claims: Mapping[str, float], worked: Mapping[str, Sequence[float]]
+    ) -> None:
+        """Set the pace's peer figures from the live nodes' claimed step seconds: only
+        those of peers this node saw work, agreeing with their tokens (``worked``: each
+        peer's weights in rounds this node applied; docs/design.md "Pace"). A peer
+        ignored is logged once (a warning if it worked with this node: its claim
+        contradicts its tokens), not at every publish."""
+        evidence = weigh_claims(
+            claims,
+            worked,
+            self.pacer.full_seconds,
+            self.options.batch_size,
+            self.run.seq_len * self.run.outer.sync_every,
+        )
+        ignored = {peer: bool(worked.get(peer)) for peer in evidence.ignored}
+        for peer, witnessed in ignored.items():
+            if self.ignored_claims.get(peer) != witnessed:
+                log = logger.warning if witnessed else logger.info
+                log("pace: ignoring the step time claimed by %s: %s", peer, evidence.ignored[peer])
+        self.ignored_claims = ignored
+        self.peer_step_seconds = tuple(evidence.counted.values())
 
     def finish_rounds(self) -> list[AppliedRound]:
         """The run's end: apply the rounds sent in the last tau steps (``FragmentSync.finish``),

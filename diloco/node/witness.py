@@ -62,3 +62,14 @@ class Witness:
     def rounds_with(self, peer: str) -> int:
         """How many remembered rounds counted ``peer`` (0 for a paper identity)."""
         return sum(peer in r.members for r in self.rounds())
+
+    def weights(self) -> dict[str, list[float]]:
+        """Each peer's announced weights (tokens) in the remembered rounds that carried
+        them, oldest first: the work a peer's claimed step time must agree with
+        (docs/design.md "Pace")."""
+        found: dict[str, list[float]] = {}
+        for r in self.rounds():
+            for peer, weight in r.weights.items():
+                if peer != self.me and peer in r.members:
+                    found.setdefault(peer, []).append(weight)
+        return found

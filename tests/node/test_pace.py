@@ -13,19 +13,21 @@ from diloco.node.pace import (
 )
 
 
-def test_swarm_pace_is_the_lower_median() -> None:
+def test_swarm_pace_is_the_upper_median() -> None:
     assert swarm_pace([3.0, 1.0, 1.2]) == 1.2
-    assert swarm_pace([3.0, 1.0]) == 1.0  # even count: the lower of the two middle ones
-    assert swarm_pace([0.5, 2.0, 1.0, 4.0]) == 1.0
+    assert swarm_pace([3.0, 1.0]) == 3.0  # even count: the slower of the two middle ones
+    assert swarm_pace([0.5, 2.0, 1.0, 4.0]) == 2.0
     assert swarm_pace([2.0]) == 2.0
     assert swarm_pace([]) is None
 
 
-def test_swarm_pace_minority_liars_stay_between_honest_figures() -> None:
+def test_swarm_pace_liars_up_to_half_stay_between_honest_figures() -> None:
     honest = [1.0, 1.1, 3.0]
-    assert swarm_pace([*honest, 1e-9]) == 1.0  # one "infinitely fast" of four
+    assert swarm_pace([*honest, 1e-9]) == 1.1  # one "infinitely fast" of four
     assert swarm_pace([*honest, 1e-9, 1e-9]) == 1.0  # two of five
+    assert swarm_pace([*honest, 1e-9, 1e-9, 1e-9]) == 1.0  # three of six: half
     assert swarm_pace([*honest, 1e9, 1e9]) == 3.0
+    assert swarm_pace([1.0, 1e-9]) == 1.0  # a pair: the liar does not set it
 
 
 def test_target_rows_scales_and_clamps() -> None:
@@ -48,7 +50,7 @@ def test_next_rows_keeps_rows_inside_the_tolerance_band() -> None:
 
 def _settle(controller: PaceController, seconds: float, pace: float | None) -> int:
     """``SETTLE_STEPS`` steps of ``seconds`` in a swarm whose two other nodes take ``pace``
-    seconds per full batch (so the lower median is ``pace`` whenever this node is slower)."""
+    seconds per full batch (so the median is ``pace`` whenever this node is slower)."""
     rows = controller.rows
     for _ in range(SETTLE_STEPS):
         rows = controller.observe(seconds, None if pace is None else [pace, pace])

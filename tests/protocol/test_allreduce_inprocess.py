@@ -66,6 +66,8 @@ def test_honest_round_every_member_gets_the_in_process_bytes(codec: str, numel: 
     for outcome in outcomes:
         assert torch.equal(delta_of(outcome), want)
     assert all(o.members == names(4) for o in outcomes)  # type: ignore[union-attr]
+    # each member's announced weight, as every member saw it (what a node witnessed)
+    assert all(o.weights == dict(zip(names(4), weights, strict=True)) for o in outcomes)  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("codec", ["none", "e3m0"])
@@ -102,6 +104,8 @@ def test_bad_sender_excluded_others_complete(fault: Fault) -> None:
     for i in good:
         assert torch.equal(delta_of(outcomes[i]), want)
         assert outcomes[i].members == names(4, left_out=bad)  # type: ignore[union-attr]
+        counted = [w for j, w in enumerate(weights) if j != bad]
+        assert outcomes[i].weights == dict(zip(names(4, left_out=bad), counted, strict=True))  # type: ignore[union-attr]
     assert isinstance(outcomes[bad], RoundFailed)
 
 

@@ -248,9 +248,11 @@ class AllReduceRunner:
         failed = convict(self.group, judgements, self.bans)
         if failed:
             raise RoundFailed(key.fragment, key.round, failed)
+        names, full = self.group.names, assembled.full
         return RoundResult(
             delta=assembled.delta,
-            members=tuple(n for n, ok in zip(self.group.names, assembled.full, strict=True) if ok),
+            members=tuple(n for n, ok in zip(names, full, strict=True) if ok),
+            weights={n: w for n, w, ok in zip(names, self.group.weights, full, strict=True) if ok},
             bytes_sent=self.counter.sent,
             bytes_received=self.counter.received,
             seconds=loop.time() - self._t0,

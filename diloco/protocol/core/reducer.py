@@ -15,9 +15,9 @@ from __future__ import annotations
 import math
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -73,6 +73,9 @@ class RoundResult:
     """Of ``seconds``, the part spent forming the group (metrics and the simulator)."""
     stages: tuple[StageMetrics, ...] = ()
     """Per stage of a staged round (``staged_runner``); empty for a flat one."""
+    weights: Mapping[str, float] = field(default_factory=dict)
+    """Each counted member's announced weight (tokens), as the group carried it: what a
+    node witnessed each peer contribute (docs/design.md "Pace")."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +165,7 @@ class InProcessReducer(Reducer):
             RoundResult(
                 delta=result,
                 members=tuple(c.member for c in contributions),
+                weights={c.member: c.weight for c in contributions},
                 bytes_sent=sum(sent) // num_members,
                 bytes_received=sum(received) // num_members,
                 seconds=time.perf_counter() - start,

@@ -93,8 +93,8 @@ class NodeRecord:
 
     ``throughput`` is in tokens per second; ``global_step`` counts inner steps;
     ``step_seconds`` is the node's estimate of one inner step with its full batch (None: not
-    measured yet), from which the nodes agree on a pace (``diloco.node.pace``: the lower
-    median, so a liar moves it only between honest figures).
+    measured yet), from which the nodes agree on a pace (``diloco.node.pace``: counted only
+    from peers seen working, docs/design.md "Pace").
     """
 
     peer_id: str

@@ -453,6 +453,11 @@ class StagedRunner:
         return RoundResult(
             delta=held,
             members=tuple(n for i, n in enumerate(names) if i not in lost),
+            weights={
+                n: w
+                for i, (n, w) in enumerate(zip(names, self.group.weights, strict=True))
+                if i not in lost
+            },
             bytes_sent=sum(m.bytes_sent for m in stages),
             bytes_received=sum(m.bytes_received for m in stages),
             seconds=loop.time() - start,

@@ -1,0 +1,126 @@
+"""The pace attack on real `diloco-node` processes (docs/design.md "Pace").
+
+Honest nodes train their full batch of 8 rows per step; hostile processes
+(``hostile_pace.py``, built from the project's classes) claim a full-batch step of 1e-6 s.
+
+- Paper keys: two honest nodes of equal speed; the hostile process stores validly signed
+  node records under ``K`` keys of its own. Under the former rule (the lower median of every
+  record's claim) both honest nodes drop to 1 row per step within a few steps of reading
+  them; with the pace from evidence those keys never worked in a round with them, so their
+  claims are ignored (and logged) and every step of both nodes trains 8 rows.
+- A working liar paired with one honest node: a real node that trains its full batch and
+  joins every round with its true tokens, so its claim passes the token check; under the
+  former rule it alone sets the pace (the lower of two) and the honest node drops to 1 row;
+  the upper median keeps the honest node's own figure, and its 8 rows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_swarm_node import listen, nodes  # noqa: F401  (the fixture)
+
+pytestmark = pytest.mark.swarm
+
+HOSTILE = Path(__file__).with_name("hostile_pace.py")
+K = 4
+"""Paper keys: two were enough to cut both nodes to one row under the former rule."""
+STEPS, H, BATCH = 120, 20, 8
+COMMON = [
+    "--seq-len", "32", "--batch-size", str(BATCH), "--threads", "1", "--log-every", "40",
+]  # fmt: skip
+
+
+class Hostile:
+    """A hostile process; its stdout holds JSON lines (``hostile_pace.py``)."""
+
+    def __init__(self, name: str, args: list[str], folder: Path) -> None:
+        self.log = folder / f"{name}.log"
+        with self.log.open("w") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, str(HOSTILE), *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+
+    def lines(self) -> list[dict[str, Any]]:
+        text = self.log.read_text() if self.log.exists() else ""
+        return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+    def wait(self, key: str, timeout: float = 120.0) -> dict[str, Any]:
+        """The first JSON line holding ``key``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if found := [line for line in self.lines() if key in line]:
+                return found[0]
+            assert self.process.poll() is None, self.log.read_text()
+            time.sleep(0.5)
+        raise AssertionError(f"no {key!r} from the hostile process:\n{self.log.read_text()}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+
+
+def test_paper_keys_claiming_to_be_fast_change_no_honest_rows(nodes, tmp_path) -> None:  # noqa: F811
+    run = ["--name", "pace-attack", "--steps", str(STEPS), "--H", str(H)]
+    # -v: the node logs (once per peer, at info) each claim it ignores
+    a = nodes("a", ["-v", "start", *run, *COMMON, *listen(2), "--data-seed", "0"])
+    where = ["--initial-peers", a.address(), "--listen", "/ip4/127.0.0.5/tcp/0"]
+    hostile = Hostile("hostile-pace", ["paper", str(K), *where], tmp_path)
+    try:
+        sybils = hostile.wait("ready")["sybils"]
+        hostile.wait("stored")  # the lies are in the DHT before b starts
+        join = ["-v", "join", "--initial-peers", a.address(), *COMMON, *listen(3)]
+        b = nodes("b", [*join, "--data-seed", "1"])
+        for node in (a, b):
+            assert node.process.wait(600) == 0, node.output()
+    finally:
+        hostile.stop()
+    assert len(sybils) == K
+    for node in (a, b):
+        steps = [r for r in node.records() if r["event"] == "step"]  # b's from its join
+        assert steps and steps[-1]["step"] == STEPS, node.name
+        # every step at the full batch: the paper keys' 1e-6 s set no pace
+        assert [r["rows"] for r in steps] == [BATCH] * len(steps), node.name
+        assert node.summary()["rows_trained"] == BATCH * len(steps), node.name
+        # ... and not because the lies went unread: each paper key's claim was ignored
+        output = node.output()
+        for sybil in sybils:
+            assert f"ignoring the step time claimed by {sybil}: no round" in output, node.name
+        # the two trained together (their rounds had both members)
+        rounds = [r for r in node.records() if r["event"] == "round"]
+        assert any(r["members"] == 2 for r in rounds), node.name
+
+
+def test_a_working_liar_cannot_shrink_its_honest_partners_rows(nodes, tmp_path) -> None:  # noqa: F811
+    run = ["--name", "pace-pair", "--steps", str(STEPS), "--H", str(H)]
+    a = nodes("a", ["-v", "start", *run, *COMMON, *listen(2), "--data-seed", "0"])
+    metrics = tmp_path / "liar.jsonl"
+    join = ["join", "--initial-peers", a.address(), *COMMON, *listen(6), "--data-seed", "1"]
+    liar = Hostile("liar", ["work", *join, "--metrics-out", str(metrics)], tmp_path)
+    try:
+        assert a.process.wait(600) == 0, a.output()
+        assert liar.process.wait(120) == 0, liar.log.read_text()
+    finally:
+        liar.stop()
+    steps = [r for r in a.records() if r["event"] == "step"]
+    assert len(steps) == STEPS
+    assert [r["rows"] for r in steps] == [BATCH] * STEPS  # the liar's 1e-6 s set no pace
+    # The liar worked: rounds with both, its tokens those of its full batch (H steps of 8
+    # rows of 32 tokens, once past its first rounds), so its claim passed the token check.
+    assert sum(r["members"] == 2 for r in a.records() if r["event"] == "round") >= 3
+    lines = [json.loads(line) for line in metrics.read_text().splitlines() if line.endswith("}")]
+    weights = [r["weight"] for r in lines if r["event"] == "round" and r["members"] == 2]
+    assert H * BATCH * 32 in weights, weights
