@@ -31,6 +31,7 @@ from diloco.node.model import preset
 from diloco.node.outer import check_tau
 from diloco.protocol.records.run_id import check_run_id
 from diloco.protocol.runtime.network import NetworkOptions
+from diloco.protocol.trust.admission import read_admitted
 from diloco.protocol.trust.swarm_key import SwarmKey, load_swarm_key
 
 if TYPE_CHECKING:
@@ -112,9 +113,19 @@ def _check_data(run: RunConfig, data: str | None, define: bool) -> RunConfig:
 
 
 @click.command()
+@click.option(
+    "--admit",
+    "admit_path",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Admit only these peers: a file of peer ids, one per line (# comments), which the "
+    "run's configuration holds (signed by this node, the creator, always admitted). Every "
+    "node ignores the records and refuses the streams of other peers, even holders of a "
+    "leaked --swarm-key. `diloco-node keygen --identity FILE` prints a node's peer id.",
+)
 @_node_flags
 @click.pass_context
-def start(ctx: click.Context, /, **_: object) -> None:
+def start(ctx: click.Context, /, admit_path: str | None, **_: object) -> None:
     """Start the first node of a run and print the addresses others join with.
 
     e.g. `diloco-node start --name demo --steps 600 --checkpoint-dir ckpt`
@@ -126,6 +137,8 @@ def start(ctx: click.Context, /, **_: object) -> None:
         if net.swarm_key_path is not None:
             key_id = load_swarm_key(net.swarm_key_path).key_id
             run = dataclasses.replace(run, swarm_key_id=key_id)
+        if admit_path is not None:
+            run = dataclasses.replace(run, admitted=read_admitted(admit_path))
         run = _check_data(run, options.data, define=True)
     except ConfigError as error:
         raise click.UsageError(str(error)) from error
@@ -324,6 +337,8 @@ def status(initial_peers: tuple[str, ...]) -> None:
     for run_id, (signed, records) in runs.items():
         key_id = signed.config.get("swarm_key_id")
         closed = f", closed swarm (key id {key_id})" if key_id else ""
+        if isinstance(admitted := signed.config.get("admitted"), list):
+            closed += f", {len(admitted)} peer(s) admitted besides the creator"
         click.echo(f"run {run_id}: creator {signed.creator}{closed}, {len(records)} node(s)")
         for r in records:
             versions = " ".join(
@@ -340,21 +355,42 @@ def status(initial_peers: tuple[str, ...]) -> None:
     "--swarm-key",
     "path",
     type=click.Path(dir_okay=False),
-    required=True,
-    help="Where to write the new key (a file that does not exist yet).",
+    default=None,
+    help="Write a new swarm key here (a file that does not exist yet).",
 )
-def keygen(path: str) -> None:
-    """Write a new random key for a closed swarm (32 bytes, mode 0600).
+@click.option(
+    "--identity",
+    "identity_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Print the peer id of this identity file (created if missing), for `start --admit`.",
+)
+def keygen(path: str | None, identity_path: str | None) -> None:
+    """Write a new random key for a closed swarm (32 bytes, mode 0600), or print the peer id
+    of a node's identity file.
 
     Start the run with `start --swarm-key FILE`, and give the file, privately, to every
-    member: each joins with `join --swarm-key FILE`; nodes without it are refused.
+    member: each joins with `join --swarm-key FILE`; nodes without it are refused. To admit
+    only named members, each runs `keygen --identity FILE`, sends the peer id it prints to
+    the creator, and joins with `--identity FILE`; the creator lists the ids in a file and
+    starts with `--admit` that file.
     """
-    key = SwarmKey.generate()
-    try:
-        key.write(path)
-    except ConfigError as error:
-        raise click.UsageError(str(error)) from error
-    click.echo(f"wrote a swarm key to {path} (key id {key.key_id}); share it only with members")
+    if path is None and identity_path is None:
+        raise click.UsageError("name --swarm-key FILE (a new key) or --identity FILE (a peer id)")
+    if identity_path is not None:
+        from diloco.protocol.trust.identity import load_or_create_identity
+
+        try:
+            click.echo(load_or_create_identity(identity_path).peer_id)
+        except ConfigError as error:
+            raise click.UsageError(str(error)) from error
+    if path is not None:
+        key = SwarmKey.generate()
+        try:
+            key.write(path)
+        except ConfigError as error:
+            raise click.UsageError(str(error)) from error
+        click.echo(f"wrote a swarm key to {path} (key id {key.key_id}); share it only with members")
 
 
 @click.command()

@@ -116,6 +116,11 @@ class RunConfig:
     swarm_key_id: str | None = None
     """Closed swarms: ``SwarmKey.key_id`` of the run's key (a hash, never the key); None:
     an open swarm. ``start --swarm-key FILE`` sets it."""
+    admitted: tuple[str, ...] | None = None
+    """Peer ids (sorted, distinct) that may take part besides the creator: every node ignores
+    the records and refuses the streams of other peers, even holders of the swarm key
+    (``diloco.protocol.trust.admission``); None: anyone (with the key, in a closed swarm).
+    ``start --admit FILE`` sets it."""
     vocab_size: int | None = None
     """Token vocabulary of the model; None: the preset's. ``start`` sets it from a prepared
     corpus whose tokenizer needs more (``resolve_vocab``); every node's corpus must fit it."""
@@ -149,6 +154,12 @@ class RunConfig:
                 raise ConfigError(f"creator: {error}") from error
         if self.swarm_key_id is not None and not KEY_ID_PATTERN.fullmatch(self.swarm_key_id):
             raise ConfigError(f"swarm_key_id {self.swarm_key_id!r} is not 16 hex digits")
+        if self.admitted is not None:
+            from diloco.protocol.trust.admission import check_peer_ids  # hivemind, as above
+
+            check_peer_ids(self.admitted)
+            if list(self.admitted) != sorted(set(self.admitted)) or not self.admitted:
+                raise ConfigError("admitted must list peer ids sorted and each once (--admit)")
         if self.max_round_tokens is not None:
             _at_least("max_round_tokens", self.max_round_tokens, 1, "tokens")
         try:
@@ -165,6 +176,12 @@ class RunConfig:
                 f"dataset_fingerprint must be 64 lowercase hex digits (a manifest's "
                 f"fingerprint), got {fingerprint!r}"
             )
+
+    def admitted_peers(self) -> frozenset[str] | None:
+        """Who may take part: the admitted peer ids and the creator; None: anyone."""
+        if self.admitted is None:
+            return None
+        return frozenset(self.admitted) | ({self.creator} if self.creator else set())
 
     def round_token_cap(self) -> int:
         """A member's largest weight in one round, in tokens (``max_round_tokens``)."""

@@ -245,7 +245,8 @@ NETWORK_FLAGS = Flags(
             "--swarm-key",
             ("swarm_key_path",),
             "Closed swarm: file with the run's shared key (make one with `diloco-node keygen "
-            "--swarm-key FILE`); only holders of the key take part.",
+            "--swarm-key FILE`); only holders of the key take part. A key can leak: `start "
+            "--admit FILE` also names the peer ids that may take part.",
             kind="existing",
         ),
         Flag("--use-relay", ("use_relay",), "Reach and be reached through relays (behind NAT)."),
@@ -281,13 +282,15 @@ def join_mismatch(
     """What a joiner's ``--config`` and typed run flags contradict in the swarm's run.
 
     Without ``--config`` the swarm's configuration is the base, so only typed flags can
-    differ. tau is each node's own choice and never compared; the creator and the swarm
-    key id come from the swarm unless the file names them (the starter's file does not), and
-    so does a vocabulary the file leaves out (``start`` may have set it from its corpus).
+    differ. tau is each node's own choice and never compared; the creator, the swarm key id
+    and the admitted peers come from the swarm unless the file names them (the starter's
+    file does not), and so does a vocabulary the file leaves out (``start`` may have set it
+    from its corpus).
     """
     base = read_toml(toml) if toml is not None else swarm.to_dict()
     set_path(base, TAU_PATH, swarm.outer.fragment_sync_delay)
     base.setdefault("creator", swarm.creator)
     base.setdefault("swarm_key_id", swarm.swarm_key_id)
+    base.setdefault("admitted", None if swarm.admitted is None else list(swarm.admitted))
     base.setdefault("vocab_size", swarm.vocab_size)
     return config_mismatch(RUN_FLAGS.build(given, base), swarm)

@@ -59,7 +59,8 @@ from diloco.protocol.records.run_info import serve_run_info
 from diloco.protocol.runtime.network import NetworkOptions
 from diloco.protocol.runtime.swarm import Swarm
 from diloco.protocol.state.fragment import OuterState
-from diloco.protocol.trust.envelopes import MAX_RECORD_TTL
+from diloco.protocol.trust.admission import check_admitted
+from diloco.protocol.trust.envelopes import MAX_RECORD_TTL, signer
 from diloco.protocol.trust.swarm_key import ClosedSwarm, check_swarm_key, load_swarm_key
 
 logger = logging.getLogger(__name__)
@@ -110,10 +111,12 @@ class SwarmNode:
             key = load_swarm_key(net.swarm_key_path) if net.swarm_key_path else None
             check_swarm_key(self.run_id, run.swarm_key_id, key)
             closed = None if key is None else ClosedSwarm(key, run_digest(self.run_id))
+            admitted = run.admitted_peers()
+            check_admitted(self.run_id, admitted, signer(dht).peer_id)
         except BaseException:
             dht.shutdown()
             raise
-        self.swarm = Swarm(self.run_id, net, dht=dht, closed=closed)
+        self.swarm = Swarm(self.run_id, net, dht=dht, closed=closed, admitted=admitted)
         try:
             self.swarm.call(serve_run_info(self.swarm.p2p, signed))
             codec_options = {"rounding": run.rounding} if run.codec == "e3m0" else {}

@@ -21,6 +21,7 @@ from diloco.node.flags import NETWORK_FLAGS, NODE_FLAGS, ROUND_FLAGS, RUN_FLAGS
 from diloco.node.outer import OuterConfig
 from diloco.protocol.records.run_id import make_run_id
 from diloco.protocol.runtime.network import NetworkOptions
+from diloco.protocol.trust.identity import load_identity
 from diloco.protocol.trust.swarm_key import load_swarm_key
 
 FLAGS_BEFORE_THE_SPLIT = {
@@ -241,6 +242,26 @@ def test_start_with_a_swarm_key_makes_a_closed_run_of_its_own(
     assert started[0]["net"].swarm_key_path == str(key)
     assert make_run_id("diloco", closed.to_dict()) != make_run_id("diloco", open_.to_dict())
     assert key.read_bytes().hex() not in repr(closed.to_dict())
+
+
+def test_start_admits_the_peers_of_a_file_and_keygen_prints_a_peer_id(
+    started: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    ids = []
+    for name in ("b.key", "a.key"):
+        code, output = invoke("keygen", "--identity", str(tmp_path / name))
+        assert code == 0
+        ids.append(output.strip())
+        assert load_identity(tmp_path / name).peer_id == ids[-1]  # printed again, unchanged
+        assert invoke("keygen", "--identity", str(tmp_path / name)) == (0, output)
+    admit = tmp_path / "admit"
+    admit.write_text(f"# members\n{ids[0]}\n\n{ids[1]}  # alice\n")
+    assert invoke("start", "--admit", str(admit)) == (0, "")
+    assert started[0]["run"].admitted == tuple(sorted(ids))
+    admit.write_text("someone\n")
+    code, output = invoke("start", "--admit", str(admit))
+    assert code == 2 and "line 1: 'someone' is not a peer id" in output
+    assert invoke("keygen")[0] == 2 and len(started) == 1
 
 
 def test_start_with_a_short_key_file_exits_2(started: list[dict[str, Any]], tmp_path: Path) -> None:

@@ -155,6 +155,22 @@ def test_creator_and_swarm_key_id_are_part_of_the_run() -> None:
     assert make_run_id(run.name, run.to_dict()) != make_run_id(run.name, RunConfig().to_dict())
 
 
+def test_admitted_peers_are_part_of_the_run_and_always_hold_the_creator() -> None:
+    creator, a, b = (Identity.generate().peer_id for _ in range(3))
+    admitted = tuple(sorted((a, b)))
+    run = RunConfig(creator=creator, admitted=admitted)
+    assert RunConfig.from_dict(run.to_dict()) == run
+    assert make_run_id(run.name, run.to_dict()) != make_run_id(
+        run.name, RunConfig(creator=creator).to_dict()
+    )
+    assert run.admitted_peers() == {creator, a, b}
+    assert RunConfig(creator=creator).admitted_peers() is None
+    with pytest.raises(ConfigError, match="sorted and each once"):
+        RunConfig(admitted=admitted[::-1])
+    with pytest.raises(ConfigError, match="'x' is not a peer id"):
+        RunConfig.from_dict(run.to_dict() | {"admitted": ["x"]})
+
+
 def test_return_codec_is_part_of_the_run_and_a_joiner_cannot_change_it() -> None:
     run = RunConfig(return_codec="int8")
     assert RunConfig.from_dict(run.to_dict()) == run

@@ -212,8 +212,17 @@ REJECTED: dict[str, Callable[[], DHTRecord]] = {
     "short signature": lambda: _record(
         nodes_key(RUN), ALICE.peer_id, [nodes_key(RUN), NODE, bytes(63)], get_dht_time() + 30
     ),
-    "envelope of four fields": lambda: _record(
-        nodes_key(RUN), ALICE.peer_id, [nodes_key(RUN), NODE, bytes(64), 1], get_dht_time() + 30
+    "envelope of five fields": lambda: _record(
+        nodes_key(RUN),
+        ALICE.peer_id,
+        [*seal(ALICE, nodes_key(RUN), NODE, get_dht_time() + 30), bytes(32), bytes(32)],
+        get_dht_time() + 30,
+    ),
+    "proof not 32 bytes": lambda: _record(
+        nodes_key(RUN),
+        ALICE.peer_id,
+        [*seal(ALICE, nodes_key(RUN), NODE, get_dht_time() + 30), 1],
+        get_dht_time() + 30,
     ),
     "envelope as a tuple": lambda: _record(
         nodes_key(RUN), ALICE.peer_id, (nodes_key(RUN), NODE, bytes(64)), get_dht_time() + 30
@@ -266,7 +275,8 @@ REASONS = {
     "declared weight int": "declared weight",
     "payload not bytes": "not bytes of at most",
     "short signature": "not 64 bytes",
-    "envelope of four fields": "not a signed envelope",
+    "envelope of five fields": "not a signed envelope",
+    "proof not 32 bytes": "a proof that is not 32 bytes",
     "envelope as a tuple": "extension type",
     "no subkey": "is not a peer id",
     "RSA peer id subkey": "not an Ed25519 peer id",

@@ -11,6 +11,7 @@ Interface for the node (stable)::
 
     swarm = Swarm(run_id, NetworkOptions(initial_peers=(...)))  # DHT + P2P + loop thread
     # a closed swarm: Swarm(run_id, net, closed=ClosedSwarm(key, run_digest(run_id)))
+    # admitted peers only (the creator's list, with the creator): Swarm(..., admitted={...})
     reducer = SwarmReducer(swarm, get_codec("e3m0"), timeouts=RoundTimeouts(...),
                            min_group_size=2)
     future = reducer.reduce(RoundKey(p, k), [Contribution(me, delta, weight)])
@@ -58,6 +59,7 @@ from diloco.protocol.runtime.reachability import verdict as reachability_verdict
 from diloco.protocol.runtime.streams import TRANSPORT_ERRORS, StreamTransport
 from diloco.protocol.state.fragment import OuterState
 from diloco.protocol.state.transfer import StateProvider, StateServer, fetch_state
+from diloco.protocol.trust.admission import AdmittedTransport, Membership
 from diloco.protocol.trust.bans import BanList
 from diloco.protocol.trust.envelopes import SigningDHT
 from diloco.protocol.trust.swarm_key import AUTH_TIMEOUT, ClosedSwarm, ClosedTransport
@@ -110,6 +112,7 @@ class Swarm:
         request_timeout: float = 30.0,
         dht: DHT | None = None,
         closed: ClosedSwarm | None = None,
+        admitted: frozenset[str] | None = None,
     ) -> None:
         self.run_id = check_run_id(run_id)
         self.digest = run_digest(run_id)
@@ -123,6 +126,9 @@ class Swarm:
         # A joiner that already read the run configuration through its own DHT hands it
         # over (one daemon per node); otherwise the swarm starts one.
         self.dht = dht or make_dht(net)
+        if (closed is not None or admitted is not None) and isinstance(self.dht, SigningDHT):
+            # every record this node stores carries its proof; outsiders' records are dropped
+            self.dht.restrict(Membership(closed, admitted))
         self._loop = new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name="diloco-swarm", daemon=True)
         self._thread.start()
@@ -133,9 +139,13 @@ class Swarm:
             self.shutdown()
             raise
         self.streams: StreamTransport = self.p2p
-        """The run's streams: in a closed swarm every one starts with the AUTH exchange."""
+        """The run's streams: with an admitted set only admitted peers' streams are served
+        (and only theirs are opened), checked first; in a closed swarm every one starts
+        with the AUTH exchange."""
+        if admitted is not None:
+            self.streams = AdmittedTransport(self.streams, admitted)
         if closed is not None:
-            self.streams = ClosedTransport(self.p2p, closed, AUTH_TIMEOUT)
+            self.streams = ClosedTransport(self.streams, closed, AUTH_TIMEOUT)
         try:
             self.call(DialBackService(self.p2p, self.run_id).start())
         except BaseException:

@@ -8,6 +8,21 @@ Every value a node stores is an envelope, a msgpack list::
     signature = Ed25519 by the subkey's key over
         signing_input("diloco-record/1", key, subkey, payload, float(expiration))
 
+In a closed swarm the envelope has a fourth element, the author's proof that it holds the
+swarm key (``swarm_key.ClosedSwarm.record_proof``: HMAC over the run, the key, the author
+and the payload's hash)::
+
+    [key: str, payload: bytes, signature: 64 bytes, proof: 32 bytes]
+
+A node restricted to a run's members (``SigningDHT.restrict`` with an
+``admission.Membership``) adds its proof to every record it stores and drops, in
+``read_signed``, every record whose author is not admitted or whose proof is missing or
+wrong: so every record kind (node records, vouches, metrics, declarations, run-config
+offers) of an outsider reaches no member, without a check in each reader. Open swarms
+store and read the three-element envelope as before. The signature does not cover the
+proof: a relay can strip it (the record is then dropped, as a relay could drop it anyway),
+but nobody without the key can add one.
+
 ``payload`` is the kind's own msgpack (node record, run config...). The key travels in
 clear because hivemind hands validators only its hash: with it, ``SignedRecordValidator``
 knows the record's kind from the key's form (``schemas``) and checks the payload's schema,
@@ -50,7 +65,9 @@ from hivemind.utils import get_dht_time
 
 from diloco.errors import ConfigError, ProtocolError
 from diloco.protocol.runtime.processes import TiedDHT
+from diloco.protocol.trust.admission import Membership
 from diloco.protocol.trust.identity import Identity, load_or_create_identity, signing_input, verify
+from diloco.protocol.trust.swarm_key import PROOF_BYTES
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +92,8 @@ class SignedValue:
 
     payload: bytes
     expiration: float
+    proof: bytes | None = None
+    """The author's proof of holding a closed swarm's key, if its envelope carries one."""
 
 
 class SigningDHT(TiedDHT):
@@ -91,6 +110,8 @@ class SigningDHT(TiedDHT):
     """
 
     identity: Identity
+    membership: Membership | None = None
+    """Whose records count and what this node's records carry (``restrict``); None: all."""
 
     def __init__(self, *, identity_path: str | None, **kwargs: Any) -> None:
         private_dir = tempfile.mkdtemp(prefix="diloco-id-") if identity_path is None else None
@@ -111,6 +132,11 @@ class SigningDHT(TiedDHT):
         if self.peer_id.to_base58() != identity.peer_id:
             self.shutdown()
             raise ConfigError(f"p2pd runs as {self.peer_id}, not as the key's {identity.peer_id}")
+
+    def restrict(self, membership: Membership) -> None:
+        """From now on store records with this node's proof of membership and read only
+        the records ``membership`` accepts (a joiner learns its run after its DHT started)."""
+        self.membership = membership
 
 
 class SignedRecordValidator(RecordValidatorBase):  # type: ignore[misc]
@@ -155,10 +181,14 @@ class SignedRecordValidator(RecordValidatorBase):  # type: ignore[misc]
         return isinstance(other, SignedRecordValidator) and other.schemas == self.schemas
 
 
-def seal(identity: Identity, key: str, payload: bytes, expiration: float) -> list[Any]:
-    """The envelope of ``payload`` under ``key``, signed by ``identity`` (see module doc)."""
+def seal(
+    identity: Identity, key: str, payload: bytes, expiration: float, proof: bytes | None = None
+) -> list[Any]:
+    """The envelope of ``payload`` under ``key``, signed by ``identity``, with a closed
+    swarm's ``proof`` when given (see module doc)."""
     message = signing_input(DOMAIN, key, identity.peer_id, payload, float(expiration))
-    return [key, payload, identity.sign(message)]
+    envelope: list[Any] = [key, payload, identity.sign(message)]
+    return envelope if proof is None else [*envelope, proof]
 
 
 def open_envelope(key: str, author: object, envelope: object, expiration: object) -> SignedValue:
@@ -170,9 +200,12 @@ def open_envelope(key: str, author: object, envelope: object, expiration: object
     """
     if not isinstance(author, str):
         raise ProtocolError(f"subkey {author!r:.80} is not a peer id")
-    if not isinstance(envelope, list) or len(envelope) != 3:
+    if not isinstance(envelope, list) or len(envelope) not in (3, 4):
         raise ProtocolError(f"value under {author}'s subkey is not a signed envelope")
-    stated_key, payload, signature = envelope
+    stated_key, payload, signature, *rest = envelope
+    proof = rest[0] if rest else None
+    if proof is not None and (not isinstance(proof, bytes) or len(proof) != PROOF_BYTES):
+        raise ProtocolError(f"record of {author} has a proof that is not {PROOF_BYTES} bytes")
     if stated_key != key:
         raise ProtocolError(f"record of {author} is signed for another key")
     if not isinstance(payload, bytes) or len(payload) > MAX_PAYLOAD_BYTES:
@@ -182,12 +215,13 @@ def open_envelope(key: str, author: object, envelope: object, expiration: object
     if expiration > get_dht_time() + MAX_RECORD_TTL + MAX_CLOCK_SKEW:
         raise ProtocolError(f"record of {author} expires too far ahead")
     verify(author, signing_input(DOMAIN, key, author, payload, expiration), signature)
-    return SignedValue(payload, expiration)
+    return SignedValue(payload, expiration, proof)
 
 
 async def store_signed(dht: DHT, key: str, payload: bytes, expiration: float) -> bool:
     """Sign ``payload`` for ``key`` with the node's identity and store it under its own
-    subkey until ``expiration`` (DHT time, at most ``MAX_RECORD_TTL`` ahead).
+    subkey until ``expiration`` (DHT time, at most ``MAX_RECORD_TTL`` ahead), with its
+    proof of membership in a closed swarm.
 
     Raises:
         TypeError: ``dht`` is not a ``SigningDHT``.
@@ -196,7 +230,9 @@ async def store_signed(dht: DHT, key: str, payload: bytes, expiration: float) ->
     identity = signer(dht)
     if expiration > get_dht_time() + MAX_RECORD_TTL:
         raise ValueError(f"records live at most {MAX_RECORD_TTL} s")
-    envelope = seal(identity, key, payload, expiration)
+    membership = membership_of(dht)
+    proof = None if membership is None else membership.proof(key, identity.peer_id, payload)
+    envelope = seal(identity, key, payload, expiration, proof)
     stored = await dht.store(
         key, envelope, float(expiration), subkey=identity.peer_id, return_future=True
     )
@@ -205,18 +241,29 @@ async def store_signed(dht: DHT, key: str, payload: bytes, expiration: float) ->
 
 async def read_signed(dht: DHT, key: str) -> dict[str, SignedValue]:
     """Every unexpired record under ``key`` whose signature and form check out, by author
-    peer id; the others are logged with the peer id they claim and skipped."""
+    peer id; the others are logged with the peer id they claim and skipped. A restricted
+    node (``SigningDHT.restrict``) also skips what its ``Membership`` does not accept."""
     found = await dht.get(key, latest=True, return_future=True)
     if found is None or not isinstance(found.value, Mapping):
         return {}
+    membership = membership_of(dht)
     verified = {}
     for author, item in found.value.items():
         value, expiration = getattr(item, "value", None), getattr(item, "expiration_time", None)
         try:
-            verified[author] = open_envelope(key, author, value, expiration)
+            signed = open_envelope(key, author, value, expiration)
         except ProtocolError as exc:
             logger.warning("ignoring record under %s claimed by %r: %s", key, author, exc)
+            continue
+        if membership is None or membership.accepts(key, author, signed.payload, signed.proof):
+            verified[author] = signed
     return verified
+
+
+def membership_of(dht: DHT) -> Membership | None:
+    """The ``Membership`` that ``dht`` was restricted to (None: an open, unrestricted one)."""
+    membership = getattr(dht, "membership", None)
+    return membership if isinstance(membership, Membership) else None
 
 
 def signer(dht: DHT) -> Identity:

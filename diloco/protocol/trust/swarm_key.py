@@ -20,9 +20,12 @@ proofs are bound to the direction, the run, the handler and both peer ids: an ou
 that sees or is sent a proof cannot use it on any other stream. Cost: one round trip and
 two HMACs per stream, in closed swarms only.
 
-Round declarations of a closed swarm carry ``declaration_proof`` (HMAC over the run digest,
-the round key and the declaring peer id); readers drop declarations without a valid one
-(``declarations.read_declarations``), so outsiders are not even in a round's view.
+Every DHT record of a closed swarm carries ``record_proof`` in its envelope (HMAC over the
+run digest, the record's key, its author's peer id and the sha256 of its payload:
+``envelopes``, ``admission.Membership``); readers drop records without a valid one, so
+what an outsider stores (node records, vouches, metrics, declarations) reaches no member.
+Round declarations also carry ``declaration_proof`` (HMAC over the run digest, the round key
+and the declaring peer id) inside their payload, as before records had proofs.
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ AUTH_TIMEOUT = 10.0
 KEY_ID_DOMAIN = b"diloco-swarm-key"
 AUTH_DOMAIN = "diloco-auth/1"
 DECLARATION_DOMAIN = "diloco-declaration/1"
+RECORD_DOMAIN = "diloco-record-proof/1"
 NOT_MEMBER = "not a member of this closed swarm"
 HOW_TO_MAKE_ONE = "make one with `diloco-node keygen --swarm-key FILE`"
 
@@ -164,6 +168,13 @@ class ClosedSwarm:
     def declaration_proof(self, round_key: str, peer: str) -> bytes:
         """What ``peer`` adds to its declaration under ``round_key`` to show it is a member."""
         return self._mac(signing_input(DECLARATION_DOMAIN, self.digest, round_key, peer))
+
+    def record_proof(self, key: str, author: str, payload: bytes) -> bytes:
+        """What the envelope of ``author``'s record under DHT key ``key`` carries to show its
+        author holds the key: bound to this run, the key, the author and the payload's hash,
+        so it proves nothing for another author's record or another payload."""
+        digest = hashlib.sha256(payload).digest()
+        return self._mac(signing_input(RECORD_DOMAIN, self.digest, key, author, digest))
 
     def check(self, expected: bytes, proof: object) -> bool:
         """Whether ``proof`` (from a peer: anything) equals ``expected``, in constant time."""
