@@ -118,6 +118,8 @@ class AppliedRound:
     error: str = ""
     weight: float = 0.0
     """This replica's own weight in the round (its tokens, SPEC 2.4 step 3)."""
+    round_trips: tuple[tuple[str, float], ...] = ()
+    """The exchanges on the round's critical path at this node (``RoundResult``)."""
 
 
 @dataclass
@@ -315,6 +317,7 @@ class FragmentSync:
             outer_sha256=self.hashes[p],
             prior_sha256=prior,
             weight=pending.weight,
+            round_trips=result.round_trips,
         )
 
     def _merge(self, p: int) -> None:

@@ -73,6 +73,9 @@ class RoundResult:
     """Of ``seconds``, the part spent forming the group (metrics and the simulator)."""
     stages: tuple[StageMetrics, ...] = ()
     """Per stage of a staged round (``staged_runner``); empty for a flat one."""
+    round_trips: tuple[tuple[str, float], ...] = ()
+    """The exchanges on this member's critical path, ``(kind, seconds)`` in order
+    (``round_trips``; empty where nothing counts them)."""
 
 
 @dataclass(frozen=True, slots=True)
