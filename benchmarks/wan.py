@@ -10,8 +10,10 @@ that by comparing, every few seconds, the connections each node accepted (``/pro
 with those its proxy holds open (``bypass`` in the results: connections that did not cross
 a proxy, e.g. the brief plain-TCP dial-back checks).
 
-Per node, over the steady state (the steps after the last joiner joined, plus
-``--warmup-steps``), from its ``--metrics-out`` records: CU (compute / (compute + blocked),
+Per node, over the steady state (from the first step by which every node has been in a
+round with all N, plus ``--warmup-steps``; the rounds a joiner's slow first steps make the
+creator fail alone come before it, and ``startup_failed`` counts them), from its
+``--metrics-out`` records: CU (compute / (compute + blocked),
 as the trainer counts it), round seconds (median), failed / attempted rounds, heals, the
 round trips on each round's critical path (median, and the median seconds of each kind of
 exchange on it), and the eval loss of the outer weights at the end. Writes a JSON with the
@@ -134,20 +136,32 @@ def run_point(args: argparse.Namespace, rtt_ms: float, folder: Path) -> dict[str
         forwarded = [p.bytes_forwarded for p in proxies.proxies]
         connections = [p.connections for p in proxies.proxies]
         proxies.close()
-    records = [node.records() for node in nodes]
-    joined = [next((r["step"] for r in rs if r["event"] == "joined"), 0) for rs in records]
-    steady_from = max(joined) + args.warmup_steps
     return {
         "rtt_ms": rtt_ms,
         "wall_seconds": time.monotonic() - start,
         "timed_out": timed_out,
-        "joined_at_step": joined,
-        "steady_from_step": steady_from,
         "proxy_connections": connections,
         "proxy_bytes_forwarded": forwarded,
         "bypass_max": bypass_max,
-        "nodes": [node_figures(rs, steady_from) for rs in records],
         "folder": str(folder),
+        **figures([node.records() for node in nodes], args.warmup_steps),
+    }
+
+
+def figures(records: list[list[dict[str, Any]]], warmup: int) -> dict[str, Any]:
+    """The steady state's start and every node's figures (see the module docstring)."""
+    n = len(records)
+    joined = [next((r["step"] for r in rs if r["event"] == "joined"), 0) for rs in records]
+    full = [
+        next((r["step"] for r in rs if r["event"] == "round" and r["members"] == n), None)
+        for rs in records
+    ]
+    steady_from = max([*joined, *(s for s in full if s is not None)]) + warmup
+    return {
+        "joined_at_step": joined,
+        "first_full_round_step": full,
+        "steady_from_step": steady_from,
+        "nodes": [node_figures(rs, steady_from) for rs in records],
     }
 
 
@@ -167,6 +181,7 @@ def node_figures(records: list[dict[str, Any]], steady_from: int) -> dict[str, A
         for kind, seconds in path:
             per_kind[kind].append(seconds)
     summary = next((r for r in records if r["event"] == "summary"), {})
+    early = [r for r in records if r["event"] == "round_failed" and r["step"] <= steady_from]
     errors = collections.Counter(r["error"] for r in failed)
     return {
         "steady_steps": len(steps),
@@ -178,7 +193,9 @@ def node_figures(records: list[dict[str, Any]], steady_from: int) -> dict[str, A
         "rounds_ok": len(rounds),
         "rounds_failed": len(failed),
         "failure_reasons": dict(errors.most_common(5)),
-        "heals": sum(1 for r in records if r["event"] == "healed"),
+        "startup_failed": len(early),
+        "heals": sum(1 for r in records if r["event"] == "healed" and r["step"] > steady_from),
+        "heals_whole_run": sum(1 for r in records if r["event"] == "healed"),
         "round_trips_median": statistics.median(trips) if trips else None,
         "round_trips_range": [min(trips), max(trips)] if trips else None,
         "critical_paths": dict(paths.most_common(6)),
@@ -215,6 +232,23 @@ def table(points: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """A finished node's metrics records."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def reread(out: Path, warmup: int) -> None:
+    """Recompute the figures of a results file from the metrics its runs left in their
+    folders (after a change to what is computed); the runs' own facts stay."""
+    result = json.loads(out.read_text())
+    for point in result["points"]:
+        folder = Path(point["folder"])
+        nodes = sorted(folder.glob("node*.jsonl"), key=lambda p: int(p.stem[4:]))
+        point.update(figures([read_records(p) for p in nodes], warmup))
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(table(result["points"]))
+
+
 def git_commit() -> str:
     out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=HERE)
     dirty = subprocess.run(
@@ -231,11 +265,9 @@ def main() -> None:
     parser.add_argument("--tau", type=int, default=1)
     parser.add_argument("--steps", type=int, default=250)
     parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--warmup-steps", type=int, default=0, help="after all met in a round")
     parser.add_argument(
-        "--warmup-steps",
-        type=int,
-        default=30,
-        help="after the last join (the default run's H: rounds begun before it are over)",
+        "--reread", action="store_true", help="recompute --out's figures from its kept metrics"
     )
     parser.add_argument("--repeats", type=int, default=1, help="runs per RTT")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
@@ -245,6 +277,9 @@ def main() -> None:
         "node_args", nargs="*", help="more flags for the creator's start (after --)"
     )
     args = parser.parse_args()
+    if args.reread:
+        reread(args.out, args.warmup_steps)
+        return
     base = args.workdir or Path(tempfile.mkdtemp(prefix="diloco-wan-"))
     points = []
     for rtt in args.rtt_ms:
