@@ -280,6 +280,7 @@ def main() -> None:
     if args.reread:
         reread(args.out, args.warmup_steps)
         return
+    commit = git_commit()  # before the runs: the code they ran
     base = args.workdir or Path(tempfile.mkdtemp(prefix="diloco-wan-"))
     points = []
     for rtt in args.rtt_ms:
@@ -293,7 +294,7 @@ def main() -> None:
             points.append(point)
             print(table([point]), flush=True)
     result = {
-        "commit": git_commit(),
+        "commit": commit,
         "machine": f"{os.cpu_count()} cores (shared), loopback + delay proxies in one process",
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "points": points,
