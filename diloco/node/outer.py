@@ -120,6 +120,8 @@ class AppliedRound:
     """This replica's own weight in the round (its tokens, SPEC 2.4 step 3)."""
     member_weights: Mapping[str, float] = field(default_factory=dict)
     """Each member's announced weight, where the round carried it (docs/design.md "Pace")."""
+    round_trips: tuple[tuple[str, float], ...] = ()
+    """The exchanges on the round's critical path at this node (``RoundResult``)."""
 
 
 @dataclass
@@ -318,6 +320,7 @@ class FragmentSync:
             prior_sha256=prior,
             weight=pending.weight,
             member_weights=result.weights,
+            round_trips=result.round_trips,
         )
 
     def _merge(self, p: int) -> None:

@@ -317,6 +317,8 @@ class SwarmNode:
             "weight": applied.weight,
             "outer_sha256": applied.outer_sha256,
             "prior_sha256": applied.prior_sha256,
+            "round_trips": len(applied.round_trips),
+            "critical_path": [[kind, round(s, 4)] for kind, s in applied.round_trips],
         }
 
     def train(self) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from diloco.protocol.core.verification import (
     read_answers,
     wanted_evidence,
 )
+from diloco.protocol.runtime import round_trips
 from diloco.protocol.runtime.streams import (
     TRANSPORT_ERRORS,
     StreamTransport,
@@ -159,6 +160,7 @@ class Checker:
             for dispute in disputes.values():
                 dispute.cancel()
 
+    @round_trips.exchange("check")
     async def _ask(self, i: int, samples: Mapping[int, Sample]) -> None:
         """Ask member ``i`` about ``samples``; keep its answers if they check out."""
         if not samples:
@@ -226,6 +228,7 @@ class Checker:
         args = (self.plan, sample, self.answers[j], evidence, wanted)
         return await loop.run_in_executor(None, judge, *args)
 
+    @round_trips.exchange("evidence")
     async def _evidence(
         self, j: int, wanted: list[tuple[int, int]], evidence: dict[tuple[int, int], bytes | str]
     ) -> None:

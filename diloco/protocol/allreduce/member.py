@@ -62,6 +62,7 @@ from diloco.protocol.core.verification import (
     draw_samples,
     slices_alone,
 )
+from diloco.protocol.runtime import round_trips
 from diloco.protocol.runtime.streams import (
     TRANSPORT_ERRORS,
     StreamTransport,
@@ -407,6 +408,7 @@ class AllReduceRunner:
                 return None
         return reason
 
+    @round_trips.exchange("part")
     async def _exchange_inner(self, j: int, peer: PeerID, r: int) -> AveragedPart:
         loop = asyncio.get_running_loop()
         reader, writer = await open_stream(

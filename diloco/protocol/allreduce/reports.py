@@ -16,6 +16,7 @@ from hivemind.p2p import PeerID
 from diloco.errors import ProtocolError
 from diloco.protocol.core.agreement import awaited_reports, check_report
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
+from diloco.protocol.runtime import round_trips
 from diloco.protocol.runtime.streams import (
     TRANSPORT_ERRORS,
     StreamTransport,
@@ -50,6 +51,7 @@ class ReportExchange:
         """Each member's first report, by group index."""
         self._arrived = asyncio.Event()
 
+    @round_trips.exchange("report")
     async def exchange(self, report: Report, full: tuple[bool, ...], deadline: float) -> None:
         """Send ``report`` to everyone; wait for the reports of the full contributors
         (``full``) until ``deadline`` (loop time)."""

@@ -10,7 +10,8 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any
 
 import torch
 
@@ -26,6 +27,7 @@ from diloco.protocol.core.partition import butterfly_parts
 from diloco.protocol.core.reducer import Contribution, Reducer, RoundKey, RoundResult
 from diloco.protocol.core.verification import slices_alone
 from diloco.protocol.matchmaking.matchmaker import Matchmaker
+from diloco.protocol.runtime import round_trips
 from diloco.protocol.runtime.swarm import Swarm
 from diloco.protocol.staged.groups import grid_for
 from diloco.protocol.staged.runner import StagedRunner
@@ -138,7 +140,21 @@ class SwarmReducer(Reducer):
         delta = contribution.delta
         if delta.dtype != torch.float32 or delta.dim() != 1 or delta.device.type != "cpu":
             raise ValueError("the delta must be a 1-D float32 CPU tensor")
-        return self.swarm.submit(self._reduce(key, contribution))
+        return self.swarm.submit(self._counted(key, self._reduce(key, contribution)))
+
+    async def _counted(
+        self, key: RoundKey, reduce: Coroutine[Any, Any, RoundResult]
+    ) -> RoundResult:
+        """``reduce``, with the round trips on its critical path counted (``round_trips``):
+        logged, and in the result."""
+        with round_trips.counting() as trips:
+            try:
+                result = await reduce
+            finally:
+                path = trips.critical_path()
+                summary = round_trips.path_summary(path)
+                logger.debug("round %s: %d round trips: %s", key, len(path), summary)
+        return dataclasses.replace(result, round_trips=tuple(path))
 
     async def _reduce(self, key: RoundKey, contribution: Contribution) -> RoundResult:
         try:

@@ -76,6 +76,9 @@ class RoundResult:
     weights: Mapping[str, float] = field(default_factory=dict)
     """Each counted member's announced weight (tokens), as the group carried it: what a
     node witnessed each peer contribute (docs/design.md "Pace")."""
+    round_trips: tuple[tuple[str, float], ...] = ()
+    """The exchanges on this member's critical path, ``(kind, seconds)`` in order
+    (``round_trips``; empty where nothing counts them)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,7 +81,7 @@ from diloco.protocol.matchmaking.lobby import (
     round_key,
 )
 from diloco.protocol.records.declarations import declare_round, prior_tag, read_round_view
-from diloco.protocol.runtime import streams
+from diloco.protocol.runtime import round_trips, streams
 from diloco.protocol.trust.bans import BanList
 from diloco.protocol.trust.swarm_key import ClosedSwarm
 from diloco.protocol.wire import frames as wire
@@ -419,6 +419,7 @@ class Matchmaker:
                 f"leader {target} refused: {reject.code.name} {reject.reason}",
             )
 
+    @round_trips.exchange("join")
     async def _call_join(self, leader: PeerID, request: Join) -> tuple[Kind, bytes]:
         _, reader, writer = await asyncio.wait_for(
             self.p2p.call_binary_stream_handler(leader, self.handler_name),

@@ -18,6 +18,7 @@ from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
 
 from diloco.errors import ProtocolError
+from diloco.protocol.runtime import round_trips
 from diloco.protocol.trust.envelopes import (
     MAX_RECORD_TTL,
     pack_payload,
@@ -54,6 +55,7 @@ def prior_tag(state_hash: str) -> str:
     return state_hash[:PRIOR_CHARS]
 
 
+@round_trips.exchange("declare")
 async def declare_round(
     dht: DHT,
     key: str,
@@ -89,6 +91,7 @@ async def read_declarations(
     return {peer: declaration.weight for peer, declaration in view.items()}
 
 
+@round_trips.exchange("read")
 async def read_round_view(
     dht: DHT, key: str, closed: ClosedSwarm | None = None
 ) -> dict[PeerID, Declaration]:

@@ -6,4 +6,5 @@ processes     the DHT process's p2pd held by pidfd, stopped if shutdown stalls
 event_loop    uvloop where installed, else asyncio's
 streams       frames over p2pd streams, transport errors, the handler wrapper
 reachability  dial-back check: a node nobody can dial becomes a client
+round_trips   the exchanges on a round's critical path, counted per round
 """

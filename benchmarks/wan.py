@@ -1,0 +1,309 @@
+"""A swarm across a simulated wide-area network: N real nodes on loopback, every connection
+through a delay proxy (``diloco.bench.wan_proxy``), at one or more round-trip times.
+
+Node X listens on ``127.0.0.1:PX`` and ``--announce``-s ``/ip4/127.0.0.1/tcp/QX``, where a
+proxy in this process listens on ``QX`` and forwards to ``PX`` after ``RTT / 2`` each way;
+joiners bootstrap from the creator's announced (proxied) address. Peers dial what a node
+announces, so each connection crosses the proxy of the node that accepted it, once: every
+pair of nodes is ``RTT`` apart whichever way its connection was dialled. The script checks
+that by comparing, every few seconds, the connections each node accepted (``/proc/net/tcp``)
+with those its proxy holds open (``bypass`` in the results: connections that did not cross
+a proxy, e.g. the brief plain-TCP dial-back checks).
+
+Per node, over the steady state (from the first step by which every node has been in a
+round with all N, plus ``--warmup-steps``; the rounds a joiner's slow first steps make the
+creator fail alone come before it, and ``startup_failed`` counts them), from its
+``--metrics-out`` records: CU (compute / (compute + blocked),
+as the trainer counts it), round seconds (median), failed / attempted rounds, heals, the
+round trips on each round's critical path (median, and the median seconds of each kind of
+exchange on it), and the eval loss of the outer weights at the end. Writes a JSON with the
+git commit and prints a table. ``docs/design.md "Across the internet"`` has the figures.
+
+    flock /tmp/diloco-heavy.lock python benchmarks/wan.py --rtt-ms 0 100 200 --steps 250
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from diloco.bench.procs import NodeProcess
+from diloco.bench.wan_proxy import LOOPBACK, DelayProxy
+
+HERE = Path(__file__).resolve().parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class Proxies:
+    """One delay proxy per node, on an event loop in a thread of this process."""
+
+    def __init__(self, targets: list[int], one_way: float, jitter: float) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.proxies = [
+            DelayProxy(t, one_way, jitter=jitter, seed=i) for i, t in enumerate(targets)
+        ]
+        self.ports = [self._call(p.start()) for p in self.proxies]
+
+    def _call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
+
+    def close(self) -> None:
+        for proxy in self.proxies:
+            self._call(proxy.close())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+def direct_connections(ports: list[int], proxy_ports: set[int]) -> list[int]:
+    """Established TCP connections on each node's listening port that are not its dials to
+    a proxy: those accepted there (from its proxy, or around it). p2pd dials from its
+    listening port too (port reuse), hence the exclusion."""
+    counts = collections.Counter[int]()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            local, remote = (int(fields[k].rsplit(":", 1)[1], 16) for k in (1, 2))
+            if fields[3] == "01" and remote not in proxy_ports:  # ESTABLISHED
+                counts[local] += 1
+    return [counts[p] for p in ports]
+
+
+def run_point(args: argparse.Namespace, rtt_ms: float, folder: Path) -> dict[str, Any]:
+    """One swarm at ``rtt_ms``; returns its per-node figures."""
+    n = args.nodes
+    listen = [free_port() for _ in range(n)]
+    proxies = Proxies(listen, rtt_ms / 2000, args.jitter_ms / 1000)
+    common = ["--tau", str(args.tau), "--threads", "1", "--log-every", "50"]
+    nodes: list[NodeProcess] = []
+    bypass_max = [0] * n
+    start = time.monotonic()
+    try:
+
+        def addresses(i: int) -> list[str]:
+            own = f"/ip4/{LOOPBACK}/tcp/{listen[i]}"
+            shown = f"/ip4/{LOOPBACK}/tcp/{proxies.ports[i]}"
+            ckpt = str(folder / f"ckpt{i}")
+            return ["--listen", own, "--announce", shown, "--checkpoint-dir", ckpt]
+
+        creator = ["start", "--name", "wan", "--preset", args.preset, "--steps", str(args.steps)]
+        nodes.append(
+            NodeProcess("node0", [*creator, *common, *addresses(0), *args.node_args], folder)
+        )
+        address = nodes[0].address()
+        for i in range(1, n):
+            join = ["join", "--initial-peers", address, *common, *addresses(i)]
+            nodes.append(NodeProcess(f"node{i}", join, folder))
+        deadline = start + args.timeout
+        while any(node.alive() for node in nodes) and time.monotonic() < deadline:
+            direct = direct_connections(listen, set(proxies.ports))
+            for i, proxy in enumerate(proxies.proxies):
+                bypass_max[i] = max(bypass_max[i], direct[i] - proxy.open_connections)
+            time.sleep(2.0)
+        timed_out = any(node.alive() for node in nodes)
+    finally:
+        for node in nodes:
+            if node.alive():
+                node.process.send_signal(2)
+        for node in nodes:
+            try:
+                node.process.wait(60)
+            except subprocess.TimeoutExpired:
+                node.kill_group()
+        forwarded = [p.bytes_forwarded for p in proxies.proxies]
+        connections = [p.connections for p in proxies.proxies]
+        proxies.close()
+    return {
+        "rtt_ms": rtt_ms,
+        "wall_seconds": time.monotonic() - start,
+        "timed_out": timed_out,
+        "proxy_connections": connections,
+        "proxy_bytes_forwarded": forwarded,
+        "bypass_max": bypass_max,
+        "folder": str(folder),
+        **figures([node.records() for node in nodes], args.warmup_steps),
+    }
+
+
+def figures(records: list[list[dict[str, Any]]], warmup: int) -> dict[str, Any]:
+    """The steady state's start and every node's figures (see the module docstring)."""
+    n = len(records)
+    joined = [next((r["step"] for r in rs if r["event"] == "joined"), 0) for rs in records]
+    full = [
+        next((r["step"] for r in rs if r["event"] == "round" and r["members"] == n), None)
+        for rs in records
+    ]
+    steady_from = max([*joined, *(s for s in full if s is not None)]) + warmup
+    return {
+        "joined_at_step": joined,
+        "first_full_round_step": full,
+        "steady_from_step": steady_from,
+        "nodes": [node_figures(rs, steady_from) for rs in records],
+    }
+
+
+def node_figures(records: list[dict[str, Any]], steady_from: int) -> dict[str, Any]:
+    """One node's steady-state figures from its metrics records."""
+    steps = [r for r in records if r["event"] == "step" and r["step"] > steady_from]
+    rounds = [r for r in records if r["event"] == "round" and r["step"] > steady_from]
+    failed = [r for r in records if r["event"] == "round_failed" and r["step"] > steady_from]
+    compute = sum(r["step_seconds"] for r in steps)
+    blocked = sum(r["blocked_seconds"] for r in rounds + failed)
+    trips = [r["round_trips"] for r in rounds if "round_trips" in r]
+    per_kind: dict[str, list[float]] = collections.defaultdict(list)
+    paths = collections.Counter[str]()
+    for r in rounds:
+        path = r.get("critical_path", [])
+        paths[" ".join(kind for kind, _ in path)] += 1
+        for kind, seconds in path:
+            per_kind[kind].append(seconds)
+    summary = next((r for r in records if r["event"] == "summary"), {})
+    early = [r for r in records if r["event"] == "round_failed" and r["step"] <= steady_from]
+    errors = collections.Counter(r["error"] for r in failed)
+    return {
+        "steady_steps": len(steps),
+        "cu": compute / (compute + blocked) if compute + blocked else None,
+        "round_seconds_median": statistics.median(r["seconds"] for r in rounds) if rounds else None,
+        "matchmaking_seconds_median": (
+            statistics.median(r["matchmaking_seconds"] for r in rounds) if rounds else None
+        ),
+        "rounds_ok": len(rounds),
+        "rounds_failed": len(failed),
+        "failure_reasons": dict(errors.most_common(5)),
+        "startup_failed": len(early),
+        "heals": sum(1 for r in records if r["event"] == "healed" and r["step"] > steady_from),
+        "heals_whole_run": sum(1 for r in records if r["event"] == "healed"),
+        "round_trips_median": statistics.median(trips) if trips else None,
+        "round_trips_range": [min(trips), max(trips)] if trips else None,
+        "critical_paths": dict(paths.most_common(6)),
+        "exchange_seconds_median": {k: statistics.median(v) for k, v in sorted(per_kind.items())},
+        "eval_loss": summary.get("eval_loss"),
+        "summary_cu": summary.get("cu"),
+        "final_step": summary.get("step"),
+    }
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def table(points: list[dict[str, Any]]) -> str:
+    head = (
+        "| RTT ms | node | CU | round s (median) | failed/attempted | heals | "
+        "round trips (median, range) | eval loss |"
+    )
+    lines = [head, "|" + " --- |" * 8]
+    for point in points:
+        for i, node in enumerate(point["nodes"]):
+            attempted = node["rounds_ok"] + node["rounds_failed"]
+            span = node["round_trips_range"]
+            trips = (
+                f"{_fmt(node['round_trips_median'], 'g')} ({span[0]}-{span[1]})" if span else "-"
+            )
+            lines.append(
+                f"| {point['rtt_ms']:g} | {i} | {_fmt(node['cu'], '.2f')} | "
+                f"{_fmt(node['round_seconds_median'], '.2f')} | "
+                f"{node['rounds_failed']}/{attempted} | {node['heals']} | {trips} | "
+                f"{_fmt(node['eval_loss'], '.3f')} |"
+            )
+    return "\n".join(lines)
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """A finished node's metrics records."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def reread(out: Path, warmup: int) -> None:
+    """Recompute the figures of a results file from the metrics its runs left in their
+    folders (after a change to what is computed); the runs' own facts stay."""
+    result = json.loads(out.read_text())
+    for point in result["points"]:
+        folder = Path(point["folder"])
+        nodes = sorted(folder.glob("node*.jsonl"), key=lambda p: int(p.stem[4:]))
+        point.update(figures([read_records(p) for p in nodes], warmup))
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(table(result["points"]))
+
+
+def git_commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=HERE)
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "diloco"], capture_output=True, text=True, cwd=HERE
+    )
+    return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=3, choices=range(2, 7), metavar="{2..6}")
+    parser.add_argument("--rtt-ms", type=float, nargs="+", default=[0.0, 100.0, 200.0])
+    parser.add_argument("--jitter-ms", type=float, default=0.0, help="per direction, uniform")
+    parser.add_argument("--tau", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=250)
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--warmup-steps", type=int, default=0, help="after all met in a round")
+    parser.add_argument(
+        "--reread", action="store_true", help="recompute --out's figures from its kept metrics"
+    )
+    parser.add_argument("--repeats", type=int, default=1, help="runs per RTT")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "wan.json")
+    parser.add_argument("--workdir", type=Path, default=None, help="keep logs and metrics here")
+    parser.add_argument(
+        "node_args", nargs="*", help="more flags for the creator's start (after --)"
+    )
+    args = parser.parse_args()
+    if args.reread:
+        reread(args.out, args.warmup_steps)
+        return
+    commit = git_commit()  # before the runs: the code they ran
+    base = args.workdir or Path(tempfile.mkdtemp(prefix="diloco-wan-"))
+    points = []
+    for rtt in args.rtt_ms:
+        for repeat in range(args.repeats):
+            folder = base / f"rtt{rtt:g}-{repeat}"
+            if folder.exists():
+                shutil.rmtree(folder)
+            folder.mkdir(parents=True)
+            point = run_point(args, rtt, folder)
+            point["repeat"] = repeat
+            points.append(point)
+            print(table([point]), flush=True)
+    result = {
+        "commit": commit,
+        "machine": f"{os.cpu_count()} cores (shared), loopback + delay proxies in one process",
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "points": points,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(table(points))
+    print(f"written to {args.out}; logs and metrics in {base}")
+
+
+if __name__ == "__main__":
+    main()
