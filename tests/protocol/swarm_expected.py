@@ -41,16 +41,24 @@ def in_process_delta(
     *,
     scales: Sequence[float] | None = None,
     max_weight: float = math.inf,
+    reducing: str | None = None,
 ) -> torch.Tensor:
     """The in-process reducer's result on the same inputs, in group order.
 
     ``codec`` is a codec name, or ``"send/return"`` for a different return codec; peer
-    ``i`` contributes ``scales[i]`` times its delta; weights are capped at ``max_weight``.
+    ``i`` contributes ``scales[i]`` times its delta; weights are capped at ``max_weight``;
+    ``reducing`` names the one peer that reduces the whole vector (the others' parts are
+    empty), None: every peer reduces its part.
     """
     order = group_order(peer_ids)
     scales = scales or [1.0] * len(peer_ids)
     contributions = [
-        Contribution(peer_ids[i], make_delta(numel, seeds[i]) * scales[i], weights[i])
+        Contribution(
+            peer_ids[i],
+            make_delta(numel, seeds[i]) * scales[i],
+            weights[i],
+            client=reducing is not None and peer_ids[i] != reducing,
+        )
         for i in order
     ]
     send, _, back = codec.partition("/")
