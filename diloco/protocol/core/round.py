@@ -267,7 +267,8 @@ class PartReducer:
         if values.numel() != b - a:
             raise ProtocolError(f"{values.numel()} values, expected {b - a}")
         norm = chunk_norm(values)
-        check_norm(norm, 0.0, self.plan.max_norm_ratio)
+        if not math.isfinite(norm):  # not finite iff a value is not (``chunk_norm``)
+            raise ProtocolError("values are not all finite")
         return Chunk(values, norm, payload, hashlib.sha256(payload).digest())
 
     def add_chunk(self, j: int, c: int, chunk: Chunk) -> bool:
