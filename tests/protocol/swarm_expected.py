@@ -85,14 +85,18 @@ def partial_sha(
     weights: Sequence[float],
     codec: str,
     excluded: int,
+    own_part: bool = True,
 ) -> str:
-    """sha256 when peer ``excluded`` is counted only in its own part (an excluded sender)."""
+    """sha256 when peer ``excluded`` is counted only in its own part (an excluded sender),
+    or in no part (``own_part`` False: a member gone before it sent, its part re-reduced by
+    the others); the parts are the whole group's."""
     c = get_codec(codec)
     order = group_order(peer_ids)
     spans = butterfly_parts(numel, len(order))
     result = torch.empty(numel)
     for reducer, (lo, hi) in enumerate(spans):
-        members = [i for i in order if i != excluded or order[reducer] == excluded]
+        own = own_part and order[reducer] == excluded
+        members = [i for i in order if i != excluded or own]
         parts = [
             c.decode(c.encode(make_delta(numel, seeds[i])[lo:hi].contiguous())) for i in members
         ]
