@@ -13,6 +13,7 @@ from diloco.protocol.core.aggregation import (
     check_clip_factor,
     chunk_norm,
     clip_scales,
+    median_capped,
     robust_mean,
     weighted_mean,
 )
@@ -116,3 +117,10 @@ def test_robust_mean_without_outliers_is_the_plain_mean_bit_for_bit() -> None:
     for part, weight in zip(parts, weights, strict=True):  # the mean spelled out (no FMA)
         plain.add_(part * (weight / total))
     assert torch.equal(combined.mean, plain)
+
+
+def test_median_capped_weights_clamp_to_the_lower_median() -> None:
+    assert median_capped([1.0, 5.0]) == (1.0, 1.0)  # a pair: the smaller
+    assert median_capped([3.0, 1.0, 2.0]) == (2.0, 1.0, 2.0)
+    assert median_capped([4.0, 1.0, 3.0, 2.0]) == (2.0, 1.0, 2.0, 2.0)
+    assert median_capped([]) == ()
