@@ -103,8 +103,9 @@ class RunConfig:
     sequences; raise it for runs whose nodes take bigger batches."""
     clip_factor: float = CLIP_FACTOR
     """C of the reducers' norm clipping: per chunk, a contribution whose norm exceeds C
-    times the lower median of the members' norms is scaled down to it (0: plain weighted
-    mean). Honest runs are never clipped at the default (benchmarks/RESULTS.md, "Trust")."""
+    times the lower median of the members' norms is scaled down to it, and weights are
+    capped at their lower median (0: plain weighted mean). The default, 1, is what keeps
+    one member from reversing the mean (docs/design.md "Aggregation bounds")."""
     max_group_size: int | None = None
     """Most members of one all-reduce group: a fragment round with more runs in stages on a
     grid of groups of at most this many (``diloco.protocol.staged.runner``; issue 16), every

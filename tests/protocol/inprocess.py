@@ -47,13 +47,19 @@ def deltas(numel: int, num_members: int) -> list[torch.Tensor]:
 
 
 def expected(
-    inputs: Sequence[torch.Tensor], weights: Sequence[float], codec: str = "none"
+    inputs: Sequence[torch.Tensor],
+    weights: Sequence[float],
+    codec: str = "none",
+    clients: Sequence[bool] = (),
+    clip_factor: float = CLIP_FACTOR,
 ) -> torch.Tensor:
     """What every member must get: ``InProcessReducer``'s result ("send/return" codecs)."""
     send, _, back = codec.partition("/")
-    reducer = InProcessReducer(get_codec(send), get_codec(back or send))
+    reducer = InProcessReducer(get_codec(send), get_codec(back or send), clip_factor=clip_factor)
+    flags = clients or [False] * len(inputs)
     contributions = [
-        Contribution(str(i), d, w) for i, (d, w) in enumerate(zip(inputs, weights, strict=True))
+        Contribution(str(i), d, w, client=c)
+        for i, (d, w, c) in enumerate(zip(inputs, weights, flags, strict=True))
     ]
     return reducer.reduce(KEY, contributions).result().delta
 

@@ -41,16 +41,24 @@ def in_process_delta(
     *,
     scales: Sequence[float] | None = None,
     max_weight: float = math.inf,
+    reducing: str | None = None,
 ) -> torch.Tensor:
     """The in-process reducer's result on the same inputs, in group order.
 
     ``codec`` is a codec name, or ``"send/return"`` for a different return codec; peer
-    ``i`` contributes ``scales[i]`` times its delta; weights are capped at ``max_weight``.
+    ``i`` contributes ``scales[i]`` times its delta; weights are capped at ``max_weight``;
+    ``reducing`` names the one peer that reduces the whole vector (the others' parts are
+    empty), None: every peer reduces its part.
     """
     order = group_order(peer_ids)
     scales = scales or [1.0] * len(peer_ids)
     contributions = [
-        Contribution(peer_ids[i], make_delta(numel, seeds[i]) * scales[i], weights[i])
+        Contribution(
+            peer_ids[i],
+            make_delta(numel, seeds[i]) * scales[i],
+            weights[i],
+            client=reducing is not None and peer_ids[i] != reducing,
+        )
         for i in order
     ]
     send, _, back = codec.partition("/")
@@ -77,14 +85,18 @@ def partial_sha(
     weights: Sequence[float],
     codec: str,
     excluded: int,
+    own_part: bool = True,
 ) -> str:
-    """sha256 when peer ``excluded`` is counted only in its own part (an excluded sender)."""
+    """sha256 when peer ``excluded`` is counted only in its own part (an excluded sender),
+    or in no part (``own_part`` False: a member gone before it sent, its part re-reduced by
+    the others); the parts are the whole group's."""
     c = get_codec(codec)
     order = group_order(peer_ids)
     spans = butterfly_parts(numel, len(order))
     result = torch.empty(numel)
     for reducer, (lo, hi) in enumerate(spans):
-        members = [i for i in order if i != excluded or order[reducer] == excluded]
+        own = own_part and order[reducer] == excluded
+        members = [i for i in order if i != excluded or own]
         parts = [
             c.decode(c.encode(make_delta(numel, seeds[i])[lo:hi].contiguous())) for i in members
         ]

@@ -13,6 +13,7 @@ from diloco.protocol.core.aggregation import (
     check_clip_factor,
     chunk_norm,
     clip_scales,
+    median_capped,
     robust_mean,
     weighted_mean,
 )
@@ -94,19 +95,21 @@ def test_clip_scales_off_zero_reference_or_alone_clip_nothing() -> None:
 
 def test_robust_mean_clips_the_outlier_to_c_times_the_median() -> None:
     parts = [torch.tensor([3.0, 4.0]), torch.tensor([0.0, 10.0]), torch.tensor([-300.0, 400.0])]
-    # norms 5, 10, 500; lower median 10, bound 20: the third scaled by 1/25 to [-12, 16]
+    # norms 5, 10, 500; lower median 10, bound 20: the third scaled by 1/25 to [-12, 16];
+    # weights 1, 1, 2: lower median 1, so the third counts 1
     combined = robust_mean(parts, [1.0, 1.0, 2.0], 2.0)
     assert combined.norms == (5.0, 10.0, 500.0)
     assert combined.scales == (1.0, 1.0, 0.04)
+    assert combined.weights == (1.0, 1.0, 1.0)
     assert combined.clipped == [2]
-    # 1/4 [3, 4] + 1/4 [0, 10] + 1/2 [-12, 16] = [-5.25, 11.5]
-    assert combined.mean.tolist() == pytest.approx([-5.25, 11.5], rel=1e-6)
+    # 1/3 [3, 4] + 1/3 [0, 10] + 1/3 [-12, 16] = [-3, 10]
+    assert combined.mean.tolist() == pytest.approx([-3.0, 10.0], rel=1e-6)
 
 
 def test_robust_mean_without_outliers_is_the_plain_mean_bit_for_bit() -> None:
     generator = torch.Generator().manual_seed(3)
     parts = [torch.randn(4097, generator=generator) * s for s in (1.0, 1.5, 0.7, 1.9)]
-    weights = [3.0, 1.0, 2.5, 0.25]
+    weights = [1.0, 1.0, 1.0, 0.25]  # none over the lower median (1)
     combined = robust_mean(parts, weights, 3.0)
     assert combined.clipped == []
     plain = torch.zeros(4097)
@@ -114,3 +117,10 @@ def test_robust_mean_without_outliers_is_the_plain_mean_bit_for_bit() -> None:
     for part, weight in zip(parts, weights, strict=True):  # the mean spelled out (no FMA)
         plain.add_(part * (weight / total))
     assert torch.equal(combined.mean, plain)
+
+
+def test_median_capped_weights_clamp_to_the_lower_median() -> None:
+    assert median_capped([1.0, 5.0]) == (1.0, 1.0)  # a pair: the smaller
+    assert median_capped([3.0, 1.0, 2.0]) == (2.0, 1.0, 2.0)
+    assert median_capped([4.0, 1.0, 3.0, 2.0]) == (2.0, 1.0, 2.0, 2.0)
+    assert median_capped([]) == ()

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 from faults import Fault
-from swarm_expected import in_process_sha
+from swarm_expected import partial_sha
 from swarm_peers import TIMEOUTS, PeerProcess, command, start_peer, stop_peers
 
 
@@ -54,8 +54,8 @@ def test_killed_reducer_part_rereduced_survivors_get_the_mean_of_their_contribut
     # re-reduced by its substitute among the three survivors (issue 12 "Churn").
     results = _round_with_killed_victim(honest, victim, fragment, Fault.STALL_MEMBER)
     assert all(r["ok"] for r in results), results  # re-reduced: nothing else completes it
-    ids = [p.peer_id for p in honest[:3]]
-    seeds = [fragment + i for i in range(3)]
-    expected = in_process_sha(ids, 50_000, seeds, [1.0] * 3, "none")
+    ids = [p.peer_id for p in [*honest[:3], victim]]
+    seeds = [fragment + i for i in range(4)]
+    expected = partial_sha(ids, 50_000, seeds, [1.0] * 4, "none", excluded=3, own_part=False)
     assert [r["sha256"] for r in results] == [expected] * 3
-    assert all(sorted(r["members"]) == sorted(ids) for r in results)
+    assert all(sorted(r["members"]) == sorted(ids[:3]) for r in results)

@@ -32,9 +32,10 @@ from diloco.codecs import get_codec
 from diloco.errors import RoundFailed
 from diloco.protocol.allreduce.member import AllReduceRunner
 from diloco.protocol.allreduce.part_server import PartServer
+from diloco.protocol.core.aggregation import CLIP_FACTOR, robust_mean
 from diloco.protocol.core.partition import butterfly_parts
 from diloco.protocol.core.reducer import Contribution, InProcessReducer
-from diloco.protocol.core.round import CHUNK_VALUES
+from diloco.protocol.core.round import CHUNK_VALUES, chunk_spans
 from diloco.protocol.trust.bans import BAN_OFFENCES, BanList
 
 
@@ -43,14 +44,15 @@ def _without(
 ) -> torch.Tensor:
     """What every member must get when ``left_out`` is counted only in its own part.
 
-    Codec ``none`` and chunk bounds aligned to the codec blocks make each value depend only
-    on who is averaged, so the in-process means of the whole group and of the others,
-    spliced at the left-out member's part, give the exact bytes.
+    Codec ``none``: each part is the combine step over the members it counts, chunk by
+    chunk (clipping compares norms within a chunk of the group's parts).
     """
-    others = [i for i in range(len(inputs)) if i != left_out]
-    result = expected([inputs[i] for i in others], [weights[i] for i in others]).clone()
-    lo, hi = butterfly_parts(inputs[0].numel(), len(inputs))[left_out]
-    result[lo:hi] = expected(inputs, weights)[lo:hi]
+    result = torch.empty(inputs[0].numel())
+    for j, (lo, hi) in enumerate(butterfly_parts(inputs[0].numel(), len(inputs))):
+        counted = [i for i in range(len(inputs)) if i != left_out or j == left_out]
+        for a, b in chunk_spans(lo, hi):
+            chunk = [inputs[i][a:b] for i in counted]
+            result[a:b] = robust_mean(chunk, [weights[i] for i in counted], CLIP_FACTOR).mean
     return result
 
 
@@ -85,7 +87,7 @@ def test_client_reduces_nothing_and_every_member_gets_the_in_process_bytes(codec
         return await round_.outcomes()
 
     outcomes = asyncio.run(main())
-    want = expected(inputs, weights, codec)
+    want = expected(inputs, weights, codec, clients=(False, True, False))
     for outcome in outcomes:
         assert torch.equal(delta_of(outcome), want)
         assert outcome.members == names(3)  # type: ignore[union-attr]
@@ -196,6 +198,8 @@ def _hand_mean(
     """The capped, clipped mean spelled out in FP64, part by part (one chunk each)."""
     numel = inputs[0].numel()
     capped = [min(w, cap) for w in weights]
+    median = sorted(capped)[(len(capped) - 1) // 2]
+    capped = [min(w, median) for w in capped]  # the median weight cap
     result = torch.empty(numel, dtype=torch.float64)
     for lo, hi in butterfly_parts(numel, len(inputs)):
         xs = [d[lo:hi].double() for d in inputs]
@@ -241,7 +245,8 @@ def test_inflated_member_gets_at_most_its_capped_clipped_share(weight: float, sc
 
 
 def _numpy_mean(inputs: Sequence[torch.Tensor], weights: Sequence[float]) -> np.ndarray:
-    """The weighted mean in FP64 with numpy: shares no code with the protocol."""
+    """The weighted mean in FP64 with numpy: shares no code with the protocol (the churn
+    tests below turn clipping off to compare with it)."""
     xs = np.stack([x.numpy().astype(np.float64) for x in inputs])
     w = np.asarray(weights, dtype=np.float64)
     return (w[:, None] * xs).sum(axis=0) / w.sum()
@@ -262,7 +267,9 @@ def test_reducer_vanishing_after_matchmaking_is_rereduced_among_survivors(victim
     alive = _survivors(4, victim)
 
     async def main() -> list[Outcome]:
-        round_ = Round(inputs, weights, [AllReduceRunner] * 4, timeouts=TIMEOUTS.scaled(0.5))
+        round_ = Round(
+            inputs, weights, [AllReduceRunner] * 4, timeouts=TIMEOUTS.scaled(0.5), clip_factor=0
+        )
         await round_.start()
         await _kill(round_, victim)  # before any of its tasks ran: nothing sent
         return await round_.outcomes(alive)
@@ -312,7 +319,7 @@ def test_reducer_dying_mid_round_its_part_is_rereduced_among_survivors() -> None
     async def main() -> list[Outcome]:
         types: list[type[AllReduceRunner]] = [AllReduceRunner] * 4
         types[victim] = _DyingReducer
-        round_ = Round(inputs, weights, types, timeouts=TIMEOUTS.scaled(0.5))
+        round_ = Round(inputs, weights, types, timeouts=TIMEOUTS.scaled(0.5), clip_factor=0)
         await round_.start()
         await _kill_once_counted(round_, [victim])
         return await round_.outcomes(alive)
@@ -365,14 +372,14 @@ def test_stalled_reducer_part_rereduced_with_everyone_counted() -> None:
     types[stalled] = _StallingReducer
 
     async def main() -> list[Outcome]:
-        round_ = Round(inputs, weights, types, timeouts=TIMEOUTS.scaled(0.5))
+        round_ = Round(inputs, weights, types, timeouts=TIMEOUTS.scaled(0.5), clip_factor=0)
         await round_.start()
         return await round_.outcomes()
 
     outcomes = asyncio.run(main())
     first = delta_of(outcomes[0])
     assert np.allclose(first.numpy(), _numpy_mean(inputs, weights), rtol=1e-6, atol=1e-9)
-    assert torch.equal(first, expected(inputs, weights))
+    assert torch.equal(first, expected(inputs, weights, clip_factor=0))
     for outcome in outcomes:  # the stalled member too: it sent its part to the substitute
         assert torch.equal(delta_of(outcome), first)
         assert outcome.members == names(4)  # type: ignore[union-attr]

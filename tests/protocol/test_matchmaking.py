@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from hivemind.p2p import PeerID
-from swarm_expected import in_process_sha, leader_order
+from swarm_expected import in_process_delta, in_process_sha, leader_order, sha
 from swarm_peers import (
     RUN_ID,
     TIMEOUTS,
@@ -150,6 +150,7 @@ def test_client_and_demoted_members_reduce_nothing_yet_count(
     numel, seeds = 20_000, [fragment * 10 + i for i in range(4)]
     specs = [[(fragment, 1, numel, seeds[i], 1.0)] for i in range(4)]
     results = [r[0] for r in run_rounds(honest, specs, timeout=TIMEOUTS.total + 60)]
-    expected = in_process_sha(ids, numel, seeds, [1.0] * 4, "none")
+    second = ids[leader_order(ids, RUN_ID, RoundKey(fragment, 1))[1]]
+    expected = sha(in_process_delta(ids, numel, seeds, [1.0] * 4, "none", reducing=second))
     assert [r.get("sha256") for r in results] == [expected] * 4, results
     assert all(sorted(r["members"]) == sorted(ids) for r in results)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from diloco.protocol.core.norms import block_norms, chunk_norm
+from diloco.protocol.core.norms import block_norms, check_reference, chunk_norm
 
 
 def test_block_norms_per_block_of_256_values_last_one_short() -> None:
@@ -34,3 +34,10 @@ def test_block_norms_agree_with_chunk_norm_block_by_block_at_any_scale() -> None
     for b in range(5):
         assert norms[b] == pytest.approx(chunk_norm(x[256 * b : 256 * (b + 1)]), rel=1e-12)
     assert norms[5] == pytest.approx(chunk_norm(x[1280:]), rel=1e-12)
+
+
+def test_check_reference_is_the_upper_median() -> None:
+    assert check_reference([1e-9, 6.0]) == 6.0  # a pair: the larger (a tiny one cannot lower it)
+    assert check_reference([1e-9, 6.0, 8.0]) == 6.0
+    assert check_reference([4.0, 1.0, 3.0, 2.0]) == 3.0
+    assert check_reference([]) == 0.0

@@ -25,15 +25,16 @@ def test_in_process_reducer_weighted_mean_by_hand() -> None:
 
 
 def test_in_process_reducer_caps_weights_and_clips_per_chunk() -> None:
-    # Member b claims weight 1e30 (capped to 3) and sends 8x a's values: norm ratio 8 > C = 2,
-    # so b enters at 2x a's values: mean = 1/4 * [1, 2] + 3/4 * [2, 4] = [1.75, 3.5].
+    # Member b claims weight 1e30 (capped to 3, then to the lower median of 1 and 3: 1) and
+    # sends 8x a's values: norm ratio 8 > C = 2, so b enters at 2x a's values:
+    # mean = 1/2 * [1, 2] + 1/2 * [2, 4] = [1.5, 3].
     contributions = [
         Contribution("a", torch.tensor([1.0, 2.0]), 1.0),
         Contribution("b", torch.tensor([8.0, 16.0]), 1e30),
     ]
     reducer = InProcessReducer(get_codec("none"), max_weight=3.0, clip_factor=2.0)
     result = reducer.reduce(KEY, contributions).result()
-    assert result.delta.tolist() == [1.75, 3.5]
+    assert result.delta.tolist() == [1.5, 3.0]
     assert (reducer.clipped, reducer.combined) == (1, 2)
 
 
@@ -62,7 +63,8 @@ def test_in_process_reducer_uses_decoded_values_both_ways() -> None:
         Contribution("a", torch.tensor([1.0, 0.3, 0.5]), 1.0),
         Contribution("b", torch.tensor([1.0, 0.3, 0.25]), 1.0),
     ]
-    result = InProcessReducer(get_codec("e3m0")).reduce(KEY, contributions).result()
+    reducer = InProcessReducer(get_codec("e3m0"), clip_factor=0)  # clipped: a's norm > b's
+    result = reducer.reduce(KEY, contributions).result()
     assert result.delta.tolist() == [1.0, 0.25, 0.5]
 
 

@@ -167,15 +167,16 @@ def test_part_reducer_average_weights_counted_members_in_group_order() -> None:
 
 
 def test_part_reducer_average_clips_against_the_lower_median() -> None:
-    reducer = PartReducer(_plan(weights=(1.0, 3.0, 4.0), clip_factor=2.0))
+    reducer = PartReducer(_plan(weights=(2.0, 3.0, 4.0), clip_factor=2.0))
     reducer.add_chunk(1, 0, _chunk(3.0))
     reducer.add_chunk(2, 0, _chunk(-24.0))
     reducer.close_gather()
-    # norms 2, 6, 48; lower median 6, bound 12: member 2 scaled by 12 / 48 to -6 per value
-    # mean = 1/8 * 1 + 3/8 * 3 + 4/8 * -6 = -1.75 (every factor exact in binary)
+    # norms 2, 6, 48; lower median 6, bound 12: member 2 scaled by 12 / 48 to -6 per value;
+    # weights capped at their lower median 3: mean = 2/8 * 1 + 3/8 * 3 + 3/8 * -6 = -0.875
+    # (every factor exact in binary)
     msg, decoded, clipped = reducer.average(0, own=_full(1.0))
     assert clipped == [2]
-    assert torch.equal(decoded, _full(-1.75))
+    assert torch.equal(decoded, _full(-0.875))
     assert msg.norms == (2.0, 6.0, 48.0)  # the norms it clipped by, for the checkers
 
 
@@ -204,12 +205,31 @@ def test_part_reducer_digest_is_the_averaged_bodies_in_order() -> None:
         (b"\x00" + b"\xff" * 20, "does not decode"),
         (NONE.encode(_full(1.0, 5)), "5 values, expected 4"),
         (NONE.encode(_full(0.0))[:5] + _full(float("nan")).numpy().tobytes(), "finite"),
-        (NONE.encode(_full(1e3)), "norm"),
     ],
 )
 def test_part_reducer_invalid_chunk_rejected(payload: bytes, match: str) -> None:
     with pytest.raises(ProtocolError, match=match):
         PartReducer(_plan()).check_chunk(0, payload)
+
+
+def test_part_reducer_excludes_first_chunks_over_the_groups_median_norm() -> None:
+    reducer = PartReducer(_plan())  # own norm 2, ratio 10
+    reducer.add_chunk(1, 0, reducer.check_chunk(0, NONE.encode(_full(3.0))))  # norm 6
+    reducer.add_chunk(2, 0, reducer.check_chunk(0, NONE.encode(_full(31.0))))  # norm 62
+    # norms 2, 6, 62: upper median 6, bound 60
+    excluded = reducer.exclude_oversized()
+    assert list(excluded) == [2] and "norm 62 > 10 x the group's median norm 6" in excluded[2]
+    assert reducer.close_gather() == {2: excluded[2]}
+
+
+def test_part_reducer_with_a_tiny_own_norm_excludes_no_honest_chunk() -> None:
+    # Own norm 2e-9: 6 and 8 are a billion times it, within 10x of the group's median (6).
+    plan = dataclasses.replace(_plan(), chunk_norms=((2e-9, 2e-9), (2e-9,), (2e-9,)))
+    reducer = PartReducer(plan)
+    reducer.add_chunk(1, 0, reducer.check_chunk(0, NONE.encode(_full(3.0))))
+    reducer.add_chunk(2, 0, reducer.check_chunk(0, NONE.encode(_full(4.0))))
+    assert reducer.exclude_oversized() == {}
+    assert reducer.close_gather() == {} and reducer.counted == [0, 1, 2]
 
 
 def test_part_reducer_valid_chunk_decoded_and_kept_with_its_hash() -> None:
@@ -274,16 +294,21 @@ def test_averaged_part_must_count_whoever_averaged_it() -> None:
 def test_averaged_part_mask_changed_mid_part_rejected() -> None:
     part = AveragedPart(_plan(index=1), 0)
     first = _averaged(0, 0, (True, True, True), 1.0)
+    part.check(0, first)
     part.add(0, first, part.decode(0, first.payload), first.serialize())
     with pytest.raises(ProtocolError, match="changed"):
         part.check(1, _averaged(0, 1, (True, False, True), 1.0))
 
 
 def test_averaged_part_values_over_the_norm_bound_rejected() -> None:
-    part = AveragedPart(_plan(index=1), 0)  # own norm 2, ratio 10: norm 20 at most
-    part.decode(0, NONE.encode(_full(10.0)))  # norm 20
+    # Own norm 2e-9: no reference. The reducer reports norms 1, 4 and 3 (upper median 3),
+    # ratio 10: norm 30 at most.
+    plan = dataclasses.replace(_plan(index=1), chunk_norms=((2e-9, 2e-9), (2e-9,), (2e-9,)))
+    part = AveragedPart(plan, 0)
+    part.check(0, dataclasses.replace(_averaged(0, 0, (True,) * 3, 1.0), norms=(1.0, 4.0, 3.0)))
+    part.decode(0, NONE.encode(_full(15.0)))  # norm 30
     with pytest.raises(ProtocolError, match="norm"):
-        part.decode(0, NONE.encode(_full(10.01)))
+        part.decode(0, NONE.encode(_full(15.01)))
     with pytest.raises(ProtocolError, match="does not decode"):
         part.decode(0, b"\x00\x01")
 

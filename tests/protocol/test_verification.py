@@ -17,7 +17,6 @@ import torch
 
 from diloco.codecs import Codec, get_codec
 from diloco.errors import ProtocolError
-from diloco.protocol.core.aggregation import CLIP_FACTOR
 from diloco.protocol.core.norms import chunk_norm, num_blocks
 from diloco.protocol.core.partition import butterfly_parts
 from diloco.protocol.core.round import PartReducer, RoundPlan, chunk_spans
@@ -47,15 +46,15 @@ NUMEL = 18 * 256 + 100  # parts of 1536, 1792 and 1380 values
 CHUNK = 512  # two blocks per chunk
 WEIGHTS = (1.0, 2.5, 3.0)
 PART = 1  # reduced by member 1, checked by member 0
+CLIP = 3.0
+"""C of these scenarios: their honest inputs, independent draws, are not clipped at 3x."""
 
 
 def _plan(index: int, codec: Codec, return_codec: Codec) -> RoundPlan:
     spans = tuple(butterfly_parts(NUMEL, len(WEIGHTS)))
     chunks = tuple(tuple(chunk_spans(lo, hi, CHUNK)) for lo, hi in spans)
     norms = tuple(tuple(1.0 for _ in part) for part in chunks)
-    return RoundPlan(
-        TAG, GID, index, WEIGHTS, spans, chunks, norms, codec, return_codec, 1e6, CLIP_FACTOR
-    )
+    return RoundPlan(TAG, GID, index, WEIGHTS, spans, chunks, norms, codec, return_codec, 1e6, CLIP)
 
 
 @dataclass
@@ -153,20 +152,21 @@ def test_close_block_tolerates_fp32_transport_of_block_norms() -> None:
 
 
 def test_expected_block_by_hand() -> None:
-    # weights 1 : 2.5 : 3 of the constants 6.5, 2.6 and -1.3 -> (6.5 + 6.5 - 3.9) / 6.5 = 1.4
+    # weights 1 : 2.5 : 3, the last capped at the lower median 2.5, of the constants 6.5,
+    # 2.6 and -1.3 -> (6.5 + 6.5 - 3.25) / 6 = 1.625
     none = get_codec("none")
     plan = _plan(0, none, none)
     claims = PartClaims((True, True, True), ((1.0, 1.0, 1.0),) * 3, ((1.0, 1.0),) * 3)
     sample = Sample(PART, (1,), claims, torch.zeros(1536))
     inputs = [torch.full((256,), v) for v in (6.5, 2.6, -1.3)]
     got = expected_values(plan, sample, inputs)
-    assert got.shape == (256,) and torch.allclose(got, torch.full((256,), 1.4), atol=1e-6)
+    assert got.shape == (256,) and torch.allclose(got, torch.full((256,), 1.625), atol=1e-6)
     # member 2's claimed norm 10 > C * 1 (lower median): its values scaled by 3 / 10
-    # -> (6.5 + 6.5 - 3 * 1.3 * 0.3) / 6.5 = 1.82
+    # -> (6.5 + 6.5 - 2.5 * 1.3 * 0.3) / 6 = 12.025 / 6
     norms = (1.0, 1.0, 10.0)
     clipped = dataclasses.replace(claims, norms=(norms, norms, norms))
     got = expected_values(plan, dataclasses.replace(sample, claims=clipped), inputs)
-    assert torch.allclose(got, torch.full((256,), 1.82), atol=1e-6)
+    assert torch.allclose(got, torch.full((256,), 12.025 / 6), atol=1e-6)
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,10 @@ an executor, and streams every averaged chunk, with the counted mask, to every m
 A stream cut in transport is not an offence: the member may open it again, and the
 chunks it already delivered are skipped. An invalid or late chunk excludes its sender,
 which is told so (REJECT BAD_PART) and, for invalid input (not for being late), commits
-an offence (``bans``); a failed part is announced the same way. Contributions that
-clipping scaled down (``aggregation``) are logged.
+an offence (``bans``); a failed part is announced the same way. As the gather closes, a
+first chunk whose norm is over ``max_norm_ratio`` times the group's median norm (never
+this reducer's own norm alone: docs/design.md "Aggregation bounds") is invalid input too.
+Contributions that clipping scaled down (``aggregation``) are logged.
 
 After its last chunk a sender seals its part (SEAL: its signature over the chunks'
 hashes) and after the last averaged chunk the reducer seals its own. With an ``identity``
@@ -157,6 +159,9 @@ class PartServer:
         loop = asyncio.get_running_loop()
         reducer, key, index = self.reducer, self.group.key, self.reducer.part
         await self._wait(reducer.gather_complete, self.deadlines.gather)
+        for j, reason in reducer.exclude_oversized().items():
+            logger.warning("round %s: excluding member %d: %s", key, j, reason)
+            self.bans.offend(self.group.members[j], f"round {key}: invalid PART: {reason}")
         absent = reducer.close_gather()
         self._touch()
         if absent:
@@ -335,8 +340,14 @@ class PartServer:
         """Stream the averaged chunks to member ``j`` as the reduction produces them."""
         reducer = self.reducer
         for c in range(reducer.num_chunks):
-            ready = functools.partial(reducer.averaged_ready, c)
-            if not await self._wait(ready, self.deadlines.part) or reducer.failed:
+            ready = functools.partial(_ready_for, reducer, j, c)
+            done = await self._wait(ready, self.deadlines.part)
+            if j in reducer.excluded:  # by its norm, as the gather closed
+                reject = _bad_part(f"excluded: {reducer.excluded[j]}")
+                await send_reject(writer, reject, self.timeouts.reply_timeout)
+                writer.close()
+                return
+            if not done or reducer.failed:
                 reason = f"{FAILED}: {reducer.failed or 'deadline'}"
                 await send_reject(writer, _bad_part(reason), self.timeouts.reply_timeout)
                 writer.close()  # the member sees the part missing
@@ -385,6 +396,11 @@ class PartServer:
         if self.reducer.exclude(j, reason):
             logger.warning("round %s: excluding member %d: %s", self.group.key, j, reason)
             self._touch()
+
+
+def _ready_for(reducer: PartReducer, j: int, c: int) -> bool:
+    """Averaged chunk ``c`` can go to member ``j``, or never will (``j`` was excluded)."""
+    return reducer.averaged_ready(c) or j in reducer.excluded
 
 
 def _bad_part(reason: str) -> Reject:

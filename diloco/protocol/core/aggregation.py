@@ -2,36 +2,37 @@
 
 Pure arithmetic shared by every transport: ``PartReducer.average`` (the swarm's reducers)
 and ``InProcessReducer`` (``diloco-node local``) call ``robust_mean`` on the same chunks
-(``reduction.chunk_spans``), so both give the same bits. Two rules bound what one member
-can do to the mean (issue 11, attack 3 "own the mean by weight"):
+(``round.chunk_spans``), so both give the same bits. Three rules bound what one member can
+do to the mean (docs/design.md "Aggregation bounds": the bound and its proof):
 
-* **Weight cap.** A member's weight (tokens since its last sync of the fragment, plus the
-  weight carried from failed rounds, SPEC 2.4) counts at most ``max_weight`` tokens, a
-  value of the run configuration. Every honest node clamps its own weight
-  (``cap_weight``); matchmaking refuses a JOIN or GROUP over the cap, and reducers clamp
-  again (``cap_weights``) whatever they are given.
+* **Run cap.** A member's weight (tokens since its last sync of the fragment, plus the
+  weight carried from failed rounds) counts at most ``max_weight`` tokens, a value of the
+  run configuration. Every honest node clamps its own weight (``cap_weight``);
+  matchmaking refuses a JOIN or GROUP over the cap, and reducers clamp again
+  (``cap_weights``) whatever they are given.
+* **Median weight cap.** Within one chunk's mean, no counted weight exceeds the lower
+  median of the counted weights (``median_capped``): at least two counted members weigh
+  the median, so one member never outweighs all the others together.
 * **Norm clipping** (per chunk, against the median; "Secure Distributed Training at
-  Scale", Gorbunov et al. 2022, clip the outliers rather than average them): contribution
-  ``i`` is scaled by ``min(1, C * ref / norm_i)``, where ``ref`` is the *lower* median of
-  the counted members' chunk norms (``sorted(norms)[(m - 1) // 2]``: with two members the
-  smaller norm, so one member alone never sets the reference above the other's) and ``C``
-  is ``clip_factor`` (0 disables clipping). Scaled contributions keep their weight in the
-  denominator, so clipping only ever shrinks a contribution.
+  Scale", Gorbunov et al. 2022): contribution ``i`` is scaled by
+  ``min(1, C * ref / norm_i)``, where ``ref`` is the *lower* median of the counted
+  members' chunk norms (``sorted(norms)[(m - 1) // 2]``: with two members the smaller
+  norm, so one member alone never sets the reference above the other's) and ``C`` is
+  ``clip_factor``. Scaled contributions keep their weight in the denominator, so clipping
+  only ever shrinks a contribution.
 
-**Bound.** With counted weights ``w_i`` (each at most ``max_weight``) and ``W = sum(w_i)``,
-a member ``a`` enters every chunk of the mean as ``(w_a / W) * s_a * x_a`` with
-``||s_a * x_a|| <= C * ref``: at most ``max_weight / (max_weight + W_others)`` of the weight
-and a norm of at most ``C * ref`` per chunk, whatever weight or values it sends. With
-``M >= 3`` members ``ref`` is the norm of an honest member's chunk or lies between two
-honest ones; with two members a liar can shrink ``ref`` (and so the other's contribution)
-but never enlarge its own. A zero ``ref`` (half the members sent zeros) clips nothing, as
-a zero own norm bounds nothing in ``reduction.check_values``: the weight cap and the
-reducer's ``max_norm_ratio`` check remain.
+``clip_factor`` 0 turns both median rules off (the plain weighted mean of capped weights:
+the data-parallel mean inside one replica, and tests of the arithmetic).
 
-**Cost on honest runs.** When no chunk norm exceeds ``C * ref`` every scale is exactly 1.0
-and the float operations are those of the plain weighted mean, bit for bit. Honest
-members' deltas over the same H steps have similar norms; what can exceed ``C`` times the
-median is a member whose delta spans several failed rounds (its weight carries them too).
+**Bound** (C = 1). One member at the cap, sending anything, with ``m - 1`` honest members
+whose deltas agree: the mean projected on the honest-only mean keeps at least
+``(m - 2) / m`` of it with equal weights, is > 0 for ``m >= 3`` and >= 0 for ``m = 2``:
+it may cancel, never reverse, the honest update.
+
+**Cost on honest runs.** Honest members' chunks above the median norm are scaled down to
+it (about half of them), and weights above the median (members whose delta spans failed
+rounds) count as the median; measured in benchmarks (docs/design.md "Aggregation
+bounds").
 """
 
 from __future__ import annotations
@@ -44,12 +45,11 @@ import torch
 
 from diloco.protocol.core.norms import chunk_norm
 
-CLIP_FACTOR = 3.0
-"""Default C. Measured on honest ``diloco-node local`` runs (benchmarks/RESULTS.md, "Trust";
-2 and 4 replicas, 2 seeds, 300 steps): a member's chunk norm reached at most 2.65 times the
-lower median, so C = 3 never clipped (results bit-identical to the plain mean) while C = 2
-clipped 4 of 2,944 contributions. A member whose delta spans a failed round has about
-twice the others' norm, which C = 3 also leaves alone."""
+CLIP_FACTOR = 1.0
+"""Default C: the largest for which one member cannot reverse the honest mean of a group
+of three (docs/design.md "Aggregation bounds"; C = 3, the previous default, let a member
+at the cap sending -50 times its delta reverse it: -0.23 of the honest mean with three
+members, -0.73 with two)."""
 
 
 def cap_weight(weight: float, max_weight: float) -> float:
@@ -60,6 +60,22 @@ def cap_weight(weight: float, max_weight: float) -> float:
 def cap_weights(weights: Sequence[float], max_weight: float) -> tuple[float, ...]:
     """Every weight clamped to the cap; weights within it are returned unchanged."""
     return tuple(cap_weight(w, max_weight) for w in weights)
+
+
+def lower_median(values: Sequence[float]) -> float:
+    """``sorted(values)[(m - 1) // 2]``: with two values the smaller, so one of two never
+    sets it above the other's; with ``m >= 3`` one value alone cannot move it past a
+    value of the others."""
+    return sorted(values)[(len(values) - 1) // 2]
+
+
+def median_capped(weights: Sequence[float]) -> tuple[float, ...]:
+    """Every weight clamped to the lower median of ``weights`` (the median weight cap):
+    at least two members then weigh the cap, so no single member outweighs the rest."""
+    if not weights:
+        return ()
+    cap = lower_median(weights)
+    return tuple(min(float(w), cap) for w in weights)
 
 
 def check_clip_factor(clip_factor: float) -> None:
@@ -79,7 +95,7 @@ def clip_scales(norms: Sequence[float], clip_factor: float) -> tuple[float, ...]
     """
     if clip_factor == 0 or not norms:
         return (1.0,) * len(norms)
-    ref = sorted(norms)[(len(norms) - 1) // 2]
+    ref = lower_median(norms)
     bound = clip_factor * ref
     if bound <= 0:
         return (1.0,) * len(norms)
@@ -113,10 +129,13 @@ def weighted_mean(
 
 @dataclass(frozen=True, slots=True)
 class Combined:
-    """One chunk's mean and how it was taken (the norms and scales a checker needs)."""
+    """One chunk's mean and how it was taken (the norms, weights and scales a checker
+    needs)."""
 
     mean: torch.Tensor
     norms: tuple[float, ...]
+    weights: tuple[float, ...]
+    """The weights the mean was taken with (median-capped unless clipping is off)."""
     scales: tuple[float, ...]
 
     @property
@@ -131,17 +150,19 @@ def robust_mean(
     clip_factor: float,
     norms: Sequence[float] | None = None,
 ) -> Combined:
-    """The combine step of one chunk: norm clipping against the lower median, then the
-    FP32 weighted mean in the given order (module docstring: rules, bound, cost).
+    """The combine step of one chunk: weights capped at their lower median and norms
+    clipped against the lower median (unless ``clip_factor`` is 0), then the FP32
+    weighted mean in the given order (module docstring: rules, bound, cost).
 
     ``norms`` are the parts' chunk norms (``norms.chunk_norm``; computed when None).
     Reducers combine whole chunks; members that check them (``verification``) combine a
     few blocks of ``parts`` with the reducer's signed norms of the whole chunks, and get
     the same bits: every operation here is elementwise and rounded once on every CPU, and
-    all that depends on more than one value (the clip scales) depends on the chunk only
-    through ``norms``.
+    all that depends on more than one value (the clip scales, the median weight cap)
+    depends on the chunk only through ``norms`` and ``weights``.
     """
     if norms is None:
         norms = tuple(chunk_norm(part) for part in parts)
+    counted = tuple(map(float, weights)) if clip_factor == 0 else median_capped(weights)
     scales = clip_scales(norms, clip_factor)
-    return Combined(weighted_mean(parts, weights, scales), tuple(norms), scales)
+    return Combined(weighted_mean(parts, counted, scales), tuple(norms), counted, scales)

@@ -54,6 +54,9 @@ class Contribution:
     delta: torch.Tensor
     weight: float
     prior: str = ""
+    client: bool = False
+    """It reduces no part (a swarm client): its part is empty, as on the wire, so the
+    chunks, and the norms clipping compares, are the swarm's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +145,10 @@ class InProcessReducer(Reducer):
         result = torch.empty(numel, dtype=torch.float32)
         sent = [0] * num_members
         received = [0] * num_members
-        for reducer, (lo, hi) in enumerate(butterfly_parts(numel, num_members)):
+        shares = [0.0 if c.client else 1.0 for c in contributions]
+        for reducer, (lo, hi) in enumerate(butterfly_parts(numel, num_members, shares)):
+            if contributions[reducer].client:
+                continue  # an empty part: nothing goes on the wire
             decoded = []
             for member, contribution in enumerate(contributions):
                 payload = self.codec.encode(contribution.delta[lo:hi].contiguous())

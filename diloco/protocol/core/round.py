@@ -6,7 +6,7 @@ glue. So do we: ``AllReduceRunner`` (``allreduce``) moves bytes and enforces dea
 feeds what arrives into these classes, which never touch a stream, a clock or a loop:
 
 * ``RoundPlan``: what every member derives alike from the group (parts, chunks, codecs)
-  plus the norms of its own delta, the bound for what it accepts.
+  plus the norms of its own delta.
 * ``PartReducer``: the reducer side of this member's part: which chunks arrived from whom
   (kept with their hashes and their senders' seals: evidence for disputes), who is excluded
   and why, who counts once the gather closes, the combine step
@@ -34,7 +34,13 @@ import torch
 from diloco.codecs import Codec, CodecError
 from diloco.errors import ProtocolError
 from diloco.protocol.core.aggregation import cap_weights, check_clip_factor, robust_mean
-from diloco.protocol.core.norms import Span, block_norms, chunk_norm, num_blocks
+from diloco.protocol.core.norms import (
+    Span,
+    block_norms,
+    check_reference,
+    chunk_norm,
+    num_blocks,
+)
 from diloco.protocol.core.partition import PART_ALIGN, butterfly_parts
 from diloco.protocol.wire.frames import Buffer, RoundTag
 from diloco.protocol.wire.part import Averaged, PartHead
@@ -62,9 +68,11 @@ def chunk_spans(lo: int, hi: int, chunk_values: int = CHUNK_VALUES) -> list[Span
 def check_values(x: torch.Tensor, reference_norm: float, max_norm_ratio: float) -> None:
     """Raise ProtocolError unless ``x`` is finite and its norm is within the bound.
 
-    The bound is ``max_norm_ratio * reference_norm``; a zero reference (this node's own
-    part is all zeros) leaves only the finiteness check, since no scale is known. A finite
-    FP32 norm proves every value finite, so the common case takes one pass.
+    The bound is ``max_norm_ratio * reference_norm``, the reference one the whole group
+    agrees on (``norms.check_reference``), never this node's own norm alone: a node with a
+    tiny delta would refuse every honest value. A zero reference leaves only the
+    finiteness check, since no scale is known. A finite FP32 norm proves every value
+    finite, so the common case takes one pass.
     """
     norm = float(torch.linalg.vector_norm(x))
     if not math.isfinite(norm):
@@ -79,7 +87,9 @@ def check_norm(norm: float, reference_norm: float, max_norm_ratio: float) -> Non
     if not math.isfinite(norm):
         raise ProtocolError("values are not all finite")
     if reference_norm > 0 and norm > max_norm_ratio * reference_norm:
-        raise ProtocolError(f"norm {norm:.3g} > {max_norm_ratio:g} x own norm {reference_norm:.3g}")
+        raise ProtocolError(
+            f"norm {norm:.3g} > {max_norm_ratio:g} x the group's median norm {reference_norm:.3g}"
+        )
 
 
 def part_digest(bodies: Sequence[Buffer]) -> bytes:
@@ -94,7 +104,8 @@ def part_digest(bodies: Sequence[Buffer]) -> bytes:
 @dataclass(frozen=True, slots=True)
 class RoundPlan:
     """One member's plan of a round: identical on every member except ``index`` and the
-    norms, which are those of its own delta (the scale it judges others' values by)."""
+    norms, which are those of its own delta (its say in the group's median norm, which
+    others' values are judged by: ``norms.check_reference``)."""
 
     tag: RoundTag
     group_id: bytes
@@ -238,9 +249,12 @@ class PartReducer:
     def check_chunk(self, c: int, payload: Buffer) -> Chunk:
         """Decode and validate chunk ``c`` of a contribution to this part (pure).
 
+        Its norm is judged later, against the group's (``exclude_oversized``): this
+        member's own norm alone is no reference (a tiny own delta would refuse honest
+        chunks and charge their senders).
+
         Raises:
-            ProtocolError: another codec, no decode, a wrong length, non-finite values, or a
-                norm over ``max_norm_ratio`` times this member's own (when that is non-zero).
+            ProtocolError: another codec, no decode, a wrong length, non-finite values.
         """
         codec = self.plan.codec
         if payload[:1] != bytes([codec.codec_id]):
@@ -253,7 +267,8 @@ class PartReducer:
         if values.numel() != b - a:
             raise ProtocolError(f"{values.numel()} values, expected {b - a}")
         norm = chunk_norm(values)
-        check_norm(norm, self.plan.chunk_norms[self.part][c], self.plan.max_norm_ratio)
+        if not math.isfinite(norm):  # not finite iff a value is not (``chunk_norm``)
+            raise ProtocolError("values are not all finite")
         return Chunk(values, norm, payload, hashlib.sha256(payload).digest())
 
     def add_chunk(self, j: int, c: int, chunk: Chunk) -> bool:
@@ -278,6 +293,23 @@ class PartReducer:
     def gather_complete(self) -> bool:
         """Chunk 0 is in, or a reason not to wait for it, from every other member."""
         return all(j in self.received or j in self.excluded for j in self._others())
+
+    def exclude_oversized(self) -> dict[int, str]:
+        """Exclude the members whose chunk 0 norm is over ``max_norm_ratio`` times the
+        group's reference (``norms.check_reference`` of the chunk 0 norms held and this
+        member's own); return them with why. Called as the gather closes: what arrives
+        later no longer counts, and later chunks are bounded by clipping alone."""
+        held = [j for j in self.received if j not in self.excluded]
+        own = self.plan.chunk_norms[self.part][0]
+        reference = check_reference([own, *(self.received[j][0].norm for j in held)])
+        oversized = {}
+        for j in held:
+            try:
+                check_norm(self.received[j][0].norm, reference, self.plan.max_norm_ratio)
+            except ProtocolError as exc:
+                self.exclude(j, str(exc))
+                oversized[j] = str(exc)
+        return oversized
 
     def close_gather(self) -> dict[int, str]:
         """Fix who counts; return the members left out, with why."""
@@ -308,10 +340,10 @@ class PartReducer:
 
     def average(self, c: int, own: torch.Tensor) -> tuple[Averaged, torch.Tensor, list[int]]:
         """Chunk ``c`` combined over the counted members (``own`` is this member's values;
-        ``aggregation.robust_mean``: norms clipped against the lower median, FP32 weighted
-        mean in group order), encoded once with the return codec, as an unsigned AVERAGED
-        with the norms it was combined by; the decoded values this member uses itself; the
-        counted members that clipping scaled down (pure)."""
+        ``aggregation.robust_mean``: weights capped and norms clipped at the lower medians,
+        FP32 weighted mean in group order), encoded once with the return codec, as an
+        unsigned AVERAGED with the norms it was combined by; the decoded values this member
+        uses itself; the counted members that clipping scaled down (pure)."""
         assert self.mask is not None
         norms = [0.0] * self.plan.num_members
         values = []
@@ -355,7 +387,7 @@ class PartReducer:
 
 class AveragedPart:
     """Part ``part`` as one stream from its reducer delivers it: AVERAGED chunks in order,
-    each checked against the plan and this member's own norms.
+    each checked against the plan and the group's median of the norms it reports.
 
     A stream opened again after a cut starts a new ``AveragedPart``: the reducer streams
     every chunk again from the first.
@@ -372,6 +404,9 @@ class AveragedPart:
         """Per chunk, the members' chunk norms as the reducer reported them."""
         self.block_norms: list[tuple[float, ...]] = []
         """Per chunk, the block norms of the reducer's own contribution."""
+        self._references: dict[int, float] = {}
+        """Per chunk checked, the bound's reference (``norms.check_reference`` of the norms
+        the reducer reports: signed, and checked by ``verification``)."""
         self._sha = hashlib.sha256()
 
     @property
@@ -397,9 +432,16 @@ class AveragedPart:
             raise ProtocolError("counted mask changed mid-part")
         if len(msg.block_norms) != num_blocks(self.chunks[c]):
             raise ProtocolError(f"{len(msg.block_norms)} block norms")
+        counted = [norm for norm, bit in zip(msg.norms, msg.mask, strict=True) if bit]
+        self._references[c] = check_reference(counted)
 
     def decode(self, c: int, payload: Buffer) -> torch.Tensor:
-        """Decode and validate averaged chunk ``c`` (pure).
+        """Decode and validate averaged chunk ``c``, once ``check`` passed its message.
+
+        A mean of contributions clipped at the median norm is within it, so the bound
+        (``max_norm_ratio`` times the reported norms' reference) leaves the return codec
+        ample room; this member's own norm is no reference (a tiny own delta would refuse
+        honest means).
 
         Raises:
             ProtocolError: no decode, non-finite values, or a norm over the bound.
@@ -408,7 +450,7 @@ class AveragedPart:
             values = self.plan.return_codec.decode(payload)
         except CodecError as exc:
             raise ProtocolError(f"averaged part does not decode: {exc}") from exc
-        check_values(values, self.plan.chunk_norms[self.part][c], self.plan.max_norm_ratio)
+        check_values(values, self._references[c], self.plan.max_norm_ratio)
         return values
 
     def add(self, c: int, msg: Averaged, values: torch.Tensor, body: Buffer) -> None:
