@@ -41,6 +41,7 @@ from diloco.node.outer import AppliedRound
 from diloco.node.recent_metrics import RecentMetrics
 from diloco.node.traffic import data_parallel_bytes
 from diloco.node.trainer import NodeTrainer
+from diloco.node.witness import Witness, WitnessedRound
 from diloco.protocol.allreduce.swarm_reducer import SwarmReducer
 from diloco.protocol.core.reducer import RoundKey
 from diloco.protocol.records.metrics import publish_metrics
@@ -148,6 +149,8 @@ class SwarmNode:
             self.snapshot = self._snapshot()
             self.metrics: TextIO | None = open(metrics_out, "a") if metrics_out else None  # noqa: SIM115
             self.resumed_from = self.trainer.resume_latest() if resume else None
+            self.witness = Witness(member)
+            """The rounds this node applied: whose word it may act on (``_vouch``)."""
             self._refresh_snapshot()
             self.healer = Healer(
                 self.trainer,
@@ -158,6 +161,7 @@ class SwarmNode:
                 self._refresh_snapshot,
                 initial_hashes,
                 anchors=[a.rsplit("/p2p/", 1)[1] for a in net.initial_peers if "/p2p/" in a],
+                witness=self.witness,
             )
             self.failed_rounds = 0
             self.diverged: set[RoundKey] = set()
@@ -205,14 +209,18 @@ class SwarmNode:
 
     def _vouch(self, applied: AppliedRound) -> None:
         """Remember that we applied ``applied`` and reached its outer hash (published with
-        the next records). A member counted in none of the round's parts is not among its
-        members and vouches for nothing."""
+        the next records), and who worked with us in it (``witness``: docs/design.md
+        "Evidence"). A member counted in none of the round's parts is not among its members
+        and vouches for nothing."""
         me = self.swarm.peer_id.to_base58()
         if applied.ok and me in applied.members:
             members = tuple(sorted(applied.members))
             key = applied.key
             vouch = Vouch(me, key.fragment, key.round, applied.outer_sha256, members)
             self.vouches[key.fragment].append(vouch)
+            weights = {me: applied.weight}
+            seen = WitnessedRound(key.fragment, key.round, members, applied.outer_sha256, weights)
+            self.witness.record(seen)
 
     def _publish(self, record: NodeRecord, vouches: Mapping[int, tuple[Vouch, ...]]) -> None:
         """Worker thread: refresh our records and vouches (new ones, and unchanged ones before
