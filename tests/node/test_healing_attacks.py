@@ -212,6 +212,8 @@ def test_paper_identities_change_no_state_and_no_step(run: Run) -> None:
         # All-zero weights give uniform logits over the 256 bytes: a loss of ln 256.
         assert summary["eval_loss"] < 0.9 * math.log(256), summary["eval_loss"]
     assert a.summary()["outer_sha256"] == b.summary()["outer_sha256"]
+    # a (the creator, no anchors) has a pace only through the peers it saw work (the
+    # witness that SwarmNode feeds after each round): its "step not followed" shows it.
     for keys in run.papers.values():
         for key in keys:
             for node in (a, b):
