@@ -1,70 +1,44 @@
-"""What healing and joining may believe of other nodes' claims (SPEC 4 "State transfer", 4.1).
+"""What healing and joining may believe of other nodes' claims (docs/design.md "Healing and
+joining", "Evidence").
 
 A node record is a claim (its author signed it, nothing more): "I am at step s, I hold
-fragment p at version k with hash h". One hostile peer could claim the run's last step or
-versions a thousand rounds ahead and serve zeros (issue 11, attack 1), or publish under many
-identities to crowd the honest donors out (attack 6). Two rules, pure functions of the
-records and vouches read in one check, bound what such claims can make a node do:
+fragment p at version k with hash h". A vouch is another: "applying round k of p left me
+at hash h". Keys are free: one process can sign records and vouches under any number of
+identities without doing any work. So nothing a node decides about its own outer state or
+step rests on counting identities; it rests on ``Evidence``, what the node can check itself:
 
-**Claims bounded by the schedule** (``schedule_offence``, ``assess``). A record is
-*plausible* iff
+- the peers it has seen work (``diloco.node.witness``: members of rounds it applied);
+- the run's creator (``RunConfig.creator``, who signed the configuration every node runs);
+- while it has seen nobody work yet (a joiner), the anchors its user gave it to join
+  through (``--initial-peers``): a joiner follows the run of the peer it was given.
 
-- its global step is at most the run's end ``T`` (``RunConfig.steps``);
-- every fragment version is at most ``last_sent_round(step, p)``: an honest node applies
-  round ``k`` of ``p`` at its receive step, never before the send step of ``k``, and when
-  it adopts a peer's newer vouched state it moves on to that round's send step at least
-  (``healing.catch_up_step``), so its records keep this bound too;
-- its global step is at most the swarm's *pace* plus ``PACE_SLACK_ROUNDS * H``. The pace
-  is the lower median of the steps of the records that pass the two rules above and whose
-  authors vouched for a vouched round (members of rounds a majority signed). While no
-  such record exists (before the first vouched round, or after every member left), it is
-  the lower median of the node's *anchors*, the peers its user gave it to join through
-  (``--initial-peers``: a joiner follows the run of the peer it was given), and for a node
-  without anchors (the run's first) of all those records. Records that never took part in
-  a round (Sybils) do not move it, nor does one member among several (with two, the lower
-  median is the lower step). Every fragment syncs once per ``H`` steps and rounds hold
-  members within about ``tau`` steps of each other, so ``2H`` leaves honest nodes room.
-  Not the newest vouched round: a node whose rounds fail (its partners left or lag) trains
-  on without producing vouches, and must stay believable. Known limit: a member that runs
-  more than ``2H`` ahead of the median of the others is ignored as a donor (and logged
-  once) until they catch up; before any round is vouched, Sybil records can move the
-  first node's pace (so it uses no pace for its own step, below).
+**Claims bounded by the schedule** (``schedule_offence``). A record is *plausible* iff its
+global step is at most the run's end ``T`` and every fragment version is at most
+``last_sent_round(step, p)`` (an honest node applies round ``k`` at its receive step, and
+when it adopts a newer state it moves on to that round's send step: ``healing.catch_up_step``).
+A record that breaks the schedule is ignored altogether.
 
-A record that breaks the schedule is ignored altogether. A record whose step runs ahead
-of the pace is not followed (the robust step leaves it out), but it stays a donor of what
-it holds: a state is taken only when vouched and hashed anyway (below), so an honest node
-that ran ahead can still heal the others. ``Offences`` logs each offender once, with its
-peer id, the rule it broke and what is ignored.
+**Adoptable states** (``vouchers``). Only the vouches of *counting* authors count: the
+node's witnessed workers and itself, the creator, and (with no worker yet) its anchors.
+A state ``(p, k, h)`` is adoptable iff the creator vouches for it, or the counting authors
+that vouch for ``h`` are a strict majority of the counting authors that vouch for any hash
+of ``(p, k)`` and number at least ``MIN_VOUCHERS`` (one anchor for a joiner). An author
+vouching for two hashes of one round counts for neither. The member list a vouch carries
+is written by its author and decides nothing (an author absent from its own list is
+malformed and ignored). Version 0 needs no vouch: it must be the node's own initial state
+(same seed), compared by hash. Vouches of authors that do not count, for states that are
+not adoptable, are logged once per author (a paper identity, or an honest newcomer this
+node has not worked with yet: the message accuses nobody).
 
-**Vouched states** (``vouched``). After applying round ``(p, k)`` each member publishes a
-signed vouch: (``k``, its outer hash after applying, the round's sorted members). A state
-``(p, k, h)`` is *vouched* iff the vouches for exactly ``(p, k, h)`` that sign one and the
-same member list ``L``, from authors in ``L``, number a strict majority of ``L`` and at
-least ``MIN_VOUCHERS``, or when the run's creator (``RunConfig.creator``, who signed the
-configuration every joiner follows) is one of the members and vouches for it. Vouches
-signing another list for the same state do not count for
-``L`` (so members that disagree on who took part vouch for nothing), and do not veto it
-either (one member could otherwise make every state of its rounds unusable). Version 0
-needs no vouch: it must be the node's own initial state (same seed), compared by hash.
-
-Bounds and limits of the vouch rule: one peer (or any minority of a round's members),
-unless it is the run's creator, cannot make a state vouched, whatever it claims; a hash a
-majority of the members did not reach is never adopted. A round of one member
-(``min_group_size`` 1) has no majority of two: only the creator's lone rounds are vouched
-(by its own vouch), so a joiner can join a creator that trained alone, not another lone
-node. With two members both must vouch (or the creator): one can withhold its vouch and
-keep joiners off that round's state (they wait for the next round). A vouch outlives its
-author by its lifetime (a node publishes its vouches to live 5 minutes: a fact about the
-past stays true), so the members left can still heal a node that missed the round; a state
-whose round's majority left longer ago is no longer vouched. Several identities of one
-person that form a round's majority, or a round of their own, can vouch: in an open swarm
-they are several peers (SPEC 4.1); a closed swarm bounds them.
-
-**Robust step**: a lagging node skips ahead, and a joiner starts, at the pace (the lower
-median above) computed over the plausible records only; never at one donor's claim. A node
-without anchors has no robust step until a round is vouched: the run's first node is the
-swarm's clock then, and Sybil records claiming steps ahead would make it skip ahead again
-and again (records are free; rounds are not).
+**Robust step and pace** (``assess``). The pace is the lower median step of the plausible
+records of the *clock*: the witnessed workers and the creator; while the node has no
+witnessed worker, its anchors and the creator. A record whose step runs more than
+``PACE_SLACK_ROUNDS * H`` past the pace is not followed (logged once), and the robust step
+(where a lagging node skips to, where a joiner starts) is the lower median of the clock's
+records within that bound. Records of anyone else never move either: without a clock
+record there is no robust step (the run's first node is the swarm's clock; a joiner whose
+anchors left starts at the send step of the newest round it adopted). The node's own step
+is not in the median: with one partner it would never catch up.
 """
 
 from __future__ import annotations
@@ -81,7 +55,7 @@ from diloco.protocol.records.nodes import NodeRecord, Vouch
 logger = logging.getLogger(__name__)
 
 MIN_VOUCHERS = 2
-"""Vouches a state needs at the least (a strict majority of one member is that member)."""
+"""Counting vouches a state needs at the least (a joiner: one anchor), unless the creator's."""
 PACE_SLACK_ROUNDS = 2
 """A record's step may run this many times ``H`` past the swarm's pace (module docstring)."""
 MAX_OFFENDERS_LOGGED = 10_000
@@ -111,43 +85,72 @@ class Schedule:
         return send_step(fragment, round, self.sync_every, self.num_fragments)
 
 
-def vouchers(
-    vouches: Iterable[Vouch],
-    fragment: int,
-    round: int,
-    state_hash: str,
-    creator: str | None = None,
-) -> frozenset[str]:
-    """The members whose vouches make ``(fragment, round, state_hash)`` vouched; empty when
-    it is not vouched (the rule is in the module docstring). With several member lists that
-    each reach a majority (a round split into two groups that reached one state), the
-    largest set of vouchers. Without a majority, the vouch of the run's ``creator`` (a
-    member of the round) is enough: a joiner follows the creator's run anyway."""
-    by_members: dict[tuple[str, ...], set[str]] = defaultdict(set)
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """Whose word this node may act on, now (module docstring): its ``workers`` (peers it
+    saw counted in rounds it applied, ``Witness.workers``), ``me``, its ``anchors`` and the
+    run's ``creator``. Built anew for every check: the workers change as rounds apply."""
+
+    me: str = ""
+    workers: frozenset[str] = frozenset()
+    anchors: frozenset[str] = frozenset()
+    creator: str | None = None
+
+    @property
+    def joining(self) -> bool:
+        """No witnessed worker yet: the anchors stand in for them."""
+        return not self.workers
+
+    def _creator(self) -> frozenset[str]:
+        return frozenset() if self.creator is None else frozenset({self.creator})
+
+    def voters(self) -> frozenset[str]:
+        """Authors whose vouches count."""
+        base = self.anchors if self.joining else self.workers | {self.me}
+        return base | self._creator()
+
+    def clock(self) -> frozenset[str]:
+        """Peers whose records set the pace and the robust step (not this node itself)."""
+        base = self.anchors if self.joining else self.workers
+        return (base | self._creator()) - {self.me}
+
+    @property
+    def min_vouchers(self) -> int:
+        return 1 if self.joining else MIN_VOUCHERS
+
+
+def _said(
+    vouches: Iterable[Vouch], fragment: int, round: int, evidence: Evidence
+) -> dict[str, str]:
+    """Counting author -> the hash it vouches for at ``(fragment, round)``; authors that
+    vouch for two hashes of one round are left out (they count for neither)."""
+    voters = evidence.voters()
+    hashes: dict[str, set[str]] = defaultdict(set)
     for v in vouches:
-        same = (v.fragment, v.round, v.state_hash) == (fragment, round, state_hash)
-        if same and v.author in v.members:
-            by_members[v.members].add(v.author)
-    counted: frozenset[str] = frozenset()
-    for members, authors in by_members.items():
-        majority = len(authors) >= MIN_VOUCHERS and 2 * len(authors) > len(members)
-        if majority and len(authors) > len(counted):
-            counted = frozenset(authors)
-    if not counted and any(creator in authors for authors in by_members.values()):
-        counted = frozenset({creator}) if creator is not None else counted
-    return counted
+        counts = v.author in voters and v.author in v.members
+        if counts and (v.fragment, v.round) == (fragment, round):
+            hashes[v.author].add(v.state_hash)
+    return {author: next(iter(h)) for author, h in hashes.items() if len(h) == 1}
+
+
+def vouchers(
+    vouches: Iterable[Vouch], fragment: int, round: int, state_hash: str, evidence: Evidence
+) -> frozenset[str]:
+    """The counting authors whose vouches make ``(fragment, round, state_hash)`` adoptable;
+    empty when it is not (the rule is in the module docstring)."""
+    said = _said(vouches, fragment, round, evidence)
+    backing = frozenset(a for a, h in said.items() if h == state_hash)
+    if evidence.creator is not None and evidence.creator in backing:
+        return backing
+    enough = len(backing) >= evidence.min_vouchers and 2 * len(backing) > len(said)
+    return backing if enough else frozenset()
 
 
 def vouched(
-    vouches: Iterable[Vouch],
-    fragment: int,
-    round: int,
-    state_hash: str,
-    creator: str | None = None,
+    vouches: Iterable[Vouch], fragment: int, round: int, state_hash: str, evidence: Evidence
 ) -> bool:
-    """Whether a majority of round ``(fragment, round)``'s members (or the run's
-    ``creator``, one of them) vouch for ``state_hash``."""
-    return bool(vouchers(vouches, fragment, round, state_hash, creator))
+    """Whether ``(fragment, round, state_hash)`` is adoptable on ``evidence``."""
+    return bool(vouchers(vouches, fragment, round, state_hash, evidence))
 
 
 def schedule_offence(record: NodeRecord, schedule: Schedule) -> str | None:
@@ -174,25 +177,28 @@ class SwarmView:
 
     records: tuple[NodeRecord, ...]
     """The records (other nodes') whose claims fit the schedule, in the order read: the
-    donors to choose from (their states still have to be vouched)."""
+    donors to choose from (their states still have to be adoptable)."""
     vouched: Mapping[Claim, frozenset[str]]
-    """Vouched states with the members that vouched for them, and version 0 of each
-    fragment with this node's initial hash (no vouchers)."""
+    """Adoptable states with the counting authors that vouched for them, and version 0 of
+    each fragment with this node's initial hash (no vouchers)."""
     step: int | None
-    """The robust step of the swarm, from the records within the pace (None: nobody's)."""
+    """The robust step of the swarm, from the clock's records within the pace (None: none)."""
     pace: int | None = None
-    """The pace the records' steps were bounded by (None: no record passed the schedule)."""
+    """The pace the records' steps were bounded by (None: no clock record)."""
     offences: Mapping[str, str] = field(default_factory=dict)
     """Peer id -> what of its record is ignored, and why."""
+    uncounted: Mapping[str, str] = field(default_factory=dict)
+    """Author -> a state it vouches for that is not adoptable, its vouch not counting
+    (a paper identity, or a newcomer this node has not worked with)."""
 
     def holds_vouched(self, record: NodeRecord, fragment: int) -> bool:
-        """Whether ``record``'s state of ``fragment`` is vouched (or the initial one)."""
+        """Whether ``record``'s state of ``fragment`` is adoptable (or the initial one)."""
         entry = record.fragment(fragment)
         return entry is not None and (fragment, entry.version, entry.state_hash) in self.vouched
 
     def vouched_by(self, record: NodeRecord, fragment: int) -> bool:
-        """Whether ``record``'s author vouched for the state of ``fragment`` it holds: a
-        member of the round that made it (no Sybil that merely copies a vouched claim)."""
+        """Whether ``record``'s author is a counting voucher of the state of ``fragment`` it
+        holds (no Sybil that merely copies an adoptable claim)."""
         entry = record.fragment(fragment)
         if entry is None:
             return False
@@ -200,31 +206,55 @@ class SwarmView:
         return record.peer_id in self.vouched.get(claim, frozenset())
 
     def newest_vouched(self, fragment: int) -> int:
-        """The newest vouched version of ``fragment`` (0: none)."""
+        """The newest adoptable version of ``fragment`` (0: none)."""
         return max((k for p, k, _ in self.vouched if p == fragment), default=0)
+
+
+def _in_run(vouches: Iterable[Vouch], schedule: Schedule) -> dict[tuple[int, int], list[Vouch]]:
+    """Vouches by round, without those for rounds the run never sends."""
+    by_round: dict[tuple[int, int], list[Vouch]] = defaultdict(list)
+    for v in vouches:
+        last = schedule.last_round(schedule.steps, v.fragment)
+        if v.fragment < schedule.num_fragments and v.round <= last:
+            by_round[(v.fragment, v.round)].append(v)
+    return by_round
 
 
 def vouched_claims(
     vouches: Sequence[Vouch],
     schedule: Schedule,
     initial_hashes: Sequence[str],
-    creator: str | None = None,
+    evidence: Evidence,
 ) -> dict[Claim, frozenset[str]]:
-    """Every vouched state with its vouchers, and version 0 of each fragment at this node's
-    initial hash (no vouchers). Vouches for rounds that the run never sends are dropped."""
+    """Every adoptable state with its counting vouchers, and version 0 of each fragment at
+    this node's initial hash (no vouchers). Vouches for rounds the run never sends are
+    dropped."""
     claims: dict[Claim, frozenset[str]] = {
         (p, 0, h): frozenset() for p, h in enumerate(initial_hashes)
     }
-    by_claim: dict[Claim, list[Vouch]] = defaultdict(list)
-    for v in vouches:
-        if v.fragment < schedule.num_fragments and v.round <= schedule.last_round(
-            schedule.steps, v.fragment
-        ):
-            by_claim[(v.fragment, v.round, v.state_hash)].append(v)
-    for claim, same in by_claim.items():
-        if counted := vouchers(same, *claim, creator=creator):
-            claims[claim] = counted
+    for (p, k), same in _in_run(vouches, schedule).items():
+        for h in {v.state_hash for v in same}:
+            if counted := vouchers(same, p, k, h, evidence):
+                claims[(p, k, h)] = counted
     return claims
+
+
+def uncounted_vouches(
+    vouches: Sequence[Vouch], claims: Mapping[Claim, frozenset[str]], evidence: Evidence
+) -> dict[str, str]:
+    """Author -> why its vouch is refused, for authors outside ``evidence.voters()`` that
+    vouch for a state ``claims`` does not hold (a vouch agreeing with the counted ones is
+    no refusal: an honest newcomer's, usually)."""
+    voters = evidence.voters()
+    refused: dict[str, str] = {}
+    for v in vouches:
+        claim = (v.fragment, v.round, v.state_hash)
+        if v.author not in voters and claim not in claims and v.author not in refused:
+            refused[v.author] = (
+                f"fragment {v.fragment} round {v.round} hash {v.state_hash[:16]}... is not "
+                "adoptable on the word of peers this node has not seen work"
+            )
+    return refused
 
 
 def assess(
@@ -232,14 +262,12 @@ def assess(
     vouches: Sequence[Vouch],
     schedule: Schedule,
     initial_hashes: Sequence[str],
-    anchors: frozenset[str] = frozenset(),
-    creator: str | None = None,
+    evidence: Evidence,
 ) -> SwarmView:
-    """Bound ``records`` (other nodes') by the schedule and the swarm's pace, find the
-    vouched states in ``vouches`` and the robust step (rules in the module docstring).
-    ``anchors`` are the peer ids this node joined through, ``creator`` the run's."""
-    claims = vouched_claims(vouches, schedule, initial_hashes, creator)
-    counted = frozenset().union(*claims.values())
+    """Bound ``records`` (other nodes') by the schedule and the clock's pace, find the
+    adoptable states in ``vouches`` and the robust step, all on ``evidence`` (rules in the
+    module docstring)."""
+    claims = vouched_claims(vouches, schedule, initial_hashes, evidence)
     offences: dict[str, str] = {}
     in_schedule = []
     for record in records:
@@ -247,7 +275,8 @@ def assess(
             offences[record.peer_id] = f"record ignored: {why}"
         else:
             in_schedule.append(record)
-    pace = _median_step(in_schedule, counted, anchors, anyone=True)
+    clock = evidence.clock()
+    pace = _median_step(in_schedule, clock)
     paced = []
     for record in in_schedule:
         if pace is not None and record.global_step > pace + schedule.pace_slack:
@@ -257,27 +286,27 @@ def assess(
             )
         else:
             paced.append(record)
-    step = _median_step(paced, counted, anchors, anyone=bool(anchors))
-    return SwarmView(tuple(in_schedule), claims, step, pace, offences)
+    step = _median_step(paced, clock)
+    uncounted = uncounted_vouches(vouches, claims, evidence)
+    return SwarmView(tuple(in_schedule), claims, step, pace, offences, uncounted)
 
 
-def _median_step(
-    records: Sequence[NodeRecord], vouchers: frozenset[str], anchors: frozenset[str], anyone: bool
-) -> int | None:
-    """The lower median step of the records of ``vouchers``; without any, of ``anchors``;
-    without any, of all ``records`` if ``anyone`` (None when it comes to nobody)."""
-    for group in (vouchers, anchors):
-        if steps := [r.global_step for r in records if r.peer_id in group]:
-            return median_low(steps)
-    steps = [r.global_step for r in records] if anyone else []
+def _median_step(records: Sequence[NodeRecord], clock: frozenset[str]) -> int | None:
+    """The lower median step of the records of ``clock`` (None: none of them)."""
+    steps = [r.global_step for r in records if r.peer_id in clock]
     return median_low(steps) if steps else None
 
 
-class Offences:
-    """Peers caught making implausible claims or serving unvouched states, each logged once
-    with its peer id and offence (records are read again at every check)."""
+UNCOUNTED = "not counting the vouches of peer %s (no round with this node): %s"
+"""How ``Offences`` logs a refused vouch: it names no offence (a newcomer's can be honest)."""
 
-    def __init__(self) -> None:
+
+class Offences:
+    """Peers caught making implausible claims or serving unadoptable states, each logged
+    once with its peer id and ``template`` (records are read again at every check)."""
+
+    def __init__(self, template: str = "peer %s: %s") -> None:
+        self.template = template
         self.logged: set[str] = set()
 
     def report(self, peer: str, offence: str) -> None:
@@ -286,7 +315,7 @@ class Offences:
         if len(self.logged) >= MAX_OFFENDERS_LOGGED:
             self.logged.clear()
         self.logged.add(peer)
-        logger.warning("peer %s: %s", peer, offence)
+        logger.warning(self.template, peer, offence)
 
     def report_all(self, offences: Mapping[str, str]) -> None:
         for peer, offence in offences.items():

@@ -4,7 +4,8 @@
 A node cannot always be sure that a round left it where its peers are: the round failed
 for it but not for them, or it joined while a round was in flight. So it reads the run's
 records and vouches and compares. What it may believe of them is decided in
-``diloco.node.claims`` (claims bounded by the schedule, vouched states, the robust step);
+``diloco.node.claims`` (claims bounded by the schedule, states vouched by peers whose word
+counts, the robust step: docs/design.md "Evidence");
 the decisions here are pure functions of that ``SwarmView``, tested on hand-made inputs:
 
 - ``choose_donors``: whom to fetch a fragment from (peers whose vouched state is ahead of
@@ -30,10 +31,19 @@ from concurrent.futures import Executor, Future
 from typing import Any, Protocol
 
 from diloco.errors import DilocoError, ProtocolError
-from diloco.node.claims import Offences, Schedule, SwarmView, assess, vouched_claims
+from diloco.node.claims import (
+    UNCOUNTED,
+    Evidence,
+    Offences,
+    Schedule,
+    SwarmView,
+    assess,
+    vouched_claims,
+)
 from diloco.node.fragments import send_step
 from diloco.node.suspects import failed_everywhere, missed_rounds, open_suspects, version_of
 from diloco.node.trainer import NodeTrainer
+from diloco.node.witness import Witness
 from diloco.protocol.core.reducer import RoundKey
 from diloco.protocol.records.nodes import NodeRecord, Vouch, divergent_peers
 from diloco.protocol.state.fragment import FragmentState, OuterState
@@ -95,8 +105,9 @@ def choose_donors(
 ) -> list[NodeRecord]:
     """Peers to fetch ``fragment`` from, best first; empty when ours is in line.
 
-    Only records within the schedule whose state of ``fragment`` is vouched count: a
-    version or hash a peer merely claims is not evidence. ``version`` and ``state_hash``
+    Only records within the schedule whose state of ``fragment`` is adoptable count: a
+    version or hash a peer merely claims, or that only identities this node never saw work
+    vouch for, is not evidence (docs/design.md "Evidence"). ``version`` and ``state_hash``
     are ours. In order: peers with a newer version (newest first); else, when the majority
     at our version holds another state, its holders.
     """
@@ -171,8 +182,8 @@ def catch_up_step(
     states: Mapping[int, FragmentState], step: int, sync_every: int, num_fragments: int
 ) -> int:
     """The step a node moves to when it adopts ``states``: ``step``, or the send step of the
-    newest adopted round if that is later. A vouched state is evidence that a majority of
-    that round's members got there; and a node's record must not claim a version beyond
+    newest adopted round if that is later. A vouched state is evidence that peers whose word
+    counts got there; and a node's record must not claim a version beyond
     what its step allows (``claims.schedule_offence``)."""
     sends = [
         send_step(p, s.version, sync_every, num_fragments) for p, s in states.items() if s.version
@@ -204,7 +215,9 @@ class Healer:
     Everything but ``check_and_fetch`` runs in the training thread, between steps;
     ``check_and_fetch`` runs on ``worker`` and touches no trainer state. ``initial_hashes``
     are the hashes of this node's fragments before any training (version 0, the run's seed):
-    the only version-0 state it adopts. ``anchors`` are the peer ids of its initial peers.
+    the only version-0 state it adopts. ``anchors`` are the peer ids of its initial peers,
+    ``witness`` the rounds it applied: together with the run's creator, whose word it may
+    act on (``claims.Evidence``).
     """
 
     def __init__(
@@ -217,17 +230,21 @@ class Healer:
         on_adopted: Callable[[], None],
         initial_hashes: Sequence[str],
         anchors: Collection[str] = (),
+        witness: Witness | None = None,
     ) -> None:
         self.trainer, self.source, self.me, self.worker = trainer, source, me, worker
         self.emit, self.on_adopted = emit, on_adopted
         self.initial_hashes = tuple(initial_hashes)
         self.anchors = frozenset(anchors)
-        """Peer ids this node joined through (``claims``: its clock before rounds vouch)."""
+        """Peer ids this node joined through (``claims``: whose word counts while it has
+        seen nobody work)."""
+        self.witness = witness if witness is not None else Witness(me)
         self.numel = {p: s.outer.numel() for p, s in enumerate(trainer.sync.states)}
         self.schedule = Schedule(
             trainer.run.steps, trainer.run.outer.sync_every, trainer.sync.num_fragments
         )
         self.offences = Offences()
+        self.uncounted = Offences(UNCOUNTED)
         self.suspects: dict[int, int] = {}
         """Fragment -> the round that failed for it, until healed or superseded."""
         self.diverged: set[int] = set()
@@ -254,14 +271,20 @@ class Healer:
 
     # -- reading and fetching (worker thread, or the joiner before training) ----------------
 
+    def evidence(self) -> Evidence:
+        """Whose word this check may act on: the peers this node saw work, its anchors, the
+        run's creator (docs/design.md "Evidence")."""
+        workers = self.witness.workers()
+        return Evidence(self.me, workers, self.anchors, self.trainer.run.creator)
+
     def read_view(self) -> SwarmView:
-        """The records and vouches of the swarm, judged (``claims.assess``); offenders are
-        logged once each."""
+        """The records and vouches of the swarm, judged (``claims.assess``); offenders and
+        refused vouchers are logged once each."""
         records = [r for r in self.source.read_records() if r.peer_id != self.me]
         vouches = self.source.read_vouches(range(self.schedule.num_fragments))
-        creator = self.trainer.run.creator
-        view = assess(records, vouches, self.schedule, self.initial_hashes, self.anchors, creator)
+        view = assess(records, vouches, self.schedule, self.initial_hashes, self.evidence())
         self.offences.report_all(view.offences)
+        self.uncounted.report_all(view.uncounted)
         return view
 
     def fetch_vouched(
@@ -290,7 +313,7 @@ class Healer:
         a round the run never sends) is a forgery: the donor is logged as an offender.
 
         Raises:
-            ProtocolError: a fragment no majority of its round vouches for.
+            ProtocolError: a fragment not adoptable on this node's evidence.
         """
         claims = view.vouched
         pending = {p: (s.version, s.sha256()) for p, s in state.fragments.items()}
@@ -301,13 +324,12 @@ class Healer:
             last = self.schedule.last_round(self.schedule.steps, p)
             if not all(view.newest_vouched(q) < v <= last for q, (v, _) in pending.items()):
                 self.offences.report(donor, f"download refused: a forged state: {why}")
-                raise ProtocolError(f"{why} by a majority of its round's members")
+                raise ProtocolError(f"{why} by the peers this node counts")
             if time.monotonic() > deadline:
                 raise ProtocolError(f"{why} after {VOUCH_WAIT:.0f} s")
             time.sleep(VOUCH_POLL)
             vouches = self.source.read_vouches(sorted(pending))
-            creator = self.trainer.run.creator
-            claims = vouched_claims(vouches, self.schedule, self.initial_hashes, creator)
+            claims = vouched_claims(vouches, self.schedule, self.initial_hashes, self.evidence())
 
     # -- joining ------------------------------------------------------------------------------
 

@@ -135,7 +135,8 @@ class SwarmNode:
             member = self.swarm.peer_id.to_base58()
             self.trainer = NodeTrainer(run, options, self.reducer, member)
             self.witness = Witness(member)
-            """The rounds this node applied: whose claims count (docs/design.md "Pace")."""
+            """The rounds this node applied: whose vouches, steps and step times count
+            (docs/design.md "Evidence")."""
             # Version 0 of every fragment is the run's initial state (same seed everywhere):
             # the only unvouched state a joiner or healer adopts.
             initial_hashes = [s.sha256() for s in self.trainer.sync.states]
@@ -164,6 +165,7 @@ class SwarmNode:
                 self._refresh_snapshot,
                 initial_hashes,
                 anchors=[a.rsplit("/p2p/", 1)[1] for a in net.initial_peers if "/p2p/" in a],
+                witness=self.witness,
             )
             self.failed_rounds = 0
             self.diverged: set[RoundKey] = set()
@@ -211,8 +213,9 @@ class SwarmNode:
 
     def _vouch(self, applied: AppliedRound) -> None:
         """Remember that we applied ``applied`` and reached its outer hash (published with
-        the next records). A member counted in none of the round's parts is not among its
-        members and vouches for nothing."""
+        the next records), and who worked with us in it (``witness``: docs/design.md
+        "Evidence"). A member counted in none of the round's parts is not among its members
+        and vouches for nothing."""
         me = self.swarm.peer_id.to_base58()
         if applied.ok and me in applied.members:
             members = tuple(sorted(applied.members))

@@ -15,6 +15,13 @@ nodes' newest claims exactly (version and hash) a round ahead in step, a third c
 round newer than the honest nodes with the zero state's hash and vouch for it with the
 honest nodes named as co-members, a third claim the run's last step.
 
+``paper`` (evidence: identities that never worked in a round): ``--keys K`` identities of its
+own (no daemon) and the process's own serve an all-zero state at the versions of the
+run's last step. Each of them publishes a record claiming it, at the run's last step, and
+vouches for it under a member list it writes itself: the K + 1 identities, and the honest
+nodes too for odd fragments. Before the evidence rule this was a majority of the list (a
+vouched state) and the vouchers' step the robust step: both honest nodes adopted zeros.
+
 It prints one JSON line when ready (``{"ready": ..., "peer_id": ..., "sybils": [...]}``)
 and, in ``forge`` mode, a line of spam counts after every burst.
 """
@@ -136,9 +143,39 @@ def sybils(swarm: Swarm, run_id: str, steps: int, sync_every: int, numel: list[i
         time.sleep(LOOP_SECONDS)
 
 
+def paper(
+    swarm: Swarm, run_id: str, steps: int, sync_every: int, numel: list[int], keys: int
+) -> None:
+    me = swarm.peer_id.to_base58()
+    identities = [Identity.generate() for _ in range(keys)]
+    papers = [i.peer_id for i in identities]
+    versions = [last_sent_round(steps, p, sync_every, len(numel)) for p in range(len(numel))]
+    zeros = {
+        p: FragmentState(torch.zeros(n), torch.zeros(n), versions[p]) for p, n in enumerate(numel)
+    }
+    swarm.serve_state(lambda: OuterState(steps, zeros))
+    frags = tuple(FragmentVersion(p, versions[p], zero_hash(n)) for p, n in enumerate(numel))
+    print(json.dumps({"ready": "paper", "peer_id": me, "sybils": papers}), flush=True)
+    while True:
+        honest = {r.peer_id for r in swarm.read_records()} - {me, *papers}
+        swarm.publish_record(NodeRecord(me, tuple(swarm.maddrs), steps, frags, 1e9, "0"), TTL)
+        for p, f in enumerate(frags):
+            members = tuple(sorted({me, *papers} | (honest if p % 2 else set())))
+            mine = Vouch(me, p, f.version, f.state_hash, members)
+            swarm.call(publish_vouches(swarm.dht, run_id, [mine], TTL))
+            for identity in identities:
+                vouch = Vouch(identity.peer_id, p, f.version, f.state_hash, members)
+                store_as(swarm, identity, vouch_key(run_id, p), vouch_payload([vouch]))
+        for identity in identities:
+            record = NodeRecord(identity.peer_id, (), steps, frags, 1e9, "0.0.0-paper")
+            store_as(swarm, identity, nodes_key(run_id), pack_payload(record.to_wire()))
+        time.sleep(LOOP_SECONDS)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["forge", "sybil"])
+    parser.add_argument("mode", choices=["forge", "sybil", "paper"])
+    parser.add_argument("--keys", type=int, default=2, help="paper identities (``paper``)")
     parser.add_argument("--initial-peers", nargs="+", required=True)
     parser.add_argument("--listen", default="/ip4/127.0.0.1/tcp/0")
     args = parser.parse_args()
@@ -154,6 +191,8 @@ def main() -> None:
     numel = [sum(p.numel() for _, p in params) for params in fragments]
     if args.mode == "forge":
         forge(swarm, run_id, run.steps, numel)
+    elif args.mode == "paper":
+        paper(swarm, run_id, run.steps, run.outer.sync_every, numel, args.keys)
     else:
         sybils(swarm, run_id, run.steps, run.outer.sync_every, numel)
 

@@ -30,6 +30,7 @@ from diloco.node.healing import (
 from diloco.node.inner import InnerConfig
 from diloco.node.outer import OuterConfig
 from diloco.node.trainer import NodeOptions, NodeTrainer, RunConfig
+from diloco.node.witness import Witness, WitnessedRound
 from diloco.protocol.core.reducer import InProcessReducer, RoundKey
 from diloco.protocol.records.nodes import FragmentVersion, NodeRecord, Vouch
 from diloco.protocol.state.fragment import FragmentState, OuterState
@@ -265,12 +266,22 @@ def make_trainer(corpus: Any) -> NodeTrainer:
 
 
 def make_healer(
-    trainer: NodeTrainer, swarm: FakeSwarm, anchors: Sequence[str] = ()
+    trainer: NodeTrainer,
+    swarm: FakeSwarm,
+    anchors: Sequence[str] = (),
+    workers: Sequence[str] = (),
 ) -> tuple[Healer, list[dict[str, Any]]]:
+    """A healer of node "me" that joined through ``anchors`` and applied a round with
+    ``workers`` (whose vouches it counts: docs/design.md "Evidence")."""
     events: list[dict[str, Any]] = []
     worker = ThreadPoolExecutor(1)
     initial = [s.sha256() for s in trainer.sync.states]
-    healer = Healer(trainer, swarm, "me", worker, events.append, lambda: None, initial, anchors)
+    witness = Witness("me")
+    if workers:
+        witness.record(WitnessedRound(0, 1, tuple(sorted(["me", *workers])), A))
+    healer = Healer(
+        trainer, swarm, "me", worker, events.append, lambda: None, initial, anchors, witness
+    )
     return healer, events
 
 
@@ -310,7 +321,7 @@ def test_healer_fetches_a_fragment_vouched_newer_and_adopts_it(corpus: Any) -> N
         {"donor": served, "liar": donor_state(trainer, 6, 1)},
         [*vouches_for(0, 1, vouched, "donor", "x"), Vouch("liar", 0, 1, A, ("liar",))],
     )
-    healer, events = make_healer(trainer, swarm)
+    healer, events = make_healer(trainer, swarm, workers=("donor", "x"))
     healer.maybe_heal([])
     assert finish_check(healer, swarm) == [([0], ["donor"])]  # its own record is ignored
     adopted = trainer.sync.states[0]
@@ -337,7 +348,7 @@ def test_healer_refuses_bytes_that_do_not_hash_to_the_vouched_state(
         {"donor": forged},
         vouches_for(0, 1, vouched, "donor", "x"),
     )
-    healer, events = make_healer(trainer, swarm)
+    healer, events = make_healer(trainer, swarm, workers=("donor", "x"))
     healer.maybe_heal([])
     with caplog.at_level("WARNING"):
         assert finish_check(healer, swarm) == [([0], ["donor"])]
@@ -378,7 +389,7 @@ def test_healer_checks_a_fragment_once_after_a_round_and_follows_the_majority(
         {"donor": served},
         vouches_for(0, 1, majority, "donor", "x", "me"),
     )
-    healer, events = make_healer(trainer, swarm)
+    healer, events = make_healer(trainer, swarm, workers=("donor", "x"))
     healer.maybe_heal([])
     assert healer.future is None  # nothing moved, nothing failed: no check
     mine = trainer.sync.states[0]
@@ -416,7 +427,7 @@ def test_healer_lagging_node_takes_the_vouchers_step_not_the_sybils(corpus: Any)
     honest = [record(peer, 30, (0, 4, h), *others) for peer in ("a", "b")]
     sybils = [record(f"s{i}", 36, (0, 4, h), *others) for i in range(5)]
     swarm = FakeSwarm([*sybils, *honest], {"a": served}, vouches_for(0, 4, h, "a", "b"))
-    healer, events = make_healer(trainer, swarm)
+    healer, events = make_healer(trainer, swarm, workers=("a", "b"))
     healer.maybe_heal([])
     # The members that vouched are tried first: Sybils copying their claim come last.
     assert finish_check(healer, swarm) == [([0], ["a"])]
@@ -435,10 +446,10 @@ def test_healer_join_takes_the_robust_step_and_settles_rounds_in_flight(corpus: 
         {"old": initial, "new": landed},
         vouches_for(0, 1, h, "new", "x"),
     )
-    healer, _ = make_healer(trainer, swarm)
+    healer, _ = make_healer(trainer, swarm, anchors=["new"])
     healer.join(deadline=time.monotonic() + 30)
     # "new" publishes fragment 0 only: the joiner downloads all from "old", and starts at
-    # the step of the member that vouched (6), not at its donor's claim (7).
+    # the step of its anchor (6), not at its donor's claim (7).
     assert swarm.asked == [(list(range(trainer.sync.num_fragments)), ["old"])]
     assert trainer.step == 6 and trainer.sync.states[0].version == 0
     healer.settle_rounds_in_flight(deadline=time.monotonic() + 30)
@@ -501,9 +512,43 @@ def test_healer_adopts_a_fragment_whose_round_in_flight_failed_on_a_diverged_pri
         {"donor": served},
         vouches_for(0, 1, vouched, "donor", "x"),
     )
-    healer, events = make_healer(trainer, swarm)
+    healer, events = make_healer(trainer, swarm, workers=("donor", "x"))
     healer.maybe_heal(list(trainer.sync.diverged()))
     assert finish_check(healer, swarm) == [([0], ["donor"])]
     assert trainer.sync.states[0].version == 1 and 0 not in healer.diverged
     assert events == [{"event": "healed", "step": 12, "fragments": [0]}]
     assert trainer.sync.pending[0].weight == 0.0
+
+
+def test_healer_refuses_a_state_only_paper_keys_vouch_for_and_names_them_once(
+    corpus: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two keys that never worked with this node vouch for a newer state under a member list
+    of their own (a majority of it, which made it adoptable before): nothing is fetched,
+    each key is named once, and the node neither heals nor moves its step."""
+    trainer = make_trainer(corpus)
+    trainer.step = 6
+    served = donor_state(trainer, 36, 4)
+    forged = served.fragments[0].sha256()
+    others = initial_entries(trainer, skip=0)
+    papers = [record(f"s{i}", 36, (0, 4, forged), *others) for i in range(2)]
+    honest = record("partner", 6, *initial_entries(trainer))
+    swarm = FakeSwarm(
+        [*papers, honest],
+        {"s0": served, "s1": served},
+        vouches_for(0, 4, forged, "s0", "s1"),
+    )
+    healer, events = make_healer(trainer, swarm, anchors=["partner"], workers=("partner",))
+    with caplog.at_level("WARNING"):
+        for _ in range(2):
+            healer.maybe_heal([])
+            assert finish_check(healer, swarm) == []
+            trainer.step += 6  # a periodic check again
+    assert not events and trainer.sync.states[0].version == 0
+    refused = [m for m in caplog.messages if m.startswith("not counting the vouches of peer")]
+    assert sorted(refused) == [
+        f"not counting the vouches of peer {s} (no round with this node): fragment 0 round 4 "
+        f"hash {forged[:16]}... is not adoptable on the word of peers this node has not seen "
+        "work"
+        for s in ("s0", "s1")
+    ]

@@ -7,18 +7,24 @@ records of its own identities).
   handler (attack 6's "hash and stream the whole state for every 30-byte request").
 - Attack 6: Sybil records crowd the donors (copies of the honest claims, newer unvouched
   claims, claims of the run's last step); a late joiner must still join honestly.
+- Paper identities (docs/design.md "Evidence"): a process holding K keys that never work
+  in a round (K = 2 and K = 8, two processes) serves zeros at the run's last step and
+  vouches for them under member lists it writes; nobody may adopt them or follow its step.
 
-Both attacks run in one swarm (a module fixture; a swarm run costs about 100 s on two
-cores): node a starts, the forger and the Sybil peer join, b joins early, c late. Each
-test fails without its defence: without the schedule bound and the vouch rule the early
-joiner b adopts the zeros at the last step and exits at once; without them the late
-joiner c tries Sybils only and never joins.
+All attacks run in one swarm (a module fixture; a swarm run costs about 100 s on two
+cores): node a starts, the forger, the Sybil peer and the paper peers join, b joins early,
+c late. Each test fails without its defence: without the schedule bound and the vouch rule
+the early joiner b adopts the zeros at the last step and exits at once; without them the
+late joiner c tries Sybils only and never joins; without the evidence rule (counting any
+vouch a member list makes a majority) a and b adopt the paper peers' zeros at the last
+step.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -38,17 +44,19 @@ pytestmark = pytest.mark.swarm
 HOSTILE = Path(__file__).with_name("hostile_claims.py")
 STEPS = 240
 TIMEOUT = 900.0
+PAPER_KEYS = (2, 8)
+"""Keys of each paper peer (one process each)."""
 
 
 class Hostile:
     """The hostile peer process; its stdout holds JSON lines (``hostile_claims.py``)."""
 
-    def __init__(self, mode: str, address: str, folder: Path, host: int) -> None:
-        self.log = folder / f"hostile-{mode}.log"
+    def __init__(self, mode: str, address: str, folder: Path, host: int, *extra: str) -> None:
+        self.log = folder / f"hostile-{mode}{''.join(extra)}.log"
         with self.log.open("w") as log:
             where = ["--initial-peers", address, "--listen", f"/ip4/127.0.0.{host}/tcp/0"]
             self.process = subprocess.Popen(
-                [sys.executable, str(HOSTILE), mode, *where],
+                [sys.executable, str(HOSTILE), mode, *where, *extra],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -84,6 +92,8 @@ class Run:
     forge: Hostile
     forger: str
     sybils: list[str]
+    papers: dict[int, list[str]]
+    """Keys -> the paper peer's identities (its own, which serves, first)."""
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +108,13 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         started.append(forge)
         sybil = Hostile("sybil", address, folder, host=7)
         started.append(sybil)
+        paper = {
+            k: Hostile("paper", address, folder, 8 + i, "--keys", str(k))
+            for i, k in enumerate(PAPER_KEYS)
+        }
+        started.extend(paper.values())
         forger, sybils = forge.ready()["peer_id"], sybil.ready()["sybils"]
+        papers = {k: [(r := p.ready())["peer_id"], *r["sybils"]] for k, p in paper.items()}
         b = Node("b", ["join", "--initial-peers", address, *SMALL, *listen(3)], folder)
         started.append(b)
         a.wait_step(STEPS // 3, timeout=TIMEOUT)
@@ -108,7 +124,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             assert node.process.wait(TIMEOUT) == 0, node.output()
             summary = node.summary()
             assert summary["step"] == STEPS and not summary["interrupted"]
-        yield Run(a, b, c, forge, forger, sybils)
+        yield Run(a, b, c, forge, forger, sybils, papers)
     finally:
         for process in started:
             process.stop()
@@ -178,3 +194,31 @@ def test_sybil_records_do_not_crowd_out_a_late_joiners_honest_donors(run: Run) -
     # The Sybils that claim the run's last step (every third) are named with the offence.
     for sybil in run.sybils[2::3]:
         assert f"peer {sybil}: step not followed: global step {STEPS} runs ahead" in c.output()
+
+
+def test_paper_identities_change_no_state_and_no_step(run: Run) -> None:
+    """K keys that never worked with a or b vouch for zeros at the run's last step, under
+    member lists they write (a majority of their own list): a and b never adopt them, never
+    jump ahead, and name every key once."""
+    a, b = run.a, run.b
+    zeros = zero_hashes(a)
+    for node in (a, b):
+        rounds = [r for r in node.records() if r["event"] == "round"]
+        assert len(rounds) >= 10 and all(r["outer_sha256"] != zeros[r["fragment"]] for r in rounds)
+        jumps = [r for r in node.records() if r["event"] == "caught_up"]
+        assert all(r["to_step"] - r["from_step"] < 30 for r in jumps), jumps
+        summary = node.summary()
+        assert not set(summary["outer_sha256"]) & set(zeros)
+        # All-zero weights give uniform logits over the 256 bytes: a loss of ln 256.
+        assert summary["eval_loss"] < 0.9 * math.log(256), summary["eval_loss"]
+    assert a.summary()["outer_sha256"] == b.summary()["outer_sha256"]
+    # a (the creator, no anchors) has a pace only through the peers it saw work (the
+    # witness that SwarmNode feeds after each round): its "step not followed" shows it.
+    for keys in run.papers.values():
+        for key in keys:
+            for node in (a, b):
+                refused = f"not counting the vouches of peer {key} (no round with this node)"
+                assert refused in node.output(), (key, node.name)
+                assert f"peer {key}: step not followed: global step {STEPS} runs ahead" in (
+                    node.output()
+                ), (key, node.name)

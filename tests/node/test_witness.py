@@ -1,0 +1,23 @@
+"""The witness ledger: who this node saw work, on hand-made rounds."""
+
+from __future__ import annotations
+
+from diloco.node.witness import Witness, WitnessedRound
+
+H = "1" * 64
+
+
+def test_workers_are_the_other_members_of_rounds_this_node_was_counted_in() -> None:
+    witness = Witness("me")
+    witness.record(WitnessedRound(0, 1, ("a", "me"), H))
+    witness.record(WitnessedRound(1, 1, ("a", "b"), H))  # sat out: proves nothing to it
+    assert witness.workers() == {"a"}
+    assert witness.rounds_with("a") == 1 and witness.rounds_with("b") == 0
+
+
+def test_a_peer_fades_once_it_stops_working_with_this_node() -> None:
+    witness = Witness("me", horizon=2)
+    witness.record(WitnessedRound(0, 1, ("a", "me"), H))
+    witness.record(WitnessedRound(1, 1, ("b", "me"), H))
+    witness.record(WitnessedRound(2, 1, ("b", "me"), H))
+    assert witness.workers() == {"b"} and len(witness.rounds()) == 2
