@@ -3,7 +3,8 @@
 
 Bad flags or files are ``click.UsageError`` (exit 2), found before anything starts;
 failures while running (an unreachable swarm, a refused configuration) are
-``click.ClickException`` (exit 1).
+``click.ClickException`` (exit 1). A node stopped by SIGINT or SIGTERM saves its
+checkpoint, leaves the swarm and exits 128 + the signal's number (130, 143).
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ if TYPE_CHECKING:
     from diloco.protocol.records.run_configs import SignedRunConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+STOPPED_EXIT = 128
+"""A node stopped by a signal, once saved and gone, exits with this plus the signal's number:
+130 after Ctrl-C (SIGINT), 143 after SIGTERM."""
 
 
 def _node_flags(f: F) -> F:
@@ -222,12 +227,11 @@ def _run_node(
     except (DilocoError, ValueError) as error:
         raise click.ClickException(str(error)) from error
     exporter = _serve_prometheus(node, params["prometheus_host"], params["prometheus_port"])
-    interrupts = 0
+    stopped_by: list[int] = []
 
     def on_signal(signum: int, frame: object) -> None:
-        nonlocal interrupts
-        interrupts += 1
-        if interrupts > 1:
+        stopped_by.append(signum)
+        if len(stopped_by) > 1:
             raise KeyboardInterrupt
         click.echo("stopping: finishing rounds in flight, saving, leaving the swarm...", err=True)
         node.stop_event.set()
@@ -260,6 +264,9 @@ def _run_node(
             exporter.close()
         for s, handler in previous.items():
             signal.signal(s, handler)
+    if stopped_by:
+        # Saved and left; the exit status a shell gives a process that this signal ended.
+        raise SystemExit(STOPPED_EXIT + stopped_by[0])
 
 
 def _serve_prometheus(node: SwarmNode, host: str, port: int | None) -> NodeMetrics | None:
