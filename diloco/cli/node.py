@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from diloco.cli.node_checks import check_checkpoints, check_ports
 from diloco.cli.options import flag_options, typed_flags
 from diloco.errors import CheckpointError, ConfigError, DilocoError
-from diloco.node.checkpoint import CheckpointManager, check_folder, saved_run
 from diloco.node.config import NodeOptions, RoundOptions, RunConfig, resolve_vocab
 from diloco.node.data import corpus_vocab
 from diloco.node.flags import (
@@ -26,7 +26,6 @@ from diloco.node.flags import (
     NODE_FLAGS,
     ROUND_FLAGS,
     RUN_FLAGS,
-    TAU_PATH,
     join_mismatch,
     run_config,
 )
@@ -118,63 +117,6 @@ def _check_data(run: RunConfig, data: str | None, define: bool) -> RunConfig:
     return run
 
 
-def _check_checkpoints(folder: str | None, resume: bool, run: RunConfig | None, whose: str) -> None:
-    """``--checkpoint-dir`` can be written, and with ``--resume`` holds a checkpoint of
-    ``run`` (the run of the command line, ``whose`` "yours", or the swarm's; None: not
-    known yet): found before the node starts, never at its first save, and never a new
-    run where a resume was asked for.
-
-    Raises:
-        ConfigError: ``--resume`` without a checkpoint to continue, or one of another run
-            (naming each differing setting by its flag).
-        CheckpointError: the folder cannot be written.
-    """
-    if resume and folder is None:
-        raise ConfigError("--resume needs --checkpoint-dir, the folder of the run's checkpoints")
-    if folder is None:
-        return
-    if resume and not CheckpointManager(folder).checkpoints():  # before check_folder makes it
-        raise ConfigError(
-            f"--resume: no checkpoint in {folder} (no step_* folder): check the path, or drop "
-            "--resume to start a new run"
-        )
-    found = saved_run(folder) if resume and run is not None else None
-    if found is not None and run is not None:
-        path, saved = found
-        diffs = _run_differences(saved, run.to_dict(), whose)
-        if diffs:
-            raise ConfigError(
-                f"--resume: checkpoint {path} belongs to another run configuration: "
-                + "; ".join(diffs)
-                + " (resume with the run's settings)"
-            )
-    check_folder(folder)
-
-
-def _run_differences(saved: dict[str, Any], mine: dict[str, Any], whose: str) -> list[str]:
-    """Each setting in which two run configurations differ, by its flag (``--H: checkpoint
-    10, yours 5``) or, without one, its key in a run's TOML file. The creator is left out:
-    ``start`` learns it from its identity later, and the trainer names that case itself."""
-    names = {flag.path: flag.name for flag in RUN_FLAGS.flags}
-    names[TAU_PATH] = "--tau"
-
-    def flat(data: dict[str, Any], prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
-        out: dict[tuple[str, ...], Any] = {}
-        for key, value in data.items():
-            if isinstance(value, dict):
-                out |= flat(value, (*prefix, key))
-            else:
-                out[(*prefix, key)] = value
-        return out
-
-    a, b = flat(saved), flat(mine)
-    return [
-        f"{names.get(path, '.'.join(path))}: checkpoint {a.get(path)!r}, {whose} {b.get(path)!r}"
-        for path in sorted(a.keys() | b.keys())
-        if path != ("creator",) and a.get(path) != b.get(path)
-    ]
-
-
 @click.command()
 @_node_flags
 @click.pass_context
@@ -191,7 +133,8 @@ def start(ctx: click.Context, /, **_: object) -> None:
             key_id = load_swarm_key(net.swarm_key_path).key_id
             run = dataclasses.replace(run, swarm_key_id=key_id)
         run = _check_data(run, options.data, define=True)
-        _check_checkpoints(options.checkpoint_dir, ctx.params["resume"], run, "yours")
+        check_ports(net)
+        check_checkpoints(options.checkpoint_dir, ctx.params["resume"], run, "yours")
     except (ConfigError, CheckpointError) as error:
         raise click.UsageError(str(error)) from error
     _run_node(run, options, rounds, net, ctx.params, join=False)
@@ -230,7 +173,8 @@ def join(
         net = dataclasses.replace(net, initial_peers=peers)
         if run_id is not None:
             check_run_id(run_id)
-        _check_checkpoints(options.checkpoint_dir, ctx.params["resume"], None, "")
+        check_ports(net)
+        check_checkpoints(options.checkpoint_dir, ctx.params["resume"], None, "")
     except (ConfigError, CheckpointError) as error:
         raise click.UsageError(str(error)) from error
     try:
@@ -242,7 +186,7 @@ def join(
         if options.tau is not None:
             check_tau(options.tau, run.outer.sync_every)
         _check_data(run, options.data, define=False)
-        _check_checkpoints(options.checkpoint_dir, ctx.params["resume"], run, "swarm's")
+        check_checkpoints(options.checkpoint_dir, ctx.params["resume"], run, "swarm's")
     except (ConfigError, CheckpointError) as error:
         dht.shutdown()
         raise click.UsageError(f"cannot join this swarm: {error}") from error

@@ -98,8 +98,8 @@ def test_a_missing_tokenizer_with_workers_is_one_line_before_any_worker(
     command = [
         *(sys.executable, "-c", "from diloco.cli import main; main()", "prepare-data"),
         *(str(inputs[0] / "docs.jsonl"), "--tokenizer", str(tmp_path / "nope.json")),
-        *("-o", str(tmp_path / "out"), "--processes", "2"),
-    ]
+        *("-o", str(tmp_path / "out"), "--processes", "2", "--shard-bytes", "2000"),
+    ]  # several shards: a pool of 2 workers
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     except subprocess.TimeoutExpired as error:
