@@ -356,13 +356,3 @@ def test_a_call_to_a_stalled_dht_process_fails_at_its_deadline(tied_dht: TiedDHT
     tied_dht.call_timeout = 1.0
     assert isinstance(_in_thread(lambda: tied_dht.run_coroutine(_stall)), HelperEnded)
     assert tied_dht.is_alive()
-
-
-@pytest.mark.swarm
-def test_the_dht_process_and_p2pd_run_in_a_process_group_of_their_own(
-    tied_dht: TiedDHT,
-) -> None:
-    """A signal to the node's group (Ctrl-C) must not reach them: the node stops them."""
-    groups = {os.getpgid(pid) for pid in (tied_dht.pid, *children(tied_dht.pid))}
-    assert groups == {tied_dht.pid}
-    assert len(children(tied_dht.pid)) == 1  # p2pd

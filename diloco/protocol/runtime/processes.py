@@ -12,12 +12,11 @@ A pidfd taken while p2pd is still the DHT process's child names that process and
 so signalling it later can never hit a reused PID. pidfds and the death signal are Linux
 only; elsewhere the watch polls the parent's PID and p2pd gets no death signal (logged).
 
-The DHT process and p2pd run in a process group of their own: a signal to the node's
-group (Ctrl-C in a terminal, ``kill -TERM -PGID``, ``timeout``) reaches the node alone,
-which then leaves the swarm through them in order. A service manager may still signal
-every process (systemd's default), so no wait of the node on the DHT process is without
-a deadline: a call to a DHT process that has ended fails at once, one that is stalled
-after ``DHT_CALL_TIMEOUT``.
+A signal to the node's process group (Ctrl-C, ``kill -TERM -PGID``, ``timeout``) or to
+each of its processes (systemd) reaches the helpers too: SIGTERM ends the DHT process at
+once, SIGINT ends p2pd. So no wait of the node on the DHT process is without a deadline: a
+call to a DHT process that has ended fails within ``ALIVE_POLL_INTERVAL``, one that is
+stalled after ``DHT_CALL_TIMEOUT``, and the node still saves and leaves.
 """
 
 from __future__ import annotations
@@ -250,8 +249,6 @@ class TiedDHT(DHT):  # type: ignore[misc]  # hivemind ships no type hints
                     raise HelperEnded(f"the DHT process {self.pid} {ended}") from None
 
     def run(self) -> None:
-        # Signals to the node's process group are the node's to handle (module docstring).
-        os.setpgid(0, 0)
         end_with_parent(self._owner_pid, self._orphaned)
         pipe: Connection = self.__dict__["_inner_pipe"]  # hivemind's, before its loop
         self.__dict__["_inner_pipe"] = WholeMessages(pipe)
