@@ -87,6 +87,9 @@ class Swarm:
 
     def args(self, i: int, resume: bool = False) -> list[str]:
         c = self.config
+        # A node killed before its first checkpoint starts afresh: --resume refuses a folder
+        # without one.
+        resume = resume and any((self.folder / f"ckpt_{i}").glob("step_*"))
         common = [
             *c.extra_args,
             "--data-seed", str(i),

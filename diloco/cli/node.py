@@ -3,7 +3,8 @@
 
 Bad flags or files are ``click.UsageError`` (exit 2), found before anything starts;
 failures while running (an unreachable swarm, a refused configuration) are
-``click.ClickException`` (exit 1).
+``click.ClickException`` (exit 1). A node stopped by SIGINT or SIGTERM saves its
+checkpoint, leaves the swarm and exits 128 + the signal's number (130, 143).
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from diloco.cli.node_checks import check_checkpoints, check_ports
 from diloco.cli.options import flag_options, typed_flags
-from diloco.errors import ConfigError, DilocoError
+from diloco.errors import CheckpointError, ConfigError, DilocoError
 from diloco.node.config import NodeOptions, RoundOptions, RunConfig, resolve_vocab
 from diloco.node.data import corpus_vocab
 from diloco.node.flags import (
@@ -42,6 +44,10 @@ if TYPE_CHECKING:
     from diloco.protocol.records.run_configs import SignedRunConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+STOPPED_EXIT = 128
+"""A node stopped by a signal, once saved and gone, exits with this plus the signal's number:
+130 after Ctrl-C (SIGINT), 143 after SIGTERM."""
 
 
 def _node_flags(f: F) -> F:
@@ -140,7 +146,9 @@ def start(ctx: click.Context, /, admit_path: str | None, **_: object) -> None:
         if admit_path is not None:
             run = dataclasses.replace(run, admitted=read_admitted(admit_path))
         run = _check_data(run, options.data, define=True)
-    except ConfigError as error:
+        check_ports(net)
+        check_checkpoints(options.checkpoint_dir, ctx.params["resume"], run, "yours")
+    except (ConfigError, CheckpointError) as error:
         raise click.UsageError(str(error)) from error
     _run_node(run, options, rounds, net, ctx.params, join=False)
 
@@ -178,7 +186,9 @@ def join(
         net = dataclasses.replace(net, initial_peers=peers)
         if run_id is not None:
             check_run_id(run_id)
-    except ConfigError as error:
+        check_ports(net)
+        check_checkpoints(options.checkpoint_dir, ctx.params["resume"], None, "")
+    except (ConfigError, CheckpointError) as error:
         raise click.UsageError(str(error)) from error
     try:
         run, signed, dht = discover_run(net, run_id)
@@ -189,7 +199,8 @@ def join(
         if options.tau is not None:
             check_tau(options.tau, run.outer.sync_every)
         _check_data(run, options.data, define=False)
-    except ConfigError as error:
+        check_checkpoints(options.checkpoint_dir, ctx.params["resume"], run, "swarm's")
+    except (ConfigError, CheckpointError) as error:
         dht.shutdown()
         raise click.UsageError(f"cannot join this swarm: {error}") from error
     if diffs:
@@ -235,12 +246,11 @@ def _run_node(
     except (DilocoError, ValueError) as error:
         raise click.ClickException(str(error)) from error
     exporter = _serve_prometheus(node, params["prometheus_host"], params["prometheus_port"])
-    interrupts = 0
+    stopped_by: list[int] = []
 
     def on_signal(signum: int, frame: object) -> None:
-        nonlocal interrupts
-        interrupts += 1
-        if interrupts > 1:
+        stopped_by.append(signum)
+        if len(stopped_by) > 1:
             raise KeyboardInterrupt
         click.echo("stopping: finishing rounds in flight, saving, leaving the swarm...", err=True)
         node.stop_event.set()
@@ -273,6 +283,9 @@ def _run_node(
             exporter.close()
         for s, handler in previous.items():
             signal.signal(s, handler)
+    if stopped_by:
+        # Saved and left; the exit status a shell gives a process that this signal ended.
+        raise SystemExit(STOPPED_EXIT + stopped_by[0])
 
 
 def _serve_prometheus(node: SwarmNode, host: str, port: int | None) -> NodeMetrics | None:

@@ -24,10 +24,12 @@ full disk mid-save leaves the previous checkpoint intact.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
 import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,7 +117,7 @@ class CheckpointManager:
         tensors = _read(path / TENSORS_FILE, lambda f: load_file(str(f)))
         tree = _read(path / STATE_FILE, lambda f: json.loads(f.read_text()))
         used: set[str] = set()
-        state = _decode(tree, tensors, used, path / STATE_FILE)
+        state = _read(path / STATE_FILE, lambda f: _decode(tree, tensors, used, f))
         if not isinstance(state, dict):
             raise CheckpointError(path / STATE_FILE, "holds no state dict")
         if used != set(tensors):
@@ -143,6 +145,43 @@ class CheckpointManager:
         return None
 
 
+def check_folder(folder: str | Path) -> None:
+    """Make sure checkpoints can be written in ``folder`` (created if missing): a node
+    learns it before it trains, not at its first save.
+
+    Raises:
+        CheckpointError: the folder cannot be created or written (says why).
+    """
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder, prefix=".write-check-"):
+            pass
+    except OSError as error:
+        reason = error.strerror or _one_line(error)
+        raise CheckpointError(folder, f"cannot write checkpoints there ({reason})") from error
+
+
+def saved_run(folder: str | Path) -> tuple[Path, dict[str, Any]] | None:
+    """The newest checkpoint in ``folder`` whose run configuration (``RunConfig.to_dict``
+    as saved) can be read, with that configuration; None when no checkpoint has one.
+    Reads ``state.json`` only: how a resume learns early which run a folder belongs to."""
+    for path in reversed(CheckpointManager(folder).checkpoints()):
+        try:
+            tree = _read(path / STATE_FILE, lambda f: json.loads(f.read_text()))
+            run = _read(path / STATE_FILE, functools.partial(_decode_run, tree))
+        except (CheckpointError, KeyError, TypeError):
+            continue
+        if isinstance(run, dict):
+            return path, run
+    return None
+
+
+def _decode_run(tree: Any, file: Path) -> Any:
+    """The run configuration in a checkpoint's JSON tree (it holds no tensor)."""
+    return _decode(tree["dict"]["run"], {}, set(), file)
+
+
 def _encode(value: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
     """``value`` as JSON data, its tensors moved into ``tensors`` under their path."""
     if isinstance(value, torch.Tensor):
@@ -168,6 +207,8 @@ def _encode(value: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
 def _read(file: Path, reader: Callable[[Path], T]) -> T:
     try:
         return reader(file)
+    except RecursionError as error:  # JSON nested deeper than Python recurses
+        raise CheckpointError(file, "malformed: nested too deeply") from error
     except (OSError, SafetensorError, ValueError) as error:
         raise CheckpointError(file, _one_line(error)) from error
 

@@ -191,17 +191,24 @@ def _flat(documents: list[list[int]], dtype: str) -> np.ndarray:
     return np.fromiter(itertools.chain.from_iterable(documents), dtype=dtype, count=count)
 
 
-_worker_encoder: _Encoder | None = None
+_worker_encoder: _Encoder | ConfigError | None = None
 
 
 def _init_worker(tokenizer: str | None, eos_token: str | None, field: str, val: float) -> None:
+    """A worker's encoder, or the error that prevents one: raised by its first task, once.
+    An initializer that raises makes ``Pool`` start a new worker for ever."""
     global _worker_encoder
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the processes are the parallelism
-    _worker_encoder = _Encoder(load_tokenizer(tokenizer, eos_token), field, val)
+    try:
+        _worker_encoder = _Encoder(load_tokenizer(tokenizer, eos_token), field, val)
+    except ConfigError as error:
+        _worker_encoder = error
 
 
 def _encode_in_worker(shard: Shard) -> ShardTokens:
     assert _worker_encoder is not None, "worker started without _init_worker"
+    if isinstance(_worker_encoder, ConfigError):
+        raise _worker_encoder
     return _worker_encoder.encode(shard)
 
 
@@ -272,6 +279,7 @@ def prepare(config: PrepareConfig, on_progress: ProgressCallback | None = None) 
     """Tokenize the files of ``config`` into ``config.output``; returns the manifest."""
     if not config.inputs:
         raise ConfigError("give at least one input file or folder")
+    tokenizer = load_tokenizer(config.tokenizer, config.eos_token)  # a bad one: before workers
     files = find_inputs(config.inputs)
     shards = [
         s
@@ -291,7 +299,9 @@ def prepare(config: PrepareConfig, on_progress: ProgressCallback | None = None) 
             for i, (path, name) in enumerate(files)
         ]
         total = sum(s.size_bytes for s in shards)
-        return _write(config, shards, lambda: records, total, pool, processes, on_progress)
+        return _write(
+            config, tokenizer, shards, lambda: records, total, pool, processes, on_progress
+        )
 
 
 def prepare_hf_dataset(
@@ -304,6 +314,7 @@ def prepare_hf_dataset(
 ) -> Manifest:
     """Like ``prepare``, reading Hugging Face dataset ``name`` (streamed; needs internet and
     the ``datasets`` package) instead of ``config.inputs``, which is ignored."""
+    tokenizer = load_tokenizer(config.tokenizer, config.eos_token)  # a bad one: before workers
     try:
         import datasets
     except ModuleNotFoundError as error:
@@ -325,7 +336,7 @@ def prepare_hf_dataset(
 
     processes = config.processes or os.cpu_count() or 1
     with _Workers(config, processes) as pool:
-        return _write(config, shards(), inputs, 0, pool, processes, on_progress)
+        return _write(config, tokenizer, shards(), inputs, 0, pool, processes, on_progress)
 
 
 class _Workers:
@@ -369,6 +380,7 @@ def _in_order(
 
 def _write(
     config: PrepareConfig,
+    tokenizer: Tokenizer,
     shards: Iterable[Shard],
     inputs: Callable[[], list[InputRecord]],
     total_bytes: int,
@@ -376,7 +388,6 @@ def _write(
     processes: int,
     on_progress: ProgressCallback | None,
 ) -> Manifest:
-    tokenizer = load_tokenizer(config.tokenizer, config.eos_token)
     out = Path(config.output)
     out.mkdir(parents=True, exist_ok=True)
     (out / MANIFEST_NAME).unlink(missing_ok=True)  # no stale manifest over partial files

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +14,9 @@ from click.testing import CliRunner
 from tokenizers import Tokenizer
 
 from diloco.cli import main
+from diloco.errors import ConfigError
+from diloco.node import prepare_data
+from diloco.node.prepare_data import Shard, _encode_in_worker, _init_worker
 
 
 @pytest.fixture(scope="module")
@@ -83,3 +88,35 @@ def test_prepare_data_names_the_fix(
     result = invoke("prepare-data", *argv, "-o", str(tmp_path / "out"), "--processes", "1")
     assert result[0] == code, result[1]
     assert message in result[1]
+
+
+def test_a_missing_tokenizer_with_workers_is_one_line_before_any_worker(
+    inputs: tuple[Path, list[str]], tmp_path: Path
+) -> None:
+    """In a child process with a bound: a failing pool initializer restarts workers for
+    ever, which would hang this test instead of failing it."""
+    command = [
+        *(sys.executable, "-c", "from diloco.cli import main; main()", "prepare-data"),
+        *(str(inputs[0] / "docs.jsonl"), "--tokenizer", str(tmp_path / "nope.json")),
+        *("-o", str(tmp_path / "out"), "--processes", "2", "--shard-bytes", "2000"),
+    ]  # several shards: a pool of 2 workers
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired as error:
+        pytest.fail(f"prepare-data still runs after 120 s: {error.stderr!r:.2000}")
+    assert done.returncode == 1
+    assert done.stdout == ""
+    assert done.stderr.splitlines() == [
+        f"Error: cannot load tokenizer {tmp_path / 'nope.json'}: No such file or directory "
+        "(os error 2)"
+    ]
+
+
+def test_a_worker_that_cannot_load_the_tokenizer_fails_its_first_task(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not its initializer: ``Pool`` would replace a worker whose initializer raised."""
+    monkeypatch.setattr(prepare_data, "_worker_encoder", None)  # restored after the test
+    _init_worker("/nonexistent/tokenizer.json", None, "text", 0.0)
+    with pytest.raises(ConfigError, match="cannot load tokenizer"):
+        _encode_in_worker(Shard("dataset", "x", documents=("a",)))

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from diloco.errors import CheckpointError
-from diloco.node.checkpoint import Checkpoint, CheckpointManager
+from diloco.node.checkpoint import Checkpoint, CheckpointManager, check_folder, saved_run
 
 MODEL = {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3)}
 
@@ -183,3 +183,43 @@ def test_cli_resume_without_a_usable_checkpoint_exits_1_without_traceback(
     assert "Traceback" not in output
     assert f"skipping checkpoint {manager.checkpoints()[0] / 'state.safetensors'}" in output
     assert "none of its 1 checkpoints is usable" in output
+
+
+@pytest.mark.parametrize("depth", [990, 40_000])
+def test_a_deeply_nested_state_json_is_one_line_not_a_traceback(
+    tmp_path: Path, caplog: Any, depth: int
+) -> None:
+    """40,000 levels are beyond json's recursion; 990 parse but nest the decoder as deep."""
+    manager = saved(tmp_path, 10)
+    (path,) = manager.checkpoints()
+    (path / "state.json").write_text('{"dict": {"x": ' + "[" * depth + "]" * depth + "}}")
+    with (
+        caplog.at_level(logging.WARNING, logger="diloco.node.checkpoint"),
+        pytest.raises(CheckpointError, match="none of its 1 checkpoints is usable"),
+    ):
+        manager.load_latest(lambda path, checkpoint: None)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line == f"skipping checkpoint {path / 'state.json'}: malformed: nested too deeply"
+    assert saved_run(tmp_path) is None
+
+
+def test_a_folder_where_nothing_can_be_written_is_one_clear_error(tmp_path: Path) -> None:
+    """Tests run as root, who may write anywhere: a folder under a regular file is
+    unwritable for anyone."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(CheckpointError, match="cannot write checkpoints there") as caught:
+        check_folder(blocker / "ckpt")
+    assert caught.value.path == blocker / "ckpt"
+    check_folder(tmp_path / "new" / "ckpt")  # a missing one is created
+    assert (tmp_path / "new" / "ckpt").is_dir()
+    assert list((tmp_path / "new" / "ckpt").iterdir()) == []
+
+
+def test_saved_run_reads_the_newest_readable_run(tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path, keep=5)
+    for step, name in ((10, "old"), (20, "new"), (30, "broken")):
+        manager.save(step, MODEL, state(step) | {"run": {"name": name, "outer": {"H": step}}})
+    (manager.checkpoints()[-1] / "state.json").write_text("{")
+    assert saved_run(tmp_path) == (manager.checkpoints()[1], {"name": "new", "outer": {"H": 20}})
+    assert saved_run(tmp_path / "missing") is None

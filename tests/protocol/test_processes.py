@@ -8,6 +8,7 @@ bound, no timing threshold). Processes a failing test leaves are killed by PID.
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import os
 import pickle
@@ -18,12 +19,12 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from diloco.protocol.runtime.processes import WholeMessages
+from diloco.protocol.runtime.processes import HelperEnded, TiedDHT, WholeMessages
 
 GONE_BOUND_S = 30.0
 """Generous bound for a process to end once its owner is gone (typically about 1 s)."""
@@ -301,3 +302,57 @@ def test_p2pd_ends_when_its_dht_process_is_killed(owners: list[_Owner]) -> None:
     assert not wait_gone([dht, p2pd])
     assert owner.process.poll() is None
     assert not [path for path in sockets if Path(path).exists()]
+
+
+async def _stall(_dht: object, _node: object) -> None:
+    """A DHT-process coroutine that never answers in time (a stalled DHT process)."""
+    await asyncio.sleep(3600)
+
+
+def _in_thread(call: Callable[[], object]) -> BaseException | None:
+    """Run ``call`` in a thread; what it raised (None: it returned). A call still waiting
+    after ``GONE_BOUND_S`` fails the test instead of hanging it."""
+    raised: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as error:
+            raised.append(error)
+        else:
+            raised.append(None)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(GONE_BOUND_S)
+    assert raised, f"still waiting on the DHT process after {GONE_BOUND_S} s"
+    return raised[0]
+
+
+@pytest.fixture
+def tied_dht() -> Iterator[TiedDHT]:
+    dht = TiedDHT(
+        start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], nat_port_map=False, auto_nat=False
+    )
+    yield dht
+    dht.kill()
+    dht.join(10)
+    for pid in children(os.getpid()):  # p2pd, if its death signal did not get it
+        if "p2pd" in Path(f"/proc/{pid}/cmdline").read_text():
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.swarm
+def test_a_call_to_a_killed_dht_process_fails_instead_of_waiting_for_ever(
+    tied_dht: TiedDHT,
+) -> None:
+    assert tied_dht.get_visible_maddrs()  # answers while it runs
+    os.kill(tied_dht.pid, signal.SIGKILL)
+    assert isinstance(_in_thread(tied_dht.get_visible_maddrs), HelperEnded)
+
+
+@pytest.mark.swarm
+def test_a_call_to_a_stalled_dht_process_fails_at_its_deadline(tied_dht: TiedDHT) -> None:
+    tied_dht.call_timeout = 1.0
+    assert isinstance(_in_thread(lambda: tied_dht.run_coroutine(_stall)), HelperEnded)
+    assert tied_dht.is_alive()

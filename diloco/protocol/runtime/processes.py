@@ -11,6 +11,12 @@ when that one is killed outright.
 A pidfd taken while p2pd is still the DHT process's child names that process and no other,
 so signalling it later can never hit a reused PID. pidfds and the death signal are Linux
 only; elsewhere the watch polls the parent's PID and p2pd gets no death signal (logged).
+
+A signal to the node's process group (Ctrl-C, ``kill -TERM -PGID``, ``timeout``) or to
+each of its processes (systemd) reaches the helpers too: SIGTERM ends the DHT process at
+once, SIGINT ends p2pd. So no wait of the node on the DHT process is without a deadline: a
+call to a DHT process that has ended fails within ``ALIVE_POLL_INTERVAL``, one that is
+stalled after ``DHT_CALL_TIMEOUT``, and the node still saves and leaves.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import TimeoutError as FutureTimeout
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -38,6 +45,14 @@ PR_SET_PDEATHSIG = 1
 """``prctl`` option from <linux/prctl.h>: the signal this process gets when its parent ends."""
 PARENT_POLL_INTERVAL = 1.0
 """Seconds between looks at the parent's PID where no pidfd can be waited on."""
+DHT_CALL_TIMEOUT = 30.0
+"""Seconds a blocking call to the DHT process waits for its answer."""
+ALIVE_POLL_INTERVAL = 0.2
+"""Seconds between two looks at whether the DHT process still runs, during a call."""
+
+
+class HelperEnded(RuntimeError):
+    """The DHT process ended (or stalled) while the node waited for its answer."""
 
 
 def _parent(pid: int) -> int | None:
@@ -202,9 +217,36 @@ class TiedDHT(DHT):  # type: ignore[misc]  # hivemind ships no type hints
     behind after a SIGKILL of the node, held by no process.)
     """
 
+    call_timeout = DHT_CALL_TIMEOUT
+    """Seconds ``run_coroutine`` waits for an answer (hivemind's waits for ever)."""
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._owner_pid = os.getpid()  # before the fork: in the child the parent may be gone
         super().__init__(*args, **kwargs)
+
+    def run_coroutine(self, coro: Any, return_future: bool = False) -> Any:
+        """hivemind's, but a blocking call has a deadline (``call_timeout``) and fails
+        within ``ALIVE_POLL_INTERVAL`` once the DHT process has ended: hivemind's waits on
+        a dead process for ever (also behind ``get_visible_maddrs``, ``peer_id`` and
+        ``replicate_p2p``).
+
+        Raises:
+            HelperEnded: the DHT process ended, or gave no answer in time.
+        """
+        if not self.is_alive():
+            raise HelperEnded(f"the DHT process {self.pid} has ended")
+        future = super().run_coroutine(coro, return_future=True)
+        if return_future:
+            return future
+        deadline = time.monotonic() + self.call_timeout
+        while True:
+            try:
+                return future.result(min(ALIVE_POLL_INTERVAL, deadline - time.monotonic()))
+            except FutureTimeout:
+                if not self.is_alive() or time.monotonic() >= deadline:
+                    future.cancel()
+                    ended = "has ended" if not self.is_alive() else "gave no answer in time"
+                    raise HelperEnded(f"the DHT process {self.pid} {ended}") from None
 
     def run(self) -> None:
         end_with_parent(self._owner_pid, self._orphaned)

@@ -148,6 +148,9 @@ class Swarm:
             self.streams = ClosedTransport(self.streams, closed, AUTH_TIMEOUT)
         try:
             self.call(DialBackService(self.p2p, self.run_id).start())
+            # p2pd's addresses are fixed once it listens (hivemind reads them once, too):
+            # read here, a node stopping with its DHT process gone never waits on it.
+            self._maddrs = [str(addr) for addr in self.dht.get_visible_maddrs()]
         except BaseException:
             self.shutdown()
             raise
@@ -163,7 +166,7 @@ class Swarm:
     @property
     def maddrs(self) -> list[str]:
         """Full multiaddrs (with ``/p2p/<id>``) that other nodes bootstrap from."""
-        return [str(addr) for addr in self.dht.get_visible_maddrs()]
+        return list(self._maddrs)
 
     def dialable(self, max_peers: int = 3) -> bool:
         """Whether other nodes can dial this one: asks up to ``max_peers`` initial peers to
