@@ -178,6 +178,7 @@ class AllReduceService:
         if isinstance(runner, Reject):
             return runner
         if head.part == runner.index:
+            runner.starts.start(peer)
             return await runner.server.accept_part(peer, frame, head, reader, writer)
         deadline = runner.deadlines.rereduce
         return await runner.substitutes.accept_part(peer, frame, head, reader, writer, deadline)

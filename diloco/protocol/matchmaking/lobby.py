@@ -126,6 +126,9 @@ class Lobby:
     prior: str = ""
     """The prior state this member declared (``declarations.prior_tag``): only peers that
     declared the same share its group."""
+    arrived: set[PeerID] = field(default_factory=set)
+    """Every peer whose declaration of the round was read, banned ones and those over the
+    cap included: they count toward ``target_group_size`` (waiting for them is useless)."""
     declared: dict[PeerID, str] = field(default_factory=dict)
     """Every peer of the round's declarations read so far (bans and the cap aside), with
     the prior it declared."""

@@ -13,8 +13,8 @@ Protocol, for every node that reaches the send step of round ``(p, k)``:
    the view by ``leader_rank``, a hash of the round key and the peer id (self included). A
    node that sees a peer ranked before itself cannot lead: it JOINs that peer at once, and
    the JOIN waits there until that peer has chosen its role. A node that is first so far
-   waits until the window ends or ``target_group_size`` peers declared (under any prior: a
-   peer that declared another one has arrived, and waiting for it is useless), then leads.
+   waits until the window ends or ``target_group_size`` peers declared (under any prior, or
+   banned: such a peer has arrived, and waiting for it is useless), then leads.
    Nodes that declared they cannot be dialled (clients, ``reachability``) are in the view
    but never lead; such a node that sees no peer that may lead fails the round. A node
    left without a partner while most other peers declared one other prior fails the round
@@ -261,7 +261,7 @@ class Matchmaker:
             lobby.knock.clear()
             await asyncio.wait_for(self._read_view(lobby), t.join_timeout)
             view = self._known(lobby)
-            arrived = len(lobby.declared.keys() | view.keys() | {me})
+            arrived = len(lobby.arrived | lobby.declared.keys() | view.keys() | {me})
             leaders = self._may_lead(view, lobby)
             if leaders and choose_leader(leaders, lobby.dht_key) != me:
                 return view, "a peer of our prior ranks first to lead"
@@ -294,6 +294,7 @@ class Matchmaker:
         be refused). Invalid declarations are logged and skipped (declarations are signed: a
         peer can declare only itself)."""
         declarations = await read_round_view(self.dht, lobby.dht_key, self.closed)
+        lobby.arrived.update(declarations)
         usable = {
             peer: d
             for peer, d in declarations.items()
@@ -434,7 +435,8 @@ class Matchmaker:
         this node has read: the leader need wait no longer."""
         if self.target_group_size is None:
             return False
-        known = lobby.declared.keys() | self._known(lobby).keys() | {self.p2p.peer_id}
+        known = lobby.arrived | lobby.declared.keys() | self._known(lobby).keys()
+        known.add(self.p2p.peer_id)
         return len(known) >= self.target_group_size
 
     async def _await_reply(
