@@ -187,8 +187,10 @@ def run(fault: str, peers: int, rounds: int, numel: int) -> dict[str, Any]:
 
 
 def _commit() -> str:
-    """The commit of the tree measured (the first ``PYTHONPATH`` entry, else this one)."""
-    tree = os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] or str(Path(__file__).parent)
+    """The commit of the tree measured: the one the ``diloco`` package is imported from."""
+    import diloco
+
+    tree = str(Path(diloco.__file__).parent)
     with contextlib.suppress(OSError, subprocess.CalledProcessError):
         return subprocess.run(
             ["git", "-C", tree, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
