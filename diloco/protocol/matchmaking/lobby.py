@@ -117,7 +117,8 @@ class Lobby:
     """One round's matchmaking state on this node; handlers and ``form_group`` share it.
 
     ``leader`` is meaningful once ``decided`` is set: None means this node leads. It can
-    change once more, when a follower's leader turns out dead and this node takes over.
+    change once more, when a follower's leader turns out dead or silent and this node takes
+    over (``matchmaker`` steps 5 and 6).
     """
 
     request: Join
