@@ -9,7 +9,9 @@ waiting for all (``target_group_size``); peer 0 is hostile:
 - ``silent-member``: matchmakes honestly, reduces its own part, but sends no PART;
 - ``none``: honest (the reference).
 
-Every round all peers reduce a seeded vector at once. A round *succeeds* when every honest
+Every round all peers reduce a seeded vector at once, ``--pause`` seconds after the last
+round ended (a silent member is charged at the sender deadline, 10 s: pause for its bans
+to land before the next round, as rounds of a fragment are minutes apart in a run). A round *succeeds* when every honest
 peer got a result and their results are identical. Per round it records the honest peers'
 slowest round seconds (matchmaking included) and whether the silent peer is banned at every
 honest peer by then. The JSON output records the commit measured::
@@ -125,7 +127,7 @@ def _recv(conn: Connection, timeout: float) -> dict[str, Any]:
     return reply
 
 
-def run(fault: str, peers: int, rounds: int, numel: int) -> dict[str, Any]:
+def run(fault: str, peers: int, rounds: int, numel: int, pause: float) -> dict[str, Any]:
     """One swarm of ``peers``, ``rounds`` rounds with peer 0 ``fault``; rows and totals."""
     ctx = mp.get_context("spawn")
     conns: list[Connection] = []
@@ -144,6 +146,7 @@ def run(fault: str, peers: int, rounds: int, numel: int) -> dict[str, Any]:
             ids.append(hello["peer_id"])
             initial = initial or hello["maddrs"][:1]
         for round_ in range(1, rounds + 1):
+            time.sleep(pause if round_ > 1 else 0.0)
             for conn in conns:
                 conn.send(("round", (round_, numel)))
             replies = [_recv(conn, 120) for conn in conns]
@@ -178,6 +181,7 @@ def run(fault: str, peers: int, rounds: int, numel: int) -> dict[str, Any]:
         "fault": fault,
         "peers": peers,
         "numel": numel,
+        "pause": pause,
         "succeeded": sum(r["ok"] for r in rows),
         "rounds": rounds,
         "median_seconds": statistics.median(seconds),
@@ -205,9 +209,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--numel", type=int, default=100_000, help="values per vector")
     parser.add_argument("--repeats", type=int, default=1, help="fresh swarms, e.g. 3")
+    parser.add_argument("--pause", type=float, default=0.0, help="seconds between rounds")
     parser.add_argument("--json", default=None, help="output file")
     args = parser.parse_args()
-    runs = [run(args.fault, args.peers, args.rounds, args.numel) for _ in range(args.repeats)]
+    runs = [
+        run(args.fault, args.peers, args.rounds, args.numel, args.pause)
+        for _ in range(args.repeats)
+    ]
     for out in runs:
         print(
             f"{args.fault}: {out['succeeded']}/{out['rounds']} rounds, median "

@@ -1,18 +1,30 @@
 """A member that joins the group and sends no PART (``faults.SilentSender``): every honest
-reducer drops it once most of its part's contributions have started, charges it an offence,
-and after repeated offences bans it, so no group admits it any more (docs/design.md
-"Liveness"). Production runners over in-memory streams (``inprocess``), then production
-matchmakers over an in-memory DHT with the ban lists those rounds left."""
+reducer drops it once most of its part's contributions have started, charges it an offence
+once the sender deadline passed without it, and after repeated offences bans it, so no
+group admits it any more; a member that is only late is dropped too but not charged
+(docs/design.md "Liveness"). Production runners over in-memory streams (``inprocess``),
+then production matchmakers over an in-memory DHT with the ban lists those rounds left."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 import torch
 from faults import SilentSender
 from hivemind.p2p import PeerID
-from inprocess import RecordingBans, delta_of, deltas, expected, member_id, names, run_round
+from inprocess import (
+    TIMEOUTS,
+    Outcome,
+    RecordingBans,
+    Round,
+    delta_of,
+    deltas,
+    expected,
+    member_id,
+    names,
+)
 from memory_dht import MemoryDHT, Table
 from memory_p2p import MemoryNetwork, make_identity
 
@@ -27,6 +39,36 @@ from diloco.protocol.trust.bans import BAN_OFFENCES
 
 MEMBERS, SILENT = 3, 2
 WEIGHTS = [1.0, 2.0, 1.0]
+FAST = dataclasses.replace(TIMEOUTS, sender_timeout=1.0, connect_timeout=1.0)
+"""A short sender window: the tests wait it out before reading the offences."""
+
+
+class LateSender(AllReduceRunner):
+    """Honest but late: sends its contributions once the other reducers closed their
+    gathers (without it)."""
+
+    async def _exchange(self, j: int) -> None:
+        others = [r for r in self.round.runners if r is not self]  # type: ignore[attr-defined]
+        while not all(r.server.reducer.gather_closed for r in others):
+            await asyncio.sleep(0.01)
+        await super()._exchange(j)
+
+
+def _round(
+    inputs: list[torch.Tensor], types: list[type[AllReduceRunner]], bans: list[RecordingBans]
+) -> tuple[list[Outcome], Round]:
+    """One round, and then its sender window waited out (offences are charged then)."""
+
+    async def main() -> tuple[list[Outcome], Round]:
+        round_ = Round(inputs, WEIGHTS, types, timeouts=FAST, bans=bans)
+        await round_.start()
+        outcomes = await round_.outcomes()
+        loop = asyncio.get_running_loop()
+        gather = max(r.deadlines.gather for r in round_.runners)
+        await asyncio.sleep(max(0.0, gather - loop.time()) + 0.05)
+        return outcomes, round_
+
+    return asyncio.run(main())
 
 
 def _without_silent(inputs: list[torch.Tensor]) -> torch.Tensor:
@@ -56,13 +98,13 @@ def test_silent_member_dropped_and_charged_by_every_reducer_then_refused() -> No
     bans = [RecordingBans(ids) for _ in range(MEMBERS)]
     want = _without_silent(inputs)
     for _ in range(BAN_OFFENCES):
-        outcomes, round_ = run_round(inputs, WEIGHTS, types, bans=bans)
+        outcomes, round_ = _round(inputs, types, bans)
+        for i in range(SILENT):
+            assert torch.equal(delta_of(outcomes[i]), want)
+            assert outcomes[i].members == names(MEMBERS, left_out=SILENT)  # type: ignore[union-attr]
+            assert round_.runners[i].starts.dropped == {SILENT}  # early, not at the deadline
         # its report that it lacks their parts (it never asked) demotes no honest reducer
         assert [round_.runners[i].part_missing for i in range(SILENT)] == [False] * SILENT
-        for i in range(MEMBERS):
-            if i != SILENT:
-                assert torch.equal(delta_of(outcomes[i]), want)
-                assert outcomes[i].members == names(MEMBERS, left_out=SILENT)  # type: ignore[union-attr]
     # each honest reducer charged it once a round, for its own part; nobody else was charged
     charged = [[who for who, why in b.log if "no PART" in why] for b in bans]
     assert charged[:SILENT] == [[SILENT] * BAN_OFFENCES] * SILENT
@@ -98,3 +140,19 @@ def test_silent_member_dropped_and_charged_by_every_reducer_then_refused() -> No
         assert isinstance(group, GroupInfo), groups
         assert set(group.members) == honest
     assert isinstance(groups[SILENT], RoundFailed)
+
+
+def test_late_member_dropped_early_but_not_charged() -> None:
+    """Its streams arrive once the others stopped waiting for it: not counted, yet it
+    started well within the sender window, so nobody charges it."""
+    inputs = deltas(3_000, MEMBERS)
+    types: list[type[AllReduceRunner]] = [AllReduceRunner] * MEMBERS
+    types[SILENT] = LateSender
+    ids = [member_id(i) for i in range(MEMBERS)]
+    bans = [RecordingBans(ids) for _ in range(MEMBERS)]
+    outcomes, round_ = _round(inputs, types, bans)
+    for i in range(SILENT):
+        assert outcomes[i].members == names(MEMBERS, left_out=SILENT)  # type: ignore[union-attr]
+        assert round_.runners[i].starts.dropped == {SILENT}
+        assert SILENT in round_.runners[i].starts.started
+    assert [b.log for b in bans] == [[]] * MEMBERS

@@ -230,7 +230,7 @@ class AllReduceRunner:
             agreed = loop.time()
             # a silent member never asked for this part: its report that it lacks it is
             # no evidence that this reducer failed (``silence``)
-            silent = self.starts.dropped - self.starts.started
+            silent = self.starts.silent
             witnesses = {i: r for i, r in self.reports.received.items() if i not in silent}
             self.part_missing = own_part_missing(
                 self.index, not assembled.held[self.index], witnesses
@@ -322,7 +322,7 @@ class AllReduceRunner:
     async def _reduce_own(self) -> None:
         """Reduce this member's part, dropping silent senders early (``silence``); if it
         failed, have its substitute re-reduce it."""
-        dropping = asyncio.create_task(self.starts.drop_silent(self.deadlines.gather))
+        dropping = asyncio.create_task(self.starts.drop_silent())
         try:
             await self.server.reduce()
         finally:

@@ -11,7 +11,8 @@ configuration allows, never so short that a round of ordinary jitter misses them
 
 A member that has not even started its contribution to a part when most of the part's
 contributors have (``start_bound``) is dropped from the part at once rather than at the
-sender deadline, and charged an offence (docs/design.md "Liveness"): the bound is a
+sender deadline (and charged an offence if it stays silent until then, docs/design.md
+"Liveness"): the bound is a
 multiple of how long that majority took in this very round, so it follows the swarm's
 transfer times too.
 
