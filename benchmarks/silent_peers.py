@@ -11,10 +11,11 @@ waiting for all (``target_group_size``); peer 0 is hostile:
 
 Every round all peers reduce a seeded vector at once, ``--pause`` seconds after the last
 round ended (a silent member is charged at the sender deadline, 10 s: pause for its bans
-to land before the next round, as rounds of a fragment are minutes apart in a run). A round *succeeds* when every honest
-peer got a result and their results are identical. Per round it records the honest peers'
-slowest round seconds (matchmaking included) and whether the silent peer is banned at every
-honest peer by then. The JSON output records the commit measured::
+to land before the next round, as rounds of a fragment are minutes apart in a run). A
+round *succeeds* when every honest peer got a result and their results are identical.
+Per round it records the honest peers' slowest round seconds (matchmaking included) and at
+how many honest peers the silent one is banned by then. The JSON output records the
+commit measured::
 
     flock /tmp/diloco-heavy.lock python benchmarks/silent_peers.py --fault silent-leader \
         --rounds 6 --json benchmarks/results/silent_leader.json
