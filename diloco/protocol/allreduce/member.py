@@ -121,6 +121,7 @@ class AllReduceRunner:
         bans: BanList,
         handlers: tuple[str, str, str, str],
         identity: Identity | None = None,
+        drop_silent: bool = True,
     ) -> None:
         if codec.codec_id != group.codec_id or return_codec.codec_id != group.return_codec_id:
             raise ValueError("codecs differ from the group's")
@@ -165,7 +166,10 @@ class AllReduceRunner:
         self.deadlines = Deadlines.starting(self._t0, timeouts)
         self.server = self._part_server(self.index, self.deadlines)
         self.starts = StartWatch(self.server, self._t0, timeouts, bans)
-        """Who started sending this member's part: silent ones are dropped early."""
+        """Who started sending this member's part: silent ones are dropped early unless
+        ``drop_silent`` is off (a stage of a staged round: its members start it as their
+        previous stages end, not together, and it must count them all)."""
+        self.drop_silent = drop_silent
         self._own_chunks = list(self.server.own_chunks)
         self.substitutes = Substitutes(self.index, self.num_members, self.server, group.clients)
         self.rereduced: set[int] = set()
@@ -322,7 +326,9 @@ class AllReduceRunner:
     async def _reduce_own(self) -> None:
         """Reduce this member's part, dropping silent senders early (``silence``); if it
         failed, have its substitute re-reduce it."""
-        dropping = asyncio.create_task(self.starts.drop_silent())
+        dropping = asyncio.create_task(
+            self.starts.drop_silent() if self.drop_silent else self._nothing()
+        )
         try:
             await self.server.reduce()
         finally:

@@ -6,8 +6,9 @@ waiting for it until the sender deadline would stall every round it joins. ``Sta
 notes when each member's PART stream of a reducer's own part arrives and, once a majority
 of the part's contributions (the reducer's own included) has started, drops the members
 that have not started by ``adaptive.start_bound`` from the part, so the round goes on
-without them. With two members there is no majority without the other: the sender
-deadline applies.
+without them. With two members there is no majority without the other, and in a stage
+of a staged round members start as their previous stages end, not together: there the
+sender deadline applies.
 
 A dropped member is charged an offence (``bans``: repeated ones ban it, and banned peers
 are admitted to no group) once the sender deadline has passed without its stream: the
