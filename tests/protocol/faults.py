@@ -16,9 +16,12 @@ from typing import Any
 import torch
 from hivemind.p2p import PeerID
 
+from diloco.errors import RoundFailed
 from diloco.protocol.allreduce.member import AllReduceRunner
 from diloco.protocol.allreduce.part_server import PartServer
+from diloco.protocol.core.reducer import RoundKey
 from diloco.protocol.core.round import Assembled
+from diloco.protocol.matchmaking.matchmaker import Matchmaker
 from diloco.protocol.runtime.streams import write_frame
 from diloco.protocol.wire.check import Seal
 from diloco.protocol.wire.frames import Kind, RoundTag
@@ -44,6 +47,8 @@ class Fault(enum.Enum):
     LYING_REDUCER = "lying_reducer"
     LIE_IN_REPORT = "lie_in_report"
     SCALED_CONTRIBUTION = "scaled_contribution"
+    SILENT_LEADER = "silent_leader"
+    SILENT_SENDER = "silent_sender"
 
 
 GARBAGE = [
@@ -163,3 +168,19 @@ class ScaledContribution(AllReduceRunner):
 
     def __init__(self, *, delta: torch.Tensor, **kwargs: Any) -> None:
         super().__init__(delta=delta * SCALE, **kwargs)
+
+
+class SilentLeader(Matchmaker):
+    """Honest as a follower; as leader it takes the JOINs and answers none of them, holding
+    their streams open until its matchmaking bound (alive, yet silent)."""
+
+    async def _lead(self, key: RoundKey, lobby: Any, view: set[PeerID], wait: float) -> Any:
+        await asyncio.sleep(self.timeouts.matchmaking)
+        raise RoundFailed(key.fragment, key.round, "test fault: silent leader")
+
+
+class SilentSender(AllReduceRunner):
+    """In the group, reduces its own part honestly, and sends no PART to any reducer."""
+
+    async def _exchange(self, j: int) -> None:
+        return None

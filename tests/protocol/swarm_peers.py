@@ -27,6 +27,8 @@ from faults import (
     LyingReducer,
     LyingReporter,
     ScaledContribution,
+    SilentLeader,
+    SilentSender,
     corrupt_sender,
 )
 from hivemind.p2p import PeerID
@@ -162,9 +164,11 @@ def dying_in_stage(stage: int) -> type[AllReduceRunner]:
 
 
 def matchmaker_type(fault: Fault) -> type[Matchmaker]:
-    return {Fault.DIE_AS_LEADER: DyingLeader, Fault.CUT_FIRST_JOIN: CutFirstJoin}.get(
-        fault, Matchmaker
-    )
+    return {
+        Fault.DIE_AS_LEADER: DyingLeader,
+        Fault.CUT_FIRST_JOIN: CutFirstJoin,
+        Fault.SILENT_LEADER: SilentLeader,
+    }.get(fault, Matchmaker)
 
 
 def write_leading_identity(path: str, others: list[str], key: str) -> str:
@@ -194,8 +198,10 @@ def write_leading_identity(path: str, others: list[str], key: str) -> str:
 
 
 def runner_type(fault: Fault) -> type[AllReduceRunner]:
-    if fault in (Fault.NONE, Fault.DIE_AS_LEADER, Fault.CUT_FIRST_JOIN):
+    if fault in (Fault.NONE, Fault.DIE_AS_LEADER, Fault.CUT_FIRST_JOIN, Fault.SILENT_LEADER):
         return AllReduceRunner
+    if fault == Fault.SILENT_SENDER:
+        return SilentSender
     if fault == Fault.STALL_SENDER:
         return StallSender
     if fault == Fault.STALL_REDUCER:

@@ -40,6 +40,7 @@ from diloco.errors import ProtocolError, RoundFailed
 from diloco.protocol.allreduce.checking import Checker, answer_check, blame, convict
 from diloco.protocol.allreduce.part_server import Deadlines, PartServer
 from diloco.protocol.allreduce.reports import STREAM_RETRIES, ReportExchange
+from diloco.protocol.allreduce.silence import StartWatch
 from diloco.protocol.allreduce.substitute import FAILED, Excluded, Substitutes
 from diloco.protocol.core.agreement import decide
 from diloco.protocol.core.demotion import own_part_missing
@@ -121,6 +122,7 @@ class AllReduceRunner:
         bans: BanList,
         handlers: tuple[str, str, str, str],
         identity: Identity | None = None,
+        drop_silent: bool = True,
     ) -> None:
         if codec.codec_id != group.codec_id or return_codec.codec_id != group.return_codec_id:
             raise ValueError("codecs differ from the group's")
@@ -164,6 +166,11 @@ class AllReduceRunner:
         self._t0 = loop.time()
         self.deadlines = Deadlines.starting(self._t0, timeouts)
         self.server = self._part_server(self.index, self.deadlines)
+        self.starts = StartWatch(self.server, self._t0, timeouts, bans)
+        """Who started sending this member's part: silent ones are dropped early unless
+        ``drop_silent`` is off (a stage of a staged round: its members start it as their
+        previous stages end, not together, and it must count them all)."""
+        self.drop_silent = drop_silent
         self._own_chunks = list(self.server.own_chunks)
         self.substitutes = Substitutes(self.index, self.num_members, self.server, group.clients)
         self.rereduced: set[int] = set()
@@ -226,8 +233,12 @@ class AllReduceRunner:
                         server.idle.wait(), max(0.0, self.deadlines.report - loop.time())
                     )
             agreed = loop.time()
+            # a silent member never asked for this part: its report that it lacks it is
+            # no evidence that this reducer failed (``silence``)
+            silent = self.starts.silent
+            witnesses = {i: r for i, r in self.reports.received.items() if i not in silent}
             self.part_missing = own_part_missing(
-                self.index, not assembled.held[self.index], self.reports.received
+                self.index, not assembled.held[self.index], witnesses
             )
             verdict = decide(
                 self.index, assembled.held, assembled.digest, assembled.full, self.reports.received
@@ -316,8 +327,15 @@ class AllReduceRunner:
         return self.plan.head(j, c)
 
     async def _reduce_own(self) -> None:
-        """Reduce this member's part; if it failed, have its substitute re-reduce it."""
-        await self.server.reduce()
+        """Reduce this member's part, dropping silent senders early (``silence``); if it
+        failed, have its substitute re-reduce it."""
+        dropping = asyncio.create_task(
+            self.starts.drop_silent() if self.drop_silent else self._nothing()
+        )
+        try:
+            await self.server.reduce()
+        finally:
+            dropping.cancel()
         if self.server.reducer.failed is not None:
             await self._rereduce(self.index)
 

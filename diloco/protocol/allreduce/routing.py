@@ -15,6 +15,7 @@ from hivemind.p2p import PeerID
 
 from diloco.errors import ProtocolError, RoundFailed
 from diloco.protocol.allreduce.member import AllReduceRunner
+from diloco.protocol.allreduce.silence import StartWatch
 from diloco.protocol.core.group import RoundTimeouts
 from diloco.protocol.core.reducer import RoundKey
 from diloco.protocol.runtime.streams import (
@@ -59,6 +60,9 @@ class AllReduceService:
         self._rounds: dict[RoundKey, asyncio.Future[Round]] = {}
         self._finished: dict[RoundKey, Round] = {}
         """Rounds that returned here, kept for others' checks until ``Deadlines.forget``."""
+        self._watching: dict[bytes, StartWatch] = {}
+        """By group id: rounds that returned here with members dropped as silent, whose
+        late streams must still be noted until the sender deadline (``silence``)."""
         self._standing: dict[RoundKey, StagedRunner] = {}
         """Staged rounds that returned here and may still stand in for a lost member of
         another stage group (``StagedRunner.serving_until``)."""
@@ -107,6 +111,7 @@ class AllReduceService:
                 self._standing[key] = served
                 self._stop_standing(key)
             runners = served.runners if isinstance(served, StagedRunner) else [served]
+            self._watch(runners)
             answering = [runner for runner in runners if runner.own is not None]
             if answering:
                 self._finished[key] = served
@@ -117,6 +122,16 @@ class AllReduceService:
                     loop.call_at(answered, runner.stop_answering)
                 forget = max(runner.deadlines.forget for runner in answering)
                 loop.call_at(forget, self._finished.pop, key, None)
+
+    def _watch(self, runners: list[AllReduceRunner]) -> None:
+        """Keep noting the PART streams of members these runners dropped as silent, until
+        their sender deadlines (a stream after that is charged anyway)."""
+        loop = asyncio.get_running_loop()
+        for runner in runners:
+            starts = runner.starts
+            if starts.silent and starts.gather > loop.time():
+                self._watching[runner.group.group_id] = starts
+                loop.call_at(starts.gather, self._watching.pop, runner.group.group_id, None)
 
     def _stop_standing(self, key: RoundKey) -> None:
         """Drop staged round ``key`` once it may no longer stand in (checked again then:
@@ -174,10 +189,14 @@ class AllReduceService:
         if frame.kind != Kind.PART or frame.body_len < PartHead.SIZE:
             raise ProtocolError(f"{frame.kind.name} of {frame.body_len} bytes on the part stream")
         head = PartHead.parse(await asyncio.wait_for(read_body(reader, PartHead.SIZE), connect))
+        watched = self._watching.get(head.group_id)
+        if watched is not None and head.part == watched.group.index(watched.me):
+            watched.start(peer)  # late, after this node's round returned: not silent
         runner = await self._runner_for(head.tag, head.group_id, peer)
         if isinstance(runner, Reject):
             return runner
         if head.part == runner.index:
+            runner.starts.start(peer)
             return await runner.server.accept_part(peer, frame, head, reader, writer)
         deadline = runner.deadlines.rereduce
         return await runner.substitutes.accept_part(peer, frame, head, reader, writer, deadline)

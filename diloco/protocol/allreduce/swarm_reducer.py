@@ -210,7 +210,9 @@ class SwarmReducer(Reducer):
                         plan=grid,
                         me=self.swarm.peer_id,
                         delta=delta,
-                        make_runner=lambda info, x, cap: self._runner(info, x, cap, timeouts),
+                        make_runner=lambda info, x, cap: self._runner(
+                            info, x, cap, timeouts, drop_silent=False
+                        ),
                         timeouts=timeouts,
                         max_weight=self.max_weight,
                     )
@@ -232,9 +234,15 @@ class SwarmReducer(Reducer):
         )
 
     def _runner(
-        self, group: GroupInfo, delta: torch.Tensor, max_weight: float, timeouts: RoundTimeouts
+        self,
+        group: GroupInfo,
+        delta: torch.Tensor,
+        max_weight: float,
+        timeouts: RoundTimeouts,
+        drop_silent: bool = True,
     ) -> AllReduceRunner:
-        """The runner of one all-reduce (a flat round, or one stage of a staged one)."""
+        """The runner of one all-reduce (a flat round, or one stage of a staged one: its
+        members start it unevenly, so nobody is dropped as silent there, ``silence``)."""
         return self.runner_type(
             p2p=self.swarm.streams,
             group=group,
@@ -249,6 +257,7 @@ class SwarmReducer(Reducer):
             bans=self.bans,
             handlers=self.service.handlers,
             identity=self.identity,
+            drop_silent=drop_silent,
         )
 
     def round_timeouts(self) -> RoundTimeouts:

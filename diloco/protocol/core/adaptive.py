@@ -9,6 +9,13 @@ times of this node's recent rounds (all-reduce start to every part held) plus a 
 bounded below by ``floor`` and above by the run's own timeouts: never longer than the
 configuration allows, never so short that a round of ordinary jitter misses them.
 
+A member that has not even started its contribution to a part when most of the part's
+contributors have (``start_bound``) is dropped from the part at once rather than at the
+sender deadline (and charged an offence if it stays silent until then, docs/design.md
+"Liveness"): the bound is a
+multiple of how long that majority took in this very round, so it follows the swarm's
+transfer times too.
+
 Each node adapts its own deadlines from its own measurements; nodes of one group may thus
 stop waiting at different times. That is safe (a member that gives up on a part asks for
 its re-reduction, and the REPORT majority settles any difference) but costs a round when
@@ -29,6 +36,11 @@ MIN_SAMPLES = 3
 """Fewer measured rounds than this: the run's timeouts, unchanged."""
 MARGIN_S = 0.5
 """Added to ``factor`` times the percentile: scheduling jitter of a busy host."""
+START_FACTOR = 4.0
+"""A contributor may start this many times later than a part's majority did."""
+START_FLOOR_S = 0.1
+"""Seconds from the all-reduce's start that every contributor has to start, however fast
+the majority was: members get their GROUP a stream's delivery apart."""
 
 
 def percentile(samples: Sequence[float], q: float) -> float:
@@ -57,3 +69,12 @@ def adapted_timeouts(
         reducer_timeout=min(budget, timeouts.reducer_timeout),
         connect_timeout=min(timeouts.connect_timeout, sender),
     )
+
+
+def start_bound(majority_seconds: float, timeouts: RoundTimeouts) -> float:
+    """Seconds from the all-reduce's start by which every contributor to a part must have
+    started sending it, once a majority of them started within ``majority_seconds``:
+    ``START_FACTOR`` times that, at least ``START_FLOOR_S``, at most the sender timeout."""
+    if not majority_seconds >= 0:
+        raise ValueError(f"need majority_seconds >= 0, got {majority_seconds}")
+    return min(timeouts.sender_timeout, max(START_FLOOR_S, START_FACTOR * majority_seconds))

@@ -58,9 +58,18 @@ class RoundTimeouts:
             )
 
     @property
+    def group_timeout(self) -> float:
+        """How long after its leader must have chosen its role a follower waits for the
+        GROUP: the leader's last read of the round (bounded by a join timeout) and its wait
+        for the peers it saw to join (another). A leader silent for longer commits an
+        offence and the next in line leads (docs/design.md "Liveness")."""
+        return 2 * self.join_timeout
+
+    @property
     def matchmaking(self) -> float:
-        """Upper bound of group formation (window, then joins and redirects)."""
-        return self.matchmaking_window + 2 * self.join_timeout
+        """Upper bound of group formation: the window, then joins and redirects, and one
+        takeover from a leader that sent no GROUP (a join timeout more)."""
+        return self.matchmaking_window + 3 * self.join_timeout
 
     @property
     def rereduce_timeout(self) -> float:

@@ -117,7 +117,8 @@ class Lobby:
     """One round's matchmaking state on this node; handlers and ``form_group`` share it.
 
     ``leader`` is meaningful once ``decided`` is set: None means this node leads. It can
-    change once more, when a follower's leader turns out dead and this node takes over.
+    change once more, when a follower's leader turns out dead or silent and this node takes
+    over (``matchmaker`` steps 5 and 6).
     """
 
     request: Join
@@ -126,6 +127,9 @@ class Lobby:
     prior: str = ""
     """The prior state this member declared (``declarations.prior_tag``): only peers that
     declared the same share its group."""
+    arrived: set[PeerID] = field(default_factory=set)
+    """Every peer whose declaration of the round was read, banned ones and those over the
+    cap included: they count toward ``target_group_size`` (waiting for them is useless)."""
     declared: dict[PeerID, str] = field(default_factory=dict)
     """Every peer of the round's declarations read so far (bans and the cap aside), with
     the prior it declared."""

@@ -13,8 +13,8 @@ Protocol, for every node that reaches the send step of round ``(p, k)``:
    the view by ``leader_rank``, a hash of the round key and the peer id (self included). A
    node that sees a peer ranked before itself cannot lead: it JOINs that peer at once, and
    the JOIN waits there until that peer has chosen its role. A node that is first so far
-   waits until the window ends or ``target_group_size`` peers declared (under any prior: a
-   peer that declared another one has arrived, and waiting for it is useless), then leads.
+   waits until the window ends or ``target_group_size`` peers declared (under any prior, or
+   banned: such a peer has arrived, and waiting for it is useless), then leads.
    Nodes that declared they cannot be dialled (clients, ``reachability``) are in the view
    but never lead; such a node that sees no peer that may lead fails the round. A node
    left without a partner while most other peers declared one other prior fails the round
@@ -49,6 +49,13 @@ Protocol, for every node that reaches the send step of round ``(p, k)``:
    Every follower of a dead leader does the same, so views that agree converge on the same
    new leader; a peer that still redirects to the dead leader (it has not noticed yet) is
    asked again shortly.
+6. A follower whose leader keeps its JOIN stream open but answers nothing by its due time
+   (``group_timeout`` after the leader must have chosen its role: once
+   ``target_group_size`` peers declared, else a window after the follower chose its own)
+   counts it as silent: the leader commits an offence (``bans``: repeated ones ban it) and
+   the follower fails over as from a dead leader, within the matchmaking bound (which has a
+   join timeout for it). An honest leader has answered by then: its last read and its wait
+   for joiners take a join timeout each at most (docs/design.md "Liveness").
 
 The leader's GROUP message is the agreement step: every member takes the same list from the
 same bytes. Failure modes: a leader that dies after sending GROUP to some followers but not
@@ -254,7 +261,7 @@ class Matchmaker:
             lobby.knock.clear()
             await asyncio.wait_for(self._read_view(lobby), t.join_timeout)
             view = self._known(lobby)
-            arrived = len(lobby.declared.keys() | view.keys() | {me})
+            arrived = len(lobby.arrived | lobby.declared.keys() | view.keys() | {me})
             leaders = self._may_lead(view, lobby)
             if leaders and choose_leader(leaders, lobby.dht_key) != me:
                 return view, "a peer of our prior ranks first to lead"
@@ -287,6 +294,7 @@ class Matchmaker:
         be refused). Invalid declarations are logged and skipped (declarations are signed: a
         peer can declare only itself)."""
         declarations = await read_round_view(self.dht, lobby.dht_key, self.closed)
+        lobby.arrived.update(declarations)
         usable = {
             peer: d
             for peer, d in declarations.items()
@@ -353,9 +361,12 @@ class Matchmaker:
         deadline: float,
     ) -> GroupInfo:
         """JOIN the leader (following redirects, retrying and failing over to the next of
-        ``leaders``, the peers of ``view`` that may lead; see step 5); give up at
+        ``leaders``, the peers of ``view`` that may lead; see steps 5 and 6); give up at
         ``deadline`` (loop time)."""
         loop = asyncio.get_running_loop()
+        decided_at = loop.time()
+        successor_due: float | None = None
+        """After a failover: when the next in line must have answered (it takes over)."""
         visited: set[PeerID] = set()
         dead: set[PeerID] = set()
         failures = 0
@@ -363,12 +374,11 @@ class Matchmaker:
         target = lobby.leader
         while True:
             visited.add(target)
-            remaining = deadline - loop.time()
-            if remaining <= 0:
+            if deadline - loop.time() <= 0:
                 raise RoundFailed(key.fragment, key.round, "no GROUP from the leader in time")
             try:
-                kind, body = await asyncio.wait_for(
-                    self._call_join(target, lobby.request), remaining
+                reply = await self._await_reply(
+                    key, target, lobby, decided_at, successor_due, deadline
                 )
             except asyncio.TimeoutError as exc:
                 raise RoundFailed(
@@ -382,26 +392,27 @@ class Matchmaker:
                 if failures <= _TRANSPORT_RETRIES:
                     await asyncio.sleep(min(0.1, max(0.0, deadline - loop.time())))
                     continue
+                reply = None
+            if reply is None:  # dead, or alive and silent past its due time: the next leads
                 dead.add(target)
                 failures = 0
-                alive = view - dead
                 if not leaders - dead:
-                    raise RoundFailed(
-                        key.fragment, key.round, "no live peer that may lead"
-                    ) from exc
+                    raise RoundFailed(key.fragment, key.round, "no live peer that may lead")
                 target = choose_leader(leaders - dead, lobby.dht_key)
+                successor_due = loop.time() + self.timeouts.group_timeout
                 if target == self.p2p.peer_id:
-                    logger.warning("round %s: leader unreachable, leading instead", key)
+                    logger.warning("round %s: no GROUP from the leader, leading instead", key)
                     lobby.leader = None
                     # the view it followed with may predate peers that declared since
                     # (it JOINed as soon as it saw a leader): wait for those too
                     with contextlib.suppress(asyncio.TimeoutError):
                         wait = min(self.timeouts.join_timeout, deadline - loop.time())
                         await asyncio.wait_for(self._read_view(lobby), wait)
-                    alive = (alive | set(self._known(lobby))) - dead
+                    alive = (view | set(self._known(lobby))) - dead
                     return await self._lead(key, lobby, alive, deadline - loop.time())
                 lobby.leader = target
                 continue
+            kind, body = reply
             if kind == Kind.GROUP:
                 return self._check_group(key, lobby.request, body, target)
             reject = Reject.parse(body)
@@ -418,6 +429,70 @@ class Matchmaker:
                 key.round,
                 f"leader {target} refused: {reject.code.name} {reject.reason}",
             )
+
+    def _all_declared(self, lobby: Lobby) -> bool:
+        """Whether ``target_group_size`` peers declared the round (any prior), as far as
+        this node has read: the leader need wait no longer."""
+        if self.target_group_size is None:
+            return False
+        known = lobby.arrived | lobby.declared.keys() | self._known(lobby).keys()
+        known.add(self.p2p.peer_id)
+        return len(known) >= self.target_group_size
+
+    async def _await_reply(
+        self,
+        key: RoundKey,
+        target: PeerID,
+        lobby: Lobby,
+        decided_at: float,
+        successor_due: float | None,
+        deadline: float,
+    ) -> tuple[Kind, bytes] | None:
+        """``target``'s answer to this node's JOIN, or None when it kept the stream open
+        and answered nothing by its due time: then it commits an offence (step 6).
+
+        Its due time is ``group_timeout`` after it must have chosen its role: once
+        ``target_group_size`` peers declared (the round is read again every ``poll`` until
+        they have), else a window after this node chose its own (the leader declared before
+        this node read it, so its window ends by then); a successor's is ``successor_due``.
+
+        Raises:
+            asyncio.TimeoutError: ``deadline`` (loop time) passed first.
+            ProtocolError, TRANSPORT_ERRORS: as ``_call_join``.
+        """
+        loop = asyncio.get_running_loop()
+        t = self.timeouts
+        ready: float | None = None
+        """When this node saw ``target_group_size`` peers declared."""
+        call = asyncio.ensure_future(self._call_join(target, lobby.request))
+        try:
+            while True:
+                if call.done():
+                    return call.result()
+                now = loop.time()
+                if ready is None and self._all_declared(lobby):
+                    ready = now
+                polling = ready is None and successor_due is None
+                if successor_due is not None:
+                    due = successor_due
+                else:
+                    chose = decided_at + t.matchmaking_window if ready is None else ready
+                    due = chose + t.group_timeout
+                if now >= deadline:
+                    raise asyncio.TimeoutError
+                if now >= due:
+                    self.bans.offend(target, f"round {key}: no answer to a JOIN by its due time")
+                    logger.warning("round %s: %s is silent, the next in line leads", key, target)
+                    return None
+                wake = min(due, deadline)
+                if polling and self.target_group_size is not None:
+                    wake = min(wake, now + self.poll)
+                await asyncio.wait({call}, timeout=wake - now)
+                if polling and not call.done() and self.target_group_size is not None:
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self._read_view(lobby), t.join_timeout)
+        finally:
+            call.cancel()
 
     @round_trips.exchange("join")
     async def _call_join(self, leader: PeerID, request: Join) -> tuple[Kind, bytes]:

@@ -3,8 +3,11 @@
 An *offence* is protocol evidence that a peer lied or sent what no honest peer sends: a
 contribution that fails validation, a REPORT of a result the majority did not assemble, a
 JOIN or GROUP that breaks the run's rules, a reducer that answers neither the checks
-of its part nor the dispute (how a lie would hide). Faults an honest peer also has (a
-timeout, a cut stream, a missing part) are not offences. A lie proven by the liar's own
+of its part nor the dispute (how a lie would hide), and silence past a bound an honest
+peer keeps with room to spare: a leader that holds the JOINs and sends no GROUP, a member
+that sends a reducer nothing while most of the others did (docs/design.md "Liveness").
+Faults an honest peer also has (a cut stream, a slow link, a missing part) are not
+offences. A lie proven by the liar's own
 signatures (reducer verification) bans at once (``ban``). ``BAN_OFFENCES`` offences within
 ``BAN_WINDOW`` seconds ban the peer for ``BAN_SECONDS``: its streams are refused at
 admission (``streams.stream_handler``'s hook), leaders do not admit it to groups and

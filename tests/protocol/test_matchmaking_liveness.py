@@ -1,0 +1,114 @@
+"""A leader that is alive but silent (takes JOINs, sends no GROUP), in one process
+(``Matchmaker`` over ``memory_p2p`` streams and a DHT held in a dict): its followers charge
+it an offence once its GROUP is overdue and the next in line leads, so the round still
+forms; after repeated offences it is banned and nobody follows it any more
+(docs/design.md "Liveness")."""
+
+from __future__ import annotations
+
+import asyncio
+
+from faults import SilentLeader
+from hivemind.p2p import PeerID
+from memory_dht import MemoryDHT, Table
+from memory_p2p import MemoryNetwork, make_identity
+
+from diloco.errors import RoundFailed
+from diloco.protocol.core.group import GroupInfo, RoundTimeouts
+from diloco.protocol.core.reducer import RoundKey
+from diloco.protocol.matchmaking.lobby import leader_rank, round_key
+from diloco.protocol.matchmaking.matchmaker import Matchmaker
+from diloco.protocol.trust.bans import BAN_OFFENCES, BanList
+
+RUN_ID = "liveness-0123456789abcdef"
+DIGEST = bytes(range(16))
+TIMEOUTS = RoundTimeouts(matchmaking_window=1.0, join_timeout=1.0)
+ROUNDS = 6
+
+
+class CountingBans(BanList):
+    """A ``BanList`` that also counts the offences reported against each peer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.offences: dict[PeerID, int] = {}
+
+    def offend(self, peer: PeerID, reason: str) -> bool:
+        self.offences[peer] = self.offences.get(peer, 0) + 1
+        return super().offend(peer, reason)
+
+
+def _rounds_led_by(silent: PeerID, peers: list[PeerID], count: int) -> list[RoundKey]:
+    """The first ``count`` rounds of fragment 3 that ``silent`` is first in line to lead."""
+    keys = (RoundKey(3, k) for k in range(1, 10_000))
+    led = (
+        key
+        for key in keys
+        if min(peers, key=lambda p: leader_rank(round_key(RUN_ID, key), p)) == silent
+    )
+    return [next(led) for _ in range(count)]
+
+
+def _run(
+    target_group_size: int | None,
+) -> tuple[list[list[GroupInfo | BaseException]], list[CountingBans], list[PeerID]]:
+    """Six rounds that the silent peer (the last) is first in line to lead; per round the
+    honest peers' outcomes, their ban lists, and the three peer ids."""
+    network, table = MemoryNetwork(), Table()
+    identities = [make_identity(40 + i) for i in range(3)]
+    bans = [CountingBans() for _ in identities]
+    peers = [
+        cls(
+            network.join(PeerID.from_base58(identity.peer_id)),
+            MemoryDHT(identity, table),
+            RUN_ID,
+            DIGEST,
+            TIMEOUTS,
+            ban_list,
+            target_group_size=target_group_size,
+        )
+        for cls, identity, ban_list in zip(
+            (Matchmaker, Matchmaker, SilentLeader), identities, bans, strict=True
+        )
+    ]
+    ids = [peer.p2p.peer_id for peer in peers]
+    keys = _rounds_led_by(ids[2], ids, ROUNDS)
+
+    async def main() -> list[list[GroupInfo | BaseException]]:
+        for peer in peers:
+            await peer.start()
+        outcomes = []
+        for key in keys:
+            tasks = [asyncio.create_task(p.form_group(key, 1000, 0, 0, 1.0)) for p in peers]
+            outcomes.append(await asyncio.gather(*tasks[:2], return_exceptions=True))
+            tasks[2].cancel()  # the silent peer waits out its bound; the test need not
+            await asyncio.gather(tasks[2], return_exceptions=True)
+        network.close()
+        return outcomes
+
+    return asyncio.run(main()), bans, ids
+
+
+def _check(target_group_size: int | None) -> None:
+    outcomes, bans, ids = _run(target_group_size)
+    honest, silent = set(ids[:2]), ids[2]
+    formed = [o for o in outcomes if all(isinstance(r, GroupInfo) for r in o)]
+    assert len(formed) == ROUNDS, outcomes  # every round formed without the silent leader
+    assert all(set(r.members) == honest for o in formed for r in o if isinstance(r, GroupInfo))
+    # each honest follower charged it once per round until the ban, then never followed it
+    assert [b.offences.get(silent, 0) for b in bans[:2]] == [BAN_OFFENCES] * 2
+    assert all(b.banned(silent) for b in bans[:2])
+    assert not any(b.offences.get(peer) for b in bans for peer in honest)  # nobody honest
+    assert all(not isinstance(r, RoundFailed) for o in outcomes for r in o)
+
+
+def test_silent_leader_charged_next_in_line_leads_then_banned() -> None:
+    """Every peer waits for all three (``target_group_size``): the GROUP is due two join
+    timeouts after all three declared."""
+    _check(target_group_size=3)
+
+
+def test_silent_leader_charged_without_a_target_group_size() -> None:
+    """No target size: the GROUP is due a window and two join timeouts after a follower
+    chose its role, and the takeover still fits the matchmaking bound."""
+    _check(target_group_size=None)
