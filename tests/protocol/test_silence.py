@@ -60,7 +60,7 @@ def _round(
     """One round, and then its sender window waited out (offences are charged then)."""
 
     async def main() -> tuple[list[Outcome], Round]:
-        round_ = Round(inputs, WEIGHTS, types, timeouts=FAST, bans=bans)
+        round_ = Round(inputs, WEIGHTS, types, timeouts=FAST, bans=bans, clip_factor=0)
         await round_.start()
         outcomes = await round_.outcomes()
         loop = asyncio.get_running_loop()
@@ -73,11 +73,13 @@ def _round(
 
 def _without_silent(inputs: list[torch.Tensor]) -> torch.Tensor:
     """What the honest members must get: the silent member counted only in its own part
-    (codec ``none``, one chunk per part: each value depends only on who is averaged)."""
+    (codec ``none``, one chunk per part, no clipping: each value depends only on who is
+    averaged, as the plain weighted mean)."""
     honest = [i for i in range(MEMBERS) if i != SILENT]
-    result = expected([inputs[i] for i in honest], [WEIGHTS[i] for i in honest]).clone()
+    result = expected([inputs[i] for i in honest], [WEIGHTS[i] for i in honest], clip_factor=0)
+    result = result.clone()
     lo, hi = butterfly_parts(inputs[0].numel(), MEMBERS)[SILENT]
-    result[lo:hi] = expected(inputs, WEIGHTS)[lo:hi]
+    result[lo:hi] = expected(inputs, WEIGHTS, clip_factor=0)[lo:hi]
     return result
 
 
