@@ -1,4 +1,4 @@
-"""Pace: adaptive rows (issue 12): 3 nodes on loopback, node c 3x slower per step.
+"""Pace: adaptive rows: 3 nodes on loopback, node c 3x slower per step.
 
 ``start`` + 2 ``join``, tiny preset, 8 sequences of 128 tokens per step (on one CPU thread
 a step's compute scales with its rows: about 0.07 / 0.11 / 0.21 s at 1 / 2 / 8 rows here),

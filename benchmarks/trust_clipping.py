@@ -1,4 +1,4 @@
-"""Cost of norm clipping on honest runs (issue 11): eval loss with clipping vs the plain mean.
+"""Cost of norm clipping on honest runs: eval loss with clipping vs the plain mean.
 
 Runs ``diloco-node local`` (streaming, its defaults) for each replica count, seed and clip
 factor C (0 is the plain weighted mean), and records, for every chunk every round combined,

@@ -4,7 +4,7 @@ Hierarchy::
 
     DilocoError
     ├── ConfigError        a run or node configuration that cannot work (says the fix)
-    ├── RoundFailed        a fragment round that produced no result (SPEC 2.4 step 6)
+    ├── RoundFailed        a fragment round that produced no result (nothing is applied)
     │   └── PriorDiverged  ... because the others start it from another state than ours
     ├── CheckpointError    a checkpoint file that is missing, damaged or of another shape
     └── ProtocolError      a peer broke the protocol; the peer is excluded, never us

@@ -1,4 +1,4 @@
-"""Chaos run (issue 12): real node processes, killed and frozen at random; what survives?
+"""Chaos run: real node processes, killed and frozen at random; what survives?
 
 The swarm: ``diloco-node start`` (node ``a``) and ``nodes - 1`` joiners on loopback, each
 with its own checkpoint folder, data seed and loopback address. After every node has made
@@ -10,9 +10,9 @@ seeded ``random.Random``):
    round timeout), then SIGCONT;
 2. meanwhile *kill*: SIGKILL a random other joiner's node process alone (as the OOM killer
    does), either at a random moment or, every other cycle, right after it logs a send step
-   of the schedule (SPEC 2.3: a round of its is then being matched or reduced: mid-round);
-   after a random downtime it is started again with ``--resume`` (same checkpoint folder)
-   and the addresses of the nodes then running as initial peers.
+   of the schedule (docs/design.md "Algorithm and schedule": a round of its is then being matched or
+   reduced: mid-round); after a random downtime it is started again with ``--resume`` (same
+   checkpoint folder) and the addresses of the nodes then running as initial peers.
 
 The creator ``a`` is frozen but never killed: a restarted ``start`` node has no peers to
 bootstrap from. Then every node trains to the end. Recorded from the nodes' ``--metrics-out``
@@ -141,7 +141,8 @@ class Swarm:
             time.sleep(0.5)
 
     def send_steps(self, node: NodeProcess) -> set[int]:
-        """The steps at which some fragment sends (SPEC 2.3: t_p + kH, k >= 1)."""
+        """The steps at which some fragment sends (docs/design.md "Algorithm and schedule": t_p +
+        kH, k >= 1)."""
         config = next(r for r in node.records() if r.get("event") == "config")
         h, f = int(config["sync_every"]), int(config["num_fragments"])
         return {
@@ -265,7 +266,7 @@ def shared_rounds(
 
     A round's members are the nodes that applied it from the same prior state
     (``prior_sha256``; events without one share one prior): two groups of one round that
-    started from different states are two rounds, not a mismatch (issue 12).
+    started from different states are two rounds, not a mismatch.
     """
     hashes: dict[tuple[int, int, str], dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     for name, events in rounds.items():

@@ -29,7 +29,7 @@ LOCAL_FLAGS = Flags(
             "dp: average gradients every step; diloco: one fragment, tau 0; streaming.",
         ),
         Flag("--replicas", ("replicas",), "M: number of replicas trained in this process."),
-        Flag("--preset", ("preset",), "Model preset: tiny, small, 35M, ... (SPEC 7)."),
+        Flag("--preset", ("preset",), "Model preset: tiny, small, 35M, ..."),
         Flag("--steps", ("steps",), "T: inner steps per replica."),
         Flag("--batch-size", ("batch_size",), "Sequences per replica per step."),
         Flag("--seq-len", ("seq_len",), "Tokens per sequence."),
@@ -314,7 +314,8 @@ def simulate(
     metrics_path: str | None,
     **sync: Any,
 ) -> None:
-    """Compute utilisation against bandwidth for DP and the DiLoCo variants (SPEC 6).
+    """Compute utilisation against bandwidth for DP and the DiLoCo variants (docs/design.md "The
+    simulator").
 
     e.g. `diloco-node simulate --model 100B --targets 0.9,0.99`
     """

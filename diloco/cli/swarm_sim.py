@@ -1,4 +1,4 @@
-"""``diloco-node simulate-swarm``: the protocol simulator's table (issue 16)."""
+"""``diloco-node simulate-swarm``: the protocol simulator's table."""
 
 from __future__ import annotations
 

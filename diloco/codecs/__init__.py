@@ -1,4 +1,5 @@
-"""Pure encode/decode of FP32 vectors for the swarm (SPEC 3); no I/O, imports nothing of ours.
+"""Pure encode/decode of FP32 vectors for the swarm (docs/design.md "Codecs"); no I/O, imports
+nothing of ours.
 
 ``get_codec(name)`` for configuration, ``codec_for_payload(data)`` for the wire; every
 payload starts with a 5-byte header (codec id, element count). ``CodecError`` (a

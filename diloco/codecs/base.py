@@ -1,4 +1,5 @@
-"""The wire header, the codec base class and the one error of ``diloco.codecs`` (SPEC 3).
+"""The wire header, the codec base class and the one error of ``diloco.codecs`` (docs/design.md
+"Codecs").
 
 Every payload, whatever the codec::
 
@@ -116,7 +117,7 @@ def check_input(x: object) -> torch.Tensor:
 
 
 class Codec(ABC):
-    """Turns a 1-D FP32 vector into bytes and back (SPEC 3).
+    """Turns a 1-D FP32 vector into bytes and back (docs/design.md "Codecs").
 
     Subclasses fill the ``_`` hooks; the public methods own the header and every check that
     is common to all codecs. Instances are immutable and safe to share between threads.

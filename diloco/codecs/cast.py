@@ -1,4 +1,5 @@
-"""Codecs that store every value on its own: raw FP32 and the 16-bit casts (SPEC 3).
+"""Codecs that store every value on its own: raw FP32 and the 16-bit casts (docs/design.md
+"Codecs").
 
 Layouts (after the 5-byte header, see ``base``)::
 

@@ -1,4 +1,4 @@
-"""E3M0: 4-bit floats in blocks of 32 sharing an E8M0 power-of-two scale (SPEC 3).
+"""E3M0: 4-bit floats in blocks of 32 sharing an E8M0 power-of-two scale (docs/design.md "Codecs").
 
 Layout (after the 5-byte header; ``nb = ceil(n / 32)`` blocks, the last zero-padded)::
 
@@ -114,7 +114,7 @@ class E3M0Codec(Codec):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The body of ``encode`` before it becomes bytes, on ``x``'s device: scale bytes
         (nb,) and packed codes (nb, 16), uint8. A GPU can quantise here and copy 4.25 bits
-        per value to the host; ``encode`` itself takes CPU tensors only (SPEC 3).
+        per value to the host; ``encode`` itself takes CPU tensors only (docs/design.md "Codecs").
 
         Raises:
             CodecError: ``x`` holds NaN or Inf, or a value beyond ``2**127``.

@@ -1,4 +1,4 @@
-"""Blockwise absmax int8 (INTELLECT-1 style), SPEC 3.
+"""Blockwise absmax int8 (INTELLECT-1 style), docs/design.md "Codecs"
 
 Layout (after the 5-byte header; ``nb = ceil(n / 64)`` blocks of 64 values)::
 

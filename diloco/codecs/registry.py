@@ -1,4 +1,4 @@
-"""Codec lookup by name (configuration) and by id byte (the wire), SPEC 3.
+"""Codec lookup by name (configuration) and by id byte (the wire), docs/design.md "Codecs"
 
 The registry is checked against ``CodecId`` at import time, so a codec added to one table and
 not the other fails loudly at the first import instead of on a peer's payload.

@@ -3,7 +3,8 @@
 These are a volunteer's choices for their own hardware, not part of the run: whatever they
 pick, the replica trains the same model with the same inner optimizer, its master weights
 and optimizer state stay FP32, and the outer loop (outer parameters, momentum, outer
-gradients) is FP32 and untouched (SPEC 2.5), so the outer sync is unchanged in kind.
+gradients) is FP32 and untouched (docs/design.md "Algorithm and schedule"), so the outer sync is
+unchanged in kind.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The node's configuration: what a run shares and what each volunteer chooses.
 
-``RunConfig`` is what every node of a run shares; its hash is part of the run id (SPEC 4).
-``NodeOptions`` and ``RoundOptions`` are each volunteer's own choices, and so is
+``RunConfig`` is what every node of a run shares; its hash is part of the run id (docs/design.md
+"The round"). ``NodeOptions`` and ``RoundOptions`` are each volunteer's own choices, and so is
 ``diloco.protocol.runtime.network.NetworkOptions``: none of them is ever taken from the swarm
-(SPEC 4.1 "Local choices are never taken from the swarm"), so the data path lives in
+(docs/design.md "Threat model"), so the data path lives in
 ``NodeOptions``, never in the run configuration.
 
 Every default is written once, in these dataclasses (and in ``OuterConfig`` /
@@ -52,9 +52,9 @@ ReturnCodec = Literal["e3m0", "int8", "bf16", "none"]
 
 
 def return_codec_for(name: str | None, codec: Codec, rounding: str) -> Codec:
-    """The codec of the averaged outer gradient a reducer sends back (SPEC 4: encoded once):
-    ``name``'s, with the run's E3M0 ``rounding``, or the outer-gradient ``codec`` itself when
-    ``name`` is None."""
+    """The codec of the averaged outer gradient a reducer sends back (docs/design.md "The round":
+    encoded once): ``name``'s, with the run's E3M0 ``rounding``, or the outer-gradient ``codec``
+    itself when ``name`` is None."""
     if name is None:
         return codec
     return get_codec(name, **({"rounding": rounding} if name == "e3m0" else {}))
@@ -62,30 +62,31 @@ def return_codec_for(name: str | None, codec: Codec, rounding: str) -> Codec:
 
 @dataclass(kw_only=True, slots=True)
 class RunConfig:
-    """What every node of a run shares; its hash is part of the run id (SPEC 4)."""
+    """What every node of a run shares; its hash is part of the run id (docs/design.md "The
+    round")."""
 
     name: str = "diloco"
     """Human name of the run, ``[A-Za-z0-9_-]{1,64}``; the first part of the run id."""
     preset: str = "tiny"
-    """Model preset (SPEC 7, ``diloco.node.model.PRESETS``)."""
+    """Model preset (docs/design.md "Model presets", ``diloco.node.model.PRESETS``)."""
     seq_len: int = 128
     """Tokens per sequence."""
     steps: int = 600
     """T: inner steps of the whole run (the learning-rate schedule spans them)."""
     fragment_size: int = 1
-    """Transformer blocks per fragment (SPEC 2.2)."""
+    """Transformer blocks per fragment (docs/design.md "Algorithm and schedule")."""
     pattern: Pattern = "strided"
     """Which blocks form a fragment: ``strided`` (p, p+P, ...) or ``sequential``."""
     embedding_fragment: EmbeddingPlacement = "own"
     """Embedding, final norm and head: a fragment of their ``own``, or in the ``first``."""
     codec: str = "e3m0"
-    """Outer-gradient codec on the wire (SPEC 3)."""
+    """Outer-gradient codec on the wire (docs/design.md "Codecs")."""
     rounding: Literal["nearest", "stochastic"] = "nearest"
-    """E3M0 rounding (SPEC 3)."""
+    """E3M0 rounding (docs/design.md "Codecs")."""
     return_codec: ReturnCodec | None = None
     """Codec of the averaged outer gradient each reducer encodes once and sends back (the
-    second quantisation, SPEC 4); None: ``codec``'s. E3M0 there costs 4.25 bits per value
-    and about 0.27 relative error against the exact mean (0.19 from the first encoding
+    second quantisation, docs/design.md "The round"); None: ``codec``'s. E3M0 there costs 4.25 bits
+    per value and about 0.27 relative error against the exact mean (0.19 from the first encoding
     alone); benchmarks/RESULTS.md ("Return codec") measures loss and bytes of each."""
     outer: OuterConfig = field(default_factory=OuterConfig)
     inner: InnerConfig = field(default_factory=InnerConfig)
@@ -97,10 +98,10 @@ class RunConfig:
     max_round_tokens: int | None = None
     """Cap on a member's weight in one round, in tokens (its weight is the tokens it
     processed since its last sync of the fragment plus those carried from failed rounds,
-    SPEC 2.4 step 3); a member counts at most this much, so no peer owns a mean by
-    claiming a huge weight (``diloco.protocol.core.aggregation``). None: ``outer.CAP_SEQUENCES`` x
-    ``seq_len`` x H, the tokens of four rounds of a node with the default batch of 8
-    sequences; raise it for runs whose nodes take bigger batches."""
+    docs/design.md "Algorithm and schedule" step 3); a member counts at most this much, so no peer
+    owns a mean by claiming a huge weight (``diloco.protocol.core.aggregation``). None:
+    ``outer.CAP_SEQUENCES`` x ``seq_len`` x H, the tokens of four rounds of a node with the default
+    batch of 8 sequences; raise it for runs whose nodes take bigger batches."""
     clip_factor: float = CLIP_FACTOR
     """C of the reducers' norm clipping: per chunk, a contribution whose norm exceeds C
     times the lower median of the members' norms is scaled down to it, and weights are
@@ -108,11 +109,12 @@ class RunConfig:
     one member from reversing the mean (docs/design.md "Aggregation bounds")."""
     max_group_size: int | None = None
     """Most members of one all-reduce group: a fragment round with more runs in stages on a
-    grid of groups of at most this many (``diloco.protocol.staged.runner``; issue 16), every
+    grid of groups of at most this many (``diloco.protocol.staged.runner``), every
     node following the same plan. None: one flat group, whatever its size."""
     creator: str | None = None
     """Peer id (base58) of the node that started the run; its key signs this configuration
-    (SPEC 4.1), so another configuration with the same name has another run id. ``start``
+    (docs/design.md "Threat model"), so another configuration with the same name has another run id.
+    ``start``
     sets it from its identity."""
     swarm_key_id: str | None = None
     """Closed swarms: ``SwarmKey.key_id`` of the run's key (a hash, never the key); None:
@@ -255,12 +257,14 @@ class NodeOptions:
     batch_size: int = 8
     """Sequences per inner step on this node (its share of a round's mean is its tokens)."""
     tau: int | None = None
-    """tau: this node's steps between sending a fragment and applying its round (SPEC 2.4);
+    """tau: this node's steps between sending a fragment and applying its round (docs/design.md
+    "Algorithm and schedule");
     None takes the run's ``outer.fragment_sync_delay``."""
     pace: PaceMode = "adaptive"
     """``adaptive``: when this node is slower per step than the swarm's pace (the lower
     median of the nodes' full-batch step seconds), it trains fewer sequences per inner step
-    so the others do not wait for it (``diloco.node.pace``; SPEC 4.2); ``fixed``: always the
+    so the others do not wait for it (``diloco.node.pace``; docs/design.md "Pace"); ``fixed``:
+    always the
     full ``batch_size`` (the swarm then moves at its slowest node's pace)."""
     slow_down: float = 1.0
     """Every inner step takes this many times its compute (it sleeps the rest): tests and
@@ -289,7 +293,8 @@ class NodeOptions:
     """How this node computes its inner steps (precision, micro-batches, compile)."""
     outer_device: OuterDevice = "cpu"
     """Where the outer parameters and momentum live: ``cpu`` (pinned host memory on a GPU
-    node; the outer update is deterministic FP32 there, SPEC 2.5) or ``device`` (next to the
+    node; the outer update is deterministic FP32 there, docs/design.md "Algorithm and schedule") or
+    ``device`` (next to the
     model: no copies, but the update's rounding may differ from CPU nodes')."""
 
     def __post_init__(self) -> None:
@@ -322,7 +327,8 @@ class NodeOptions:
 
 @dataclass(kw_only=True, slots=True)
 class RoundOptions:
-    """How long this node waits for others in a round (local choices, SPEC 4)."""
+    """How long this node waits for others in a round (local choices, docs/design.md "The
+    round")."""
 
     min_group_size: int = 2
     """A round needs this many members, else it fails (1: a lone node averages alone)."""

@@ -1,4 +1,5 @@
-"""Fragments between an accelerator and the host without stalling it (SPEC 2.4, 2.5).
+"""Fragments between an accelerator and the host without stalling it (docs/design.md "Algorithm and
+schedule", 2.5).
 
 A CUDA node's outer loop moves each fragment twice per round: its live weights (or, with
 the outer state on the device, its outer gradient) to the host at the send step ``s``, and
@@ -88,9 +89,9 @@ class DeviceLink:
         return result
 
     def merge(self, fragment: int, outer: torch.Tensor, params: NamedParams, alpha: float) -> None:
-        """``theta = alpha * theta + (1 - alpha) * outer`` on the device (SPEC 2.4 step 5),
-        with the float operations of ``diloco.node.outer_step.merge``; a host ``outer`` is
-        uploaded asynchronously first and must not change until ``wait_upload``."""
+        """``theta = alpha * theta + (1 - alpha) * outer`` on the device (docs/design.md "Algorithm
+        and schedule" step 5), with the float operations of ``diloco.node.outer_step.merge``; a host
+        ``outer`` is uploaded asynchronously first and must not change until ``wait_upload``."""
         if alpha == 1:
             return
         new_outer = outer

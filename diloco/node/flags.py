@@ -86,7 +86,7 @@ RUN_FLAGS = Flags(
     RunConfig,
     (
         Flag("--name", ("name",), "Human name of the run."),
-        Flag("--preset", ("preset",), f"Model preset (SPEC 7): {', '.join(PRESETS)}."),
+        Flag("--preset", ("preset",), f"Model preset: {', '.join(PRESETS)}."),
         Flag("--seq-len", ("seq_len",), "Tokens per sequence."),
         Flag("--steps", ("steps",), "T: inner steps of the whole run."),
         Flag("--H", ("outer", "sync_every"), "H: inner steps between two syncs of a fragment."),

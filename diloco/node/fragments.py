@@ -1,4 +1,5 @@
-"""Fragments of transformer blocks and their staggered sync schedule (SPEC 2.2, 2.3).
+"""Fragments of transformer blocks and their staggered sync schedule (docs/design.md "Algorithm and
+schedule", 2.3).
 
 Everything here is a pure function of the run configuration and the global step, like
 nanoGPT's ``get_lr``: nodes agree on the schedule without talking, and ``diloco.sim``
@@ -31,7 +32,7 @@ def num_block_fragments(num_layers: int, fragment_size: int) -> int:
 
 
 def fragment_blocks(num_layers: int, fragment_size: int, pattern: Pattern) -> list[list[int]]:
-    """Block indices of each fragment (SPEC 2.2).
+    """Block indices of each fragment (docs/design.md "Algorithm and schedule").
 
     ``strided``: fragment ``p`` holds blocks ``p, p+P, p+2P, ...``; ``sequential``: blocks
     ``p*fs .. p*fs+fs-1``. Every block is in exactly one fragment.
@@ -92,7 +93,8 @@ def train_only(fragments: list[list[tuple[str, nn.Parameter]]], fragment: int) -
 
 
 def fragment_offset(fragment: int, sync_every: int, num_fragments: int) -> int:
-    """``t_p = floor(p * H / F)``: the step phase of fragment ``p`` (SPEC 2.3)."""
+    """``t_p = floor(p * H / F)``: the step phase of fragment ``p`` (docs/design.md "Algorithm and
+    schedule")."""
     return (fragment * sync_every) // num_fragments
 
 
@@ -142,5 +144,6 @@ def sends_at(step: int, sync_every: int, num_fragments: int) -> Iterator[tuple[i
 
 
 def max_in_flight(sync_every: int, num_fragments: int, tau: int) -> int:
-    """Upper bound on rounds in flight at once: ``ceil(F / H * (tau + 1))`` (SPEC 2.3)."""
+    """Upper bound on rounds in flight at once: ``ceil(F / H * (tau + 1))`` (docs/design.md
+    "Algorithm and schedule")."""
     return math.ceil(num_fragments / sync_every * (tau + 1))

@@ -1,5 +1,5 @@
 """Healing: a node whose outer state of a fragment fell out of line downloads it from a peer
-(SPEC 4 "State transfer", "Faults").
+(docs/design.md "Healing and joining", "Faults").
 
 A node cannot always be sure that a round left it where its peers are: the round failed
 for it but not for them, or it joined while a round was in flight. So it reads the run's
@@ -260,7 +260,7 @@ class Healer:
         self.verify_at: dict[int, float] = {}
         """Fragment -> when to check it once: its version moved. A round that succeeds can
         still leave us apart from its other members when we entered it from another
-        state (a split at the previous round: the chaos run, issue 12)."""
+        state (a split at the previous round: the chaos run)."""
 
     @property
     def sync_every(self) -> int:
@@ -406,9 +406,9 @@ class Healer:
         return adopted
 
     def check_and_fetch(self, fragments: list[int], mine: Mine, my_step: int) -> OuterState | None:
-        """Worker thread: fetch the fragments that ``heal_plan`` finds out of line (SPEC 4:
-        a member "compares the state hash the others publish and heals from a peer if it
-        differs"), from vouched donors only. The global step returned is the swarm's robust
+        """Worker thread: fetch the fragments that ``heal_plan`` finds out of line (docs/design.md
+        "The round": a member "compares the state hash the others publish and heals from a peer if
+        it differs"), from vouched donors only. The global step returned is the swarm's robust
         step (None when there is nothing to do)."""
         view = self.read_view()
         fetched: dict[int, FragmentState] = {}

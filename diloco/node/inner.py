@@ -1,8 +1,8 @@
 """The inner optimizer: AdamW (or plain SGD for the data-parallel oracle), with its schedule.
 
-SPEC 2.1: linear warm-up and cosine decay to 10% over the run; betas (0.9, 0.95); weight
-decay 0.1; gradient-norm clipping at 1.0. The inner state is never averaged and never
-reset by a sync. The default peak (1e-3 after 30 steps) suits the small presets that the
+docs/design.md "Algorithm and schedule": linear warm-up and cosine decay to 10% over the run; betas
+(0.9, 0.95); weight decay 0.1; gradient-norm clipping at 1.0. The inner state is never averaged and
+never reset by a sync. The default peak (1e-3 after 30 steps) suits the small presets that the
 CLI trains on a CPU in minutes; the paper's 4e-4 suits its 35M+ models. How a step is
 computed (bf16 autocast, micro-batches) is the node's choice (``diloco.node.compute``) and
 leaves this arithmetic as it is.
@@ -24,7 +24,7 @@ from diloco.node.compute import Precision, autocast
 
 @dataclass(kw_only=True, slots=True)
 class InnerConfig:
-    """Local optimisation of every replica (SPEC 2.1)."""
+    """Local optimisation of every replica (docs/design.md "Algorithm and schedule")."""
 
     optimizer: Literal["adamw", "sgd"] = "adamw"
     """``adamw`` (the paper's), or ``sgd`` (plain, no momentum: the data-parallel oracle)."""
@@ -102,7 +102,8 @@ def inner_step(
     precision: Precision = "fp32",
     micro_batch_size: int = 0,
 ) -> float:
-    """One inner step (SPEC 2.1): loss, backward, clip, AdamW/SGD update; returns the loss.
+    """One inner step (docs/design.md "Algorithm and schedule"): loss, backward, clip, AdamW/SGD
+    update; returns the loss.
 
     The same function trains every replica of every trainer, so the inner loop is one piece
     of code whatever the transport of the outer loop. With ``micro_batch_size`` below the

@@ -32,7 +32,7 @@ class LocalConfig:
     seq_len: int = 64
     """Tokens per sequence."""
     fragment_size: int = 1
-    """Transformer blocks per fragment (SPEC 2.2)."""
+    """Transformer blocks per fragment (docs/design.md "Algorithm and schedule")."""
     pattern: Pattern = "strided"
     embedding_fragment: EmbeddingPlacement = "own"
     taus: list[int] = field(default_factory=lambda: [1])
@@ -67,7 +67,8 @@ class LocalConfig:
     """Speed of each replica's device, relative (e.g. 1,1,0.33: the third takes 3x as long
     per step); None: all alike. A replica's full-batch step takes ``1 / speed``; the pace is
     the lower median of those, and each replica trains the rows ``pace.target_rows`` gives
-    it (SPEC 4.2, as a swarm node with ``--pace adaptive`` would), so every replica does
+    it (docs/design.md "Pace", as a swarm node with ``--pace adaptive`` would), so every replica
+    does
     every step and a slow one fewer rows, weighted by its tokens."""
 
     def __post_init__(self) -> None:

@@ -168,8 +168,8 @@ PRESETS: dict[str, ModelConfig] = {
     # CPU and test sizes (byte vocabulary), like torchtitan's debugmodel.
     "tiny": _preset(128, 4, 4, vocab_size=256),
     "small": _preset(256, 6, 8, vocab_size=256),
-    # SPEC section 7 (the paper's Chinchilla-style ladder). Parameters with the tied head:
-    # 35.1M, 88.3M, 184.6M, 334.7M, 558.8M, 1.27B, 4.18B (tiny 0.79M, small 4.89M).
+    # docs/design.md "Model presets" (the paper's Chinchilla-style ladder). Parameters with the tied
+    # head: 35.1M, 88.3M, 184.6M, 334.7M, 558.8M, 1.27B, 4.18B (tiny 0.79M, small 4.89M).
     "35M": _preset(512, 6, 8),
     "100M": _preset(768, 9, 12),
     "200M": _preset(1024, 12, 16),

@@ -1,4 +1,5 @@
-"""The outer loop of Streaming DiLoCo: one piece of code for every transport (SPEC 2.4).
+"""The outer loop of Streaming DiLoCo: one piece of code for every transport (docs/design.md
+"Algorithm and schedule").
 
 ``FragmentSync`` wraps an unchanged inner loop (torchtitan's ``maybe_semi_sync_training``
 shape): at the end of every step the trainer asks it which fragments send
@@ -7,7 +8,7 @@ returned futures back (``submit``); ``apply_due`` then blocks, at a round's rece
 ``s + tau`` only, and applies the outer Nesterov step and the ``alpha`` merge. The outer
 state (FP32 parameters and momentum per fragment) stays on the CPU and is updated with the
 same float operations in the same order everywhere, so all members of a round end with
-bit-identical outer state (SPEC 2.5).
+bit-identical outer state (docs/design.md "Algorithm and schedule").
 
 A CUDA model's fragments travel through ``diloco.node.device_link``: the send step queues
 an asynchronous copy and a worker thread starts the round once it is complete; the new
@@ -50,13 +51,14 @@ ReduceFn = Callable[[RoundKey, Contribution], Future[RoundResult]]
 
 @dataclass(kw_only=True, slots=True)
 class OuterConfig:
-    """Outer optimisation and its schedule (SPEC 2.3, 2.4); shared by every node of a run."""
+    """Outer optimisation and its schedule (docs/design.md "Algorithm and schedule", 2.4); shared by
+    every node of a run."""
 
     sync_every: int = 30
     """H: inner steps between two syncs of one fragment."""
     outer_lr: float = 0.7
     """Learning rate of the outer SGD with Nesterov momentum (DiLoCo's 0.7; the Streaming
-    DiLoCo paper uses 0.4 for its larger models, SPEC 2.4)."""
+    DiLoCo paper uses 0.4 for its larger models, docs/design.md "Algorithm and schedule")."""
     outer_momentum: float = 0.9
     """mu: Nesterov momentum of the outer optimizer (0 disables it)."""
     fragment_sync_delay: int = 1
@@ -117,7 +119,8 @@ class AppliedRound:
     """Hash of the fragment's outer state the round started from (its members share it)."""
     error: str = ""
     weight: float = 0.0
-    """This replica's own weight in the round (its tokens, SPEC 2.4 step 3)."""
+    """This replica's own weight in the round (its tokens, docs/design.md "Algorithm and schedule"
+    step 3)."""
     member_weights: Mapping[str, float] = field(default_factory=dict)
     """Each member's announced weight, where the round carried it (docs/design.md "Pace")."""
     round_trips: tuple[tuple[str, float], ...] = ()
@@ -126,7 +129,8 @@ class AppliedRound:
 
 @dataclass
 class FragmentSync:
-    """One replica's outer loop over all fragments (the algorithm of SPEC 2.4).
+    """One replica's outer loop over all fragments (the algorithm of docs/design.md "Algorithm and
+    schedule").
 
     ``fragments`` are the named parameters of each fragment (``model_fragments``); ``tau`` is
     this replica's own delay (heterogeneous slack is allowed: all members send at ``s``, each
@@ -215,13 +219,14 @@ class FragmentSync:
 
     def _take_weight(self, p: int) -> float:
         """The weight of fragment ``p``'s round sent now: tokens since its last send, plus
-        those of failed rounds (SPEC 2.4 step 6)."""
+        those of failed rounds (docs/design.md "Algorithm and schedule" step 6)."""
         weight = self.tokens_since_send[p] + self.carried_weight[p]
         self.tokens_since_send[p] = 0.0
         return weight or 1.0
 
     def send_due(self, step: int, reduce: ReduceFn) -> None:
-        """Start the rounds of the fragments that send at ``step`` (SPEC 2.4 steps 1-2).
+        """Start the rounds of the fragments that send at ``step`` (docs/design.md "Algorithm and
+        schedule" steps 1-2).
 
         A CPU model computes the outer gradients here (``contributions_due``); a CUDA model
         only queues copies, and its worker hands each round to ``reduce`` once its copy is
@@ -256,8 +261,9 @@ class FragmentSync:
 
     def finish(self) -> list[AppliedRound]:
         """At the run's end: block on every round still in flight and apply it, in the
-        order of their receive steps (SPEC 2.4 steps 4-5), so that the final evaluation
-        and the exported weights hold the rounds sent in the last ``tau`` steps.
+        order of their receive steps (docs/design.md "Algorithm and schedule" steps 4-5), so that
+        the final evaluation and the exported weights hold the rounds sent in the last ``tau``
+        steps.
 
         A stopping node (``should_abandon``) gives its rounds up as ``apply_due`` does.
         """
@@ -324,7 +330,8 @@ class FragmentSync:
         )
 
     def _merge(self, p: int) -> None:
-        """SPEC 2.4 step 5 for fragment ``p``: on the host for a CPU model (as ever), on the
+        """docs/design.md "Algorithm and schedule" step 5 for fragment ``p``: on the host for a CPU
+        model (as ever), on the
         device after an asynchronous upload for a CUDA model."""
         outer, params = self.states[p].outer, self.fragments[p]
         if self.link is None:
@@ -342,8 +349,8 @@ class FragmentSync:
         """Take a peer's outer state of ``fragment`` (join or heal) and load it into theta.
 
         The weight carried from failed rounds goes: the adopted state already holds what
-        those rounds would have brought. The inner optimizer state is kept (SPEC 2.1: it is
-        never reset by a sync).
+        those rounds would have brought. The inner optimizer state is kept (docs/design.md
+        "Algorithm and schedule": it is never reset by a sync).
 
         Raises:
             ConfigError: the state's shape is not this fragment's.

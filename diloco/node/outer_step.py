@@ -1,8 +1,10 @@
-"""The arithmetic of one outer step on flat FP32 vectors (SPEC 2.4 steps 4-5).
+"""The arithmetic of one outer step on flat FP32 vectors (docs/design.md "Algorithm and schedule"
+steps 4-5).
 
 Kept apart from ``outer.FragmentSync`` (which decides when to run it) so that every
 transport and the device link apply the very same float operations in the same order:
-the bit-identity of members' outer states (SPEC 2.5) rests on these few lines.
+the bit-identity of members' outer states (docs/design.md "Algorithm and schedule") rests on these
+few lines.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from torch import nn
 def nesterov_step(
     outer: torch.Tensor, momentum: torch.Tensor, delta: torch.Tensor, lr: float, mu: float
 ) -> None:
-    """SGD with Nesterov momentum on the outer gradient, in place (SPEC 2.4 step 4).
+    """SGD with Nesterov momentum on the outer gradient, in place (docs/design.md "Algorithm and
+    schedule" step 4).
 
     ``mom = mu * mom + delta``; ``outer = outer - lr * (delta + mu * mom)``.
     """
@@ -23,7 +26,8 @@ def nesterov_step(
 
 
 def merge(live: torch.Tensor, new_outer: torch.Tensor, alpha: float) -> torch.Tensor:
-    """``alpha * live + (1 - alpha) * new_outer`` (SPEC 2.4 step 5), exact at alpha 0 and 1."""
+    """``alpha * live + (1 - alpha) * new_outer`` (docs/design.md "Algorithm and schedule" step 5),
+    exact at alpha 0 and 1."""
     if alpha == 0:
         return new_outer.clone()
     if alpha == 1:

@@ -16,7 +16,8 @@ class PendingRound:
     future: Future[RoundResult]
     receive_step: int
     weight: float
-    """Tokens of the round (SPEC 2.4 step 3); carried to the next round if it fails."""
+    """Tokens of the round (docs/design.md "Algorithm and schedule" step 3); carried to the next
+    round if it fails."""
 
     def failure(self) -> RoundFailed | None:
         """How the round failed, once it has (its result can no longer change the outer

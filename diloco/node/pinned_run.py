@@ -1,4 +1,5 @@
-"""Which run a node trains (SPEC 4.1, a pinned run): never one picked from the DHT by name.
+"""Which run a node trains (docs/design.md "Threat model", a pinned run): never one picked from the
+DHT by name.
 
 ``start_run`` makes the first node the run's creator: the configuration names the node's
 peer id and the node signs it, so the run id (name + hash of the configuration) belongs to

@@ -6,7 +6,7 @@ its own event-loop thread; slow DHT work (publishing records, checking for diver
 fetching state to heal) runs on one worker thread and its results are applied between two
 steps, never in the middle of one.
 
-Healing (SPEC 4 "State transfer"; the decisions in ``diloco.node.healing`` and
+Healing (docs/design.md "Healing and joining"; the decisions in ``diloco.node.healing`` and
 ``diloco.node.claims``): after a round of fragment ``p`` fails, and every ``H`` steps, the
 node reads the run's records and vouches; if a peer holds a newer vouched version of ``p``
 (or the same version with another vouched hash, held by more peers than ours), it

@@ -1,4 +1,5 @@
-"""Bytes on the wire of an all-reduce, and what data-parallel training would send (SPEC 4, 6).
+"""Bytes on the wire of an all-reduce, and what data-parallel training would send (docs/design.md
+"The round", 6).
 
 One estimate shared by the node's run summary and the simulator's accountant
 (``diloco.sim.accounting``), so the two never disagree. It lives in ``node`` because ``sim``

@@ -119,7 +119,8 @@ class NodeTrainer:
     # -- the loop -------------------------------------------------------------------------
 
     def train_step(self) -> tuple[float, list[AppliedRound]]:
-        """One inner step, then this step's sends and receives (SPEC 2.4)."""
+        """One inner step, then this step's sends and receives (docs/design.md "Algorithm and
+        schedule")."""
         self.step += 1
         start = time.perf_counter()
         rows = self.pacer.rows
@@ -219,7 +220,8 @@ class NodeTrainer:
         return held_out_loss(model, self.eval_set, self.device)
 
     def outer_model(self) -> Transformer:
-        """A copy of the model holding each fragment's outer parameters (SPEC 2.6)."""
+        """A copy of the model holding each fragment's outer parameters (docs/design.md "Algorithm
+        and schedule")."""
         model = Transformer(self.run.model_config()).to(self.device)
         model.load_state_dict(self.model.state_dict())
         fragments = model_fragments(

@@ -1,4 +1,4 @@
-"""Compute-utilisation simulator and bandwidth accountant (SPEC 6).
+"""Compute-utilisation simulator and bandwidth accountant (docs/design.md "The simulator").
 
 Pure, sans-I/O: ``dag`` (the schedule), ``methods`` (presets and methods), ``sweep``
 (required bandwidths), ``accounting`` (bytes and peak rates), ``metrics`` (a node's JSON lines

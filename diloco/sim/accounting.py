@@ -1,4 +1,5 @@
-"""Bandwidth accountant: bytes a whole run exchanges, and the peak rate it needs (SPEC 6).
+"""Bandwidth accountant: bytes a whole run exchanges, and the peak rate it needs (docs/design.md
+"The simulator").
 
 For a run of ``D`` tokens with ``M`` replicas each taking ``B`` sequences of ``S`` tokens per
 inner step, there are ``T = ceil(D / (M * B * S))`` inner steps. A reduction of ``n`` values at
@@ -13,7 +14,7 @@ uses too). Rounds per method, at the widths of ``RunSpec`` (defaults as in the s
   (``diloco.node.fragments``), ``outer_bits``, ``N / L`` parameters per layer of the fragment;
 - ``streaming-overlap-fp4``: the same rounds encoded with the run's codec (E3M0: 4.25 bits).
 
-With ``max_group_size`` (issue 16) each round of the DiLoCo methods is staged over the
+With ``max_group_size`` each round of the DiLoCo methods is staged over the
 grid plan (``diloco.sim.staged_traffic``): about ``2(g-1)/g`` per stage instead of
 ``2(M-1)/M`` once, i.e. more bytes for far fewer streams; ``dp`` stays one flat ring.
 
@@ -38,9 +39,9 @@ CODEC_BITS: dict[str, float] = {
     "bf16": 16.0,
     "fp16": 16.0,
     "int8": 8.5,  # one FP32 scale per block of 64 values (diloco.codecs.int8)
-    "e3m0": 4.25,  # 4-bit codes plus one scale byte per block of 32 values (SPEC 3)
+    "e3m0": 4.25,  # 4-bit codes plus one scale byte per block of 32 values
 }
-"""Bits on the wire per value for each codec of SPEC 3."""
+"""Bits on the wire per value for each codec (docs/design.md "Codecs")."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

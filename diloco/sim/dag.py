@@ -1,4 +1,5 @@
-"""The schedule DAG of one replica: a compute chain and one FIFO link (SPEC 6).
+"""The schedule DAG of one replica: a compute chain and one FIFO link (docs/design.md "The
+simulator").
 
 Streaming DiLoCo (Douillard et al., 2025, arXiv:2501.18512, the simulation behind its Figure
 4) estimates compute utilisation (CU) with a simulated schedule. One inner step of one replica
@@ -9,9 +10,9 @@ step. A layer's reduction may start once its weight gradient (data-parallel) or 
 gradient (DiLoCo variants) is ready, i.e. at the end of its weight-backward in the send step
 ``s``; it occupies the one link for ``wire_bits / bandwidth`` seconds, transfers queue first
 in, first out, and the forward of that layer in step ``s + tau + 1`` (the first step after the
-receive step ``s + tau`` of SPEC 2.3) cannot start before the reduction ends. A reduction
-may first wait ``pre_seconds`` off the link (a real round's matchmaking, latency and stream
-set-up) before it takes its turn on the link.
+receive step ``s + tau`` of docs/design.md "Algorithm and schedule") cannot start before the
+reduction ends. A reduction may first wait ``pre_seconds`` off the link (a real round's matchmaking,
+latency and stream set-up) before it takes its turn on the link.
 
 Every node's time is a max-plus expression of earlier ones, so the simulation is exact and
 deterministic. The compute chain is one device, so weight gradients become ready in a fixed

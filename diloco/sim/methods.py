@@ -1,4 +1,5 @@
-"""Model presets and the five synchronisation methods as DAG inputs (SPEC 6).
+"""Model presets and the five synchronisation methods as DAG inputs (docs/design.md "The
+simulator").
 
 The paper's setting (Douillard et al., 2025, arXiv:2501.18512): 1B / 10B / 100B parameter
 models with 24 / 48 / 108 layers whose inner step takes 0.1 / 0.8 / 4.9 seconds (about 60% MFU).
@@ -80,7 +81,7 @@ class SyncSettings:
     fragment_size: int = 3
     """Layers per fragment for the streaming variants."""
     pattern: Pattern = "strided"
-    """Which layers form a fragment (SPEC 2.2)."""
+    """Which layers form a fragment (docs/design.md "Algorithm and schedule")."""
     tau: int = 1
     """Overlap in steps for the ``*-overlap`` methods (0 <= tau < H)."""
     num_replicas: int = 2
@@ -120,7 +121,7 @@ def step_compute(model: ModelSpec) -> StepCompute:
 
 
 def sync_plan(model: ModelSpec, method: Method, settings: SyncSettings) -> SyncPlan:
-    """The DAG's reductions for one method (SPEC 6).
+    """The DAG's reductions for one method (docs/design.md "The simulator").
 
     ``dp``: every layer every step at ``dp_bits``, the next forward waits. ``diloco``: the
     whole model every ``H`` steps at ``outer_bits``, blocking. ``streaming``: fragments of

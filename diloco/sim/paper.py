@@ -1,4 +1,4 @@
-"""The paper's own simulation results, to compare ours against (SPEC 6).
+"""The paper's own simulation results, to compare ours against (docs/design.md "The simulator").
 
 Douillard et al., 2025, "Streaming DiLoCo with overlapping communication", arXiv:2501.18512v1,
 appendix Table 4: Gbit/s each method needs to reach a CU of 50/80/90/95/99%, with H = 100 and

@@ -1,4 +1,4 @@
-"""A protocol simulator for thousands of peers: one staged (or flat) round per draw (issue 16).
+"""A protocol simulator for thousands of peers: one staged (or flat) round per draw.
 
 Pure and in one process: peers get links drawn at random, the round follows the protocol's
 own stage plan (``diloco.protocol.staged.grid.plan_grid``; flat = one group of everyone), and every
@@ -16,9 +16,9 @@ waves. A stream is lost (after the protocol's one retry) with probability ``stre
 **Churn:** every peer dies at an exponential time of mean ``lifetime_s`` from the start of
 the all-reduce (``inf``: nobody dies). A peer that dies stops sending at once.
 
-**Rules** (what the protocol does, SPEC 4 "Faults" and issue 16):
+**Rules** (what the protocol does, docs/design.md "The round"):
 
-* Deadlines adapt to recent transfers (issue 12) and are fixed per stage from the start of
+* Deadlines adapt to recent transfers and are fixed per stage from the start of
   the all-reduce, so every member knows them: stage ``s`` has a budget of
   ``timeout_factor`` times a median peer's nominal phase time (its widest group) for the
   parts to reach their reducers, and as long again for the averages to come back; a
@@ -35,7 +35,7 @@ the all-reduce (``inf``: nobody dies). A peer that dies stops sending at once.
   each starting when the loss is seen (a broken stream: a round trip after the death).
 * An averaged part that does not reach a live member by its deadline (reducer dead, stream
   lost, reducer late) fails the group for all its members under ``fail`` (today's rule:
-  "all treat the round as failed"); under ``rereduce`` (issue 12) a part lost to a dead
+  "all treat the round as failed"); under ``rereduce`` a part lost to a dead
   reducer or a lost stream is re-reduced by the first live contributor (every live member
   sends it that part again and it sends the average back), if that ends by the deadline;
   these transfers are not charged against the links' other flows (optimistic).

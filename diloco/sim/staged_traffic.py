@@ -1,4 +1,4 @@
-"""Bytes and streams per peer of a staged all-reduce (issue 16), from the stage plan. Pure.
+"""Bytes and streams per peer of a staged all-reduce, from the stage plan. Pure.
 
 Cost model per stage group (``diloco.protocol.staged.grid``: ``M`` contributors, ``R`` receivers,
 a vector of ``n`` values at ``b`` bits, equal butterfly parts of ``S = n * b / 8 / M``

@@ -1,4 +1,5 @@
-"""CU against bandwidth, and the lowest bandwidth that reaches a CU target (SPEC 6).
+"""CU against bandwidth, and the lowest bandwidth that reaches a CU target (docs/design.md "The
+simulator").
 
 The paper's table of required bandwidths (Douillard et al., 2025, arXiv:2501.18512) reads each
 method's CU curve at 50/80/90/95/99% CU; here the curve is evaluated on a log grid in one

@@ -1,4 +1,5 @@
-"""E3M0 (SPEC 3): layout, golden bytes, scale rule, nearest and stochastic rounding."""
+"""E3M0 (docs/design.md "Codecs"): layout, golden bytes, scale rule, nearest and stochastic
+rounding."""
 
 from __future__ import annotations
 
@@ -224,7 +225,7 @@ def test_e3m0_nearest_round_trip_is_idempotent() -> None:
 
 
 def test_e3m0_re_encode_changes_bytes_only_when_the_block_max_rounds_down() -> None:
-    """With the SPEC's scale rule a block whose absmax rounds down to scale/2 re-encodes with
+    """With the codec's scale rule a block whose absmax rounds down to scale/2 re-encodes with
     scale/2 (b - 1, fields + 1): same values, other bytes. Other blocks keep their bytes."""
     x = torch.tensor([0.7] + [0.3, -0.05] + [0.0] * 29 + [0.8] + [0.3, -0.05] + [0.0] * 29)
     first = NEAREST.encode(x)  # block 0: 0.7 -> 0.5 (rounds down); block 1: 0.8 -> 1

@@ -1,4 +1,4 @@
-"""A hostile peer built from the project's own classes, for the attack tests (issue 11).
+"""A hostile peer built from the project's own classes, for the attack tests.
 
 Run as ``python hostile_claims.py MODE --initial-peers ADDR [--listen MADDR]``. It reads the
 run configuration like a joiner, then misbehaves with validly signed records (its own

@@ -1,4 +1,4 @@
-"""The chaos run at CI size (issue 12): 4 real nodes; a joiner SIGKILLed right after a send
+"""The chaos run at CI size: 4 real nodes; a joiner SIGKILLed right after a send
 step and restarted with ``--resume``, another node frozen (SIGSTOP of its whole session)
 beyond the round deadline meanwhile; a second such cycle (a kill at a random moment) when
 the run leaves time for it. Every node still trains to the end, none crashes
@@ -17,7 +17,7 @@ pytestmark = [
     pytest.mark.swarm,
     # 3.5-5 minutes on a 2-core machine, and it failed once before passing on a rerun in
     # the full suite (cause not found yet): outside the default suite until it is fast and
-    # steady (issue 12). Run it with DILOCO_CHAOS=1.
+    # steady. Run it with DILOCO_CHAOS=1.
     pytest.mark.skipif(
         os.environ.get("DILOCO_CHAOS") != "1", reason="chaos run: set DILOCO_CHAOS=1"
     ),

@@ -375,7 +375,7 @@ def test_healer_failed_round_makes_a_suspect_checked_without_waiting_for_h(corpu
 def test_healer_checks_a_fragment_once_after_a_round_and_follows_the_majority(
     corpus: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The chaos run's split (issue 12): we applied round 1 of fragment 0 "successfully"
+    """The chaos run's split: we applied round 1 of fragment 0 "successfully"
     from another prior state than the round's other members, who vouch for another state
     at version 1; the check after the round (not only after failures) heals us to theirs."""
     monkeypatch.setattr("diloco.node.healing.VERIFY_AFTER", 0.0)

@@ -1,4 +1,4 @@
-"""Attacks of issue 11 on real `diloco-node` processes, by a hostile peer that really
+"""Attacks on healing and joining by real `diloco-node` processes, by a hostile peer that really
 misbehaves (``hostile_claims.py``, built from the project's classes, with validly signed
 records of its own identities).
 

@@ -1,4 +1,5 @@
-"""The in-process trainer against the exact special cases of SPEC 2.7."""
+"""The in-process trainer against the exact special cases of the algorithm
+(docs/design.md "Algorithm and schedule")."""
 
 import copy
 import json
@@ -155,9 +156,9 @@ def data_parallel_sgd_by_hand(corpus, config: LocalConfig, model_config) -> torc
     ids=["streaming-fs1", "streaming-fs4", "dp"],
 )
 def test_h1_outer_lr1_mu0_sgd_equals_data_parallel_sgd_by_hand(corpus, overrides) -> None:
-    # Equal up to float rounding (SPEC 2.7): the mean of per-replica gradients and the
-    # gradient of the union batch round differently; lr 0.1 keeps six steps from amplifying
-    # that past 1e-6 (lr 0.5 reaches 2e-3) while the weights move by 6e-2. The oracle is
+    # Equal up to float rounding (docs/design.md "Algorithm and schedule"): the mean of per-replica
+    # gradients and the gradient of the union batch round differently; lr 0.1 keeps six steps from
+    # amplifying that past 1e-6 (lr 0.5 reaches 2e-3) while the weights move by 6e-2. The oracle is
     # the plain mean: one-step gradients of 2 x 16 tokens differ by more than the default
     # C between replicas, so clipping is off here.
     inner = InnerConfig(optimizer="sgd", lr=0.1, warmup_steps=0, grad_clip=0, min_lr_ratio=1.0)
@@ -330,7 +331,7 @@ def test_cli_local_bad_tau_is_usage_error() -> None:
 
 
 def test_local_trainer_imports_no_hivemind() -> None:
-    """The in-process trainer runs without the swarm's dependencies (issue 10)."""
+    """The in-process trainer runs without the swarm's dependencies."""
     import subprocess
     import sys
 

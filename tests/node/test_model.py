@@ -44,7 +44,8 @@ def test_model_z_loss_adds_logsumexp_penalty() -> None:
 
 def test_presets_match_spec_table() -> None:
     assert (PRESETS["1B"].d_model, PRESETS["1B"].n_layers, PRESETS["1B"].n_heads) == (2048, 24, 32)
-    # SwiGLU at 8/3 x 512 (rounded to 64) holds the parameters of SPEC 7's 2,048-wide GELU MLP.
+    # SwiGLU at 8/3 x 512 (rounded to 64) holds the parameters of docs/design.md "Model presets"'s
+    # 2,048-wide GELU MLP.
     assert PRESETS["35M"].mlp_hidden == 1344 and PRESETS["35M"].vocab_size == 32000
     assert PRESETS["tiny"].vocab_size == 256
     with pytest.raises(ValueError, match="unknown model preset"):

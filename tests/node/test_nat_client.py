@@ -1,4 +1,4 @@
-"""A volunteer behind NAT (issue 12): a node in a network namespace behind a masquerading
+"""A volunteer behind NAT: a node in a network namespace behind a masquerading
 router, which nobody can dial, trains with two dialable nodes as a client.
 
 Topology (root only; everything made here is removed at the end, also on failure)::

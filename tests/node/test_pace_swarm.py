@@ -1,4 +1,4 @@
-"""Heterogeneous pace (SPEC 4.2, issue 12): three `diloco-node` processes, node c slowed on
+"""Heterogeneous pace (docs/design.md "Pace"): three `diloco-node` processes, node c slowed on
 purpose (``--slow-down 3``: each of its inner steps takes 3x its compute, a slower device
 whatever the machine's load). With ``--pace adaptive`` (the default) c trains fewer
 sequences per step, so the swarm keeps the fast nodes' pace: they are blocked on rounds for

@@ -1,7 +1,7 @@
 """Trust, as a user meets it: real `diloco-node` processes and a hostile peer on loopback.
 
 A joiner follows the run of the peer whose address it was given, never a configuration
-that merely shares the run's name, and never a path from the swarm (issue 11, attack 5).
+that merely shares the run's name, and never a path from the swarm (attack 5).
 A closed swarm (``--swarm-key``) trains its members normally and gives outsiders nothing:
 no group, no part, no state, not even a place in a round's view; both sides log it.
 """

@@ -130,7 +130,7 @@ class CutPartStreams(AllReduceRunner):
 class ScalingServer(PartServer):
     """Averages honestly, then sends ``factor`` times the mean over ``blocks`` (of 256
     values; None: all), encoded once and sealed: the same bytes to every member, so their
-    REPORT digests agree (issue 11, attack 2)."""
+    REPORT digests agree (attack 2)."""
 
     factor = -30.0
     blocks: tuple[int, ...] | None = None
@@ -152,7 +152,7 @@ class LyingReducer(AllReduceRunner):
 
 
 class LyingReporter(AllReduceRunner):
-    """Reduces honestly, then reports a result digest nobody assembled (issue 11 attack 4)."""
+    """Reduces honestly, then reports a result digest nobody assembled."""
 
     async def _exchange_reports(self, assembled: Assembled) -> None:
         await super()._exchange_reports(dataclasses.replace(assembled, digest=b"\x00" * 32))
@@ -164,7 +164,7 @@ SCALE = 50.0
 
 
 class ScaledContribution(AllReduceRunner):
-    """Contributes ``SCALE`` times its delta, everywhere (issue 11 attack 3)."""
+    """Contributes ``SCALE`` times its delta, everywhere."""
 
     def __init__(self, *, delta: torch.Tensor, **kwargs: Any) -> None:
         super().__init__(delta=delta * SCALE, **kwargs)

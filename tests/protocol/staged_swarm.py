@@ -1,4 +1,4 @@
-"""What the staged swarm tests share (issue 16): 12 real peer processes in groups of at
+"""What the staged swarm tests share: 12 real peer processes in groups of at
 most 4 (a 3x4 grid), their deltas, the in-process reference, and the killed-peer check."""
 
 from __future__ import annotations
@@ -65,7 +65,8 @@ def warm_up(peers: list[PeerProcess], fragment: int) -> None:
     """One staged round whose result is not checked: on a swarm just started, a peer's
     first declaration may not be found by the leader within its join timeout (a young DHT),
     or its first dials (p2pd connections, under the load of 12 starting processes) make its
-    JOIN late, and it misses the round (SPEC 4): matchmaking's business, not what the
+    JOIN late, and it misses the round (docs/design.md "The round"): matchmaking's business, not
+    what the
     staged tests check."""
     command(peers, "codec", "none")
     command(peers, "staged", (MAX_GROUP, NUM_PEERS, False, None))

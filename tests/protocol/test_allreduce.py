@@ -51,7 +51,7 @@ def test_killed_reducer_part_rereduced_survivors_get_the_mean_of_their_contribut
     honest: list[PeerProcess], victim: PeerProcess, fragment: int
 ) -> None:
     # The victim joins the group, then freezes and is SIGKILLed mid-round: its part is
-    # re-reduced by its substitute among the three survivors (issue 12 "Churn").
+    # re-reduced by its substitute among the three survivors.
     results = _round_with_killed_victim(honest, victim, fragment, Fault.STALL_MEMBER)
     assert all(r["ok"] for r in results), results  # re-reduced: nothing else completes it
     ids = [p.peer_id for p in [*honest[:3], victim]]

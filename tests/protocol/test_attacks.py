@@ -1,4 +1,5 @@
-"""Issue 11 attacks 2, 3 and 4 by a hostile peer process against the pool's honest peers.
+"""Attacks 2, 3 and 4 of the trust table (benchmarks/RESULTS.md "Trust") by a hostile peer process
+against the pool's honest peers.
 
 Attack 2, "set the weights as a reducer": the hostile peer is honest everywhere except
 that, as reducer of its part, it returns -30 times the true mean, the same signed bytes

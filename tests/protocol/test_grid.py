@@ -1,4 +1,4 @@
-"""The grid placement and stage plan against hand-made member sets (issue 16)."""
+"""The grid placement and stage plan against hand-made member sets."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The butterfly split against spans computed by hand (SPEC 4)."""
+"""The butterfly split against spans computed by hand (docs/design.md "The round")."""
 
 from __future__ import annotations
 

@@ -69,7 +69,8 @@ def test_in_process_reducer_uses_decoded_values_both_ways() -> None:
 
 
 def test_in_process_reducer_single_member_gets_its_own_decoded_delta() -> None:
-    # SPEC 2.7: 0.3 -> 0.25 and -0.6 -> -0.5 (nearer than -1); nothing goes on the wire.
+    # docs/design.md "Algorithm and schedule": 0.3 -> 0.25 and -0.6 -> -0.5 (nearer than -1);
+    # nothing goes on the wire.
     alone = [Contribution("me", torch.tensor([1.0, 0.3, -0.6, 0.0]), 5.0)]
     result = InProcessReducer(get_codec("e3m0")).reduce(KEY, alone).result()
     assert result.delta.tolist() == [1.0, 0.25, -0.5, 0.0]

@@ -1,4 +1,4 @@
-"""The staged in-process reducer against the flat weighted mean (issue 16)."""
+"""The staged in-process reducer against the flat weighted mean."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The staged all-reduce on the wire (issue 16): 12 real peer processes, groups of at most 4
+"""The staged all-reduce on the wire: 12 real peer processes, groups of at most 4
 (a 3x4 grid), against the in-process staged reducer and the flat weighted mean."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A state server under spam (issue 11, attack 6): caps and hashes once per snapshot.
+"""A state server under spam (attack 6): caps and hashes once per snapshot.
 
 The pure rules are in ``test_limits``; here a real ``StateServer`` on a real p2pd answers a
 peer that fires many STATE_REQ streams at once and then one after another.

@@ -1,4 +1,5 @@
-"""The five methods on the paper's presets: the invariants of SPEC 6 and the issue."""
+"""The five methods on the paper's presets: the invariants of docs/design.md "The simulator" and the
+issue."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The protocol simulator on cases small enough to compute by hand (issue 16)."""
+"""The protocol simulator on cases small enough to compute by hand."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Per-peer bytes and streams of staged rounds, against the cost model by hand (issue 16)."""
+"""Per-peer bytes and streams of staged rounds, against the cost model by hand."""
 
 from __future__ import annotations
 

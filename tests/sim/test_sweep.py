@@ -1,4 +1,5 @@
-"""Required bandwidths: the grid search and the paper's headline table shape (SPEC 6)."""
+"""Required bandwidths: the grid search and the paper's headline table shape (docs/design.md "The
+simulator")."""
 
 from __future__ import annotations
 

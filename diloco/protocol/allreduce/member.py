@@ -1,4 +1,4 @@
-"""Butterfly all-reduce of one fragment round over p2pd streams (SPEC 4).
+"""Butterfly all-reduce of one fragment round over p2pd streams (docs/design.md "The round").
 
 Member ``j`` of a group of ``M`` reduces part ``j`` of the vector (``butterfly_parts``).
 Every member opens one stream per other reducer and streams its part there as consecutive

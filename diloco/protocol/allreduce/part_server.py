@@ -1,4 +1,4 @@
-"""The reducer side of one all-reduce round over streams (SPEC 4 "Butterfly all-reduce").
+"""The reducer side of one all-reduce round over streams (docs/design.md "The round").
 
 Member ``j`` reduces part ``j``: every other member opens a PART stream to it, sends its
 chunks of the part and reads the averaged chunks back on the same stream. ``PartServer``

@@ -1,4 +1,4 @@
-"""Re-reduction of a failed reducer's part among the survivors (issue 12 "Churn").
+"""Re-reduction of a failed reducer's part among the survivors.
 
 In a butterfly every member reduces one part, so a reducer that dies or stalls after
 matchmaking would leave its part missing everywhere and fail the round for all. Instead,
@@ -34,9 +34,9 @@ Rules, the same at every member:
 * A member that a reducer refused for another reason than a failed part (``Excluded``)
   does not ask for a re-reduction of that part.
 * A re-reduction that counts the substitute alone fails (a group of one is no group:
-  two members whose partner died fail their round, as before issue 12).
+  two members whose partner died fail their round).
 * Only one substitute per part: if ``r`` and ``s`` both fail, part ``r`` is missing and
-  the round fails (as before issue 12).
+  the round fails.
 """
 
 from __future__ import annotations

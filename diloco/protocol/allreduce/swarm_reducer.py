@@ -271,7 +271,8 @@ class SwarmReducer(Reducer):
         )
 
     def _alone(self, delta: torch.Tensor, names: tuple[str, ...]) -> RoundResult:
-        """A group of one: the node's own delta through both codecs (SPEC 2.7)."""
+        """A group of one: the node's own delta through both codecs (docs/design.md "Algorithm and
+        schedule")."""
         start = time.perf_counter()
         ((lo, hi),) = butterfly_parts(delta.numel(), 1)
         own = self.codec.decode(self.codec.encode(delta[lo:hi].contiguous()))

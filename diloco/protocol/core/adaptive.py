@@ -1,4 +1,4 @@
-"""Round deadlines that follow the measured transfer times of recent rounds (issue 12). Pure.
+"""Round deadlines that follow the measured transfer times of recent rounds. Pure.
 
 A round's part deadlines (``RoundTimeouts.sender_timeout`` and ``reducer_timeout``, and
 the re-reduction window, which is as long as the latter) are upper bounds that must hold

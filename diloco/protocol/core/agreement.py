@@ -1,10 +1,10 @@
-"""Whether a member applies a round: the agreement over REPORTs (SPEC 4 "Faults"). Pure.
+"""Whether a member applies a round: the agreement over REPORTs (docs/design.md "The round"). Pure.
 
 After the gather every member sends every other member a REPORT: which parts it holds and
 the sha256 over the averaged payloads and counted masks it assembled its result from (the
 same bytes give the same values). A member then waits (the glue bounds how long) for the
 reports of the *full contributors*, the members counted in every part it holds, and
-``decide`` rules by majority (issue 11 "liveness under one liar"): the round is accepted
+``decide`` rules by majority: the round is accepted
 iff this member holds every part and its digest is shared by a strict majority of the
 full contributors, itself included. A report of a missing part, of another digest, or
 none at all is not agreement. So:

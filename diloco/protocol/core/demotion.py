@@ -1,6 +1,6 @@
 """Demotion: a node whose reducer part keeps failing takes no part for a while. Pure.
 
-Issue 12 "Churn": a peer that failed rounds repeatedly as a reducer (slow, overloaded,
+A peer that failed rounds repeatedly as a reducer (slow, overloaded,
 frozen, on a flaky link) is not chosen as reducer for a while. Who decides, so that every
 member of a group agrees? The node itself, from evidence it holds after each round: its
 own part failed when its reducer side could not average it (``PartReducer.failed``), when

@@ -1,4 +1,4 @@
-"""Butterfly split of one fragment's vector into per-reducer parts (SPEC 4).
+"""Butterfly split of one fragment's vector into per-reducer parts (docs/design.md "The round").
 
 Pure planning, no I/O. Cost model: with ``M`` members and a vector of ``n`` values encoded
 at ``b`` bits each, member ``j`` receives ``(M - 1)`` copies of its part (scatter phase) and
@@ -54,7 +54,7 @@ def butterfly_parts(
 
 
 def substitute(part: int, num_members: int, clients: Sequence[bool] = ()) -> int | None:
-    """The member that re-reduces part ``part`` when its reducer fails (issue 12 "Churn"):
+    """The member that re-reduces part ``part`` when its reducer fails:
     the next member in group order that is not a client (nobody may be able to dial a
     client), so every member derives the same one without talking. Group order is sorted
     peer ids, which the round key's group id fixes: no member can pick the substitute of

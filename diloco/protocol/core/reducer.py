@@ -3,9 +3,9 @@
 The outer step and merge (``diloco.node.outer``) see only this interface, so the
 in-process multi-replica trainer and the swarm node run one algorithm ("one algorithm, two
 transports"). ``InProcessReducer`` follows the wire path of the butterfly all-reduce
-(SPEC 4) exactly: every member's part is encoded with the run's codec and decoded by its
-reducer, contributions are combined chunk by chunk as the swarm's reducers combine them
-(``aggregation.robust_mean``: weights capped, norms clipped, FP32 in group order), the
+(docs/design.md "The round") exactly: every member's part is encoded with the run's codec and
+decoded by its reducer, contributions are combined chunk by chunk as the swarm's reducers combine
+them (``aggregation.robust_mean``: weights capped, norms clipped, FP32 in group order), the
 mean is encoded once and every member (the reducer too) uses the decoded bytes. Bytes are
 counted from the encoded payloads of both phases.
 """
@@ -34,7 +34,8 @@ from diloco.protocol.core.round import chunk_spans
 
 @dataclass(frozen=True, slots=True)
 class RoundKey:
-    """One round of one fragment: ``k``-th sync of fragment ``p`` (SPEC 2.4)."""
+    """One round of one fragment: ``k``-th sync of fragment ``p`` (docs/design.md "Algorithm and
+    schedule")."""
 
     fragment: int
     round: int
@@ -46,8 +47,9 @@ class Contribution:
 
     ``delta`` is the FP32 outer gradient ``outer_p - theta_m[p]``, 1-D, on the CPU;
     ``weight`` is the number of tokens the member processed since its previous sync of this
-    fragment (SPEC 2.4 step 3); ``prior`` is the hash of the fragment's outer state the
-    member starts from (empty: not checked), so that only equal priors share a round.
+    fragment (docs/design.md "Algorithm and schedule" step 3); ``prior`` is the hash of the
+    fragment's outer state the member starts from (empty: not checked), so that only equal priors
+    share a round.
     """
 
     member: str

@@ -1,4 +1,4 @@
-"""The reduction state of one all-reduce round, without streams (SPEC 4 "Butterfly all-reduce").
+"""The reduction state of one all-reduce round, without streams (docs/design.md "The round").
 
 hivemind keeps the stream code of its all-reduce apart from ``TensorPartReducer``, which
 holds the arithmetic and who sent what; websockets keeps a sans-I/O core under its asyncio
@@ -111,7 +111,8 @@ class RoundPlan:
     group_id: bytes
     index: int
     weights: tuple[float, ...]
-    """Members' weights in group order (tokens since their last sync, SPEC 2.4), each
+    """Members' weights in group order (tokens since their last sync, docs/design.md "Algorithm and
+    schedule"), each
     clamped to the run's cap (``aggregation.cap_weights``)."""
     spans: tuple[Span, ...]
     """Part ``j`` is ``spans[j]`` of the vector (``butterfly_parts``); member ``j`` reduces it."""
@@ -191,7 +192,7 @@ class Chunk:
 
 
 class PartReducer:
-    """The reducer side of part ``part`` at this member (SPEC 4 "Faults"): its own part
+    """The reducer side of part ``part`` at this member (docs/design.md "The round"): its own part
     ``plan.index`` by default, or the part of a reducer that failed, which this member
     re-reduces as its substitute (``substitute``; ``allreduce`` "Churn").
 

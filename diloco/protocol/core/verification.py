@@ -1,4 +1,4 @@
-"""Sampled checks of the reducers' averages, and who lied when one fails (issue 11). Pure.
+"""Sampled checks of the reducers' averages, and who lied when one fails. Pure.
 
 The combine step is deterministic and elementwise given the chunk norms
 (``aggregation.robust_mean``), so a member can recompute any block of an averaged part bit

@@ -19,7 +19,7 @@ from diloco.protocol.wire.frames import Group, Join, Kind
 
 
 def round_key(run_id: str, key: RoundKey) -> str:
-    """The DHT key nodes declare under for round ``key`` (SPEC 4).
+    """The DHT key nodes declare under for round ``key`` (docs/design.md "The round").
 
     One key per round, whatever state a member starts it from: each declaration carries
     its member's prior state (``declarations``), so that every node sees every live

@@ -1,4 +1,4 @@
-"""Group formation for one fragment round ``(p, k)`` on the DHT (SPEC 4 "Matchmaking").
+"""Group formation for one fragment round ``(p, k)`` on the DHT (docs/design.md "The round").
 
 Protocol, for every node that reaches the send step of round ``(p, k)``:
 
@@ -29,9 +29,9 @@ Protocol, for every node that reaches the send step of round ``(p, k)``:
    It keeps that GROUP until the round's matchmaking bound has passed and sends it again to
    a member that asks again (its first stream broke), so a member never misses the GROUP it
    is counted in because of one lost stream. A JOIN from a non-member after closing gets
-   GROUP_CLOSED: that node misses the round (SPEC 4). A JOIN whose weight exceeds the run's
-   cap (``max_weight``) is refused (MISMATCH) and is an offence: every honest node clamps
-   its own weight to the cap, which is part of the run configuration, so only a peer that
+   GROUP_CLOSED: that node misses the round (docs/design.md "The round"). A JOIN whose weight
+   exceeds the run's cap (``max_weight``) is refused (MISMATCH) and is an offence: every honest node
+   clamps its own weight to the cap, which is part of the run configuration, so only a peer that
    breaks the run's rules sends one, and a peer that lies about its weight is not trusted
    with a contribution either.
 4. A follower sends JOIN to its leader and waits for GROUP; a GROUP that is invalid (another

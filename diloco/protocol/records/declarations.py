@@ -1,4 +1,4 @@
-"""Round declarations (SPEC 4 "Matchmaking"): a member's signed word that it is in round
+"""Round declarations (docs/design.md "The round"): a member's signed word that it is in round
 ``(p, k)``, with its weight, its proof of membership of a closed swarm, whether it is a
 client, and the prior state it starts the round from (layout: ``records``).
 

@@ -1,4 +1,5 @@
-"""Per-node DHT records (SPEC 4): who is in the run, how far it is, what state it holds.
+"""Per-node DHT records (docs/design.md "The round"): who is in the run, how far it is, what state
+it holds.
 
 Layout in the DHT (all keys namespaced by the run id, all values with expiration; every
 value is a signed envelope of ``signed_records``, subkey = the author's peer id)::
@@ -15,9 +16,9 @@ The second key is the matchmaking declaration of round ``(p, k)`` (a client redu
 part; the prior is the start of the hash of the fragment state the member starts the round
 from: only equal priors share a group, ``matchmaking``); the third holds a member's
 vouches: the last rounds of fragment ``p`` it applied, each with the outer state hash it
-reached and the round's members (SPEC 4.1: healing adopts only a state a majority of its
-round vouches for). Records are owned: only the author's key can write its subkey, so a
-record says what its author claims, nothing more (healing must still check claims:
+reached and the round's members (docs/design.md "Threat model": healing adopts only a state a
+majority of its round vouches for). Records are owned: only the author's key can write its subkey,
+so a record says what its author claims, nothing more (healing must still check claims:
 ``diloco.node.claims``).
 Payloads come from untrusted peers: ``from_wire`` validates them strictly and rejects
 rather than coerces (hivemind's ``SchemaValidator`` spirit); readers skip and log invalid
@@ -89,7 +90,7 @@ class FragmentVersion:
 
 @dataclass(frozen=True, slots=True)
 class NodeRecord:
-    """What a node publishes about itself (SPEC 4 "DHT records").
+    """What a node publishes about itself (docs/design.md "Wire formats").
 
     ``throughput`` is in tokens per second; ``global_step`` counts inner steps;
     ``step_seconds`` is the node's estimate of one inner step with its full batch (None: not
@@ -384,7 +385,7 @@ def divergent_peers(
     records: Sequence[NodeRecord], fragment: int, version: int, state_hash: str
 ) -> tuple[list[NodeRecord], list[NodeRecord]]:
     """Peers ahead of this node on ``fragment``, and peers at the same version whose outer
-    state hash differs (SPEC 4: "compares the state hash the others publish").
+    state hash differs (docs/design.md "The round": "compares the state hash the others publish").
 
     A node that finds either list non-empty after a round it could not be sure of heals by
     fetching that fragment from a peer of the first list (or, for a conflict, from the

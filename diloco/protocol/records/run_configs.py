@@ -1,8 +1,8 @@
 """Finding runs in a swarm: the run's creator signs its configuration, peers pass it on.
 
 A run's configuration names its ``creator`` (the peer id of the node that started it) and
-is signed by the creator's key (SPEC 4.1 "the run configuration only by the run's
-creator")::
+is signed by the creator's key (docs/design.md "Threat model" "the run configuration only by the
+run's creator")::
 
     SignedRunConfig = msgpack [run id, canonical JSON of the configuration, signature]
     signature = Ed25519 by config["creator"] over

@@ -1,4 +1,4 @@
-"""Run identity (SPEC 4): a human name plus the hash of the run configuration.
+"""Run identity (docs/design.md "The round"): a human name plus the hash of the run configuration.
 
 Every DHT key and stream handler is namespaced by the run id, so a node whose configuration
 differs lands in another namespace and cannot mix its updates into this run by accident.

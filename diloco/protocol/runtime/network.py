@@ -1,6 +1,6 @@
 """How a node reaches the swarm: the network options of its DHT and p2pd, as one record.
 
-The node builds ``NetworkOptions`` from its flags (SPEC 5 "Local options": listen and
+The node builds ``NetworkOptions`` from its flags (docs/design.md "The node and its CLI": listen and
 announce addresses, identity file, relay options, a closed swarm's key file) and hands it
 whole to ``Swarm``, which hands it whole to ``make_dht``. Nothing probes the local router
 unless asked: NAT port mapping, AutoNAT and relays are off by default. A node that nobody

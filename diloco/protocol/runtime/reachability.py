@@ -1,5 +1,5 @@
 """Can other nodes dial this one? A dial-back check, so that a node behind NAT becomes a
-client by itself (issue 12 "Volunteers behind NAT").
+client by itself.
 
 A node that nobody can dial cannot lead a round (followers JOIN the leader) or reduce a
 part (members open PART streams to the reducer); as a *client* it still trains with the

@@ -24,7 +24,8 @@ Interface for the node (stable)::
 Round semantics: every member of a group gets identical ``RoundResult.delta`` bytes and
 ``members`` (the full contributors: members counted in every part, in group order), or the
 round fails for it; see ``allreduce`` for the agreement rule and its residual risk. With
-``min_group_size=1`` a node that finds nobody gets its own decoded delta (SPEC 2.7).
+``min_group_size=1`` a node that finds nobody gets its own decoded delta (docs/design.md "Algorithm
+and schedule").
 """
 
 from __future__ import annotations
@@ -216,7 +217,7 @@ class Swarm:
             raise
 
     def publish_record(self, record: NodeRecord, ttl: float) -> bool:
-        """Store this node's record for ``ttl`` seconds (SPEC 4 "DHT records")."""
+        """Store this node's record for ``ttl`` seconds (docs/design.md "Wire formats")."""
         return self.call(publish_record(self.dht, self.run_id, record, ttl))
 
     def read_records(self) -> list[NodeRecord]:
@@ -297,7 +298,8 @@ class Swarm:
 
     def shutdown(self, timeout: float = 2.0) -> None:
         """Leave the swarm within about ``timeout`` seconds, at most about three more when
-        something has to be killed: a node's Ctrl-C must not hang on a busy daemon (SPEC 5).
+        something has to be killed: a node's Ctrl-C must not hang on a busy daemon (docs/design.md
+        "The node and its CLI").
 
         Every task on the loop is cancelled first (rounds, state transfers, DHT requests):
         a thread blocked in ``call`` then returns at once instead of after its own timeout,

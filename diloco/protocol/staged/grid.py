@@ -1,4 +1,4 @@
-"""Bounded groups: members placed on a grid, a round run in stages (issue 16). Pure.
+"""Bounded groups: members placed on a grid, a round run in stages. Pure.
 
 With more members than ``max_group_size`` in a fragment round, one butterfly over all ``N``
 costs every member ``N - 1`` streams and stalls on its slowest member. Moshpit SGD

@@ -1,9 +1,9 @@
-"""The in-process reducer following a ``GridPlan``'s stages (issue 16). Pure.
+"""The in-process reducer following a ``GridPlan``'s stages. Pure.
 
 Every group of every stage is reduced on its own, as ``InProcessReducer`` reduces (the
-reference of the wire path, SPEC 4: parts encoded with the run's codec, FP32 weighted mean
-in group order, the mean encoded once with the return codec and decoded by every member),
-with the plan's contributors and carried weights. Each group is computed separately, as
+reference of the wire path, docs/design.md "The round": parts encoded with the run's codec, FP32
+weighted mean in group order, the mean encoded once with the return codec and decoded by every
+member), with the plan's contributors and carried weights. Each group is computed separately, as
 the swarm would, so that ``StagedResult.values`` shows whether every member ends with the
 same bytes rather than assuming it.
 

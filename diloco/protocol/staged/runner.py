@@ -1,4 +1,4 @@
-"""The staged all-reduce over the wire (issue 16): one ``AllReduceRunner`` per stage.
+"""The staged all-reduce over the wire: one ``AllReduceRunner`` per stage.
 
 A round's group (formed by matchmaking as for a flat round) with more members than the
 run's ``max_group_size`` is placed on a grid (``grid.plan_grid``, from the round's key and

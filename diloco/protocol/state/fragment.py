@@ -1,5 +1,5 @@
 """One fragment's outer state and its hash, shared by the trainer, the records and state
-transfer (SPEC 2.5, 4 "State transfer").
+transfer (docs/design.md "Algorithm and schedule", 4 "State transfer").
 
 There is one ``FragmentState`` and one hash: the outer loop (``diloco.node.outer``) updates
 it in place, nodes publish its ``sha256`` in their DHT records, and state transfer serves

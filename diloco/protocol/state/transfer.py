@@ -1,4 +1,4 @@
-"""Serving and fetching the outer state of a run (SPEC 4 "State transfer").
+"""Serving and fetching the outer state of a run (docs/design.md "Healing and joining").
 
 A donor answers a STATE_REQ with a STATE_HDR (global step; per fragment its version,
 length and sha256) followed by one STATE_DAT frame per fragment holding the raw
@@ -8,7 +8,7 @@ what it expects, finiteness, and the sha256 of the bytes against the header (and
 the hash the donor published in the DHT when the versions match). A donor that fails any
 check is skipped and the next one is tried.
 
-A donor caps what peers can make it do (issue 11 "Resource caps", ``limits``): one state
+A donor caps what peers can make it do (``limits``): one state
 stream per peer at a time, a few requests per minute per peer, a few streams in total;
 refusals are answered with REJECT BUSY and logged once per peer. It hashes each snapshot's
 fragments once (``SnapshotHashes``), not once per request.

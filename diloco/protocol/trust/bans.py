@@ -1,4 +1,4 @@
-"""Peers refused for a while after repeated offences (SPEC 4.1; issue 11 "bans").
+"""Peers refused for a while after repeated offences (docs/design.md "Threat model").
 
 An *offence* is protocol evidence that a peer lied or sent what no honest peer sends: a
 contribution that fails validation, a REPORT of a result the majority did not assemble, a

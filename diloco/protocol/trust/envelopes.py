@@ -1,4 +1,4 @@
-"""Owned DHT records (SPEC 4.1 "Records are owned"): signed by their author, stored under
+"""Owned DHT records (docs/design.md "Threat model"): signed by their author, stored under
 the author's peer id, checked by every DHT node that stores or returns them and by readers.
 
 Every value a node stores is an envelope, a msgpack list::

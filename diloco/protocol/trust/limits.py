@@ -1,4 +1,4 @@
-"""Caps on what peers may ask of a server (issue 11 "Resource caps"); pure bookkeeping.
+"""Caps on what peers may ask of a server; pure bookkeeping.
 
 A STATE_REQ is about 30 bytes; answering it streams the node's whole outer state (8 bytes
 per parameter). Without caps one peer, or many identities of one, could keep a node

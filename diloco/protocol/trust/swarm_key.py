@@ -1,4 +1,4 @@
-"""Closed swarms: only holders of the run's shared key take part (SPEC 4.1).
+"""Closed swarms: only holders of the run's shared key take part (docs/design.md "Threat model").
 
 A closed run is started with ``--swarm-key FILE`` (at least ``MIN_KEY_BYTES`` random
 bytes). Its configuration carries ``swarm_key_id`` (``SwarmKey.key_id``, a hash that does

@@ -1,4 +1,4 @@
-"""Message bodies of state transfer (SPEC 4 "State transfer"); framed as in ``wire``.
+"""Message bodies of state transfer (docs/design.md "Healing and joining"); framed as in ``wire``.
 
 Body layouts (``digest`` is the 16-byte run digest; integers big-endian)::
 
