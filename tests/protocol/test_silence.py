@@ -39,7 +39,7 @@ from diloco.protocol.trust.bans import BAN_OFFENCES
 
 MEMBERS, SILENT = 3, 2
 WEIGHTS = [1.0, 2.0, 1.0]
-FAST = dataclasses.replace(TIMEOUTS, sender_timeout=1.0, connect_timeout=1.0)
+FAST = dataclasses.replace(TIMEOUTS, sender_timeout=2.0, connect_timeout=1.0)
 """A short sender window: the tests wait it out before reading the offences."""
 
 
@@ -86,7 +86,8 @@ def _without_silent(inputs: list[torch.Tensor]) -> torch.Tensor:
 def test_start_bound_is_a_multiple_of_the_majority_between_floor_and_sender_timeout() -> None:
     t = RoundTimeouts(sender_timeout=2.0, connect_timeout=1.0)
     assert start_bound(0.0, t) == START_FLOOR_S
-    assert start_bound(0.1, t) == pytest.approx(0.4)  # START_FACTOR 4, by hand
+    assert start_bound(0.1, t) == 1.0  # the floor, by hand
+    assert start_bound(0.4, t) == pytest.approx(1.6)  # START_FACTOR 4, by hand
     assert start_bound(5.0, t) == 2.0
     with pytest.raises(ValueError):
         start_bound(float("nan"), t)

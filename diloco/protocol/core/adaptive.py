@@ -38,9 +38,11 @@ MARGIN_S = 0.5
 """Added to ``factor`` times the percentile: scheduling jitter of a busy host."""
 START_FACTOR = 4.0
 """A contributor may start this many times later than a part's majority did."""
-START_FLOOR_S = 0.1
+START_FLOOR_S = 1.0
 """Seconds from the all-reduce's start that every contributor has to start, however fast
-the majority was: members get their GROUP a stream's delivery apart."""
+the majority was: members get their GROUP a stream's delivery apart, and a loaded machine
+deschedules a process for hundreds of milliseconds (with 0.1 s, honest members of 4-peer
+rounds of 5M values were dropped on two busy cores, and the round's bytes changed)."""
 
 
 def percentile(samples: Sequence[float], q: float) -> float:
