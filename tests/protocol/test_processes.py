@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hivemind.utils.mpfuture import MPFuture
 
 from diloco.protocol.runtime.processes import HelperEnded, TiedDHT, WholeMessages
 
@@ -340,6 +341,11 @@ def tied_dht() -> Iterator[TiedDHT]:
     for pid in children(os.getpid()):  # p2pd, if its death signal did not get it
         if "p2pd" in Path(f"/proc/{pid}/cmdline").read_text():
             os.kill(pid, signal.SIGKILL)
+    # hivemind's MPFuture shares one multiprocessing lock with every process forked from
+    # this one; a DHT process killed while it held that lock leaves it taken for ever, and the
+    # next DHT forked from this test process hangs reporting that it is ready. Fresh locks
+    # for the forks to come (a node never forks a DHT again after killing one).
+    MPFuture.reset_backend()
 
 
 @pytest.mark.swarm
