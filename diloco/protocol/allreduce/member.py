@@ -43,18 +43,12 @@ from diloco.protocol.allreduce.reports import STREAM_RETRIES, ReportExchange
 from diloco.protocol.allreduce.silence import StartWatch
 from diloco.protocol.allreduce.substitute import FAILED, Excluded, Substitutes
 from diloco.protocol.core.agreement import decide
+from diloco.protocol.core.assembly import Assembled, Assembly, AveragedPart
 from diloco.protocol.core.demotion import own_part_missing
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
 from diloco.protocol.core.partition import substitute
 from diloco.protocol.core.reducer import RoundResult
-from diloco.protocol.core.round import (
-    Assembled,
-    Assembly,
-    AveragedPart,
-    PartReducer,
-    RoundPlan,
-    part_digest,
-)
+from diloco.protocol.core.round import PartReducer, RoundPlan, part_digest
 from diloco.protocol.core.verification import (
     SAMPLES_PER_PART,
     Judgement,
