@@ -19,8 +19,8 @@ from hivemind.p2p import PeerID
 from diloco.errors import RoundFailed
 from diloco.protocol.allreduce.member import AllReduceRunner
 from diloco.protocol.allreduce.part_server import PartServer
+from diloco.protocol.core.assembly import Assembled
 from diloco.protocol.core.reducer import RoundKey
-from diloco.protocol.core.round import Assembled
 from diloco.protocol.matchmaking.matchmaker import Matchmaker
 from diloco.protocol.runtime.streams import write_frame
 from diloco.protocol.wire.check import Seal

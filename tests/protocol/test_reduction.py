@@ -13,10 +13,9 @@ import torch
 
 from diloco.codecs import get_codec
 from diloco.errors import ProtocolError
+from diloco.protocol.core.assembly import Assembly, AveragedPart
 from diloco.protocol.core.round import (
     CHUNK_VALUES,
-    Assembly,
-    AveragedPart,
     Chunk,
     PartReducer,
     RoundPlan,

@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import hashlib
 import logging
 import random
 
@@ -38,23 +37,18 @@ from hivemind.p2p import PeerID
 from diloco.codecs import Codec
 from diloco.errors import ProtocolError, RoundFailed
 from diloco.protocol.allreduce.checking import Checker, answer_check, blame, convict
+from diloco.protocol.allreduce.contribution import Contributor
 from diloco.protocol.allreduce.part_server import Deadlines, PartServer
 from diloco.protocol.allreduce.reports import STREAM_RETRIES, ReportExchange
 from diloco.protocol.allreduce.silence import StartWatch
 from diloco.protocol.allreduce.substitute import FAILED, Excluded, Substitutes
 from diloco.protocol.core.agreement import decide
+from diloco.protocol.core.assembly import Assembled, Assembly, AveragedPart
 from diloco.protocol.core.demotion import own_part_missing
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
 from diloco.protocol.core.partition import substitute
 from diloco.protocol.core.reducer import RoundResult
-from diloco.protocol.core.round import (
-    Assembled,
-    Assembly,
-    AveragedPart,
-    PartReducer,
-    RoundPlan,
-    part_digest,
-)
+from diloco.protocol.core.round import PartReducer, RoundPlan, part_digest
 from diloco.protocol.core.verification import (
     SAMPLES_PER_PART,
     Judgement,
@@ -76,23 +70,22 @@ from diloco.protocol.runtime.streams import (
 )
 from diloco.protocol.trust.bans import BanList
 from diloco.protocol.trust.identity import Identity
-from diloco.protocol.trust.round_signatures import sign_part, verify_averaged
+from diloco.protocol.trust.round_signatures import verify_averaged
 from diloco.protocol.wire.check import CheckRequest, Seal
 from diloco.protocol.wire.frames import (
     MAX_SMALL_BODY,
-    SIGNATURE_BYTES,
     ByteCounter,
     Kind,
     Reject,
     RejectCode,
     RoundTag,
 )
-from diloco.protocol.wire.part import Averaged, PartHead, Report
+from diloco.protocol.wire.part import Averaged, Report
 
 logger = logging.getLogger(__name__)
 
 
-class AllReduceRunner:
+class AllReduceRunner(Contributor):
     """One member's side of one round's all-reduce: sender of ``M - 1`` parts, reducer of one.
 
     It moves bytes and keeps time; what the bytes mean is decided by ``AveragedPart``,
@@ -274,58 +267,6 @@ class AllReduceRunner:
     async def _nothing() -> None:
         """A client's reducer side: it has no part to serve."""
 
-    def _encode_chunk(self, j: int, c: int) -> bytes:
-        """Payload of chunk ``c`` of part ``j`` (sent to reducer ``j``)."""
-        a, b = self.plan.chunks[j][c]
-        return self.plan.codec.encode(self.delta[a:b].contiguous())
-
-    def _own_chunk(self, c: int) -> torch.Tensor:
-        """Chunk ``c`` of this member's own part as its reducer (itself) uses it."""
-        a, b = self.plan.chunks[self.index][c]
-        payload = self.plan.codec.encode(self.delta[a:b].contiguous())
-        values = self.plan.codec.decode(payload)
-        if self.own is not None:
-            self.own.record(self.index, c, payload, values)
-        return values
-
-    def _part_frame(self, j: int, c: int) -> tuple[bytes, bytes]:
-        """Head and payload of chunk ``c`` of part ``j`` (in an executor). Encoded once:
-        a stream opened again after a cut resends the same bytes, which the seal covers."""
-        if (j, c) not in self._sent:
-            payload = self._encode_chunk(j, c)
-            self._sent[(j, c)] = (payload, hashlib.sha256(payload).digest())
-        return self._part_head(j, c).serialize(), self._sent[(j, c)][0]
-
-    def _record_part(self, j: int) -> None:
-        """Record this member's chunks of part ``j`` for the checks (their norms, in an
-        executor) once all are sent: while the averaged parts are awaited, not after."""
-        if self.own is not None and j not in self._part_records:
-            chunks = [(j, c, self._sent[(j, c)][0]) for c in range(len(self.plan.chunks[j]))]
-            job = asyncio.get_running_loop().run_in_executor(None, self.own.record_all, chunks)
-            job.add_done_callback(lambda _: self._touch_recorded())
-            self._part_records[j] = job
-
-    def stop_answering(self) -> None:
-        """Drop what answering checks needs (the delta): every member's checks are over."""
-        self.own = None
-        self.delta = torch.empty(0)
-
-    def _seal(self, j: int) -> bytes:
-        """The SEAL of this member's chunks of part ``j`` (all of them sent)."""
-        head = self.plan.seal_head(j)
-        if self.identity is None:
-            return Seal(head, bytes(SIGNATURE_BYTES)).serialize()
-        hashes = [self._sent[(j, c)][1] for c in range(len(self.plan.chunks[j]))]
-        return Seal(head, sign_part(self.identity, head, hashes)).serialize()
-
-    def _touch_recorded(self) -> None:
-        """Wake ``answer_check``: another chunk was recorded."""
-        recorded, self._recorded = self._recorded, asyncio.Event()
-        recorded.set()
-
-    def _part_head(self, j: int, c: int) -> PartHead:
-        return self.plan.head(j, c)
-
     async def _reduce_own(self) -> None:
         """Reduce this member's part, dropping silent senders early (``silence``); if it
         failed, have its substitute re-reduce it."""
@@ -393,12 +334,6 @@ class AllReduceRunner:
             identity=self.identity,
             bans=self.bans,
         )
-
-    def _chunk_sent(self, j: int, c: int) -> torch.Tensor:
-        """Chunk ``c`` of part ``j`` of this member's delta as its reducer would use it, the
-        codec's round trip (in an executor)."""
-        a, b = self.plan.chunks[j][c]
-        return self.plan.codec.decode(self.plan.codec.encode(self.delta[a:b].contiguous()))
 
     async def _fetch(self, j: int, r: int, deadline: float) -> Exception | None:
         """Stream part ``j`` to member ``r`` and put the average it returns in the assembly,

@@ -35,8 +35,9 @@ import torch
 from hivemind.p2p import PeerID
 
 from diloco.errors import ProtocolError
+from diloco.protocol.core.assembly import Assembly
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
-from diloco.protocol.core.round import Assembly, Chunk, PartReducer
+from diloco.protocol.core.round import Chunk, PartReducer
 from diloco.protocol.runtime.streams import (
     TRANSPORT_ERRORS,
     read_body,

@@ -7,7 +7,8 @@ transports share one algorithm. Nothing here imports hivemind beyond ``PeerID``:
                   InProcessReducer, which follows the wire path exactly
     partition     butterfly split of a fragment's vector into per-reducer parts
     aggregation   how contributions combine: weight cap, norm clipping, the mean
-    round         one round's bookkeeping: who sent what, who counts, average, assembly
+    round         one round's bookkeeping: who sent what, who counts, average
+    assembly      a member's side: averaged parts received, the result they make
     norms         the chunk and block norms reducers report and members check
     agreement     whether a member applies a round, from the REPORTs (majority)
     verification  sampled checks of reducers' parts, who lied in a dispute

@@ -71,7 +71,7 @@ def decide(
     that reported it with every part (module docstring). Reports of members that are not
     full contributors are ignored; a late member, counted in its own part only, votes too.
 
-    ``held``, ``digest`` and ``full`` are this member's (``reduction.Assembled``);
+    ``held``, ``digest`` and ``full`` are this member's (``assembly.Assembled``);
     ``reports`` maps a member's group index to the report it sent.
     """
     dissent = {

@@ -1,0 +1,170 @@
+"""A matchmaker's reads of the round and its wait, as a follower, for its leader's GROUP
+(docs/design.md "The round").
+
+``Matchmaker`` (``matchmaker``, whose docstring states the whole protocol) inherits these:
+they are the half of matchmaking that reads and asks, apart from the half that decides and
+answers. The reads of the round's declarations (``_read_view``, ``_known``) serve every role;
+the follower repeats them while it waits, to learn when its leader must have chosen its
+role. Its wait (``_await_reply``) gives the leader a due time: ``group_timeout`` after the
+leader must have chosen its role, once ``target_group_size`` peers declared, else a window
+after this node chose its own; a leader alive yet silent past it commits an offence and the
+follower fails over (steps 5 and 6 of the protocol; docs/design.md "Liveness").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from hivemind import DHT
+from hivemind.p2p import PeerID
+
+from diloco.errors import ProtocolError, RoundFailed
+from diloco.protocol.core.group import GroupInfo, RoundTimeouts
+from diloco.protocol.core.reducer import RoundKey
+from diloco.protocol.matchmaking.lobby import Lobby, check_group
+from diloco.protocol.records.declarations import read_round_view
+from diloco.protocol.runtime import round_trips, streams
+from diloco.protocol.trust.bans import BanList
+from diloco.protocol.trust.swarm_key import ClosedSwarm
+from diloco.protocol.wire import frames as wire
+from diloco.protocol.wire.frames import Join, Kind
+
+logger = logging.getLogger(__name__)
+
+
+class Follower:
+    """The round reads and the follower's JOIN and wait; ``Matchmaker`` sets the state."""
+
+    p2p: streams.StreamTransport
+    dht: DHT
+    timeouts: RoundTimeouts
+    bans: BanList
+    target_group_size: int | None
+    max_weight: float
+    closed: ClosedSwarm | None
+    handler_name: str
+
+    @property
+    def poll(self) -> float:
+        """Seconds between reads of the round key while waiting for ``target_group_size``."""
+        return max(0.02, self.timeouts.matchmaking_window / 40)
+
+    def _known(self, lobby: Lobby) -> dict[PeerID, tuple[float, bool]]:
+        """The peers of this node's prior known so far: every read's (``Lobby.seen``) and
+        those that sent a JOIN, with weights and client flags, less the banned and those
+        whose weight exceeds the cap."""
+        view = dict(lobby.seen)
+        for peer, joined in lobby.knockers.items():  # a declaration says more than a JOIN
+            view.setdefault(peer, joined)
+        return {
+            peer: (w, client)
+            for peer, (w, client) in view.items()
+            if w <= self.max_weight and not self.bans.banned(peer)
+        }
+
+    async def _read_view(self, lobby: Lobby) -> None:
+        """Read the round's declarations into ``lobby``: every prior declared into
+        ``declared``, the peers of this node's prior (weights and client flags) into
+        ``seen``, less the banned and those whose weight exceeds the cap (their JOIN would
+        be refused). Invalid declarations are logged and skipped (declarations are signed: a
+        peer can declare only itself)."""
+        declarations = await read_round_view(self.dht, lobby.dht_key, self.closed)
+        lobby.arrived.update(declarations)
+        usable = {
+            peer: d
+            for peer, d in declarations.items()
+            if d.weight <= self.max_weight and not self.bans.banned(peer)
+        }
+        lobby.declared.update((peer, d.prior) for peer, d in usable.items())
+        lobby.seen.update(
+            (p, (d.weight, d.client)) for p, d in usable.items() if d.prior == lobby.prior
+        )
+
+    def _all_declared(self, lobby: Lobby) -> bool:
+        """Whether ``target_group_size`` peers declared the round (any prior), as far as
+        this node has read: the leader need wait no longer."""
+        if self.target_group_size is None:
+            return False
+        known = lobby.arrived | lobby.declared.keys() | self._known(lobby).keys()
+        known.add(self.p2p.peer_id)
+        return len(known) >= self.target_group_size
+
+    async def _await_reply(
+        self,
+        key: RoundKey,
+        target: PeerID,
+        lobby: Lobby,
+        decided_at: float,
+        successor_due: float | None,
+        deadline: float,
+    ) -> tuple[Kind, bytes] | None:
+        """``target``'s answer to this node's JOIN, or None when it kept the stream open
+        and answered nothing by its due time: then it commits an offence (step 6).
+
+        Its due time is ``group_timeout`` after it must have chosen its role: once
+        ``target_group_size`` peers declared (the round is read again every ``poll`` until
+        they have), else a window after this node chose its own (the leader declared before
+        this node read it, so its window ends by then); a successor's is ``successor_due``.
+
+        Raises:
+            asyncio.TimeoutError: ``deadline`` (loop time) passed first.
+            ProtocolError, TRANSPORT_ERRORS: as ``_call_join``.
+        """
+        loop = asyncio.get_running_loop()
+        t = self.timeouts
+        ready: float | None = None
+        """When this node saw ``target_group_size`` peers declared."""
+        call = asyncio.ensure_future(self._call_join(target, lobby.request))
+        try:
+            while True:
+                if call.done():
+                    return call.result()
+                now = loop.time()
+                if ready is None and self._all_declared(lobby):
+                    ready = now
+                polling = ready is None and successor_due is None
+                if successor_due is not None:
+                    due = successor_due
+                else:
+                    chose = decided_at + t.matchmaking_window if ready is None else ready
+                    due = chose + t.group_timeout
+                if now >= deadline:
+                    raise asyncio.TimeoutError
+                if now >= due:
+                    self.bans.offend(target, f"round {key}: no answer to a JOIN by its due time")
+                    logger.warning("round %s: %s is silent, the next in line leads", key, target)
+                    return None
+                wake = min(due, deadline)
+                if polling and self.target_group_size is not None:
+                    wake = min(wake, now + self.poll)
+                await asyncio.wait({call}, timeout=wake - now)
+                if polling and not call.done() and self.target_group_size is not None:
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self._read_view(lobby), t.join_timeout)
+        finally:
+            call.cancel()
+
+    @round_trips.exchange("join")
+    async def _call_join(self, leader: PeerID, request: Join) -> tuple[Kind, bytes]:
+        _, reader, writer = await asyncio.wait_for(
+            self.p2p.call_binary_stream_handler(leader, self.handler_name),
+            self.timeouts.connect_timeout,
+        )
+        try:
+            await streams.write_frame(writer, Kind.JOIN, request.serialize())
+            kind, body = await streams.read_frame(reader, (Kind.GROUP,), wire.MAX_SMALL_BODY)
+            return kind, bytes(body)
+        finally:
+            writer.close()
+
+    def _check_group(self, key: RoundKey, request: Join, body: bytes, leader: PeerID) -> GroupInfo:
+        """The GROUP ``leader`` sent, if valid; an invalid one is the leader's offence."""
+        try:
+            info = check_group(key, request, body, self.p2p.peer_id, self.max_weight)
+        except (ProtocolError, ValueError) as exc:
+            self.bans.offend(leader, f"round {key}: invalid GROUP: {exc}")
+            raise RoundFailed(key.fragment, key.round, f"invalid GROUP: {exc}") from exc
+        logger.info("round %s: joined a group of %d", key, len(info.members))
+        return info
