@@ -362,6 +362,7 @@ class SwarmNode:
                     "rows": rows,
                     "step_seconds": t.compute_seconds - compute_before,
                     "wall_seconds": time.perf_counter() - step_start,
+                    "tau": t.sync.tau,
                 }
             )
             self._record_rounds(applied)
@@ -424,6 +425,7 @@ class SwarmNode:
                 "peers_last_round": t.last_round_members,
                 "rows": t.pacer.rows,
                 "pace_seconds": t.pacer.pace,
+                "tau": t.sync.tau,
             }
         )
 
@@ -458,6 +460,7 @@ class SwarmNode:
             "outer_sha256": [s.sha256() for s in t.sync.states],
             "versions": [s.version for s in t.sync.states],
             "rounds_pending": len(t.sync.pending),
+            "tau_range": list(t.tau_range),
             "checkpoint": str(checkpoint) if checkpoint else None,
             "wall_s": wall_s,
         }

@@ -37,7 +37,7 @@ def test_defaults_are_what_start_has_always_used() -> None:
         fragment_update_alpha=None,
     )
     assert (run.inner.lr, run.inner.warmup_steps, run.inner.grad_clip) == (1e-3, 30, 1.0)
-    assert (node.batch_size, node.tau, node.device, node.threads) == (8, None, "cpu", 0)
+    assert (node.batch_size, node.tau, node.device, node.threads) == (8, "auto", "cpu", 0)
     assert (node.data, node.data_seed, node.log_every, node.checkpoint_every) == (
         None,
         None,
@@ -195,7 +195,8 @@ def test_return_codec_for_builds_the_named_codec_or_keeps_the_outer_one() -> Non
     ("options", "message"),
     [
         ({"batch_size": 0}, "batch_size must be >= 1"),
-        ({"tau": -1}, "tau must be >= 0"),
+        ({"tau": "-1"}, "tau must be auto or a number of steps >= 0, got '-1'"),
+        ({"tau": "soon"}, "tau must be auto or a number of steps >= 0, got 'soon'"),
         ({"threads": -1}, "threads must be >= 0"),
         ({"log_every": 0}, "log_every must be >= 1"),
         ({"checkpoint_every": -1}, "checkpoint_every must be >= 0"),
