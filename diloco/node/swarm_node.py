@@ -39,6 +39,7 @@ from diloco.node.config import NodeOptions, RoundOptions, RunConfig, return_code
 from diloco.node.healing import SETTLE_TIMEOUT, Healer
 from diloco.node.outer import AppliedRound
 from diloco.node.recent_metrics import RecentMetrics
+from diloco.node.tau import MAX_AHEAD_SHARE
 from diloco.node.traffic import data_parallel_bytes
 from diloco.node.trainer import NodeTrainer
 from diloco.node.witness import Witness, WitnessedRound
@@ -147,6 +148,9 @@ class SwarmNode:
             self.vouches_stored: dict[int, tuple[tuple[Vouch, ...], float]] = {}
             """Fragment -> the vouches last stored and when (worker thread only)."""
             self.trainer.round_timeout = rounds.exit_timeout
+            if self.trainer.tau_auto is not None:
+                # tau auto: never so far ahead of the peers that matchmaking misses them.
+                self.trainer.tau_auto.max_ahead = rounds.matchmaking_window * MAX_AHEAD_SHARE
             self.trainer.sync.should_abandon = self.stop_event.is_set
             self.worker = concurrent.futures.ThreadPoolExecutor(1, "diloco-node-dht")
             self.publish_future: concurrent.futures.Future[Any] | None = None

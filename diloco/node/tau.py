@@ -5,10 +5,10 @@ A round sent at step ``s`` is applied at ``s + tau``; the node blocks there unle
 came back within ``tau`` steps of compute. So the tau that hides a round is its latency in
 steps, ``ceil(latency / step_seconds)``, plus a step of margin. ``target_tau`` is that figure
 from a robust view of recent rounds (a high quantile of latencies, the median step time),
-bounded to ``[1, H-1]``; ``next_tau`` moves toward it with hysteresis; ``TauAuto`` keeps the
-recent figures and decides once per few rounds. tau is local to the node: a change applies
-to rounds sent after it (each pending round keeps its receive step), and since ``tau < H``
-a fragment's rounds still apply in order.
+bounded to ``[1, H-1]`` and to what matchmaking tolerates; ``next_tau`` moves toward it
+with hysteresis; ``TauAuto`` keeps the recent figures and decides once per few rounds. tau
+is local to the node: a change applies to rounds sent after it (each pending round keeps its
+receive step), and since ``tau < H`` a fragment's rounds still apply in order.
 """
 
 from __future__ import annotations
@@ -30,6 +30,9 @@ STEPS_WINDOW = 32
 """Recent inner steps whose compute seconds count."""
 ROUNDS_BETWEEN = 4
 """Rounds observed since the last decision before the next one (not every round)."""
+MAX_AHEAD_SHARE = 0.5
+"""Share of the matchmaking window a node's tau may let it run ahead of its peers (the rest
+is for the matchmaking exchanges themselves)."""
 
 
 def nearest_rank(values: Sequence[float], quantile: float) -> float:
@@ -51,12 +54,23 @@ def target_tau(
     latencies: Sequence[float],
     step_seconds: Sequence[float],
     sync_every: int,
+    max_ahead: float | None = None,
     quantile: float = LATENCY_QUANTILE,
     margin: int = MARGIN_STEPS,
 ) -> int:
-    """``clamp(ceil(latency quantile / median step seconds) + margin, 1, H-1)``."""
+    """``clamp(ceil(latency quantile / median step seconds) + margin, 1, H-1)``, and at most
+    ``max_ahead / step seconds`` steps.
+
+    A node blocks on a round only at its receive step, so with tau t it may run up to t
+    steps ahead of its peers and meet them at a send step that much earlier; ``max_ahead``
+    (seconds) keeps that within what matchmaking waits for peers. Without it the round's
+    seconds, which include waiting for the others, grow with the gap and push tau to H-1,
+    the nodes drift apart beyond the window and every round fails.
+    """
     low, high = tau_bounds(sync_every)
     step = max(nearest_rank(step_seconds, 0.5), 1e-9)
+    if max_ahead is not None:
+        high = max(low, min(high, math.floor(max_ahead / step)))
     steps = math.ceil(nearest_rank(latencies, quantile) / step) + margin
     return max(low, min(high, steps))
 
@@ -93,6 +107,9 @@ class TauAuto:
     """Rounds observed since the last decision."""
     used: set[int] = field(default_factory=set)
     """Every tau this node used (the summary's range)."""
+    max_ahead: float | None = None
+    """Seconds of steps a node may run ahead of its peers (``target_tau``); None: no bound
+    but H-1 (a transport without matchmaking)."""
 
     def __post_init__(self) -> None:
         low, high = tau_bounds(self.sync_every)
@@ -110,7 +127,7 @@ class TauAuto:
         if self.rounds_since < ROUNDS_BETWEEN or not self.step_seconds:
             return None
         self.rounds_since = 0
-        target = target_tau(self.latencies, self.step_seconds, self.sync_every)
+        target = target_tau(self.latencies, self.step_seconds, self.sync_every, self.max_ahead)
         new = next_tau(self.tau, target)
         if new == self.tau:
             return None

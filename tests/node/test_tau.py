@@ -51,6 +51,9 @@ def test_target_tau_by_hand() -> None:
     assert target_tau([0.0], [0.25], sync_every=30) == 1  # never below 1
     assert tau_bounds(30) == (1, 29) and tau_bounds(2) == (1, 1) and tau_bounds(1) == (0, 0)
     assert target_tau([5.0], [0.25], sync_every=1) == 0  # H = 1 has only tau 0
+    # At most max_ahead seconds of steps: 1.0 / 0.125 = 8 steps ahead of the peers.
+    assert target_tau(latencies, steps, sync_every=30, max_ahead=1.0) == 8
+    assert target_tau(latencies, steps, sync_every=30, max_ahead=0.0625) == 1  # still >= 1
 
 
 def test_next_tau_rises_at_once_and_falls_by_a_clear_margin() -> None:
