@@ -167,7 +167,8 @@ NODE_FLAGS = Flags(
         Flag(
             "--tau",
             ("tau",),
-            "This node's overlap tau in steps, or auto: from its round latency and step time.",
+            "This node's overlap tau in steps, or auto (from its round latency and step "
+            "time) [default: the run's tau].",
         ),
         Flag("--batch-size", ("batch_size",), "Sequences per inner step."),
         Flag(

@@ -71,7 +71,7 @@ class NodeTrainer:
         fixed = options.fixed_tau
         tau = run.outer.fragment_sync_delay if fixed is None else fixed
         check_tau(tau, run.outer.sync_every)
-        self.tau_auto = None if fixed is not None else TauAuto(run.outer.sync_every, tau)
+        self.tau_auto = TauAuto(run.outer.sync_every, tau) if options.tau == "auto" else None
         """``--tau auto``: this node's tau from its round latency and step time; None for a
         fixed tau."""
         if self.tau_auto is not None:

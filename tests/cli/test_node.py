@@ -134,10 +134,8 @@ def test_bad_values_exit_2_before_anything_starts(
     assert started == []
 
 
-def test_start_tau_is_auto_by_default_and_leaves_the_runs_tau(
-    started: list[dict[str, Any]],
-) -> None:
-    code, output = invoke("start", "--H", "10")
+def test_start_tau_auto_leaves_the_runs_tau(started: list[dict[str, Any]]) -> None:
+    code, output = invoke("start", "--H", "10", "--tau", "auto")
     assert code == 0, output
     (call,) = started
     assert call["options"].tau == "auto" and call["run"].outer.fragment_sync_delay == 1

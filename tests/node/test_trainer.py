@@ -41,9 +41,6 @@ def make(corpus, tmp_path, **options) -> NodeTrainer:
         codec="e3m0",
         rounding="stochastic",
     )
-    # A fixed tau: with ``auto`` it would follow the measured timings, which differ
-    # between an uninterrupted and a resumed run.
-    options = {"tau": "2"} | options
     node = NodeOptions(
         batch_size=2, eval_batches=2, data_seed=0, checkpoint_dir=str(tmp_path), **options
     )
