@@ -202,6 +202,7 @@ def node_figures(records: list[dict[str, Any]], steady_from: int) -> dict[str, A
         "exchange_seconds_median": {k: statistics.median(v) for k, v in sorted(per_kind.items())},
         "eval_loss": summary.get("eval_loss"),
         "summary_cu": summary.get("cu"),
+        "tau_range": summary.get("tau_range"),
         "final_step": summary.get("step"),
     }
 
@@ -210,12 +211,19 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _taus(span: list[int] | None) -> str:
+    """A node's tau range (``--tau auto``), or its one tau."""
+    if not span:
+        return "-"
+    return str(span[0]) if span[0] == span[1] else f"{span[0]}-{span[1]}"
+
+
 def table(points: list[dict[str, Any]]) -> str:
     head = (
         "| RTT ms | node | CU | round s (median) | failed/attempted | heals | "
-        "round trips (median, range) | eval loss |"
+        "round trips (median, range) | eval loss | tau |"
     )
-    lines = [head, "|" + " --- |" * 8]
+    lines = [head, "|" + " --- |" * 9]
     for point in points:
         for i, node in enumerate(point["nodes"]):
             attempted = node["rounds_ok"] + node["rounds_failed"]
@@ -227,7 +235,7 @@ def table(points: list[dict[str, Any]]) -> str:
                 f"| {point['rtt_ms']:g} | {i} | {_fmt(node['cu'], '.2f')} | "
                 f"{_fmt(node['round_seconds_median'], '.2f')} | "
                 f"{node['rounds_failed']}/{attempted} | {node['heals']} | {trips} | "
-                f"{_fmt(node['eval_loss'], '.3f')} |"
+                f"{_fmt(node['eval_loss'], '.3f')} | {_taus(node.get('tau_range'))} |"
             )
     return "\n".join(lines)
 
@@ -262,7 +270,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=3, choices=range(2, 7), metavar="{2..6}")
     parser.add_argument("--rtt-ms", type=float, nargs="+", default=[0.0, 100.0, 200.0])
     parser.add_argument("--jitter-ms", type=float, default=0.0, help="per direction, uniform")
-    parser.add_argument("--tau", type=int, default=1)
+    parser.add_argument("--tau", default="1", help="every node's --tau: steps, or auto")
     parser.add_argument("--steps", type=int, default=250)
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--warmup-steps", type=int, default=0, help="after all met in a round")

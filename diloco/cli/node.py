@@ -138,8 +138,8 @@ def start(ctx: click.Context, /, admit_path: str | None, **_: object) -> None:
     """
     try:
         given = typed_flags(ctx, RUN_FLAGS)
-        run = run_config(ctx.params["config_file"], given, ctx.params["tau"])
         options, rounds, net = _local_choices(ctx.params)
+        run = run_config(ctx.params["config_file"], given, options.fixed_tau)
         if net.swarm_key_path is not None:
             key_id = load_swarm_key(net.swarm_key_path).key_id
             run = dataclasses.replace(run, swarm_key_id=key_id)
@@ -196,8 +196,8 @@ def join(
         raise click.ClickException(str(error)) from error
     try:
         diffs = join_mismatch(run, toml, given)
-        if options.tau is not None:
-            check_tau(options.tau, run.outer.sync_every)
+        if options.fixed_tau is not None:
+            check_tau(options.fixed_tau, run.outer.sync_every)
         _check_data(run, options.data, define=False)
         check_checkpoints(options.checkpoint_dir, ctx.params["resume"], run, "swarm's")
     except (ConfigError, CheckpointError) as error:

@@ -256,10 +256,11 @@ class NodeOptions:
 
     batch_size: int = 8
     """Sequences per inner step on this node (its share of a round's mean is its tokens)."""
-    tau: int | None = None
+    tau: str | None = None
     """tau: this node's steps between sending a fragment and applying its round (docs/design.md
-    "Algorithm and schedule");
-    None takes the run's ``outer.fragment_sync_delay``."""
+    "Algorithm and schedule"): a number of steps; ``auto``, which starts from the run's tau and
+    follows this node's round latency over its step time (``diloco.node.tau``; docs/design.md
+    "Across the internet"); None takes the run's ``outer.fragment_sync_delay``."""
     pace: PaceMode = "adaptive"
     """``adaptive``: when this node is slower per step than the swarm's pace (the lower
     median of the nodes' full-batch step seconds), it trains fewer sequences per inner step
@@ -304,8 +305,8 @@ class NodeOptions:
                 f"micro_batch_size {self.compute.micro_batch_size} exceeds batch_size "
                 f"{self.batch_size}; lower --micro-batch-size (0: the whole batch)"
             )
-        if self.tau is not None:
-            _at_least("tau", self.tau, 0, "steps")
+        if self.tau is not None and self.tau != "auto" and not self.tau.isdigit():
+            raise ConfigError(f"tau must be auto or a number of steps >= 0, got {self.tau!r}")
         if not (math.isfinite(self.slow_down) and self.slow_down >= 1):
             raise ConfigError(f"slow_down must be a factor >= 1, got {self.slow_down}")
         _at_least("threads", self.threads, 0, "(0: torch's default)")
@@ -323,6 +324,11 @@ class NodeOptions:
             raise ConfigError(f"data path {self.data} does not exist; check --data")
         if self.checkpoint_dir is not None and Path(self.checkpoint_dir).is_file():
             raise ConfigError(f"checkpoint dir {self.checkpoint_dir} is a file; name a folder")
+
+    @property
+    def fixed_tau(self) -> int | None:
+        """The tau this node was given as a number; None for ``auto`` and the run's."""
+        return None if self.tau is None or self.tau == "auto" else int(self.tau)
 
 
 @dataclass(kw_only=True, slots=True)

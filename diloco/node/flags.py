@@ -164,7 +164,12 @@ COMPUTE_FLAGS = (
 NODE_FLAGS = Flags(
     NodeOptions,
     (
-        Flag("--tau", ("tau",), "This node's overlap tau in steps [default: the run's tau]."),
+        Flag(
+            "--tau",
+            ("tau",),
+            "This node's overlap tau in steps, or auto (from its round latency and step "
+            "time) [default: the run's tau].",
+        ),
         Flag("--batch-size", ("batch_size",), "Sequences per inner step."),
         Flag(
             "--pace",

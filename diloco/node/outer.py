@@ -247,8 +247,16 @@ class FragmentSync:
             future = self.link.send(p, self.states[p].outer, self.fragments[p], start)
             self.submit(key, future, step, weight)
 
+    def set_tau(self, tau: int) -> None:
+        """Use ``tau`` for the rounds sent from now on (``--tau auto``, ``diloco.node.tau``):
+        each round in flight keeps the receive step it was given when sent, and as
+        ``tau < H`` a fragment's previous round is applied before its next one is sent, so
+        rounds still apply in order."""
+        check_tau(tau, self.config.sync_every)
+        self.tau = tau
+
     def submit(self, key: RoundKey, future: Future[RoundResult], step: int, weight: float) -> None:
-        """Remember a round in flight; it is applied at ``step + tau``."""
+        """Remember a round in flight; it is applied at ``step + tau`` (the tau of now)."""
         self.pending.append(PendingRound(key, future, step + self.tau, weight))
 
     def apply_due(self, step: int) -> list[AppliedRound]:

@@ -39,6 +39,7 @@ from diloco.node.config import NodeOptions, RoundOptions, RunConfig, return_code
 from diloco.node.healing import SETTLE_TIMEOUT, Healer
 from diloco.node.outer import AppliedRound
 from diloco.node.recent_metrics import RecentMetrics
+from diloco.node.tau import MAX_AHEAD_SHARE
 from diloco.node.traffic import data_parallel_bytes
 from diloco.node.trainer import NodeTrainer
 from diloco.node.witness import Witness, WitnessedRound
@@ -147,6 +148,9 @@ class SwarmNode:
             self.vouches_stored: dict[int, tuple[tuple[Vouch, ...], float]] = {}
             """Fragment -> the vouches last stored and when (worker thread only)."""
             self.trainer.round_timeout = rounds.exit_timeout
+            if self.trainer.tau_auto is not None:
+                # tau auto: never so far ahead of the peers that matchmaking misses them.
+                self.trainer.tau_auto.max_ahead = rounds.matchmaking_window * MAX_AHEAD_SHARE
             self.trainer.sync.should_abandon = self.stop_event.is_set
             self.worker = concurrent.futures.ThreadPoolExecutor(1, "diloco-node-dht")
             self.publish_future: concurrent.futures.Future[Any] | None = None
@@ -362,6 +366,7 @@ class SwarmNode:
                     "rows": rows,
                     "step_seconds": t.compute_seconds - compute_before,
                     "wall_seconds": time.perf_counter() - step_start,
+                    "tau": t.sync.tau,
                 }
             )
             self._record_rounds(applied)
@@ -424,6 +429,7 @@ class SwarmNode:
                 "peers_last_round": t.last_round_members,
                 "rows": t.pacer.rows,
                 "pace_seconds": t.pacer.pace,
+                "tau": t.sync.tau,
             }
         )
 
@@ -458,6 +464,7 @@ class SwarmNode:
             "outer_sha256": [s.sha256() for s in t.sync.states],
             "versions": [s.version for s in t.sync.states],
             "rounds_pending": len(t.sync.pending),
+            "tau_range": list(t.tau_range),
             "checkpoint": str(checkpoint) if checkpoint else None,
             "wall_s": wall_s,
         }

@@ -41,6 +41,7 @@ from diloco.node.inner import build_inner_optimizer, inner_step, lr_at
 from diloco.node.model import Transformer
 from diloco.node.outer import AppliedRound, FragmentSync, check_tau
 from diloco.node.pace import PaceController, weigh_claims
+from diloco.node.tau import LATENCY_QUANTILE, TauAuto
 from diloco.protocol.core.reducer import Reducer
 from diloco.protocol.state.fragment import FragmentState
 
@@ -67,8 +68,14 @@ class NodeTrainer:
         self.options = options
         self.reducer = reducer
         self.member = member
-        tau = run.outer.fragment_sync_delay if options.tau is None else options.tau
+        fixed = options.fixed_tau
+        tau = run.outer.fragment_sync_delay if fixed is None else fixed
         check_tau(tau, run.outer.sync_every)
+        self.tau_auto = TauAuto(run.outer.sync_every, tau) if options.tau == "auto" else None
+        """``--tau auto``: this node's tau from its round latency and step time; None for a
+        fixed tau."""
+        if self.tau_auto is not None:
+            tau = self.tau_auto.tau
         self.corpus = corpus or load_corpus(options.data)
         run.check_corpus(self.corpus.vocab_size, self.corpus.fingerprint, self.corpus.description)
         self.device = torch.device(options.device)
@@ -145,10 +152,36 @@ class NodeTrainer:
         self.rows_trained += rows
         self.sync.record_tokens(rows * self.run.seq_len)
         self.sync.send_due(self.step, lambda key, c: self.reducer.reduce(key, [c]))
-        self.compute_seconds += time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        self.compute_seconds += seconds
         applied = self.sync.apply_due(self.step)
         self._count(applied)
+        self._choose_tau(seconds, applied)
         return loss, applied
+
+    def _choose_tau(self, step_seconds: float, applied: list[AppliedRound]) -> None:
+        """``--tau auto``: count this step's compute and its applied rounds' latencies (send
+        to result, ``AppliedRound.seconds``), and change tau for the rounds sent from the next
+        step on when they call for it (``diloco.node.tau``)."""
+        if self.tau_auto is None:
+            return
+        self.tau_auto.observe_step(step_seconds)
+        for round_ in applied:
+            if not round_.ok:
+                continue
+            change = self.tau_auto.observe_round(round_.seconds)
+            if change is not None:
+                logger.info(
+                    "tau %d -> %d: %d%% of the last %d rounds took <= %.2f s, a step %.3f s "
+                    "(median)",
+                    change.old,
+                    change.new,
+                    round(LATENCY_QUANTILE * 100),
+                    len(self.tau_auto.latencies),
+                    change.latency,
+                    change.step_seconds,
+                )
+                self.sync.set_tau(change.new)
 
     def _pace(self, seconds: float) -> None:
         """Rows for the next step from this one's ``seconds``; warn (rate-limited) when even
@@ -206,6 +239,12 @@ class NodeTrainer:
                 self.bytes_sent += round_.bytes_sent
                 self.bytes_received += round_.bytes_received
                 self.last_round_members = len(round_.members)
+
+    @property
+    def tau_range(self) -> tuple[int, int]:
+        """The smallest and largest tau this node used (one value for a fixed tau)."""
+        used = self.tau_auto.used if self.tau_auto is not None else {self.sync.tau}
+        return min(used), max(used)
 
     @property
     def compute_utilisation(self) -> float:

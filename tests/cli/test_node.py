@@ -90,7 +90,7 @@ def test_start_flags_reach_every_part(started: list[dict[str, Any]], tmp_path: P
     assert code == 0, output
     (call,) = started
     assert call["run"].outer == OuterConfig(sync_every=10, outer_lr=0.5, fragment_sync_delay=2)
-    assert (call["options"].batch_size, call["options"].tau) == (4, 2)
+    assert (call["options"].batch_size, call["options"].tau) == (4, "2")
     assert call["options"].data == str(corpus)
     assert call["rounds"].min_group_size == 1
     assert call["net"].host_maddrs == ("/ip4/127.0.0.2/tcp/0", "/ip4/127.0.0.3/tcp/0")
@@ -132,6 +132,18 @@ def test_bad_values_exit_2_before_anything_starts(
     assert code == 2, output
     assert message in output
     assert started == []
+
+
+def test_start_tau_auto_leaves_the_runs_tau(started: list[dict[str, Any]]) -> None:
+    code, output = invoke("start", "--H", "10", "--tau", "auto")
+    assert code == 0, output
+    (call,) = started
+    assert call["options"].tau == "auto" and call["run"].outer.fragment_sync_delay == 1
+
+
+def test_start_tau_is_auto_or_a_number(started: list[dict[str, Any]]) -> None:
+    code, output = invoke("start", "--tau", "soon")
+    assert code == 2 and "tau must be auto or a number of steps >= 0, got 'soon'" in output
 
 
 def test_start_tau_must_be_below_h(started: list[dict[str, Any]]) -> None:

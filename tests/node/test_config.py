@@ -195,7 +195,8 @@ def test_return_codec_for_builds_the_named_codec_or_keeps_the_outer_one() -> Non
     ("options", "message"),
     [
         ({"batch_size": 0}, "batch_size must be >= 1"),
-        ({"tau": -1}, "tau must be >= 0"),
+        ({"tau": "-1"}, "tau must be auto or a number of steps >= 0, got '-1'"),
+        ({"tau": "soon"}, "tau must be auto or a number of steps >= 0, got 'soon'"),
         ({"threads": -1}, "threads must be >= 0"),
         ({"log_every": 0}, "log_every must be >= 1"),
         ({"checkpoint_every": -1}, "checkpoint_every must be >= 0"),
