@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from diloco.cli.node_checks import check_checkpoints, check_ports
+from diloco.cli.node_checks import check_checkpoints, check_peer_addresses, check_ports
 from diloco.cli.node_lines import progress_line, startup_lines, summary_line
-from diloco.cli.options import flag_options, typed_flags
+from diloco.cli.options import JoinCommand, flag_options, typed_flags
 from diloco.errors import CheckpointError, ConfigError, DilocoError
 from diloco.node.config import NodeOptions, RoundOptions, RunConfig, resolve_vocab
 from diloco.node.data import corpus_vocab
@@ -154,7 +154,7 @@ def start(ctx: click.Context, /, admit_path: str | None, **_: object) -> None:
     _run_node(run, options, rounds, net, ctx.params, join=False)
 
 
-@click.command()
+@click.command(cls=JoinCommand)
 @click.option(
     "--initial-peers",
     multiple=True,
@@ -182,8 +182,9 @@ def join(
     toml, given = ctx.params["config_file"], typed_flags(ctx, RUN_FLAGS)
     try:
         run_config(toml, given)  # typed run flags must make sense before the swarm is asked
-        options, rounds, net = _local_choices(ctx.params)
         peers = tuple(addr for value in initial_peers for addr in value.split())
+        check_peer_addresses(peers)
+        options, rounds, net = _local_choices(ctx.params)
         net = dataclasses.replace(net, initial_peers=peers)
         if run_id is not None:
             check_run_id(run_id)

@@ -1,13 +1,16 @@
-"""The lines a node prints for a person: step of the total, ETA, what it trains with, and
-failed rounds by cause."""
+"""What a new user sees: step lines with the total and an ETA, what a node trains with,
+failed rounds by cause, ``join --help`` in two groups, a bad peer address in one line."""
 
 from __future__ import annotations
 
 import logging
 
 import pytest
+from click.testing import CliRunner
 
+from diloco.cli import main
 from diloco.cli.node_lines import progress_line, startup_lines, summary_line
+from diloco.cli.options import SWARM_HEADING
 from diloco.node.round_failures import ALONE, FailureLog, failure_cause
 
 
@@ -103,3 +106,35 @@ def test_alone_node_logs_once_when_waiting_starts_and_once_when_a_group_forms(
             "a group formed: 2 members in this round"
         ]
     assert log.total == {ALONE: 21}
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "127.0.0.1:31337",
+        "/ip4/127.0.0.1/tcp/abc/p2p/12D3KooW",
+        "/ip4/127.0.0.1/tcp/31337",
+        "/ip4/127.0.0.1/tcp/31337/p2p/Qmxyz",
+    ],
+)
+def test_join_names_a_malformed_peer_address_in_one_line(address: str) -> None:
+    result = CliRunner().invoke(main, ["join", "--initial-peers", address])
+    assert result.exit_code == 2, result.output
+    assert f"bad --initial-peers address {address!r}: expected /ip4/HOST/tcp/PORT/p2p/PEERID" in (
+        result.output
+    )
+    assert "(" + repr(address) + ",)" not in result.output  # no Python tuple
+
+
+def test_join_help_sets_the_runs_settings_apart_without_starts_defaults() -> None:
+    text = CliRunner().invoke(main, ["join", "--help"]).output
+    own, swarm = text.split(SWARM_HEADING)
+    for flag in ("--initial-peers", "--batch-size", "--device", "--data", "--tau"):
+        assert f"  {flag} " in own
+    for flag in ("--H ", "--steps ", "--preset ", "--outer-lr ", "--config "):
+        assert f"  {flag}" in swarm and f"  {flag}" not in own
+    steps_help = "T: inner steps of the whole run."
+    assert f"{steps_help} --H" in " ".join(swarm.split())  # no start's default
+    assert "SPEC" not in text
+    start_help = " ".join(CliRunner().invoke(main, ["start", "--help"]).output.split())
+    assert SWARM_HEADING not in start_help and f"{steps_help} [default: 600]" in start_help
