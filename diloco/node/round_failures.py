@@ -23,6 +23,7 @@ SUMMARY_EVERY = 60.0
 _CAUSES = (
     (re.compile(r"^no group: 1 member\b|^no (live )?peer that may lead"), ALONE),
     (re.compile(r"^no group: \d+ member"), "too few partners for the group size"),
+    (re.compile(r"^leader \S+ refused"), "refused by the round's leader (not in that round)"),
     (re.compile(r"^abandoned"), "abandoned while stopping or saving"),
     (re.compile(r"deadline passed|in time"), "timed out"),
 )

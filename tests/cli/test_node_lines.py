@@ -4,6 +4,7 @@ failed rounds by cause, ``join --help`` in two groups, a bad peer address in one
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -72,6 +73,11 @@ def test_summary_says_why_rounds_failed() -> None:
             "too few partners for the group size",
         ),
         ("fragment 1 round 2 failed: round deadline passed", "timed out"),
+        (
+            "fragment 0 round 1 failed: leader 12D3KooWD refused: UNKNOWN_ROUND not in round "
+            "RoundKey(fragment=0, round=1)",
+            "refused by the round's leader (not in that round)",
+        ),
         ("fragment 1 round 2 failed: something new", "something new"),
     ],
 )
@@ -138,3 +144,13 @@ def test_join_help_sets_the_runs_settings_apart_without_starts_defaults() -> Non
     assert "SPEC" not in text
     start_help = " ".join(CliRunner().invoke(main, ["start", "--help"]).output.split())
     assert SWARM_HEADING not in start_help and f"{steps_help} [default: 600]" in start_help
+
+
+def test_waiting_and_failed_round_lines_show_without_verbose(tmp_path: Path) -> None:
+    logger = logging.getLogger("diloco.node.round_failures")
+    try:
+        result = CliRunner().invoke(main, ["keygen", "--identity", str(tmp_path / "id.key")])
+        assert result.exit_code == 0, result.output
+        assert logger.isEnabledFor(logging.INFO)
+    finally:
+        logger.setLevel(logging.NOTSET)
