@@ -154,3 +154,13 @@ def test_waiting_and_failed_round_lines_show_without_verbose(tmp_path: Path) -> 
         assert logger.isEnabledFor(logging.INFO)
     finally:
         logger.setLevel(logging.NOTSET)
+
+
+def test_local_step_lines_show_the_total_and_an_eta(capsys: pytest.CaptureFixture[str]) -> None:
+    from diloco.cli.experiments import _echo_progress
+
+    record = {"event": "step", "step": 30, "steps": 120, "eta_s": 3725.0, "loss": 4.5}
+    _echo_progress(record | {"tokens_per_s": 999.6, "mb_sent_per_replica": 0.5})
+    assert capsys.readouterr().out == (
+        "step 30/120 (25%) · loss 4.5000 · 1,000 tok/s · ETA 1h02m · sent 0.50 MB\n"
+    )
