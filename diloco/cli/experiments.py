@@ -14,6 +14,7 @@ from typing import Any, cast
 import click
 
 from diloco.bench.allreduce import BenchConfig
+from diloco.cli.node_lines import duration
 from diloco.cli.options import flag_options
 from diloco.errors import ConfigError, DilocoError
 from diloco.node.flags import COMPUTE_FLAGS, Flag, Flags
@@ -228,12 +229,14 @@ def local(
 def _echo_progress(record: dict[str, Any]) -> None:
     if record.get("event") != "step":
         return
+    step, steps = record["step"], record["steps"]
     line = (
-        f"step {record['step']:>6}  loss {record['loss']:.4f}  "
-        f"{record['tokens_per_s']:,.0f} tok/s  sent {record['mb_sent_per_replica']:.2f} MB"
+        f"step {step}/{steps} ({100 * step // max(1, steps)}%) · loss {record['loss']:.4f} · "
+        f"{record['tokens_per_s']:,.0f} tok/s · ETA {duration(record['eta_s'])} · "
+        f"sent {record['mb_sent_per_replica']:.2f} MB"
     )
     if "eval_loss" in record:
-        line += f"  eval {record['eval_loss']:.4f}"
+        line += f" · eval {record['eval_loss']:.4f}"
     click.echo(line)
 
 

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from diloco.cli.node_checks import check_checkpoints, check_ports
-from diloco.cli.options import flag_options, typed_flags
+from diloco.cli.node_checks import check_checkpoints, check_peer_addresses, check_ports
+from diloco.cli.node_lines import progress_line, startup_lines, summary_line
+from diloco.cli.options import JoinCommand, flag_options, typed_flags
 from diloco.errors import CheckpointError, ConfigError, DilocoError
 from diloco.node.config import NodeOptions, RoundOptions, RunConfig, resolve_vocab
 from diloco.node.data import corpus_vocab
@@ -153,7 +154,7 @@ def start(ctx: click.Context, /, admit_path: str | None, **_: object) -> None:
     _run_node(run, options, rounds, net, ctx.params, join=False)
 
 
-@click.command()
+@click.command(cls=JoinCommand)
 @click.option(
     "--initial-peers",
     multiple=True,
@@ -181,8 +182,9 @@ def join(
     toml, given = ctx.params["config_file"], typed_flags(ctx, RUN_FLAGS)
     try:
         run_config(toml, given)  # typed run flags must make sense before the swarm is asked
-        options, rounds, net = _local_choices(ctx.params)
         peers = tuple(addr for value in initial_peers for addr in value.split())
+        check_peer_addresses(peers)
+        options, rounds, net = _local_choices(ctx.params)
         net = dataclasses.replace(net, initial_peers=peers)
         if run_id is not None:
             check_run_id(run_id)
@@ -258,6 +260,16 @@ def _run_node(
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         click.echo(f"run {node.run_id}, peer {node.swarm.peer_id.to_base58()}")
+        lines = startup_lines(
+            device=str(node.trainer.device),
+            precision=options.compute.precision,
+            data=options.data,
+            vocab_size=run.model_config().vocab_size,
+            preset=run.preset,
+            num_params=sum(p.numel() for p in node.trainer.model.parameters()),
+        )
+        for line in lines:
+            click.echo(line)
         if node.resumed_from:
             click.echo(f"resumed from {node.resumed_from} at step {node.trainer.step}")
         elif join:
@@ -313,24 +325,13 @@ def _serve_prometheus(node: SwarmNode, host: str, port: int | None) -> NodeMetri
 def _echo_node_event(record: dict[str, Any]) -> None:
     event = record.get("event")
     if event == "progress":
-        click.echo(
-            f"step {record['step']:>6}  loss {record['loss']:.4f}  "
-            f"{record['tokens_per_s']:,.0f} tok/s  CU {100 * record['cu']:.1f}%  "
-            f"sent {record['mb_sent']:.2f} MB  recv {record['mb_received']:.2f} MB  "
-            f"peers {record['peers_last_round']}"
-        )
+        click.echo(progress_line(record))
     elif event == "joined":
         click.echo(f"joined at step {record['step']}, fragment versions {record['versions']}")
     elif event == "healed":
         click.echo(f"healed fragments {record['fragments']} at step {record['step']}")
     elif event == "summary":
-        click.echo(
-            f"done at step {record['step']}: eval loss {record['eval_loss']:.4f} (outer), "
-            f"CU {100 * record['cu']:.1f}%, sent {record['bytes_sent'] / 1e6:.2f} MB "
-            f"(data-parallel: {record['dp_bytes_estimate'] / 1e6:.0f} MB), "
-            f"{record['failed_rounds']} failed rounds, "
-            f"rounds pending at end: {record['rounds_pending']}"
-        )
+        click.echo(summary_line(record))
 
 
 @click.command()

@@ -5,6 +5,7 @@ the fix: the ports it is to listen on, and its checkpoint folder (writable, and 
 from __future__ import annotations
 
 import errno
+import re
 import socket
 from typing import Any
 
@@ -12,7 +13,30 @@ from diloco.errors import ConfigError
 from diloco.node.checkpoint import CheckpointManager, check_folder, saved_run
 from diloco.node.config import RunConfig
 from diloco.node.flags import RUN_FLAGS, TAU_PATH
+from diloco.protocol.records.run_info import peer_id_in
 from diloco.protocol.runtime.network import NetworkOptions
+
+_PEER_ADDRESS = re.compile(r"^/(ip4|ip6|dns|dns4|dns6)/[^/]+/(tcp|udp)/\d+(/.*)?$")
+
+
+def check_peer_addresses(addresses: tuple[str, ...]) -> None:
+    """Each ``--initial-peers`` address is a whole multiaddr with a peer id, the form a node
+    prints, checked before anything starts so that a mistyped one is one clear line.
+
+    Raises:
+        ConfigError: the first bad address, and the form expected.
+    """
+    for address in addresses:
+        try:
+            if not _PEER_ADDRESS.match(address) or "/p2p/" not in address:
+                raise ConfigError("not a multiaddr")
+            peer_id_in(address)
+        except ConfigError as error:
+            raise ConfigError(
+                f"bad --initial-peers address {address!r}: expected "
+                "/ip4/HOST/tcp/PORT/p2p/PEERID, as a running node prints it"
+                + ("" if str(error) == "not a multiaddr" else f"; {str(error).split(': ')[-1]}")
+            ) from error
 
 
 def check_ports(net: NetworkOptions) -> None:

@@ -16,7 +16,7 @@ from typing import Any, Literal, TypeVar
 import click
 from click.core import ParameterSource
 
-from diloco.node.flags import Flag, Flags
+from diloco.node.flags import RUN_FLAGS, Flag, Flags
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -65,3 +65,32 @@ def typed_flags(ctx: click.Context, table: Flags[Any]) -> dict[str, object]:
         for flag in table.flags
         if ctx.get_parameter_source(flag.dest) is ParameterSource.COMMANDLINE
     }
+
+
+SWARM_HEADING = "Run settings (these come from the swarm; set one only to check it matches)"
+
+
+class JoinCommand(click.Command):
+    """``join``'s help: what a joiner chooses first, then the run's settings apart, under a
+    heading saying they come from the swarm, without ``start``'s defaults (the swarm's run
+    holds the values that apply)."""
+
+    swarm_dests = frozenset(["config_file", *(flag.dest for flag in RUN_FLAGS.flags)])
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if isinstance(param, click.Option) and param.name in self.swarm_dests:
+                param.show_default = False
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        own: list[tuple[str, str]] = []
+        swarm: list[tuple[str, str]] = []
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None:
+                (swarm if param.name in self.swarm_dests else own).append(record)
+        with formatter.section("Options"):
+            formatter.write_dl(own)
+        with formatter.section(SWARM_HEADING):
+            formatter.write_dl(swarm)

@@ -21,7 +21,6 @@ from diloco.node.config import (
     NodeOptions,
     RoundOptions,
     RunConfig,
-    config_mismatch,
     from_mapping,
     read_toml,
     set_path,
@@ -287,7 +286,9 @@ def join_mismatch(
     """What a joiner's ``--config`` and typed run flags contradict in the swarm's run.
 
     Without ``--config`` the swarm's configuration is the base, so only typed flags can
-    differ. tau is each node's own choice and never compared; the creator, the swarm key id
+    differ; each difference is named by the flag that sets it (``--H: the run's 30, yours
+    10``), and by its key too under ``--config``. tau is each node's own choice and never
+    compared; the creator, the swarm key id
     and the admitted peers come from the swarm unless the file names them (the starter's
     file does not), and so does a vocabulary the file leaves out (``start`` may have set it
     from its corpus).
@@ -298,4 +299,28 @@ def join_mismatch(
     base.setdefault("swarm_key_id", swarm.swarm_key_id)
     base.setdefault("admitted", None if swarm.admitted is None else list(swarm.admitted))
     base.setdefault("vocab_size", swarm.vocab_size)
-    return config_mismatch(RUN_FLAGS.build(given, base), swarm)
+    mine, theirs = _leaves(RUN_FLAGS.build(given, base).to_dict()), _leaves(swarm.to_dict())
+    names = {flag.path: flag.name for flag in RUN_FLAGS.flags}
+    diffs = []
+    for path in sorted(mine.keys() | theirs.keys()):
+        if mine.get(path) != theirs.get(path):
+            key = ".".join(path)
+            # Named as the person typed it: the flag, with the file's key under --config.
+            name = (
+                names.get(path, key)
+                if toml is None or path not in names
+                else f"{names[path]} ({key})"
+            )
+            diffs.append(f"{name}: the run's {theirs.get(path)!r}, yours {mine.get(path)!r}")
+    return diffs
+
+
+def _leaves(data: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
+    """Every value of nested tables ``data`` by its path, e.g. ``("outer", "sync_every")``."""
+    leaves: dict[tuple[str, ...], Any] = {}
+    for key, value in data.items():
+        if isinstance(value, Mapping):
+            leaves.update(_leaves(value, (*prefix, key)))
+        else:
+            leaves[(*prefix, key)] = value
+    return leaves

@@ -170,6 +170,7 @@ class LocalTrainer:
                     elapsed = time.perf_counter() - start
                     record["tokens_per_s"] = step * tokens_per_step / elapsed
                     record["mb_sent_per_replica"] = self._mean(self.bytes_sent) / 1e6
+                    record["steps"], record["eta_s"] = c.steps, elapsed / step * (c.steps - step)
                     self._emit(record, sink, on_progress)
             self._finish_rounds()
             summary = self._summary(time.perf_counter() - start, step * tokens_per_step)

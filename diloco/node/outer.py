@@ -304,7 +304,8 @@ class FragmentSync:
             blocked = time.perf_counter() - start
             self.failed_rounds += 1
             self.carried_weight[p] += pending.weight
-            logger.warning("%s: %s; keeping the outer state of fragment %d", self.member, error, p)
+            # Debug: a node tells failures by cause, sparingly (diloco.node.round_failures).
+            logger.debug("%s: %s; keeping the outer state of fragment %d", self.member, error, p)
             return AppliedRound(pending.key, ok=False, blocked_seconds=blocked, error=str(error))
         blocked = time.perf_counter() - start
         state, prior = self.states[p], self.state_hash(p)

@@ -39,6 +39,7 @@ from diloco.node.config import NodeOptions, RoundOptions, RunConfig, return_code
 from diloco.node.healing import SETTLE_TIMEOUT, Healer
 from diloco.node.outer import AppliedRound
 from diloco.node.recent_metrics import RecentMetrics
+from diloco.node.round_failures import FailureLog
 from diloco.node.tau import MAX_AHEAD_SHARE
 from diloco.node.traffic import data_parallel_bytes
 from diloco.node.trainer import NodeTrainer
@@ -172,6 +173,7 @@ class SwarmNode:
                 witness=self.witness,
             )
             self.failed_rounds = 0
+            self.failures = FailureLog()
             self.diverged: set[RoundKey] = set()
             """Rounds in flight known to have failed on a diverged prior (``_heal``)."""
         except BaseException:
@@ -350,7 +352,7 @@ class SwarmNode:
                 "tokens_per_step": tokens_per_step,
             }
         )
-        start, start_rows = time.perf_counter(), t.rows_trained
+        start, start_rows, start_step = time.perf_counter(), t.rows_trained, t.step
         losses: list[float] = []
         while t.step < self.run.steps and not self.stop_event.is_set():
             step_start = time.perf_counter()
@@ -382,7 +384,7 @@ class SwarmNode:
             tokens = (t.rows_trained - start_rows) * self.run.seq_len
             tokens_per_s = tokens / max(elapsed, 1e-9)
             if t.step % self.options.log_every == 0 or t.step == self.run.steps:
-                self._progress(losses, tokens_per_s)
+                self._progress(losses, tokens_per_s, elapsed / max(1, t.step - start_step))
                 losses = []
             due = bool(applied) or time.monotonic() - self.published_at > PUBLISH_EVERY
             if self.publish_future is None or (self.publish_future.done() and due):
@@ -413,14 +415,22 @@ class SwarmNode:
         for round_ in applied:
             self._emit(self._round_record(round_))
             self.failed_rounds += not round_.ok
+            if round_.ok:
+                self.failures.succeeded(len(round_.members))
+            else:
+                self.failures.failed(round_.error or "")
             self._vouch(round_)
 
-    def _progress(self, losses: list[float], tokens_per_s: float) -> None:
+    def _progress(self, losses: list[float], tokens_per_s: float, step_wall_s: float) -> None:
+        """A progress record; ``step_wall_s``: mean wall seconds per step so far, for the
+        estimated time left."""
         t = self.trainer
         self._emit(
             {
                 "event": "progress",
                 "step": t.step,
+                "steps": self.run.steps,
+                "eta_s": step_wall_s * (self.run.steps - t.step),
                 "loss": sum(losses) / max(1, len(losses)),
                 "tokens_per_s": tokens_per_s,
                 "cu": t.compute_utilisation,
@@ -460,6 +470,7 @@ class SwarmNode:
             "dp_bytes_estimate": dp.bytes_sent,
             "dp_bytes_assumption": dp.assumption,
             "failed_rounds": self.failed_rounds,
+            "failed_causes": dict(self.failures.total),
             "healed_fragments": self.healer.healed_fragments,
             "outer_sha256": [s.sha256() for s in t.sync.states],
             "versions": [s.version for s in t.sync.states],

@@ -21,8 +21,11 @@ from diloco.node.flags import NETWORK_FLAGS, NODE_FLAGS, ROUND_FLAGS, RUN_FLAGS
 from diloco.node.outer import OuterConfig
 from diloco.protocol.records.run_id import make_run_id
 from diloco.protocol.runtime.network import NetworkOptions
-from diloco.protocol.trust.identity import load_identity
+from diloco.protocol.trust.identity import Identity, load_identity
 from diloco.protocol.trust.swarm_key import load_swarm_key
+
+ADDR_A = f"/ip4/127.0.0.1/tcp/1/p2p/{Identity.generate().peer_id}"
+ADDR_B = f"/ip4/127.0.0.2/tcp/1/p2p/{Identity.generate().peer_id}"
 
 FLAGS_BEFORE_THE_SPLIT = {
     "--config", "--name", "--preset", "--seq-len", "--steps", "--H", "--fragment-size",
@@ -127,7 +130,7 @@ def test_bad_values_exit_2_before_anything_starts(
         raise AssertionError("the swarm was asked")
 
     monkeypatch.setattr(diloco.node.pinned_run, "discover_run", no_swarm)
-    peers = ["--initial-peers", "/ip4/127.0.0.1/tcp/1"] if command == "join" else []
+    peers = ["--initial-peers", ADDR_A] if command == "join" else []
     code, output = invoke(command, *peers, *args)
     assert code == 2, output
     assert message in output
@@ -196,7 +199,7 @@ def swarm_run(monkeypatch: pytest.MonkeyPatch) -> tuple[RunConfig, FakeDHT]:
     run, dht = RunConfig(name="t", steps=300, outer=OuterConfig(sync_every=10)), FakeDHT()
 
     def discover(net: NetworkOptions, run_id: str | None) -> tuple[RunConfig, object, FakeDHT]:
-        assert net.initial_peers == ("/ip4/127.0.0.1/tcp/1/p2p/a", "/ip4/127.0.0.2/tcp/1/p2p/b")
+        assert net.initial_peers == (ADDR_A, ADDR_B)
         assert run_id in (None, "t-0123456789abcdef")
         return run, SIGNED, dht
 
@@ -204,7 +207,7 @@ def swarm_run(monkeypatch: pytest.MonkeyPatch) -> tuple[RunConfig, FakeDHT]:
     return run, dht
 
 
-PEERS = ["--initial-peers", "/ip4/127.0.0.1/tcp/1/p2p/a /ip4/127.0.0.2/tcp/1/p2p/b"]
+PEERS = ["--initial-peers", f"{ADDR_A} {ADDR_B}"]
 
 
 def test_join_trains_the_swarms_run_with_its_own_local_choices(
@@ -228,7 +231,7 @@ def test_join_refuses_flags_that_contradict_the_swarm(
     code, output = invoke("join", *PEERS, "--H", "7", "--steps", "999")
     assert code == 1
     assert "differs from the swarm" in output
-    assert "sync_every: yours 7, swarm's 10" in output and "steps: yours 999, swarm's 300" in output
+    assert "--H: the run's 10, yours 7" in output and "--steps: the run's 300, yours 999" in output
     assert started == [] and swarm_run[1].stopped
 
 

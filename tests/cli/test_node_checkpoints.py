@@ -71,7 +71,11 @@ def test_resume_without_a_checkpoint_exits_2_naming_the_folder(
     if kind == "empty":
         folder.mkdir()
     for command in ("start", "join"):
-        peers = ("--initial-peers", "/ip4/127.0.0.1/tcp/1/p2p/x") if command == "join" else ()
+        peers = (
+            ("--initial-peers", f"/ip4/127.0.0.1/tcp/1/p2p/{Identity.generate().peer_id}")
+            if command == "join"
+            else ()
+        )
         code, output = invoke(command, *peers, "--resume", "--checkpoint-dir", str(folder))
         assert code == 2 and not started
         assert refusal(output) == (

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from diloco.cli import main
 from diloco.cli import node as cli_node
+from diloco.protocol.trust.identity import Identity
 
 
 @pytest.fixture
@@ -41,7 +42,10 @@ def test_a_port_in_use_exits_2_before_the_node_starts(
     started: list[tuple[Any, ...]], listening: int, host: str
 ) -> None:
     addr = f"/ip4/{host}/tcp/{listening}"
-    for command in (["start"], ["join", "--initial-peers", "/ip4/127.0.0.1/tcp/1/p2p/x"]):
+    for command in (
+        ["start"],
+        ["join", "--initial-peers", f"/ip4/127.0.0.1/tcp/1/p2p/{Identity.generate().peer_id}"],
+    ):
         result = CliRunner().invoke(main, [*command, "--listen", addr])
         assert result.exit_code == 2 and not started, result.output
         (line,) = [x for x in result.output.splitlines() if x.startswith("Error: ")]

@@ -25,7 +25,7 @@ EXIT_BOUND_S = 120.0
 """Generous bound for a stopped node to exit (it takes seconds); a hang fails the test."""
 START_BOUND_S = 180.0
 """Generous bound for the node to start and fail its first round (alone in its swarm)."""
-ROUNDS_RUN = "failed: no group"
+ROUNDS_RUN = "waiting for peers: alone in the swarm"
 """What the lone node logs once its rounds run: from then on one is nearly always in
 flight, and a stop abandons it, so the node records it and refreshes its records (the
 path that once waited for ever on a dead DHT process)."""

@@ -176,7 +176,7 @@ def test_return_codec_is_part_of_the_run_and_a_joiner_cannot_change_it() -> None
     assert RunConfig.from_dict(run.to_dict()) == run
     assert make_run_id(run.name, run.to_dict()) != make_run_id(run.name, RunConfig().to_dict())
     assert join_mismatch(RunConfig(), None, {"return_codec": "bf16"}) == [
-        "return_codec: yours 'bf16', swarm's None"
+        "--return-codec: the run's None, yours 'bf16'"
     ]
 
 
@@ -250,16 +250,16 @@ def test_joiner_flags_that_contradict_the_swarm_are_listed(tmp_path: Path) -> No
     assert join_mismatch(swarm, None, {}) == []
     assert join_mismatch(swarm, None, {"steps": 600}) == []
     assert join_mismatch(swarm, None, {"h": 7, "steps": 999}) == [
-        "outer.sync_every: yours 7, swarm's 30",
-        "steps: yours 999, swarm's 600",
+        "--H: the run's 30, yours 7",
+        "--steps: the run's 600, yours 999",
     ]
     toml = tmp_path / "run.toml"
     toml.write_text('name = "t"\n[outer]\nfragment_sync_delay = 5\n')
     assert join_mismatch(swarm, toml, {}) == []  # tau is each node's own
     toml.write_text('name = "u"\n')
-    assert join_mismatch(swarm, toml, {}) == ["name: yours 'u', swarm's 't'"]
+    assert join_mismatch(swarm, toml, {}) == ["--name (name): the run's 't', yours 'u'"]
     toml.write_text(f'name = "t"\ncreator = "{Identity.generate().peer_id}"\n')
-    assert [d.split(":")[0] for d in join_mismatch(swarm, toml, {})] == ["creator"]
+    assert [d.split(":")[0] for d in join_mismatch(swarm, toml, {})] == ["creator"]  # no flag
 
 
 def test_config_mismatch_reads_nested_tables() -> None:

@@ -309,7 +309,7 @@ def test_cli_local_smoke_run_learns(tmp_path) -> None:
         ],
     )
     assert result.exit_code == 0, result.output
-    assert "step     20" in result.output
+    assert "step 20/80 (25%)" in result.output
     assert "rounds pending at end: 0" in result.output
     records = [json.loads(line) for line in out.read_text().splitlines()]
     summary = records[-1]

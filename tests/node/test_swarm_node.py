@@ -192,7 +192,7 @@ def test_swarm_of_cli_processes_trains_agrees_and_survives(nodes, tmp_path) -> N
     )
     assert wrong.returncode != 0
     assert "differs from the swarm" in wrong.stderr, wrong.stderr
-    assert "sync_every: yours 7, swarm's 30" in wrong.stderr
+    assert "--H: the run's 30, yours 7" in wrong.stderr
 
     a.wait_step(STEPS // 3, timeout=300)
     c = nodes("c", ["join", "--initial-peers", address, *SMALL, *listen(4)])

@@ -161,7 +161,7 @@ class SwarmReducer(Reducer):
             async with asyncio.timeout(self.timeouts.total) as deadline:
                 return await self._reduce_inner(key, contribution, deadline)
         except RoundFailed as exc:
-            logger.warning("%s", exc)
+            logger.debug("%s", exc)  # the caller reports failed rounds
             raise
         except asyncio.TimeoutError as exc:
             raise RoundFailed(key.fragment, key.round, "round deadline passed") from exc

@@ -1,0 +1,75 @@
+"""The lines a node prints for a person: what it trains with, its progress, its summary.
+
+Pure functions of the node's event records (``diloco.node.swarm_node``), so the wording is
+tested without a swarm.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def duration(seconds: float) -> str:
+    """``3m12s``, ``1h05m``, ``42s``: short enough for a progress line."""
+    s = max(0, round(seconds))
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
+
+
+def progress_line(record: dict[str, Any]) -> str:
+    """``step 120/600 (20%) · loss 2.3100 · 1,234 tok/s · compute 88% (of wall time) · ETA
+    3m12s · sent ... · recv ... · peers N`` from a ``progress`` record."""
+    step, steps = record["step"], record["steps"]
+    return " · ".join(
+        (
+            f"step {step}/{steps} ({100 * step // max(1, steps)}%)",
+            f"loss {record['loss']:.4f}",
+            f"{record['tokens_per_s']:,.0f} tok/s",
+            f"compute {100 * record['cu']:.0f}% (of wall time)",
+            f"ETA {duration(record['eta_s'])}",
+            f"sent {record['mb_sent']:.2f} MB",
+            f"recv {record['mb_received']:.2f} MB",
+            f"peers {record['peers_last_round']}",
+        )
+    )
+
+
+def failed_rounds_text(causes: dict[str, int]) -> str:
+    """``no failed rounds`` or ``12 failed rounds (10 no partner (alone in the swarm), 2
+    timed out)``."""
+    total = sum(causes.values())
+    if not total:
+        return "no failed rounds"
+    by_cause = ", ".join(f"{n} {cause}" for cause, n in sorted(causes.items(), key=lambda c: -c[1]))
+    return f"{total} failed round{'s' * (total != 1)} ({by_cause})"
+
+
+def summary_line(record: dict[str, Any]) -> str:
+    """The node's last line, from its ``summary`` record."""
+    return (
+        f"done at step {record['step']}: eval loss {record['eval_loss']:.4f} (outer), "
+        f"compute {100 * record['cu']:.1f}% of wall time, sent "
+        f"{record['bytes_sent'] / 1e6:.2f} MB (data-parallel: "
+        f"{record['dp_bytes_estimate'] / 1e6:.0f} MB), "
+        f"{failed_rounds_text(record['failed_causes'])}, "
+        f"rounds pending at end: {record['rounds_pending']}"
+    )
+
+
+def startup_lines(
+    *,
+    device: str,
+    precision: str,
+    data: str | None,
+    vocab_size: int,
+    preset: str,
+    num_params: int,
+) -> list[str]:
+    """What a node trains with, printed once at start-up."""
+    return [
+        f"model: preset {preset}, {num_params:,} parameters, vocabulary {vocab_size:,} tokens",
+        f"device {device}, precision {precision}, data: {data or 'embedded corpus'}",
+    ]
