@@ -84,11 +84,12 @@ def keygen(*args: str) -> str:
 
 
 def interrupt(*honest: Node) -> None:
-    """Stop the honest nodes with SIGINT; each exits 0 with a summary."""
+    """Stop the honest nodes with SIGINT; each saves, prints its summary and exits 130
+    (128 + SIGINT, as a stopped node does)."""
     for node in honest:
         node.process.send_signal(signal.SIGINT)
     for node in honest:
-        assert node.process.wait(120) == 0, node.output()
+        assert node.process.wait(120) == 130, node.output()
 
 
 def assert_unmoved(*honest: Node) -> None:
