@@ -51,10 +51,10 @@ from diloco.node.local_config import LocalConfig as LocalConfig
 from diloco.node.local_config import Method as Method
 from diloco.node.model import Transformer, preset
 from diloco.node.outer import (
-    AppliedRound,
     FragmentSync,
     round_token_cap,
 )
+from diloco.node.pending import AppliedRound
 from diloco.protocol.core.reducer import Contribution, InProcessReducer, RoundKey
 
 logger = logging.getLogger(__name__)

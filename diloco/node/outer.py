@@ -24,7 +24,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -36,7 +36,7 @@ from diloco.errors import ConfigError, PriorDiverged, RoundFailed
 from diloco.node.device_link import DeviceLink
 from diloco.node.fragments import sends_at
 from diloco.node.outer_step import assign, flatten, merge, nesterov_step
-from diloco.node.pending import PendingRound
+from diloco.node.pending import AppliedRound, PendingRound
 from diloco.protocol.core.reducer import Contribution, RoundKey, RoundResult
 from diloco.protocol.state.fragment import FragmentState
 
@@ -100,31 +100,6 @@ def round_token_cap(max_round_tokens: int | None, seq_len: int, sync_every: int)
 def check_tau(tau: int, sync_every: int) -> None:
     if not 0 <= tau < sync_every:
         raise ConfigError(f"tau must satisfy 0 <= tau < H={sync_every}, got {tau}; lower --tau")
-
-
-@dataclass(frozen=True, slots=True)
-class AppliedRound:
-    """What happened to one round at its receive step (for metrics and tests)."""
-
-    key: RoundKey
-    ok: bool
-    members: tuple[str, ...] = ()
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    seconds: float = 0.0
-    matchmaking_seconds: float = 0.0
-    blocked_seconds: float = 0.0
-    outer_sha256: str = ""
-    prior_sha256: str = ""
-    """Hash of the fragment's outer state the round started from (its members share it)."""
-    error: str = ""
-    weight: float = 0.0
-    """This replica's own weight in the round (its tokens, docs/design.md "Algorithm and schedule"
-    step 3)."""
-    member_weights: Mapping[str, float] = field(default_factory=dict)
-    """Each member's announced weight, where the round carried it (docs/design.md "Pace")."""
-    round_trips: tuple[tuple[str, float], ...] = ()
-    """The exchanges on the round's critical path at this node (``RoundResult``)."""
 
 
 @dataclass

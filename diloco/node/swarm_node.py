@@ -37,7 +37,7 @@ from diloco import __version__
 from diloco.codecs import get_codec
 from diloco.node.config import NodeOptions, RoundOptions, RunConfig, return_codec_for
 from diloco.node.healing import SETTLE_TIMEOUT, Healer
-from diloco.node.outer import AppliedRound
+from diloco.node.pending import AppliedRound
 from diloco.node.recent_metrics import RecentMetrics
 from diloco.node.round_failures import FailureLog
 from diloco.node.tau import MAX_AHEAD_SHARE

@@ -39,8 +39,9 @@ from diloco.node.fragments import model_fragments
 from diloco.node.hf_export import export_hf
 from diloco.node.inner import build_inner_optimizer, inner_step, lr_at
 from diloco.node.model import Transformer
-from diloco.node.outer import AppliedRound, FragmentSync, check_tau
+from diloco.node.outer import FragmentSync, check_tau
 from diloco.node.pace import PaceController, weigh_claims
+from diloco.node.pending import AppliedRound
 from diloco.node.tau import LATENCY_QUANTILE, TauAuto
 from diloco.protocol.core.reducer import Reducer
 from diloco.protocol.state.fragment import FragmentState
