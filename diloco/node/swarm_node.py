@@ -31,7 +31,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TextIO
 
 from hivemind import DHT
-from hivemind.p2p import PeerID
 
 from diloco import __version__
 from diloco.codecs import get_codec
@@ -40,6 +39,7 @@ from diloco.node.healing import SETTLE_TIMEOUT, Healer
 from diloco.node.pending import AppliedRound
 from diloco.node.recent_metrics import RecentMetrics
 from diloco.node.round_failures import FailureLog
+from diloco.node.state_source import SwarmStateSource, log_failure
 from diloco.node.tau import MAX_AHEAD_SHARE
 from diloco.node.traffic import data_parallel_bytes
 from diloco.node.trainer import NodeTrainer
@@ -53,7 +53,6 @@ from diloco.protocol.records.nodes import (
     NodeRecord,
     Vouch,
     publish_vouches,
-    read_vouches,
 )
 from diloco.protocol.records.run_configs import SignedRunConfig, publish_run_config
 from diloco.protocol.records.run_id import make_run_id, run_digest
@@ -163,7 +162,7 @@ class SwarmNode:
             self._refresh_snapshot()
             self.healer = Healer(
                 self.trainer,
-                _SwarmSource(self.swarm),
+                SwarmStateSource(self.swarm),
                 member,
                 self.worker,
                 self._emit,
@@ -275,7 +274,7 @@ class SwarmNode:
 
     def _in_background(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
         future = self.worker.submit(fn, *args)
-        future.add_done_callback(_log_failure)
+        future.add_done_callback(log_failure)
         return future
 
     def join_swarm(self, timeout: float = JOIN_TIMEOUT) -> None:
@@ -496,36 +495,3 @@ class SwarmNode:
         finally:
             if self.metrics:
                 self.metrics.close()
-
-
-def _log_failure(future: concurrent.futures.Future[Any]) -> None:
-    if future.cancelled():
-        return
-    error = future.exception()
-    # A call cancelled by Swarm.shutdown is the node leaving, not a failure.
-    if error is not None and not isinstance(error, concurrent.futures.CancelledError):
-        logger.warning("background swarm task failed: %r", error)
-
-
-class _SwarmSource:
-    """``Swarm`` as healing's ``StateSource`` (peer ids as strings)."""
-
-    def __init__(self, swarm: Swarm) -> None:
-        self.swarm = swarm
-
-    def read_records(self) -> list[NodeRecord]:
-        return self.swarm.read_records()
-
-    def read_vouches(self, fragments: Sequence[int]) -> list[Vouch]:
-        return self.swarm.call(self._read_vouches(fragments))
-
-    async def _read_vouches(self, fragments: Sequence[int]) -> list[Vouch]:
-        dht, run_id = self.swarm.dht, self.swarm.run_id
-        found = await asyncio.gather(*(read_vouches(dht, run_id, p) for p in fragments))
-        return [v for vouches in found for v in vouches]
-
-    def fetch_state(
-        self, fragments: Sequence[int], expected_numel: Mapping[int, int], donors: Sequence[str]
-    ) -> OuterState:
-        peers = [PeerID.from_base58(d) for d in donors]
-        return self.swarm.fetch_state(fragments, expected_numel, peers)
