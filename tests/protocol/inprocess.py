@@ -20,7 +20,7 @@ from memory_p2p import MemoryNetwork, make_identity
 from diloco.codecs import get_codec
 from diloco.errors import RoundFailed
 from diloco.protocol.allreduce.member import AllReduceRunner
-from diloco.protocol.allreduce.routing import AllReduceService
+from diloco.protocol.allreduce.routing import AllReduceService, Clock
 from diloco.protocol.core.aggregation import CLIP_FACTOR
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
 from diloco.protocol.core.reducer import Contribution, InProcessReducer, RoundKey, RoundResult
@@ -106,12 +106,13 @@ class Round:
         max_weight: float = math.inf,
         clip_factor: float = CLIP_FACTOR,
         clients: tuple[bool, ...] = (),
+        clock: Clock | None = None,
     ) -> None:
         send, _, back = codec.partition("/")
         self.max_weight, self.clip_factor = max_weight, clip_factor
         self.codec, self.return_codec = get_codec(send), get_codec(back or send)
         self.deltas, self.runner_types, self.timeouts = inputs, runner_types, timeouts
-        self.verify = verify
+        self.verify, self.clock = verify, clock
         self.network = MemoryNetwork()
         self.identities = [make_identity(i) for i in range(len(inputs))]
         self.ids = [member_id(i) for i in range(len(inputs))]
@@ -139,7 +140,7 @@ class Round:
         services = []
         for peer, bans in zip(self.ids, self.bans, strict=True):
             p2p = self.network.join(peer)
-            service = AllReduceService(p2p, RUN_ID, DIGEST, self.timeouts, bans)
+            service = AllReduceService(p2p, RUN_ID, DIGEST, self.timeouts, bans, self.clock)
             await service.start()
             services.append((service, service.expect(KEY)))
             self.services.append(service)

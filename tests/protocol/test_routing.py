@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import Any
 
 from inprocess import KEY, TIMEOUTS, Round, deltas
 
@@ -26,22 +28,50 @@ async def _ask(round_: Round, member: int, of: int) -> CheckResponse | Reject:
     return Reject.parse(body) if kind == Kind.REJECT else CheckResponse.parse(body)
 
 
+class SteppedClock:
+    """The service's clock, moved by the test: past a deadline at once, without sleeping
+    until it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.due: list[tuple[float, Callable[..., object], tuple[Any, ...]]] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def call_at(self, when: float, callback: Callable[..., object], *args: Any) -> None:
+        self.due.append((when, callback, args))
+
+    def advance(self, to: float) -> None:
+        """Move to ``to``, running (in time order) what was due by then."""
+        self.now = max(self.now, to)
+        ready = sorted((c for c in self.due if c[0] <= to), key=lambda c: c[0])
+        self.due = [c for c in self.due if c[0] > to]
+        for _, callback, args in ready:
+            callback(*args)
+
+
 def test_finished_round_answers_checks_until_they_are_over_then_forgets() -> None:
     async def main() -> None:
-        timeouts = TIMEOUTS.scaled(0.2)
-        round_ = Round(deltas(6_144, 3), [1.0] * 3, [AllReduceRunner] * 3, timeouts=timeouts)
+        timeouts, clock = TIMEOUTS.scaled(0.2), SteppedClock()
+        runners = [AllReduceRunner] * 3
+        round_ = Round(deltas(6_144, 3), [1.0] * 3, runners, timeouts=timeouts, clock=clock)
         await round_.start()
         assert all(isinstance(o, RoundResult) for o in await round_.outcomes())
         runner, service = round_.runners[0], round_.services[0]
         service.finish(KEY)  # the round returned here; member 1 may still be checking
         first = await _ask(round_, 1, 0)  # member 1's second ask (once after a cut stream)
         assert isinstance(first, CheckResponse) and [e.part for e in first.entries] == [1]
-        loop = asyncio.get_running_loop()
-        await asyncio.sleep(runner.deadlines.check + timeouts.matchmaking - loop.time() + 0.05)
+        clock.advance(runner.deadlines.check + timeouts.matchmaking - 0.01)
+        assert runner.own is not None  # not yet: member 1's checks may still come
+        clock.advance(runner.deadlines.check + timeouts.matchmaking)
         assert runner.own is None  # every check is over: the delta is let go
         late = await _ask(round_, 2, 0)  # member 2's second ask, now too late
         assert isinstance(late, Reject) and late.reason == "no checks here, or asked before"
-        await asyncio.sleep(runner.deadlines.forget - loop.time() + 0.05)
+        clock.advance(runner.deadlines.forget - 0.01)
+        known = await _ask(round_, 2, 0)  # still known here: refused as asked before
+        assert isinstance(known, Reject) and known.code == RejectCode.MISMATCH
+        clock.advance(runner.deadlines.forget)
         gone = await _ask(round_, 2, 0)
         assert isinstance(gone, Reject) and gone.code == RejectCode.UNKNOWN_ROUND
 

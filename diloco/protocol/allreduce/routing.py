@@ -10,6 +10,8 @@ one runner per stage, found by the stage group's id.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from hivemind.p2p import PeerID
 
@@ -36,6 +38,15 @@ Round = AllReduceRunner | StagedRunner
 """What serves one round here: a flat round's runner, or a staged round's stages."""
 
 
+class Clock(Protocol):
+    """When the service stops answering and forgets finished rounds: the running event
+    loop's time, or a test's clock that it moves past those deadlines without waiting."""
+
+    def time(self) -> float: ...
+
+    def call_at(self, when: float, callback: Callable[..., object], *args: Any) -> object: ...
+
+
 class AllReduceService:
     """Routes PART, REPORT, CHECK and EVIDENCE streams to the round they belong to.
 
@@ -51,8 +62,11 @@ class AllReduceService:
         digest: bytes,
         timeouts: RoundTimeouts,
         bans: BanList,
+        clock: Clock | None = None,
     ) -> None:
         self.p2p, self.digest, self.timeouts, self.bans = p2p, digest, timeouts, bans
+        self.clock = clock
+        """None: the running event loop."""
         self.part_handler = f"/diloco/{run_id}/part/1"
         self.report_handler = f"/diloco/{run_id}/report/1"
         self.check_handler = f"/diloco/{run_id}/check/1"
@@ -89,6 +103,9 @@ class AllReduceService:
             )
             await self.p2p.add_binary_stream_handler(handler_name, handler)
 
+    def _clock(self) -> Clock:
+        return self.clock if self.clock is not None else asyncio.get_running_loop()
+
     def expect(self, key: RoundKey) -> asyncio.Future[Round]:
         """Open the slot of round ``key``; resolve it with the runner once the group is known."""
         if key in self._rounds or key in self._finished:
@@ -115,23 +132,23 @@ class AllReduceService:
             answering = [runner for runner in runners if runner.own is not None]
             if answering:
                 self._finished[key] = served
-                loop = asyncio.get_running_loop()
+                clock = self._clock()
                 for runner in answering:
                     # others' checks end a matchmaking after ours at most, their disputes too
                     answered = runner.deadlines.check + self.timeouts.matchmaking
-                    loop.call_at(answered, runner.stop_answering)
+                    clock.call_at(answered, runner.stop_answering)
                 forget = max(runner.deadlines.forget for runner in answering)
-                loop.call_at(forget, self._finished.pop, key, None)
+                clock.call_at(forget, self._finished.pop, key, None)
 
     def _watch(self, runners: list[AllReduceRunner]) -> None:
         """Keep noting the PART streams of members these runners dropped as silent, until
         their sender deadlines (a stream after that is charged anyway)."""
-        loop = asyncio.get_running_loop()
+        clock = self._clock()
         for runner in runners:
             starts = runner.starts
-            if starts.silent and starts.gather > loop.time():
+            if starts.silent and starts.gather > clock.time():
                 self._watching[runner.group.group_id] = starts
-                loop.call_at(starts.gather, self._watching.pop, runner.group.group_id, None)
+                clock.call_at(starts.gather, self._watching.pop, runner.group.group_id, None)
 
     def _stop_standing(self, key: RoundKey) -> None:
         """Drop staged round ``key`` once it may no longer stand in (checked again then:
@@ -139,12 +156,12 @@ class AllReduceService:
         served = self._standing.get(key)
         if served is None:
             return
-        loop = asyncio.get_running_loop()
+        clock = self._clock()
         until = served.serving_until()
-        if until <= loop.time():
+        if until <= clock.time():
             del self._standing[key]
         else:
-            loop.call_at(until, self._stop_standing, key)
+            clock.call_at(until, self._stop_standing, key)
 
     async def _runner_for(
         self, tag: RoundTag, group_id: bytes, sender: PeerID, finished: bool = False
