@@ -47,7 +47,6 @@ class Fault(enum.Enum):
     LYING_REDUCER = "lying_reducer"
     LIE_IN_REPORT = "lie_in_report"
     SCALED_CONTRIBUTION = "scaled_contribution"
-    SILENT_LEADER = "silent_leader"
     SILENT_SENDER = "silent_sender"
 
 
