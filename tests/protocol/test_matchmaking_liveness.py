@@ -22,7 +22,7 @@ from diloco.protocol.trust.bans import BAN_OFFENCES, BanList
 
 RUN_ID = "liveness-0123456789abcdef"
 DIGEST = bytes(range(16))
-TIMEOUTS = RoundTimeouts(matchmaking_window=1.0, join_timeout=1.0)
+TIMEOUTS = RoundTimeouts(matchmaking_window=0.5, join_timeout=0.5)
 ROUNDS = 6
 
 
