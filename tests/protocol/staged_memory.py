@@ -73,7 +73,8 @@ def runner(
     x: torch.Tensor,
     cap: float,
 ) -> AllReduceRunner:
-    """A stage runner of class ``cls`` for ``info`` at the member of ``transport``."""
+    """A stage runner of class ``cls`` for ``info`` at the member of ``transport``, on the
+    timeouts of ``service``."""
     return cls(
         p2p=transport,
         group=info,
@@ -81,7 +82,7 @@ def runner(
         codec=get_codec(codec),
         return_codec=get_codec(codec),
         delta=x,
-        timeouts=TIMEOUTS,
+        timeouts=service.timeouts,
         max_norm_ratio=100.0,
         max_weight=cap,
         clip_factor=CLIP_FACTOR,
@@ -92,7 +93,11 @@ def runner(
 
 
 async def run_round(
-    codec: str, factory: Factory, victim: int | None = None, network: MemoryNetwork | None = None
+    codec: str,
+    factory: Factory,
+    victim: int | None = None,
+    network: MemoryNetwork | None = None,
+    timeouts: RoundTimeouts = TIMEOUTS,
 ) -> tuple[GridPlan, list[Any]]:
     """The plan and every member's result (or exception), once every member but
     ``victim`` ended (the victim's run is then cancelled: it may wait for ever)."""
@@ -106,7 +111,7 @@ async def run_round(
     for i, peer in enumerate(members):
         transport = network.join(peer)
         bans = BanList()
-        service = AllReduceService(transport, "run-0", DIGEST, TIMEOUTS, bans)
+        service = AllReduceService(transport, "run-0", DIGEST, timeouts, bans)
         await service.start()
         staged = StagedRunner(
             group=group,
@@ -114,7 +119,7 @@ async def run_round(
             me=peer,
             delta=values[i],
             make_runner=factory(i, transport, bans, service),
-            timeouts=TIMEOUTS,
+            timeouts=timeouts,
             max_weight=math.inf,
         )
         service.expect(KEY).set_result(staged)

@@ -13,6 +13,7 @@ import torch
 from memory_p2p import MemoryP2P
 from staged_memory import (
     KEY,
+    TIMEOUTS,
     WEIGHTS,
     N,
     deltas,
@@ -26,7 +27,7 @@ from diloco.codecs import get_codec
 from diloco.protocol.allreduce.member import AllReduceRunner
 from diloco.protocol.allreduce.part_server import PartServer
 from diloco.protocol.allreduce.routing import AllReduceService
-from diloco.protocol.core.group import GroupInfo
+from diloco.protocol.core.group import GroupInfo, RoundTimeouts
 from diloco.protocol.core.reducer import RoundResult
 from diloco.protocol.staged.grid import GridPlan, plan_grid
 from diloco.protocol.staged.reference import staged_mean
@@ -42,6 +43,7 @@ async def _round(
     die_in: int = 0,
     verify: bool = False,
     delivering: bool = False,
+    timeouts: RoundTimeouts = TIMEOUTS,
 ) -> list[Any]:
     """Every member's result (or its RoundFailed); ``victim`` dies (``MemoryP2P.kill``)
     when its stage ``die_in`` starts, or with ``delivering`` once it delivered its
@@ -55,7 +57,7 @@ async def _round(
         dies_in = die_in if i == victim else None
         return _factory(transport, bans, service, codec, identity, dies_in, delivering)
 
-    _, results = await run_round(codec, factory, victim)
+    _, results = await run_round(codec, factory, victim, timeouts=timeouts)
     return results
 
 
@@ -201,7 +203,9 @@ def test_member_dying_as_it_delivers_its_stage_1_part_is_stood_in_for() -> None:
     a part missing). Each then runs the group with the victim's stand-in, which holds the
     victim's cell value: all 11 survivors hold the staged mean of all 12."""
     victim = 3
-    results = asyncio.run(_round("none", victim=victim, die_in=1, delivering=True))
+    # half the timeouts: nothing is signed here, and the two failed groups wait them out
+    fast = TIMEOUTS.scaled(0.5)
+    results = asyncio.run(_round("none", victim, die_in=1, delivering=True, timeouts=fast))
     plan = _plan()
     expected = staged_mean(plan, deltas(), get_codec("none"), lost={victim: 1}).values[0]
     assert expected.numpy().tobytes() == _reference("none").numpy().tobytes()
