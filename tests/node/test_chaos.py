@@ -1,9 +1,8 @@
-"""The chaos run at CI size: 4 real nodes; a joiner SIGKILLed right after a send
+"""The chaos run at CI size: 3 real nodes; a joiner SIGKILLed right after a send
 step and restarted with ``--resume``, another node frozen (SIGSTOP of its whole session)
-beyond the round deadline meanwhile; a second such cycle (a kill at a random moment) when
-the run leaves time for it. Every node still trains to the end, none crashes
-or hangs, no loss is non-finite, and every (fragment, round) applied by several nodes has
-one outer state hash."""
+beyond the round deadline meanwhile (one cycle; ``benchmarks/chaos.py`` runs more). Every node
+still trains to the end, none crashes or hangs, no loss is non-finite, and every
+(fragment, round) applied by several nodes has one outer state hash."""
 
 from __future__ import annotations
 
@@ -26,24 +25,23 @@ pytestmark = [
 
 def test_chaos_kills_and_freezes_leave_survivors_equal_and_finishing(tmp_path) -> None:
     config = ChaosConfig(
-        nodes=4,
-        steps=300,
+        nodes=3,
+        steps=240,
         sync_every=12,
-        cycles=2,
+        cycles=1,
         seed=1,
         matchmaking_window=1.0,
         round_timeout=3.0,
         freeze_margin_s=2.0,
         checkpoint_every=10,
         downtime_s=(0.5, 1.5),
-        gap_s=(0.5, 1.5),
+        gap_s=(0.5, 1.0),
         hang_s=90.0,
         faults_until=0.5,
     )
     result = run_chaos(config, tmp_path, timeout=600)
     logs = {p.name: p.read_text()[-2000:] for p in tmp_path.glob("*.log")}
 
-    # on a busy machine a restart can take a minute: the second cycle may not fit
     assert result["kills"] >= 1 and result["kills_mid_round"] >= 1, result["events"]
     assert result["freezes"] >= 1, result["events"]
     assert result["crashed"] == [] and result["hung"] == [], (result, logs)

@@ -26,7 +26,7 @@ from safetensors.torch import load_file
 
 pytestmark = pytest.mark.swarm
 
-STEPS = 450
+STEPS = 300
 EXIT_BOUND_S = 10.0
 """The node abandons rounds at once and waits at most 5 s for those in flight; leaving the
 swarm takes at most about 3 s more (typically 0.1 s), the interpreter's exit about 1-2 s."""
