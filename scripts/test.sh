@@ -5,5 +5,5 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate
-# The slowest tests listed at the end: the suite must stay under 15 minutes on 2 cores.
+# The slowest tests listed at the end: the suite must stay under 8 minutes on 2 cores.
 exec python -m pytest -q --durations=30 "$@"
