@@ -14,9 +14,10 @@ from diloco.bench.chaos import ChaosConfig, run_chaos
 
 pytestmark = [
     pytest.mark.swarm,
-    # 3.5-5 minutes on a 2-core machine, and it failed once before passing on a rerun in
-    # the full suite (cause not found yet): outside the default suite until it is fast and
-    # steady. Run it with DILOCO_CHAOS=1.
+    # About 55 s at this size on a 2-core machine, but not steady yet: in two full-suite
+    # runs one joiner ended split from the others in every fragment (it healed again and
+    # again, its donors answering BUSY, and applied at most one round): outside the default
+    # suite until that is fixed. Run it with DILOCO_CHAOS=1.
     pytest.mark.skipif(
         os.environ.get("DILOCO_CHAOS") != "1", reason="chaos run: set DILOCO_CHAOS=1"
     ),
