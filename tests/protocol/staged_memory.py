@@ -73,7 +73,8 @@ def runner(
     x: torch.Tensor,
     cap: float,
 ) -> AllReduceRunner:
-    """A stage runner of class ``cls`` for ``info`` at the member of ``transport``."""
+    """A stage runner of class ``cls`` for ``info`` at the member of ``transport``, as
+    ``SwarmReducer`` makes one (nobody dropped as silent by time in a stage)."""
     return cls(
         p2p=transport,
         group=info,
@@ -88,6 +89,7 @@ def runner(
         bans=bans,
         handlers=service.handlers,
         identity=identity,
+        drop_by_time=False,
     )
 
 
