@@ -362,9 +362,11 @@ class AllReduceRunner(Contributor):
     @round_trips.exchange("part")
     async def _exchange_inner(self, j: int, peer: PeerID, r: int) -> AveragedPart:
         loop = asyncio.get_running_loop()
+        opening = loop.time()
         reader, writer = await open_stream(
             self.p2p, peer, self.part_handler, self.timeouts.connect_timeout
         )
+        self.starts.opened(loop.time() - opening)  # how long a stream may take (``silence``)
 
         async def send() -> None:
             for c in range(len(self.plan.chunks[j])):

@@ -8,11 +8,13 @@ would stall every round it joins. ``StartWatch`` notes when each member's PART s
 reducer's own part arrives and when each member's averaged part came back (``serving``),
 and drops from the part the members that have not started:
 
-- *on evidence*: a member seen serving its part ``EVIDENCE_FACTOR`` times as long after
-  the all-reduce's start as that took (its stream, opened before it reduced, had all that
-  time to arrive). The bound follows this round's own speed, so it holds on loaded cores
-  and long links alike; it applies in every all-reduce, a stage of a staged round and a
-  group of two included;
+- *on evidence*: a member seen serving its part, once as long again has passed as the
+  all-reduce took until then, and at least ``OPEN_FACTOR`` times the longest a stream this
+  member opened in this round took to open (its own stream was opened before it reduced,
+  but it may have started after this reducer, and a stream takes that long to arrive).
+  Both are measured in this very round, so the bound follows loaded cores and long links
+  alike; it applies in every all-reduce, a stage of a staged round and a group of two
+  included;
 - *by time* (``timed``), for a member that gives no such evidence: once a majority of
   the part's contributions (the reducer's own included) has started, by
   ``adaptive.start_bound``. Not with two members (no majority without the other), nor in a
@@ -39,9 +41,10 @@ from diloco.protocol.core.adaptive import start_bound
 from diloco.protocol.core.group import RoundTimeouts
 from diloco.protocol.trust.bans import BanList
 
-EVIDENCE_FACTOR = 2.0
-"""A member seen serving its part (from the all-reduce's start) is waited for this many
-times as long as that took: its stream had at least that head start."""
+OPEN_FACTOR = 2.0
+"""A member seen serving its part is waited for at least this many times the longest
+stream open of the round here: its stream, opened when it started, may still be on its
+way."""
 
 
 class StartWatch:
@@ -63,6 +66,8 @@ class StartWatch:
         """Members whose PART stream of this reducer's own part arrived."""
         self.served: dict[int, float] = {}
         """Members whose averaged part came back here, and when (loop time)."""
+        self.longest_open = 0.0
+        """Seconds the slowest stream this member opened in the round took to open."""
         self.dropped: set[int] = set()
         """Members dropped from the part for not having started in time."""
         self._why: dict[int, str] = {}
@@ -90,6 +95,12 @@ class StartWatch:
         runs this round and has reduced from the others' streams (``AllReduceRunner``)."""
         if j not in self.served:
             self.served[j] = asyncio.get_running_loop().time()
+            self._notify()
+
+    def opened(self, seconds: float) -> None:
+        """A stream this member opened in the round took ``seconds`` to open."""
+        if seconds > self.longest_open:
+            self.longest_open = seconds
             self._notify()
 
     def _notify(self) -> None:
@@ -132,7 +143,7 @@ class StartWatch:
             when, why = self.t0 + bound, f"a majority started within {majority:.2f} s"
         served = self.served.get(j)
         if served is not None:
-            by_evidence = self.t0 + EVIDENCE_FACTOR * (served - self.t0)
+            by_evidence = served + max(served - self.t0, OPEN_FACTOR * self.longest_open)
             if by_evidence < when:
                 when = by_evidence
                 why = f"it served its own part at {served - self.t0:.2f} s"
