@@ -41,7 +41,7 @@ from diloco.protocol.core.adaptive import start_bound
 from diloco.protocol.core.group import RoundTimeouts
 from diloco.protocol.trust.bans import BanList
 
-OPEN_FACTOR = 2.0
+OPEN_FACTOR = 4.0
 """A member seen serving its part is waited for at least this many times the longest
 stream open of the round here: its stream, opened when it started, may still be on its
 way."""
