@@ -74,7 +74,8 @@ def runner(
     cap: float,
 ) -> AllReduceRunner:
     """A stage runner of class ``cls`` for ``info`` at the member of ``transport``, on the
-    timeouts of ``service``."""
+    timeouts of ``service``, as ``SwarmReducer`` makes one (nobody dropped as silent by time
+    in a stage)."""
     return cls(
         p2p=transport,
         group=info,
@@ -89,6 +90,7 @@ def runner(
         bans=bans,
         handlers=service.handlers,
         identity=identity,
+        drop_by_time=False,
     )
 
 

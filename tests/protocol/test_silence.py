@@ -1,5 +1,6 @@
 """A member that joins the group and sends no PART (``faults.SilentSender``): every honest
-reducer drops it once most of its part's contributions have started, charges it an offence
+reducer drops it once it served its own part (with two members too, where no majority
+bounds the wait), or once most of its part's contributions have started; charges it an offence
 once the sender deadline passed without it, and after repeated offences bans it, so no
 group admits it any more; a member that is only late is dropped too but not charged
 (docs/design.md "Liveness"). Production runners over in-memory streams (``inprocess``),
@@ -159,3 +160,41 @@ def test_late_member_dropped_early_but_not_charged() -> None:
         assert round_.runners[i].starts.dropped == {SILENT}
         assert SILENT in round_.runners[i].starts.started
     assert [b.log for b in bans] == [[]] * MEMBERS
+
+
+def test_silent_member_of_two_dropped_once_it_served_its_part_and_charged() -> None:
+    """Two members: no majority without the other, so nothing bounds the wait by time;
+    but the silent member's averaged part came back, so it runs the round and its stream
+    is overdue: the honest reducer drops it from its part (it counts only itself there),
+    and charges it once the sender window passed."""
+    weights = WEIGHTS[:2]
+    inputs = deltas(3_000, 2)
+    ids = [member_id(i) for i in range(2)]
+    bans = [RecordingBans(ids) for _ in range(2)]
+
+    async def main() -> tuple[list[Outcome], Round]:
+        round_ = Round(
+            inputs,
+            weights,
+            [AllReduceRunner, SilentSender],
+            timeouts=FAST,
+            bans=bans,
+            clip_factor=0,
+        )
+        await round_.start()
+        outcomes = await round_.outcomes()
+        gather = round_.runners[0].deadlines.gather
+        await asyncio.sleep(max(0.0, gather - asyncio.get_running_loop().time()) + 0.05)
+        return outcomes, round_
+
+    (outcome, silent), round_ = asyncio.run(main())
+    assert isinstance(silent, RoundFailed)  # it holds no part but its own
+    assert round_.runners[0].starts.dropped == {1}
+    assert 1 in round_.runners[0].starts.served
+    # part 0 averages member 0 alone, part 1 both (codec none, one chunk per part)
+    want = expected(inputs, weights, clip_factor=0).clone()
+    lo, hi = butterfly_parts(inputs[0].numel(), 2)[0]
+    want[lo:hi] = inputs[0][lo:hi]
+    assert torch.equal(delta_of(outcome), want)
+    assert outcome.members == names(2, left_out=1)  # type: ignore[union-attr]
+    assert [who for who, why in bans[0].log if "served its own part" in why] == [1]

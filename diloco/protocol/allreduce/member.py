@@ -115,7 +115,7 @@ class AllReduceRunner(Contributor):
         bans: BanList,
         handlers: tuple[str, str, str, str],
         identity: Identity | None = None,
-        drop_silent: bool = True,
+        drop_by_time: bool = True,
     ) -> None:
         if codec.codec_id != group.codec_id or return_codec.codec_id != group.return_codec_id:
             raise ValueError("codecs differ from the group's")
@@ -160,10 +160,10 @@ class AllReduceRunner(Contributor):
         self.deadlines = Deadlines.starting(self._t0, timeouts)
         self.server = self._part_server(self.index, self.deadlines)
         self.starts = StartWatch(self.server, self._t0, timeouts, bans)
-        """Who started sending this member's part: silent ones are dropped early unless
-        ``drop_silent`` is off (a stage of a staged round: its members start it as their
-        previous stages end, not together, and it must count them all)."""
-        self.drop_silent = drop_silent
+        """Who started sending this member's part: silent ones are dropped early, on
+        evidence, and by time unless ``drop_by_time`` is off (a stage of a staged round:
+        its members start it as their previous stages end, not together)."""
+        self.drop_by_time = drop_by_time
         self._own_chunks = list(self.server.own_chunks)
         self.substitutes = Substitutes(self.index, self.num_members, self.server, group.clients)
         self.rereduced: set[int] = set()
@@ -270,9 +270,7 @@ class AllReduceRunner(Contributor):
     async def _reduce_own(self) -> None:
         """Reduce this member's part, dropping silent senders early (``silence``); if it
         failed, have its substitute re-reduce it."""
-        dropping = asyncio.create_task(
-            self.starts.drop_silent() if self.drop_silent else self._nothing()
-        )
+        dropping = asyncio.create_task(self.starts.drop_silent(self.drop_by_time))
         try:
             await self.server.reduce()
         finally:
@@ -364,9 +362,11 @@ class AllReduceRunner(Contributor):
     @round_trips.exchange("part")
     async def _exchange_inner(self, j: int, peer: PeerID, r: int) -> AveragedPart:
         loop = asyncio.get_running_loop()
+        opening = loop.time()
         reader, writer = await open_stream(
             self.p2p, peer, self.part_handler, self.timeouts.connect_timeout
         )
+        self.starts.opened(loop.time() - opening)  # how long a stream may take (``silence``)
 
         async def send() -> None:
             for c in range(len(self.plan.chunks[j])):
@@ -396,6 +396,8 @@ class AllReduceRunner(Contributor):
                 body = await read_body(reader, frame.body_len, self.counter)
                 msg = Averaged.parse(body)
                 part.check(c, msg)
+                if j == r:  # it runs the round: its own stream here is due (``silence``)
+                    self.starts.serving(r)
                 values = await loop.run_in_executor(None, part.decode, c, msg.payload)
                 part.add(c, msg, values, body)
             _, body = await read_frame(reader, (Kind.SEAL,), Seal.SIZE, self.counter)

@@ -211,7 +211,7 @@ class SwarmReducer(Reducer):
                         me=self.swarm.peer_id,
                         delta=delta,
                         make_runner=lambda info, x, cap: self._runner(
-                            info, x, cap, timeouts, drop_silent=False
+                            info, x, cap, timeouts, drop_by_time=False
                         ),
                         timeouts=timeouts,
                         max_weight=self.max_weight,
@@ -239,10 +239,11 @@ class SwarmReducer(Reducer):
         delta: torch.Tensor,
         max_weight: float,
         timeouts: RoundTimeouts,
-        drop_silent: bool = True,
+        drop_by_time: bool = True,
     ) -> AllReduceRunner:
         """The runner of one all-reduce (a flat round, or one stage of a staged one: its
-        members start it unevenly, so nobody is dropped as silent there, ``silence``)."""
+        members start it unevenly, so nobody is dropped as silent by time there, only on
+        evidence, ``silence``)."""
         return self.runner_type(
             p2p=self.swarm.streams,
             group=group,
@@ -257,7 +258,7 @@ class SwarmReducer(Reducer):
             bans=self.bans,
             handlers=self.service.handlers,
             identity=self.identity,
-            drop_silent=drop_silent,
+            drop_by_time=drop_by_time,
         )
 
     def round_timeouts(self) -> RoundTimeouts:
