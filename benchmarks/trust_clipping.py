@@ -4,7 +4,9 @@ Runs ``diloco-node local`` (streaming, its defaults) for each replica count, see
 factor C (0 is the plain weighted mean), and records, for every chunk every round combined,
 the ratio of the largest member norm to the lower median (the reference): clipping at C
 fires exactly on the chunks whose ratio exceeds C, so one plain run tells how often any C
-would fire. Writes every summary to a JSON file and prints a markdown table.
+would fire. Writes every summary to a JSON file (with its provenance) and prints a markdown
+table, then per replica count and clip factor the mean and spread over the seeds of the loss
+against the plain mean of the same seed.
 
     nice -n 10 python benchmarks/trust_clipping.py --replicas 2 4 --seeds 0 1 \
         --clip-factors 0 2 3 --out benchmarks/results/trust_clipping.json
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,6 +24,7 @@ from typing import Any
 
 import torch
 
+from diloco.bench.provenance import provenance
 from diloco.node.data import load_corpus
 from diloco.node.local import LocalConfig, LocalTrainer
 from diloco.protocol.core import aggregation, reducer
@@ -98,7 +102,14 @@ def main() -> None:
                 )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
-        json.dumps({"args": vars(args) | {"out": str(args.out)}, "results": results}, indent=1)
+        json.dumps(
+            {
+                "args": vars(args) | {"out": str(args.out)},
+                "results": results,
+                "provenance": provenance(),
+            },
+            indent=1,
+        )
     )
     print("\n| M | seed | C | eval loss | vs plain | clipped / combined | norm ratio max |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
@@ -110,6 +121,30 @@ def main() -> None:
             f"| {r['replicas']} | {r['seed']} | {r['clip_factor']:g} | {r['eval_loss']:.4f} | "
             f"{diff} | {r['clipped']} / {r['combined']} | {r['ratio_max']:.3f} |"
         )
+    print_spread(results, plain)
+
+
+def print_spread(results: list[dict[str, Any]], plain: dict[tuple[int, int], float]) -> None:
+    """Per replica count and clip factor: mean, sample standard deviation, min and max over
+    the seeds of the loss against the plain mean of the same seed, in percent."""
+    print("\n| M | C | seeds | vs plain: mean | std | min | max |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for replicas in sorted({r["replicas"] for r in results}):
+        for clip_factor in sorted({r["clip_factor"] for r in results} - {0.0}):
+            diffs = [
+                100 * (r["eval_loss"] / plain[(replicas, r["seed"])] - 1)
+                for r in results
+                if r["replicas"] == replicas
+                and r["clip_factor"] == clip_factor
+                and (replicas, r["seed"]) in plain
+            ]
+            if not diffs:
+                continue
+            std = statistics.stdev(diffs) if len(diffs) > 1 else float("nan")
+            print(
+                f"| {replicas} | {clip_factor:g} | {len(diffs)} | {statistics.mean(diffs):+.3f}% "
+                f"| {std:.3f}% | {min(diffs):+.3f}% | {max(diffs):+.3f}% |"
+            )
 
 
 if __name__ == "__main__":

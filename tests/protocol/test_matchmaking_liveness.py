@@ -18,6 +18,7 @@ from diloco.protocol.core.group import GroupInfo, RoundTimeouts
 from diloco.protocol.core.reducer import RoundKey
 from diloco.protocol.matchmaking.lobby import leader_rank, round_key
 from diloco.protocol.matchmaking.matchmaker import Matchmaker
+from diloco.protocol.records.declarations import declare_round
 from diloco.protocol.trust.bans import BAN_OFFENCES, BanList
 
 RUN_ID = "liveness-0123456789abcdef"
@@ -112,3 +113,50 @@ def test_silent_leader_charged_without_a_target_group_size() -> None:
     """No target size: the GROUP is due a window and two join timeouts after a follower
     chose its role, and the takeover still fits the matchmaking bound."""
     _check(target_group_size=None)
+
+
+def test_a_leader_that_counts_more_live_nodes_than_its_follower_is_not_charged() -> None:
+    """Each node counts the nodes a round waits for on its own evidence (node/claims.py
+    ``group_target``), so a leader can wait for more than its follower counts. Here the
+    leader counts a fourth node that never comes, so it waits out its window, then a join
+    timeout for a third peer that declared and never JOINs. Its follower counts two (both
+    declared at once) but knows four live records (``live_nodes``): the GROUP is not due
+    before the leader's window has ended, and nobody is charged. Counting only its own two,
+    the follower charged the honest leader a join timeout before the GROUP came."""
+    timeouts = RoundTimeouts(matchmaking_window=3.0, join_timeout=1.0)
+    network, table = MemoryNetwork(), Table()
+    identities = [make_identity(60 + i) for i in range(3)]
+    bans = [CountingBans() for _ in identities[:2]]
+    leader, follower = (
+        Matchmaker(
+            network.join(PeerID.from_base58(identity.peer_id)),
+            MemoryDHT(identity, table),
+            RUN_ID,
+            DIGEST,
+            timeouts,
+            ban_list,
+            target_group_size=target,
+        )
+        for identity, ban_list, target in zip(identities, bans, (4, 2), strict=False)
+    )
+    follower.live_nodes = 4
+    ids = [PeerID.from_base58(identity.peer_id) for identity in identities]
+    keys = (RoundKey(3, k) for k in range(1, 10_000))
+    key = next(
+        k for k in keys if min(ids, key=lambda p: leader_rank(round_key(RUN_ID, k), p)) == ids[0]
+    )
+
+    async def main() -> list[GroupInfo | BaseException]:
+        for peer in (leader, follower):
+            await peer.start()
+        silent = MemoryDHT(identities[2], table)
+        await declare_round(silent, round_key(RUN_ID, key), 1.0, 1e12)
+        tasks = [peer.form_group(key, 1000, 0, 0, 1.0) for peer in (leader, follower)]
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        network.close()
+        return outcomes
+
+    outcomes = asyncio.run(main())
+    assert all(isinstance(r, GroupInfo) for r in outcomes), outcomes
+    assert all(set(r.members) == set(ids[:2]) for r in outcomes if isinstance(r, GroupInfo))
+    assert not bans[1].offences, bans[1].offences

@@ -42,6 +42,11 @@ class Follower:
     timeouts: RoundTimeouts
     bans: BanList
     target_group_size: int | None
+    live_nodes: int | None
+    """The live node records this node read, every author's (None: ``target_group_size``).
+    A leader waits for as many declarations as its own evidence counts (node/claims.py
+    ``group_target``), which can exceed this node's count; no honest leader counts more
+    than every record, so only once that many declared must it have chosen its role."""
     max_weight: float
     closed: ClosedSwarm | None
     handler_name: str
@@ -83,13 +88,13 @@ class Follower:
         )
 
     def _all_declared(self, lobby: Lobby) -> bool:
-        """Whether ``target_group_size`` peers declared the round (any prior), as far as
-        this node has read: the leader need wait no longer."""
+        """Whether ``target_group_size`` peers, and ``live_nodes`` if more, declared the
+        round (any prior), as far as this node has read: the leader need wait no longer."""
         if self.target_group_size is None:
             return False
         known = lobby.arrived | lobby.declared.keys() | self._known(lobby).keys()
         known.add(self.p2p.peer_id)
-        return len(known) >= self.target_group_size
+        return len(known) >= max(self.target_group_size, self.live_nodes or 0)
 
     async def _await_reply(
         self,

@@ -124,6 +124,7 @@ class Matchmaker(Follower):
         if target_group_size is not None and target_group_size < min_group_size:
             raise ValueError("target_group_size must be >= min_group_size")
         self.target_group_size = target_group_size
+        self.live_nodes: int | None = None
         self.p2p, self.dht, self.run_id, self.digest = p2p, dht, run_id, digest
         self.timeouts, self.min_group_size = timeouts, min_group_size
         self.bans, self.max_weight = bans, max_weight
