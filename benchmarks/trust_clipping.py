@@ -19,6 +19,7 @@ import json
 import statistics
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ def recording_robust_mean(
     return combined
 
 
-def run(config: LocalConfig, corpus: Any) -> dict[str, Any]:
+def run(config: LocalConfig, corpus: Any, lr_scale: float = 1.0) -> dict[str, Any]:
     RATIOS.clear()
     summary = LocalTrainer(config, corpus).train()
     ratios = sorted(RATIOS)
@@ -53,6 +54,7 @@ def run(config: LocalConfig, corpus: Any) -> dict[str, Any]:
         "replicas": config.replicas,
         "seed": config.seed,
         "clip_factor": config.clip_factor,
+        "lr_scale": lr_scale,
         "eval_loss": summary["eval_loss"],
         "clipped": summary["clipped_contributions"],
         "combined": summary["combined_contributions"],
@@ -72,6 +74,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--eval-batches", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument(
+        "--control-lr-scales",
+        type=float,
+        nargs="*",
+        default=[],
+        help="also run the plain mean with the outer lr times each of these (a control: how "
+        "far the loss moves when the update is only shortened, without clipping)",
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -79,9 +89,10 @@ def main() -> None:
 
     corpus = load_corpus(None)
     results = []
+    variants = [(c, 1.0) for c in args.clip_factors] + [(0.0, s) for s in args.control_lr_scales]
     for replicas in args.replicas:
         for seed in args.seeds:
-            for clip_factor in args.clip_factors:
+            for clip_factor, lr_scale in variants:
                 config = LocalConfig(
                     replicas=replicas,
                     steps=args.steps,
@@ -90,11 +101,14 @@ def main() -> None:
                     log_every=10**9,
                     clip_factor=clip_factor,
                 )
+                outer = replace(config.outer, outer_lr=config.outer.outer_lr * lr_scale)
+                config = replace(config, outer=outer)
                 start = time.perf_counter()
-                result = run(config, corpus)
+                result = run(config, corpus, lr_scale)
                 results.append(result)
                 print(
-                    f"M={replicas} seed {seed} C={clip_factor:g}: eval {result['eval_loss']:.4f} "
+                    f"M={replicas} seed {seed} C={clip_factor:g} lr x{lr_scale:g}: "
+                    f"eval {result['eval_loss']:.4f} "
                     f"clipped {result['clipped']}/{result['combined']} "
                     f"norm ratio max {result['ratio_max']:.3f} p99 {result['ratio_p99']:.3f} "
                     f"({time.perf_counter() - start:.0f} s)",
@@ -111,39 +125,49 @@ def main() -> None:
             indent=1,
         )
     )
-    print("\n| M | seed | C | eval loss | vs plain | clipped / combined | norm ratio max |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
-    plain = {(r["replicas"], r["seed"]): r["eval_loss"] for r in results if r["clip_factor"] == 0}
+    print(
+        "\n| M | seed | C | outer lr | eval loss | vs plain | clipped / combined | norm ratio max |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    plain = {
+        (r["replicas"], r["seed"]): r["eval_loss"]
+        for r in results
+        if r["clip_factor"] == 0 and r["lr_scale"] == 1
+    }
     for r in results:
         base = plain.get((r["replicas"], r["seed"]))
         diff = f"{100 * (r['eval_loss'] / base - 1):+.3f}%" if base else ""
         print(
-            f"| {r['replicas']} | {r['seed']} | {r['clip_factor']:g} | {r['eval_loss']:.4f} | "
+            f"| {r['replicas']} | {r['seed']} | {r['clip_factor']:g} | x{r['lr_scale']:g} | "
+            f"{r['eval_loss']:.4f} | "
             f"{diff} | {r['clipped']} / {r['combined']} | {r['ratio_max']:.3f} |"
         )
     print_spread(results, plain)
 
 
 def print_spread(results: list[dict[str, Any]], plain: dict[tuple[int, int], float]) -> None:
-    """Per replica count and clip factor: mean, sample standard deviation, min and max over
-    the seeds of the loss against the plain mean of the same seed, in percent."""
-    print("\n| M | C | seeds | vs plain: mean | std | min | max |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    """Per replica count and variant (clip factor, outer lr scale): mean, sample standard
+    deviation, min and max over the seeds of the loss against the plain mean of the same
+    seed, in percent."""
+    print("\n| M | C | outer lr | seeds | vs plain: mean | std | min | max |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    variants = sorted({(r["clip_factor"], r["lr_scale"]) for r in results} - {(0.0, 1.0)})
     for replicas in sorted({r["replicas"] for r in results}):
-        for clip_factor in sorted({r["clip_factor"] for r in results} - {0.0}):
+        for clip_factor, lr_scale in variants:
             diffs = [
                 100 * (r["eval_loss"] / plain[(replicas, r["seed"])] - 1)
                 for r in results
                 if r["replicas"] == replicas
-                and r["clip_factor"] == clip_factor
+                and (r["clip_factor"], r["lr_scale"]) == (clip_factor, lr_scale)
                 and (replicas, r["seed"]) in plain
             ]
             if not diffs:
                 continue
             std = statistics.stdev(diffs) if len(diffs) > 1 else float("nan")
             print(
-                f"| {replicas} | {clip_factor:g} | {len(diffs)} | {statistics.mean(diffs):+.3f}% "
-                f"| {std:.3f}% | {min(diffs):+.3f}% | {max(diffs):+.3f}% |"
+                f"| {replicas} | {clip_factor:g} | x{lr_scale:g} | {len(diffs)} | "
+                f"{statistics.mean(diffs):+.3f}% | {std:.3f}% | {min(diffs):+.3f}% | "
+                f"{max(diffs):+.3f}% |"
             )
 
 
