@@ -4,8 +4,9 @@ Runs ``diloco-node local`` (streaming, its defaults) for each replica count, see
 factor C (0 is the plain weighted mean), and records, for every chunk every round combined,
 the ratio of the largest member norm to the lower median (the reference): clipping at C
 fires exactly on the chunks whose ratio exceeds C, so one plain run tells how often any C
-would fire. Writes every summary to a JSON file (with its provenance) and prints a markdown
-table, then per replica count and clip factor the mean and spread over the seeds of the loss
+would fire; with two replicas, also the cosine of the two contributions. Writes every
+summary to a JSON file (with its provenance) and prints a markdown table, then per replica
+count and variant the mean and spread over the seeds of the loss
 against the plain mean of the same seed.
 
     nice -n 10 python benchmarks/trust_clipping.py --replicas 2 4 --seeds 0 1 \
@@ -33,6 +34,8 @@ from diloco.protocol.core.aggregation import Combined
 
 RATIOS: list[float] = []
 """Per combined chunk: largest norm / lower median (the reference), of the current run."""
+COSINES: list[float] = []
+"""Per combined chunk of two members: the cosine of their two contributions."""
 
 
 def recording_robust_mean(
@@ -43,13 +46,17 @@ def recording_robust_mean(
     ref = sorted(combined.norms)[(len(combined.norms) - 1) // 2]
     if ref > 0:
         RATIOS.append(max(combined.norms) / ref)
+        if len(parts) == 2:
+            dot = float(torch.dot(parts[0].double(), parts[1].double()))
+            COSINES.append(dot / (combined.norms[0] * combined.norms[1]))
     return combined
 
 
 def run(config: LocalConfig, corpus: Any, lr_scale: float = 1.0) -> dict[str, Any]:
     RATIOS.clear()
+    COSINES.clear()
     summary = LocalTrainer(config, corpus).train()
-    ratios = sorted(RATIOS)
+    ratios, cosines = sorted(RATIOS), sorted(COSINES)
     return {
         "replicas": config.replicas,
         "seed": config.seed,
@@ -62,6 +69,8 @@ def run(config: LocalConfig, corpus: Any, lr_scale: float = 1.0) -> dict[str, An
         "ratio_max": ratios[-1],
         "ratio_p99": ratios[int(0.99 * (len(ratios) - 1))],
         "ratio_median": ratios[(len(ratios) - 1) // 2],
+        "pair_cosine_min": cosines[0] if cosines else None,
+        "pair_cosine_median": cosines[(len(cosines) - 1) // 2] if cosines else None,
         "wall_s": summary["wall_s"],
     }
 
