@@ -52,6 +52,25 @@ def recording_robust_mean(
     return combined
 
 
+PLACEBO = False
+"""``--placebo``: clipping's scales applied to the members in reverse order."""
+
+
+def placebo_robust_mean(
+    parts: Sequence[torch.Tensor], weights: Sequence[float], clip_factor: float
+) -> Combined:
+    """A control for a pair: the mean as clipping at ``clip_factor`` would take it, but with
+    the scale of the larger contribution applied to the smaller one (a change to the mean
+    of the same size that does not aim at the larger member). Other group sizes: as
+    ``recording_robust_mean``."""
+    combined = recording_robust_mean(parts, weights, clip_factor)
+    if len(parts) != 2:
+        return combined
+    scales = combined.scales[::-1]
+    mean = aggregation.weighted_mean(parts, combined.weights, scales)
+    return Combined(mean, combined.norms, combined.weights, scales)
+
+
 def run(config: LocalConfig, corpus: Any, lr_scale: float = 1.0) -> dict[str, Any]:
     RATIOS.clear()
     COSINES.clear()
@@ -62,6 +81,7 @@ def run(config: LocalConfig, corpus: Any, lr_scale: float = 1.0) -> dict[str, An
         "seed": config.seed,
         "clip_factor": config.clip_factor,
         "lr_scale": lr_scale,
+        "placebo": PLACEBO and config.clip_factor > 0,
         "eval_loss": summary["eval_loss"],
         "clipped": summary["clipped_contributions"],
         "combined": summary["combined_contributions"],
@@ -91,10 +111,20 @@ def main() -> None:
         help="also run the plain mean with the outer lr times each of these (a control: how "
         "far the loss moves when the update is only shortened, without clipping)",
     )
+    parser.add_argument(
+        "--placebo",
+        action="store_true",
+        help="with two replicas, apply clipping's scale to the smaller contribution instead "
+        "of the larger (a control: a change of the same size, not aimed at the larger)",
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     reducer.robust_mean = recording_robust_mean  # type: ignore[assignment]  # measure only
+    if args.placebo:
+        global PLACEBO
+        PLACEBO = True
+        reducer.robust_mean = placebo_robust_mean  # type: ignore[assignment]  # a control
 
     corpus = load_corpus(None)
     results = []
