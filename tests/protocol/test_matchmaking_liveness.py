@@ -16,10 +16,11 @@ from memory_p2p import MemoryNetwork, make_identity
 from diloco.errors import RoundFailed
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
 from diloco.protocol.core.reducer import RoundKey
-from diloco.protocol.matchmaking.lobby import leader_rank, round_key
+from diloco.protocol.matchmaking.lobby import Lobby, leader_rank, round_key
 from diloco.protocol.matchmaking.matchmaker import Matchmaker
 from diloco.protocol.records.declarations import declare_round
 from diloco.protocol.trust.bans import BAN_OFFENCES, BanList
+from diloco.protocol.wire.frames import Join, RoundTag
 
 RUN_ID = "liveness-0123456789abcdef"
 DIGEST = bytes(range(16))
@@ -160,3 +161,36 @@ def test_a_leader_that_counts_more_live_nodes_than_its_follower_is_not_charged()
     assert all(isinstance(r, GroupInfo) for r in outcomes), outcomes
     assert all(set(r.members) == set(ids[:2]) for r in outcomes if isinstance(r, GroupInfo))
     assert not bans[1].offences, bans[1].offences
+
+
+def test_one_round_in_four_waits_for_every_live_record() -> None:
+    """A leader waits for the nodes it saw work (``target_group_size``), but in the rounds
+    whose fragment plus round is a multiple of four for every live record's author
+    (``live_nodes``): there a late newcomer gets its first round. Without a record count it
+    waits for its target in every round."""
+    identity = make_identity(70)
+    peer = Matchmaker(
+        MemoryNetwork().join(PeerID.from_base58(identity.peer_id)),
+        MemoryDHT(identity, Table()),
+        RUN_ID,
+        DIGEST,
+        TIMEOUTS,
+        BanList(),
+        target_group_size=2,
+    )
+
+    def targets() -> dict[tuple[int, int], int | None]:
+        return {
+            (p, k): peer.wait_target(Lobby(Join(RoundTag(DIGEST, p, k), 1000, 0, 0, 1.0), "key"))
+            for p in range(5)
+            for k in range(1, 9)
+        }
+
+    peer.live_nodes = 6
+    waits = targets()
+    assert [key for key, target in waits.items() if target == 6] == [
+        (0, 4), (0, 8), (1, 3), (1, 7), (2, 2), (2, 6), (3, 1), (3, 5), (4, 4), (4, 8)
+    ]  # fmt: skip
+    assert {target for target in waits.values()} == {2, 6}
+    peer.live_nodes = None
+    assert set(targets().values()) == {2}
