@@ -297,7 +297,8 @@ def group_target(records: Iterable[NodeRecord], evidence: Evidence, min_group_si
     peers it saw work and the creator; its anchors while it has seen nobody work), at least
     ``min_group_size``. A record alone is no node that will come: counting every record let
     paper keys make each round this node leads wait out its whole window. An honest node
-    this node has not worked with yet is not waited for (docs/design.md "Evidence")."""
+    this node has not worked with yet is waited for only in the rounds open to every
+    record's author (``Follower.wait_target``; docs/design.md "Evidence")."""
     authors = {r.peer_id for r in records} & evidence.clock()
     return max(min_group_size, len(authors | {evidence.me}))
 
