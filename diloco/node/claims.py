@@ -291,6 +291,18 @@ def assess(
     return SwarmView(tuple(in_schedule), claims, step, pace, offences, uncounted)
 
 
+def group_target(records: Iterable[NodeRecord], evidence: Evidence, min_group_size: int) -> int:
+    """How many declarations of a round this node waits for before it leads
+    (``Matchmaker.target_group_size``): itself and the records' authors of its clock (the
+    peers it saw work and the creator; its anchors while it has seen nobody work), at least
+    ``min_group_size``. A record alone is no node that will come: counting every record let
+    paper keys make each round this node leads wait out its whole window. An honest node
+    this node has not worked with yet is waited for only in the rounds open to every
+    record's author (``Follower.wait_target``; docs/design.md "Evidence")."""
+    authors = {r.peer_id for r in records} & evidence.clock()
+    return max(min_group_size, len(authors | {evidence.me}))
+
+
 def _median_step(records: Sequence[NodeRecord], clock: frozenset[str]) -> int | None:
     """The lower median step of the records of ``clock`` (None: none of them)."""
     steps = [r.global_step for r in records if r.peer_id in clock]

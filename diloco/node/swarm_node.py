@@ -34,6 +34,7 @@ from hivemind import DHT
 
 from diloco import __version__
 from diloco.codecs import get_codec
+from diloco.node.claims import group_target
 from diloco.node.config import NodeOptions, RoundOptions, RunConfig, return_codec_for
 from diloco.node.healing import SETTLE_TIMEOUT, Healer
 from diloco.node.pending import AppliedRound
@@ -253,7 +254,9 @@ class SwarmNode:
         self.swarm.publish_record(record, ttl=RECORD_TTL)
         self.swarm.call(publish_run_config(self.swarm.dht, self.signed, RECORD_TTL))
         records = self.swarm.read_records()
-        self.reducer.matchmaker.target_group_size = max(self.rounds.min_group_size, len(records))
+        matchmaker, evidence = self.reducer.matchmaker, self.healer.evidence()
+        matchmaker.target_group_size = group_target(records, evidence, self.rounds.min_group_size)
+        matchmaker.live_nodes = len(records)
         # The others' claims, counted only as far as their witnessed work backs them; the
         # trainer adds its own figure as it is at each step (docs/design.md "Pace").
         claims = {

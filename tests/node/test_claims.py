@@ -12,6 +12,7 @@ from diloco.node.claims import (
     Offences,
     Schedule,
     assess,
+    group_target,
     schedule_offence,
     vouched,
     vouched_claims,
@@ -333,3 +334,27 @@ def test_paper_keys_neither_make_a_state_adoptable_nor_move_the_step(k: int) -> 
             mine = (3, H1) if evidence.me in honest else (2, H2)
             donors = choose_donors(view, 0, *mine)
             assert {r.peer_id for r in donors} == (set() if mine[1] == H1 else set(honest))
+
+
+@pytest.mark.parametrize("k", range(1, 9))
+def test_paper_keys_do_not_raise_the_group_a_round_waits_for(k: int) -> None:
+    """1 to 8 paper keys' records beside 2 to 8 honest nodes' (each honest node read every
+    record, its own included): an honest node that worked with the others waits for the
+    honest nodes alone, a joiner for itself and its anchor, never for a paper key. Counting
+    every record (the rule before) made each wait for n + k declarations, so every round
+    it led waited out its whole window for members who never come."""
+    papers = [f"s{i}" for i in range(k)]
+    for n in range(2, 9):
+        honest = [f"h{i}" for i in range(n)]
+        records, _ = paper_attack(honest, papers)
+        assert len(records) == n + k
+        for h in honest:
+            evidence = Evidence(h, frozenset(honest) - {h}, frozenset({"h0"}), creator="h0")
+            assert group_target(records, evidence, 2) == n, (n, k, h)
+        assert group_target(records, joiner("h0", creator="h0"), 2) == 2, (n, k)
+        # the floor: a node that worked with nobody, the creator's record not read yet
+        assert group_target(papers_only(papers), NOBODY, 3) == 3
+
+
+def papers_only(papers: list[str]) -> list[NodeRecord]:
+    return [record(s, 300, (0, 10, Z)) for s in papers]

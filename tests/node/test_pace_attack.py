@@ -7,7 +7,10 @@ Honest nodes train their full batch of 8 rows per step; hostile processes
   node records under ``K`` keys of its own. Under the former rule (the lower median of every
   record's claim) both honest nodes drop to 1 row per step within a few steps of reading
   them; with the pace from evidence those keys never worked in a round with them, so their
-  claims are ignored (and logged) and every step of both nodes trains 8 rows.
+  claims are ignored (and logged) and every step of both nodes trains 8 rows. Nor do the
+  keys' records make a round wait for them: counting every record, a leader waited for
+  2 + K declarations and every round it led ran out its window; now it waits for 2 (but
+  in the one round of four open to every record's author).
 - A working liar paired with one honest node: a real node that trains its full batch and
   joins every round with its true tokens, so its claim passes the token check; under the
   former rule it alone sets the pace (the lower of two) and the honest node drops to 1 row;
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -92,6 +96,7 @@ def test_paper_keys_claiming_to_be_fast_change_no_honest_rows(nodes, tmp_path) -
     finally:
         hostile.stop()
     assert len(sybils) == K
+    waits: dict[str, list[str]] = {}
     for node in (a, b):
         steps = [r for r in node.records() if r["event"] == "step"]  # b's from its join
         assert steps and steps[-1]["step"] == STEPS, node.name
@@ -105,6 +110,13 @@ def test_paper_keys_claiming_to_be_fast_change_no_honest_rows(nodes, tmp_path) -
         # the two trained together (their rounds had both members)
         rounds = [r for r in node.records() if r["event"] == "round"]
         assert any(r["members"] == 2 for r in rounds), node.name
+        # Nor did the keys make a round wait for them: a leader waits for the nodes it saw
+        # work (docs/design.md "Evidence"); counting every record, it waited for 2 + K and
+        # every round it led ran out its window (now only the rounds open to every record).
+        targets = re.findall(r"\d+ of (\d+) live nodes declared", output)
+        waits[node.name] = targets
+        assert "is silent" not in output, node.name
+    assert waits["a"] + waits["b"] and set(waits["a"] + waits["b"]) == {"2"}, waits
 
 
 def test_a_working_liar_cannot_shrink_its_honest_partners_rows(nodes, tmp_path) -> None:  # noqa: F811

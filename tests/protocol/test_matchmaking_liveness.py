@@ -16,9 +16,11 @@ from memory_p2p import MemoryNetwork, make_identity
 from diloco.errors import RoundFailed
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
 from diloco.protocol.core.reducer import RoundKey
-from diloco.protocol.matchmaking.lobby import leader_rank, round_key
+from diloco.protocol.matchmaking.lobby import Lobby, leader_rank, round_key
 from diloco.protocol.matchmaking.matchmaker import Matchmaker
+from diloco.protocol.records.declarations import declare_round
 from diloco.protocol.trust.bans import BAN_OFFENCES, BanList
+from diloco.protocol.wire.frames import Join, RoundTag
 
 RUN_ID = "liveness-0123456789abcdef"
 DIGEST = bytes(range(16))
@@ -112,3 +114,83 @@ def test_silent_leader_charged_without_a_target_group_size() -> None:
     """No target size: the GROUP is due a window and two join timeouts after a follower
     chose its role, and the takeover still fits the matchmaking bound."""
     _check(target_group_size=None)
+
+
+def test_a_leader_that_counts_more_live_nodes_than_its_follower_is_not_charged() -> None:
+    """Each node counts the nodes a round waits for on its own evidence (node/claims.py
+    ``group_target``), so a leader can wait for more than its follower counts. Here the
+    leader counts a fourth node that never comes, so it waits out its window, then a join
+    timeout for a third peer that declared and never JOINs. Its follower counts two (both
+    declared at once) but knows four live records (``live_nodes``): the GROUP is not due
+    before the leader's window has ended, and nobody is charged. Counting only its own two,
+    the follower charged the honest leader a join timeout before the GROUP came."""
+    timeouts = RoundTimeouts(matchmaking_window=3.0, join_timeout=1.0)
+    network, table = MemoryNetwork(), Table()
+    identities = [make_identity(60 + i) for i in range(3)]
+    bans = [CountingBans() for _ in identities[:2]]
+    leader, follower = (
+        Matchmaker(
+            network.join(PeerID.from_base58(identity.peer_id)),
+            MemoryDHT(identity, table),
+            RUN_ID,
+            DIGEST,
+            timeouts,
+            ban_list,
+            target_group_size=target,
+        )
+        for identity, ban_list, target in zip(identities, bans, (4, 2), strict=False)
+    )
+    follower.live_nodes = 4
+    ids = [PeerID.from_base58(identity.peer_id) for identity in identities]
+    keys = (RoundKey(3, k) for k in range(1, 10_000))
+    key = next(
+        k for k in keys if min(ids, key=lambda p: leader_rank(round_key(RUN_ID, k), p)) == ids[0]
+    )
+
+    async def main() -> list[GroupInfo | BaseException]:
+        for peer in (leader, follower):
+            await peer.start()
+        silent = MemoryDHT(identities[2], table)
+        await declare_round(silent, round_key(RUN_ID, key), 1.0, 1e12)
+        tasks = [peer.form_group(key, 1000, 0, 0, 1.0) for peer in (leader, follower)]
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        network.close()
+        return outcomes
+
+    outcomes = asyncio.run(main())
+    assert all(isinstance(r, GroupInfo) for r in outcomes), outcomes
+    assert all(set(r.members) == set(ids[:2]) for r in outcomes if isinstance(r, GroupInfo))
+    assert not bans[1].offences, bans[1].offences
+
+
+def test_one_round_in_four_waits_for_every_live_record() -> None:
+    """A leader waits for the nodes it saw work (``target_group_size``), but in the rounds
+    whose fragment plus round is a multiple of four for every live record's author
+    (``live_nodes``): there a late newcomer gets its first round. Without a record count it
+    waits for its target in every round."""
+    identity = make_identity(70)
+    peer = Matchmaker(
+        MemoryNetwork().join(PeerID.from_base58(identity.peer_id)),
+        MemoryDHT(identity, Table()),
+        RUN_ID,
+        DIGEST,
+        TIMEOUTS,
+        BanList(),
+        target_group_size=2,
+    )
+
+    def targets() -> dict[tuple[int, int], int | None]:
+        return {
+            (p, k): peer.wait_target(Lobby(Join(RoundTag(DIGEST, p, k), 1000, 0, 0, 1.0), "key"))
+            for p in range(5)
+            for k in range(1, 9)
+        }
+
+    peer.live_nodes = 6
+    waits = targets()
+    assert [key for key, target in waits.items() if target == 6] == [
+        (0, 4), (0, 8), (1, 3), (1, 7), (2, 2), (2, 6), (3, 1), (3, 5), (4, 4), (4, 8)
+    ]  # fmt: skip
+    assert {target for target in waits.values()} == {2, 6}
+    peer.live_nodes = None
+    assert set(targets().values()) == {2}

@@ -33,6 +33,9 @@ from diloco.protocol.wire.frames import Join, Kind
 
 logger = logging.getLogger(__name__)
 
+OPEN_EVERY = 4
+"""One round in this many waits for every live record's author (``Follower.wait_target``)."""
+
 
 class Follower:
     """The round reads and the follower's JOIN and wait; ``Matchmaker`` sets the state."""
@@ -42,6 +45,12 @@ class Follower:
     timeouts: RoundTimeouts
     bans: BanList
     target_group_size: int | None
+    live_nodes: int | None
+    """The live node records this node read, every author's (None: ``target_group_size``).
+    A leader waits for as many declarations as its own evidence counts (node/claims.py
+    ``group_target``), which can exceed this node's count, or in an open round for every
+    record's author (``wait_target``); no honest leader counts more than every record, so
+    only once that many declared must it have chosen its role."""
     max_weight: float
     closed: ClosedSwarm | None
     handler_name: str
@@ -82,14 +91,30 @@ class Follower:
             (p, (d.weight, d.client)) for p, d in usable.items() if d.prior == lobby.prior
         )
 
+    def wait_target(self, lobby: Lobby) -> int | None:
+        """How many declarations end this node's wait as a leader (None: only the window).
+
+        ``target_group_size``, the nodes it saw work; but in one round of every
+        ``OPEN_EVERY`` (by fragment plus round, the same rounds on every node) every live
+        record's author (``live_nodes``): a newcomer nobody has worked with yet arrives
+        within the window in such a round and is counted in it, from then on a witnessed
+        worker. Paper keys can stretch those rounds alone to the window (docs/design.md
+        "Evidence")."""
+        if self.target_group_size is None:
+            return None
+        tag = lobby.request.tag
+        if self.live_nodes is not None and (tag.fragment + tag.round) % OPEN_EVERY == 0:
+            return max(self.target_group_size, self.live_nodes)
+        return self.target_group_size
+
     def _all_declared(self, lobby: Lobby) -> bool:
-        """Whether ``target_group_size`` peers declared the round (any prior), as far as
-        this node has read: the leader need wait no longer."""
+        """Whether ``target_group_size`` peers, and ``live_nodes`` if more, declared the
+        round (any prior), as far as this node has read: the leader need wait no longer."""
         if self.target_group_size is None:
             return False
         known = lobby.arrived | lobby.declared.keys() | self._known(lobby).keys()
         known.add(self.p2p.peer_id)
-        return len(known) >= self.target_group_size
+        return len(known) >= max(self.target_group_size, self.live_nodes or 0)
 
     async def _await_reply(
         self,

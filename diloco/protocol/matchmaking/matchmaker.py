@@ -124,6 +124,7 @@ class Matchmaker(Follower):
         if target_group_size is not None and target_group_size < min_group_size:
             raise ValueError("target_group_size must be >= min_group_size")
         self.target_group_size = target_group_size
+        self.live_nodes: int | None = None
         self.p2p, self.dht, self.run_id, self.digest = p2p, dht, run_id, digest
         self.timeouts, self.min_group_size = timeouts, min_group_size
         self.bans, self.max_weight = bans, max_weight
@@ -245,13 +246,14 @@ class Matchmaker(Follower):
         peers that already sent this node a JOIN (they are in the round too). It returns
         early as soon as a peer that may lead and is ranked before this node is known (it
         cannot lead, so it JOINs that peer now, and the JOIN waits there; a node nobody can
-        dial cannot lead at all), or ``target_group_size`` peers declared under any prior;
+        dial cannot lead at all), or ``wait_target`` peers declared under any prior;
         otherwise after the window.
         """
         loop = asyncio.get_running_loop()
         t = self.timeouts
         deadline = loop.time() + t.matchmaking_window
         me = self.p2p.peer_id
+        target = self.wait_target(lobby)
         while True:
             lobby.knock.clear()
             await asyncio.wait_for(self._read_view(lobby), t.join_timeout)
@@ -260,12 +262,12 @@ class Matchmaker(Follower):
             leaders = self._may_lead(view, lobby)
             if leaders and choose_leader(leaders, lobby.dht_key) != me:
                 return view, "a peer of our prior ranks first to lead"
-            if self.target_group_size is not None and arrived >= self.target_group_size:
-                return view, f"{arrived} of {self.target_group_size} live nodes declared"
+            if target is not None and arrived >= target:
+                return view, f"{arrived} of {target} live nodes declared"
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return view, "the window ended"
-            poll = self.poll if self.target_group_size is not None else remaining
+            poll = self.poll if target is not None else remaining
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(lobby.knock.wait(), min(poll, remaining))
 
