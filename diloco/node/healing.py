@@ -17,7 +17,7 @@ the decisions here are pure functions of that ``SwarmView``, tested on hand-made
   keep checking.
 
 ``Healer`` keeps the state between checks (suspect and diverged fragments), runs a check on
-the node's worker thread through a ``StateSource`` (the swarm, adapted by ``SwarmNode``),
+the node's healing executor through a ``StateSource`` (the swarm, adapted by ``SwarmNode``),
 and adopts a downloaded fragment only when its bytes hash to a vouched state.
 """
 

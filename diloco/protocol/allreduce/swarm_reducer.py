@@ -120,6 +120,20 @@ class SwarmReducer(Reducer):
         await self.matchmaker.start()
         await self.service.start()
 
+    def set_target_group_size(self, size: int) -> None:
+        """From any thread: end matchmaking as soon as ``size`` peers declared a round (the
+        live nodes, as the node's records say). Set on the swarm's loop, which reads it.
+
+        Raises:
+            ValueError: ``size`` below ``min_group_size``.
+        """
+        if size < self.min_group_size:
+            raise ValueError(f"target_group_size {size} is below min_group_size")
+        self.swarm.submit(self._set_target_group_size(size))
+
+    async def _set_target_group_size(self, size: int) -> None:
+        self.matchmaker.target_group_size = size
+
     def close(self) -> None:
         """Stop answering this reducer's streams; rounds in flight fail or finish by their
         deadlines. The swarm itself stays up (``Swarm.shutdown`` ends it)."""
