@@ -363,11 +363,10 @@ class NodeTrainer:
         except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as error:
             raise CheckpointError(path, f"does not fit this node: {error!r:.300}") from error
 
-    def adopt_outer_state(
-        self, states: Mapping[int, FragmentState], step: int | None = None
-    ) -> None:
-        """Take fragments' outer state from a peer (join or heal), and its global step."""
+    def adopt_outer_state(self, states: Mapping[int, FragmentState], *, step: int) -> None:
+        """Take fragments' outer state from a peer (join or heal; none: a lagging node that
+        only skips ahead) and go on from global step ``step``: the one way healing changes
+        this trainer, called between two steps."""
         for p, state in states.items():
             self.sync.adopt(p, state)
-        if step is not None:
-            self.step = step
+        self.step = step
