@@ -46,7 +46,7 @@ from diloco.node.fragments import (
     train_only,
 )
 from diloco.node.hf_export import export_hf
-from diloco.node.inner import build_inner_optimizer, inner_step, lr_at, set_lr
+from diloco.node.inner import build_inner_optimizer, lr_at, sampled_inner_step, set_lr
 from diloco.node.local_config import LocalConfig as LocalConfig
 from diloco.node.local_config import Method as Method
 from diloco.node.model import Transformer, preset
@@ -190,20 +190,6 @@ class LocalTrainer:
         if on_progress:
             on_progress(record)
 
-    def _inner_step(self, replica: Replica, lr: float) -> float:
-        inputs, targets = replica.sampler.next_batch()  # (B, T) each
-        batch = (inputs[: replica.rows], targets[: replica.rows])
-        compute = self.config.compute
-        return inner_step(
-            replica.model,
-            replica.optimizer,
-            batch,
-            lr,
-            self.config.inner.grad_clip,
-            precision=compute.precision,
-            micro_batch_size=compute.micro_batch_size,
-        )
-
     def _streaming_step(self, step: int, lr: float) -> float:
         c = self.config
         losses = []
@@ -214,7 +200,17 @@ class LocalTrainer:
                     replica.sync.fragments,
                     next_synced_fragment(step, c.outer.sync_every, replica.sync.num_fragments),
                 )
-            losses.append(self._inner_step(replica, lr))
+            losses.append(
+                sampled_inner_step(
+                    replica.model,
+                    replica.optimizer,
+                    replica.sampler,
+                    replica.rows,
+                    lr,
+                    c.inner,
+                    c.compute,
+                )
+            )
             assert replica.sync is not None
             replica.sync.record_tokens(replica.rows * c.seq_len)
         rounds: dict[RoundKey, list[Contribution]] = defaultdict(list)

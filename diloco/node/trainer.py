@@ -37,7 +37,7 @@ from diloco.node.data import (
 )
 from diloco.node.fragments import model_fragments
 from diloco.node.hf_export import export_hf
-from diloco.node.inner import build_inner_optimizer, inner_step, lr_at
+from diloco.node.inner import build_inner_optimizer, lr_at, sampled_inner_step
 from diloco.node.model import Transformer
 from diloco.node.outer import FragmentSync, check_tau
 from diloco.node.pace import PaceController, weigh_claims
@@ -132,20 +132,16 @@ class NodeTrainer:
         self.step += 1
         start = time.perf_counter()
         rows = self.pacer.rows
-        # The sampler draws full batches whatever the rows: the data position stays a
-        # function of the step (a resumed run reads what an uninterrupted one would).
-        inputs, targets = self.sampler.next_batch()  # (B, T) each
-        batch = (inputs[:rows].to(self.device), targets[:rows].to(self.device))
         lr = lr_at(self.step, self.run.steps, self.run.inner)
-        compute = self.options.compute
-        loss = inner_step(
+        loss = sampled_inner_step(
             self.model,
             self.optimizer,
-            batch,
+            self.sampler,
+            rows,
             lr,
-            self.run.inner.grad_clip,
-            precision=compute.precision,
-            micro_batch_size=compute.micro_batch_size,
+            self.run.inner,
+            self.options.compute,
+            self.device,
         )
         if self.options.slow_down > 1:
             time.sleep((self.options.slow_down - 1) * (time.perf_counter() - start))
