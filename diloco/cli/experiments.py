@@ -17,7 +17,7 @@ from diloco.bench.allreduce import BenchConfig
 from diloco.cli.node_lines import duration
 from diloco.cli.options import flag_options
 from diloco.errors import ConfigError, DilocoError
-from diloco.node.flags import COMPUTE_FLAGS, Flag, Flags
+from diloco.node.flags import COMPUTE_FLAGS, NODE_FLAGS, RUN_FLAGS, Flag, Flags
 from diloco.node.local import LocalConfig
 from diloco.sim.methods import SyncSettings
 
@@ -30,35 +30,18 @@ LOCAL_FLAGS = Flags(
             "dp: average gradients every step; diloco: one fragment, tau 0; streaming.",
         ),
         Flag("--replicas", ("replicas",), "M: number of replicas trained in this process."),
-        Flag("--preset", ("preset",), "Model preset: tiny, small, 35M, ..."),
-        Flag("--steps", ("steps",), "T: inner steps per replica."),
-        Flag("--batch-size", ("batch_size",), "Sequences per replica per step."),
-        Flag("--seq-len", ("seq_len",), "Tokens per sequence."),
-        Flag("--H", ("outer", "sync_every"), "H: inner steps between two syncs of a fragment."),
-        Flag("--fragment-size", ("fragment_size",), "Transformer blocks per fragment."),
-        Flag("--pattern", ("pattern",), "Which blocks form a fragment."),
-        Flag(
-            "--embedding-fragment",
-            ("embedding_fragment",),
-            "Embedding, final norm and head: a fragment of their own, or in fragment 0.",
-        ),
-        Flag(
-            "--alpha",
-            ("outer", "fragment_update_alpha"),
-            "Merge factor: share of local weights kept [default: 0.5 if tau > 0 else 0].",
-        ),
+        # The fields an experiment shares with a run and a node: their flags, written once.
+        *RUN_FLAGS.named("--preset", "--steps"),
+        *NODE_FLAGS.named("--batch-size"),
+        *RUN_FLAGS.named("--seq-len", "--H", "--fragment-size", "--pattern"),
+        *RUN_FLAGS.named("--embedding-fragment", "--alpha"),
         Flag(
             "--codec",
             ("codec",),
             "Outer-gradient codec: none, bf16, fp16, int8, e3m0; drop, topk (ablation "
             "baselines) [default: e3m0 for streaming, none for diloco].",
         ),
-        Flag("--rounding", ("rounding",), "E3M0 rounding."),
-        Flag(
-            "--return-codec",
-            ("return_codec",),
-            "Codec of the averaged outer gradient sent back [default: --codec's].",
-        ),
+        *RUN_FLAGS.named("--rounding", "--return-codec"),
         Flag(
             "--keep",
             ("keep",),
@@ -69,39 +52,17 @@ LOCAL_FLAGS = Flags(
             ("freeze_unsynced",),
             "FedPart-style ablation: train only the fragment synchronised next.",
         ),
-        Flag("--outer-lr", ("outer", "outer_lr"), "Outer Nesterov learning rate."),
-        Flag("--outer-momentum", ("outer", "outer_momentum"), "Outer Nesterov momentum mu."),
+        *RUN_FLAGS.named("--outer-lr", "--outer-momentum"),
         Flag("--inner-opt", ("inner", "optimizer"), "Inner optimizer."),
-        Flag("--inner-lr", ("inner", "lr"), "Peak inner learning rate."),
-        Flag("--warmup", ("inner", "warmup_steps"), "Inner learning-rate warm-up, in steps."),
+        *RUN_FLAGS.named("--inner-lr", "--warmup"),
         Flag("--grad-clip", ("inner", "grad_clip"), "Gradient-norm clip (0: off)."),
-        Flag("--eval-every", ("eval_every",), "Evaluate every N steps (0: only at the end)."),
+        *NODE_FLAGS.named("--eval-every"),
         Flag("--eval-batches", ("eval_batches",), "Held-out batches per evaluation."),
-        Flag("--log-every", ("log_every",), "A progress line every N steps."),
+        *NODE_FLAGS.named("--log-every"),
         Flag("--seed", ("seed",), "Seed of the initial weights and data streams."),
-        Flag(
-            "--clip-factor",
-            ("clip_factor",),
-            "C: per chunk, clip outer gradients to C x the lower median norm (0: plain mean).",
-        ),
-        Flag(
-            "--max-round-tokens",
-            ("max_round_tokens",),
-            "Cap on a replica's weight in one round, in tokens [default: 32 sequences x "
-            "seq-len x H].",
-        ),
-        Flag(
-            "--data",
-            ("data",),
-            "Corpus: a folder from prepare-data, a text file or folder, or nanoGPT .bin tokens "
-            "[default: Python's standard library sources].",
-            kind="existing",
-        ),
-        Flag(
-            "--vocab-size",
-            ("vocab_size",),
-            "Model vocabulary [default: the preset's, or the corpus's when larger].",
-        ),
+        *RUN_FLAGS.named("--clip-factor", "--max-round-tokens"),
+        *NODE_FLAGS.named("--data"),
+        *RUN_FLAGS.named("--vocab-size"),
         *(f for f in COMPUTE_FLAGS if f.name != "--tf32"),
     ),
 )

@@ -72,6 +72,17 @@ class Flags(Generic[T]):
             owner = hint
         return hint
 
+    def named(self, *names: str) -> tuple[Flag, ...]:
+        """These flags, in this order: for a dataclass that shares their fields under the
+        same names (``local``'s configuration shares the run's and the node's), so that a
+        flag is written once.
+
+        Raises:
+            KeyError: a name that is not among these flags.
+        """
+        by_name = {flag.name: flag for flag in self.flags}
+        return tuple(by_name[name] for name in names)
+
     def build(self, values: Mapping[str, object], base: Mapping[str, Any] | None = None) -> T:
         """``owner`` from ``base`` (plain data) with every flag's value in ``values``."""
         data = copy.deepcopy(dict(base)) if base else {}

@@ -17,7 +17,7 @@ the decisions here are pure functions of that ``SwarmView``, tested on hand-made
   keep checking.
 
 ``Healer`` keeps the state between checks (suspect and diverged fragments), runs a check on
-the node's worker thread through a ``StateSource`` (the swarm, adapted by ``SwarmNode``),
+the node's healing executor through a ``StateSource`` (the swarm, adapted by ``SwarmNode``),
 and adopts a downloaded fragment only when its bytes hash to a vouched state.
 """
 
@@ -160,19 +160,19 @@ def heal_plan(
 
 
 def fragments_to_adopt(
-    fetched: Mapping[int, FragmentState], mine: Sequence[FragmentState], in_flight: Collection[int]
+    fetched: Mapping[int, FragmentState], mine: Mine, in_flight: Collection[int]
 ) -> list[int]:
-    """Fetched fragments that replace ours: newer, or at our version with another hash
-    (``choose_donors`` fetched it from the majority).
+    """Fetched fragments that replace ours (``mine``): newer, or at our version with another
+    hash (``choose_donors`` fetched it from the majority).
 
     A fragment with a round in flight is left for a later check: that round's result is
     about to change it anyway.
     """
     adopted = []
     for p, theirs in sorted(fetched.items()):
-        ours = mine[p]
-        newer = theirs.version > ours.version
-        conflict = theirs.version == ours.version and theirs.sha256() != ours.sha256()
+        version, state_hash = mine[p]
+        newer = theirs.version > version
+        conflict = theirs.version == version and theirs.sha256() != state_hash
         if p not in in_flight and (newer or conflict):
             adopted.append(p)
     return adopted
@@ -269,6 +269,12 @@ class Healer:
     def versions(self) -> list[int]:
         return [s.version for s in self.trainer.sync.states]
 
+    def mine(self) -> Mine:
+        """This node's fragments, their hashes from the outer loop's cache (a fragment is
+        hashed once per change, not at every check)."""
+        sync = self.trainer.sync
+        return {p: (s.version, sync.state_hash(p)) for p, s in enumerate(sync.states)}
+
     # -- reading and fetching (worker thread, or the joiner before training) ----------------
 
     def evidence(self) -> Evidence:
@@ -358,7 +364,7 @@ class Healer:
                 logger.warning("no state yet (%s); retrying", error)
                 time.sleep(JOIN_RETRY)
         step = catch_up_step(state.fragments, view.step or 0, self.sync_every, len(self.numel))
-        self.trainer.adopt_outer_state(dict(state.fragments), step)
+        self.trainer.adopt_outer_state(dict(state.fragments), step=step)
         self.on_adopted()
 
     def settle_rounds_in_flight(self, deadline: float) -> None:
@@ -375,9 +381,9 @@ class Healer:
             if failed_everywhere(view, missed, self.schedule, tau):
                 self.suspects.update(missed)
                 return
+            mine = self.mine()
             for p, k in missed.items():
-                state = self.trainer.sync.states[p]
-                ahead = choose_donors(view, p, state.version, state.sha256())
+                ahead = choose_donors(view, p, *mine[p])
                 donors = [r.peer_id for r in ahead if version_of(r, p) >= k]
                 if donors:
                     try:
@@ -393,13 +399,13 @@ class Healer:
         """Adopt what ``fragments_to_adopt`` picks of ``state`` (already verified), and move
         on to the step of the newest round adopted (``catch_up_step``) if we are behind it."""
         t, sync = self.trainer, self.trainer.sync
-        adopted = fragments_to_adopt(state.fragments, sync.states, sync.in_flight())
+        adopted = fragments_to_adopt(state.fragments, self.mine(), sync.in_flight())
         taken = {p: state.fragments[p] for p in adopted}
         step = catch_up_step(taken, t.step, self.sync_every, len(self.numel))
         moved = step > t.step
         if moved:
             self.emit({"event": "caught_up", "from_step": t.step, "to_step": step})
-        t.adopt_outer_state(taken, step)
+        t.adopt_outer_state(taken, step=step)
         if moved:  # the rounds of the steps skipped are missed, like a lagging node's
             self.suspects.update(missed_rounds(t.step, self.versions(), self.sync_every))
         self.on_adopted()
@@ -455,7 +461,7 @@ class Healer:
             self.checking = list(range(len(self.numel))) if periodic else sorted(recheck)
             for p in self.checking:
                 self.verify_at.pop(p, None)
-            mine = {p: (s.version, s.sha256()) for p, s in enumerate(t.sync.states)}
+            mine = self.mine()
             self.future = self.worker.submit(self.check_and_fetch, self.checking, mine, t.step)
 
     def _apply_check(self, future: Future[OuterState | None]) -> None:
@@ -473,7 +479,7 @@ class Healer:
             # A slow node skips ahead to the swarm's robust step rather than miss every
             # round from now on; never to one donor's claim.
             self.emit({"event": "caught_up", "from_step": t.step, "to_step": state.global_step})
-            t.step = state.global_step
+            t.adopt_outer_state({}, step=state.global_step)
             self.suspects.update(missed_rounds(t.step, self.versions(), self.sync_every))
         adopted = self.adopt(state)
         self.diverged |= set(state.fragments) - set(adopted)

@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from diloco.errors import ConfigError
-from diloco.node.compute import Precision, autocast
+from diloco.node.compute import ComputeOptions, Precision, autocast
+from diloco.node.data import BatchSampler
 
 
 @dataclass(kw_only=True, slots=True)
@@ -130,3 +131,35 @@ def inner_step(
     set_lr(optimizer, lr)
     optimizer.step()
     return float(total.item())
+
+
+def sampled_inner_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    sampler: BatchSampler,
+    rows: int,
+    lr: float,
+    config: InnerConfig,
+    compute: ComputeOptions,
+    device: torch.device | None = None,
+) -> float:
+    """One inner step on the first ``rows`` sequences of ``sampler``'s next batch, moved to
+    ``device`` (None: where they are); returns the loss. The one inner-step body of every
+    trainer: a swarm node's and each replica of ``local``.
+
+    The sampler draws full batches whatever the rows: the data position stays a function of
+    the step (a resumed run reads what an uninterrupted one would).
+    """
+    inputs, targets = sampler.next_batch()  # (B, T) each
+    inputs, targets = inputs[:rows], targets[:rows]
+    if device is not None:
+        inputs, targets = inputs.to(device), targets.to(device)
+    return inner_step(
+        model,
+        optimizer,
+        (inputs, targets),
+        lr,
+        config.grad_clip,
+        precision=compute.precision,
+        micro_batch_size=compute.micro_batch_size,
+    )

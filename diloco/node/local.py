@@ -17,6 +17,7 @@ Same seed and options give the same numbers, exactly.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -31,7 +32,7 @@ import torch
 
 from diloco.codecs import get_codec
 from diloco.node.compute import autocast, compile_model
-from diloco.node.config import check_corpus_fits, resolve_vocab, return_codec_for
+from diloco.node.config import resolve_vocab, return_codec_for
 from diloco.node.data import (
     BatchSampler,
     Corpus,
@@ -46,14 +47,11 @@ from diloco.node.fragments import (
     train_only,
 )
 from diloco.node.hf_export import export_hf
-from diloco.node.inner import build_inner_optimizer, inner_step, lr_at, set_lr
+from diloco.node.inner import build_inner_optimizer, lr_at, sampled_inner_step, set_lr
 from diloco.node.local_config import LocalConfig as LocalConfig
 from diloco.node.local_config import Method as Method
 from diloco.node.model import Transformer, preset
-from diloco.node.outer import (
-    FragmentSync,
-    round_token_cap,
-)
+from diloco.node.outer import FragmentSync
 from diloco.node.pending import AppliedRound
 from diloco.protocol.core.reducer import Contribution, InProcessReducer, RoundKey
 
@@ -79,11 +77,14 @@ class LocalTrainer:
     def __init__(self, config: LocalConfig, corpus: Corpus | None = None) -> None:
         self.config = config
         self.corpus = corpus or load_corpus(config.data)
-        model_config = preset(config.preset)
-        model_config.max_seq_len = max(model_config.max_seq_len, config.seq_len)
-        vocab = self.corpus.vocab_size
-        model_config.vocab_size = resolve_vocab(model_config.vocab_size, config.vocab_size, vocab)
-        check_corpus_fits(model_config.vocab_size, vocab, self.corpus.description)
+        vocab = resolve_vocab(
+            preset(config.preset).vocab_size, config.vocab_size, self.corpus.vocab_size
+        )
+        self.run = dataclasses.replace(config.run_config(), vocab_size=vocab)
+        """The run the replicas train, as a swarm's nodes would (``LocalConfig.run_config``),
+        with the vocabulary this corpus needs."""
+        self.run.check_corpus(self.corpus.vocab_size, None, self.corpus.description)
+        model_config = self.run.model_config()
         self.model_config = model_config
         torch.manual_seed(config.seed)
         initial = Transformer(model_config)
@@ -96,11 +97,10 @@ class LocalTrainer:
         self.replicas = [self._make_replica(initial, m) for m in range(num_models)]
         self.dp_samplers = [self._sampler(m) for m in range(config.replicas)]
         codec = get_codec(config.codec_name, **self._codec_options())
-        cap = round_token_cap(config.max_round_tokens, config.seq_len, config.outer.sync_every)
         self.reducer = InProcessReducer(
             codec,
             return_codec_for(config.return_codec, codec, config.rounding),
-            max_weight=cap,
+            max_weight=self.run.round_token_cap(),
             clip_factor=config.clip_factor,
         )
         # Data-parallel gradients are no outer gradients: their mean stays plain.
@@ -190,20 +190,6 @@ class LocalTrainer:
         if on_progress:
             on_progress(record)
 
-    def _inner_step(self, replica: Replica, lr: float) -> float:
-        inputs, targets = replica.sampler.next_batch()  # (B, T) each
-        batch = (inputs[: replica.rows], targets[: replica.rows])
-        compute = self.config.compute
-        return inner_step(
-            replica.model,
-            replica.optimizer,
-            batch,
-            lr,
-            self.config.inner.grad_clip,
-            precision=compute.precision,
-            micro_batch_size=compute.micro_batch_size,
-        )
-
     def _streaming_step(self, step: int, lr: float) -> float:
         c = self.config
         losses = []
@@ -214,7 +200,17 @@ class LocalTrainer:
                     replica.sync.fragments,
                     next_synced_fragment(step, c.outer.sync_every, replica.sync.num_fragments),
                 )
-            losses.append(self._inner_step(replica, lr))
+            losses.append(
+                sampled_inner_step(
+                    replica.model,
+                    replica.optimizer,
+                    replica.sampler,
+                    replica.rows,
+                    lr,
+                    c.inner,
+                    c.compute,
+                )
+            )
             assert replica.sync is not None
             replica.sync.record_tokens(replica.rows * c.seq_len)
         rounds: dict[RoundKey, list[Contribution]] = defaultdict(list)

@@ -1,4 +1,12 @@
-"""What one in-process experiment of ``diloco-node local`` runs (``LocalTrainer``)."""
+"""What one in-process experiment of ``diloco-node local`` runs (``LocalTrainer``).
+
+One configuration stack with the swarm node (docs/design.md "The node and its CLI"): the
+fields an experiment shares with a run are named as ``RunConfig``'s and ``NodeOptions``'s,
+checked by them (``run_config``, ``node_options``), set by the same command-line flags
+(``diloco.node.flags``), and the replicas train the model ``RunConfig.model_config``
+describes. What only an experiment has (method, replicas, per-replica tau and speed,
+ablation codecs) is checked here.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +15,12 @@ from typing import Literal
 
 from diloco.errors import ConfigError
 from diloco.node.compute import ComputeOptions
-from diloco.node.config import ReturnCodec
+from diloco.node.config import NodeOptions, ReturnCodec, RunConfig
 from diloco.node.fragments import EmbeddingPlacement, Pattern
 from diloco.node.inner import InnerConfig
 from diloco.node.outer import OuterConfig, check_tau
 from diloco.node.pace import swarm_pace, target_rows
-from diloco.protocol.core.aggregation import CLIP_FACTOR, check_clip_factor
+from diloco.protocol.core.aggregation import CLIP_FACTOR
 
 Method = Literal["dp", "diloco", "streaming"]
 
@@ -84,31 +92,54 @@ class LocalConfig:
             raise ConfigError("--freeze-unsynced needs fragments; use diloco or streaming")
         if self.compute.micro_batch_size and self.method == "dp":
             raise ConfigError("--micro-batch-size needs an inner step; use diloco or streaming")
-        if self.compute.micro_batch_size > self.batch_size:
-            raise ConfigError(
-                f"micro_batch_size {self.compute.micro_batch_size} exceeds batch_size "
-                f"{self.batch_size}; lower --micro-batch-size (0: the whole batch)"
-            )
-        if self.vocab_size is not None and self.vocab_size < 2:
-            raise ConfigError(f"vocab_size must be >= 2 tokens, got {self.vocab_size}")
         if self.method == "diloco":
             self.fragment_size = 10**6
             self.embedding_fragment = "first"
             self.taus = [0]
         for tau in self.taus:
             check_tau(tau, self.outer.sync_every)
-        if self.max_round_tokens is not None and self.max_round_tokens < 1:
-            raise ConfigError(f"max_round_tokens must be >= 1, got {self.max_round_tokens}")
-        try:
-            check_clip_factor(self.clip_factor)
-        except ValueError as error:
-            raise ConfigError(str(error)) from error
+        self.node_options()
+        self.run_config()
         speeds = self.replica_speeds
         if speeds is not None:
             if self.method == "dp":
                 raise ConfigError("--replica-speeds needs inner steps; use diloco or streaming")
             if len(speeds) != self.replicas or not all(0 < v <= 1e6 for v in speeds):
                 raise ConfigError(f"give one speed > 0 per replica ({self.replicas}), got {speeds}")
+
+    def run_config(self) -> RunConfig:
+        """The run every replica trains, as a swarm's nodes would (its checks are the run's:
+        ranges, codec, weight cap, clipping, vocabulary)."""
+        return RunConfig(
+            preset=self.preset,
+            seq_len=self.seq_len,
+            steps=self.steps,
+            fragment_size=self.fragment_size,
+            pattern=self.pattern,
+            embedding_fragment=self.embedding_fragment,
+            codec=self.codec_name,
+            rounding=self.rounding,
+            return_codec=self.return_codec,
+            outer=self.outer,
+            inner=self.inner,
+            seed=self.seed,
+            max_round_tokens=self.max_round_tokens,
+            clip_factor=self.clip_factor,
+            vocab_size=self.vocab_size,
+        )
+
+    def node_options(self) -> NodeOptions:
+        """What each replica would choose as a swarm node (its checks are the node's: batch,
+        micro-batches, evaluation, logging, data path); every replica alike but its data
+        seed and its rows (``replica_rows``)."""
+        return NodeOptions(
+            batch_size=self.batch_size,
+            data=self.data,
+            log_every=self.log_every,
+            eval_batches=self.eval_batches,
+            eval_every=self.eval_every,
+            compute=self.compute,
+        )
 
     def tau_of(self, replica: int) -> int:
         return self.taus[replica] if len(self.taus) > 1 else self.taus[0]

@@ -2,9 +2,12 @@
 
 ``SwarmNode`` ties ``NodeTrainer`` (one replica, the shared outer loop) to ``Swarm`` and
 ``SwarmReducer`` (``diloco.protocol``). Training runs in the caller's thread; the swarm has
-its own event-loop thread; slow DHT work (publishing records, checking for divergence,
-fetching state to heal) runs on one worker thread and its results are applied between two
-steps, never in the middle of one.
+its own event-loop thread; the node's records are stored by ``Publisher`` on a thread of
+its own; healing (checking for divergence, fetching state) runs on its own executor, and
+its results are applied between two steps, never in the middle of one. No thread writes
+another's state: the publisher sets the matchmaking target through the reducer's
+thread-safe setter and leaves the peers' pace claims for the training thread to take
+(docs/design.md "The node and its CLI").
 
 Healing (docs/design.md "Healing and joining"; the decisions in ``diloco.node.healing`` and
 ``diloco.node.claims``): after a round of fragment ``p`` fails, and every ``H`` steps, the
@@ -20,14 +23,13 @@ learns the run: ``diloco.node.pinned_run``) and republishes it in the DHT for ``
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import json
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from hivemind import DHT
@@ -38,47 +40,31 @@ from diloco.node.claims import group_target
 from diloco.node.config import NodeOptions, RoundOptions, RunConfig, return_codec_for
 from diloco.node.healing import SETTLE_TIMEOUT, Healer
 from diloco.node.pending import AppliedRound
+from diloco.node.publisher import Publisher
 from diloco.node.recent_metrics import RecentMetrics
 from diloco.node.round_failures import FailureLog
-from diloco.node.state_source import SwarmStateSource, log_failure
+from diloco.node.state_source import SwarmStateSource
 from diloco.node.tau import MAX_AHEAD_SHARE
 from diloco.node.traffic import data_parallel_bytes
 from diloco.node.trainer import NodeTrainer
 from diloco.node.witness import Witness, WitnessedRound
 from diloco.protocol.allreduce.swarm_reducer import SwarmReducer
 from diloco.protocol.core.reducer import RoundKey
-from diloco.protocol.records.metrics import publish_metrics
-from diloco.protocol.records.nodes import (
-    MAX_VOUCH_ROUNDS,
-    FragmentVersion,
-    NodeRecord,
-    Vouch,
-    publish_vouches,
-)
-from diloco.protocol.records.run_configs import SignedRunConfig, publish_run_config
+from diloco.protocol.records.nodes import MAX_VOUCH_ROUNDS, FragmentVersion, NodeRecord, Vouch
+from diloco.protocol.records.run_configs import SignedRunConfig
 from diloco.protocol.records.run_id import make_run_id, run_digest
 from diloco.protocol.records.run_info import serve_run_info
 from diloco.protocol.runtime.network import NetworkOptions
 from diloco.protocol.runtime.swarm import Swarm
 from diloco.protocol.state.fragment import OuterState
 from diloco.protocol.trust.admission import check_admitted
-from diloco.protocol.trust.envelopes import MAX_RECORD_TTL, signer
+from diloco.protocol.trust.envelopes import signer
 from diloco.protocol.trust.swarm_key import ClosedSwarm, check_swarm_key, load_swarm_key
 
 logger = logging.getLogger(__name__)
 
-RECORD_TTL = 30.0
-"""Seconds a node's DHT records live unless refreshed (they expire after a clean exit)."""
-PUBLISH_EVERY = 5.0
-"""Seconds between two refreshes of a node's records (sooner after a round)."""
 JOIN_TIMEOUT = 60.0
 """Seconds a joiner keeps trying donors for the run's state."""
-VOUCH_TTL = MAX_RECORD_TTL
-"""Seconds a node's vouches live unless refreshed: longer than its records, since a vouch
-stays true after its author leaves, and the members left need it to heal a node that
-missed that round (``diloco.node.claims``)."""
-VOUCH_REFRESH = VOUCH_TTL / 3
-"""Seconds after which unchanged vouches are stored again (before they expire)."""
 
 
 EventCallback = Callable[[dict[str, Any]], None]
@@ -146,16 +132,14 @@ class SwarmNode:
                 p: deque(maxlen=MAX_VOUCH_ROUNDS) for p in range(self.trainer.sync.num_fragments)
             }
             """Fragment -> this node's last applied rounds of it, as it vouches for them."""
-            self.vouches_stored: dict[int, tuple[tuple[Vouch, ...], float]] = {}
-            """Fragment -> the vouches last stored and when (worker thread only)."""
             self.trainer.round_timeout = rounds.exit_timeout
             if self.trainer.tau_auto is not None:
                 # tau auto: never so far ahead of the peers that matchmaking misses them.
                 self.trainer.tau_auto.max_ahead = rounds.matchmaking_window * MAX_AHEAD_SHARE
             self.trainer.sync.should_abandon = self.stop_event.is_set
-            self.worker = concurrent.futures.ThreadPoolExecutor(1, "diloco-node-dht")
-            self.publish_future: concurrent.futures.Future[Any] | None = None
-            self.published_at = 0.0
+            self.healing = concurrent.futures.ThreadPoolExecutor(1, "diloco-node-heal")
+            """Healing's checks and downloads, one at a time (``Healer``)."""
+            self.publisher = Publisher(self.swarm, signed, self.recent, self._heard)
             self.snapshot_lock = threading.Lock()
             self.snapshot = self._snapshot()
             self.metrics: TextIO | None = open(metrics_out, "a") if metrics_out else None  # noqa: SIM115
@@ -165,7 +149,7 @@ class SwarmNode:
                 self.trainer,
                 SwarmStateSource(self.swarm),
                 member,
-                self.worker,
+                self.healing,
                 self._emit,
                 self._refresh_snapshot,
                 initial_hashes,
@@ -234,51 +218,16 @@ class SwarmNode:
                 )
             )
 
-    def _publish(self, record: NodeRecord, vouches: Mapping[int, tuple[Vouch, ...]]) -> None:
-        """Worker thread: refresh our records and vouches (new ones, and unchanged ones before
-        they expire), and learn how many nodes are alive.
-
-        Matchmaking then ends as soon as every live node declared itself for a round,
-        instead of always waiting out the window. Vouches go first: a peer that reads our
-        record's new version should find our vouch for it.
-        """
-        now = time.monotonic()
-        due = []
-        for p, v in vouches.items():
-            stored, stored_at = self.vouches_stored.get(p, ((), 0.0))
-            if v and (v != stored or now - stored_at > VOUCH_REFRESH):
-                due.append(v)
-        if due:
-            self.swarm.call(self._store_vouches(due))
-            self.vouches_stored.update({v[0].fragment: (v, now) for v in due})
-        self.swarm.publish_record(record, ttl=RECORD_TTL)
-        self.swarm.call(publish_run_config(self.swarm.dht, self.signed, RECORD_TTL))
-        records = self.swarm.read_records()
-        matchmaker, evidence = self.reducer.matchmaker, self.healer.evidence()
-        matchmaker.target_group_size = group_target(records, evidence, self.rounds.min_group_size)
-        matchmaker.live_nodes = len(records)
-        # The others' claims, counted only as far as their witnessed work backs them; the
-        # trainer adds its own figure as it is at each step (docs/design.md "Pace").
-        claims = {
-            r.peer_id: r.step_seconds
-            for r in records
-            if r.peer_id != record.peer_id and r.step_seconds is not None
-        }
-        self.trainer.hear_claims(claims, self.witness.weights())
-        metrics = self.recent.record()  # for dashboards: last, it decides nothing
-        self.swarm.call(publish_metrics(self.swarm.dht, self.run_id, metrics, RECORD_TTL))
-
-    async def _store_vouches(self, due: Sequence[Sequence[Vouch]]) -> None:
-        dht = self.swarm.dht
-        await asyncio.gather(*(publish_vouches(dht, self.run_id, v, VOUCH_TTL) for v in due))
+    def _heard(self, records: list[NodeRecord]) -> None:
+        """Publisher thread: the run's live records were read. Matchmaking then ends as
+        soon as every live node declared itself for a round, instead of always waiting
+        out the window. The target counts only nodes with witnessed work, so paper keys
+        cannot make every round wait (docs/design.md "Evidence")."""
+        target = group_target(records, self.healer.evidence(), self.rounds.min_group_size)
+        self.reducer.set_target_group_size(target, live_nodes=len(records))
 
     def _vouches(self) -> dict[int, tuple[Vouch, ...]]:
         return {p: tuple(v) for p, v in self.vouches.items()}
-
-    def _in_background(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
-        future = self.worker.submit(fn, *args)
-        future.add_done_callback(log_failure)
-        return future
 
     def join_swarm(self, timeout: float = JOIN_TIMEOUT) -> None:
         """Download the outer state from the swarm and start at its step (a joiner's first
@@ -336,7 +285,9 @@ class SwarmNode:
         """Train until the run's last step or ``stop_event``; returns the summary."""
         t = self.trainer
         self.swarm.serve_state(self._provide)
-        self._publish(self._record(0.0), self._vouches())
+        self.publisher.offer(self._record(0.0), self._vouches())
+        self.publisher.start()
+        self._hear_claims()
         tokens_per_step = self.options.batch_size * self.run.seq_len
         self._emit(
             {
@@ -388,11 +339,8 @@ class SwarmNode:
             if t.step % self.options.log_every == 0 or t.step == self.run.steps:
                 self._progress(losses, tokens_per_s, elapsed / max(1, t.step - start_step))
                 losses = []
-            due = bool(applied) or time.monotonic() - self.published_at > PUBLISH_EVERY
-            if self.publish_future is None or (self.publish_future.done() and due):
-                self.published_at = time.monotonic()
-                record, vouches = self._record(tokens_per_s), self._vouches()
-                self.publish_future = self._in_background(self._publish, record, vouches)
+            self.publisher.offer(self._record(tokens_per_s), self._vouches(), now=bool(applied))
+            self._hear_claims()
             if self.options.checkpoint_every and t.step % self.options.checkpoint_every == 0:
                 t.save_checkpoint()
         if not self.stop_event.is_set():
@@ -401,6 +349,14 @@ class SwarmNode:
             self._record_rounds(finished)
             self._refresh_snapshot([r.key.fragment for r in finished if r.ok])
         return self._finish(time.perf_counter() - start)
+
+    def _hear_claims(self) -> None:
+        """The others' pace claims the publisher read last, counted only as far as their
+        witnessed work backs them (docs/design.md "Pace"); the trainer adds its own figure
+        as it is at each step."""
+        claims = self.publisher.take_claims()
+        if claims is not None:
+            self.trainer.hear_claims(claims, self.witness.weights())
 
     def _heal(self, applied: list[AppliedRound]) -> None:
         """Hand healing the rounds that failed: those applied now, and those in flight that
@@ -485,16 +441,19 @@ class SwarmNode:
         return summary
 
     def close(self) -> None:
-        """Leave the swarm in bounded time: drop queued DHT work, then shut the swarm down
-        (``Swarm.shutdown`` cancels the worker's call in flight and stops the DHT and p2pd).
+        """Leave the swarm in bounded time: drop queued healing work, then shut the swarm
+        down (``Swarm.shutdown`` cancels the calls in flight of the healer and the
+        publisher, and stops the DHT and p2pd), then wait for the publisher's thread.
 
         The reducer's handlers are not removed one by one first: each removal is a round
         trip to the daemon, which a loaded daemon can stall, and stopping our client and
         p2pd ends them all.
         """
-        self.worker.shutdown(wait=False, cancel_futures=True)
+        self.publisher.stop()
+        self.healing.shutdown(wait=False, cancel_futures=True)
         try:
             self.swarm.shutdown()
         finally:
+            self.publisher.join()
             if self.metrics:
                 self.metrics.close()

@@ -37,7 +37,7 @@ from diloco.node.data import (
 )
 from diloco.node.fragments import model_fragments
 from diloco.node.hf_export import export_hf
-from diloco.node.inner import build_inner_optimizer, inner_step, lr_at
+from diloco.node.inner import build_inner_optimizer, lr_at, sampled_inner_step
 from diloco.node.model import Transformer
 from diloco.node.outer import FragmentSync, check_tau
 from diloco.node.pace import PaceController, weigh_claims
@@ -132,20 +132,16 @@ class NodeTrainer:
         self.step += 1
         start = time.perf_counter()
         rows = self.pacer.rows
-        # The sampler draws full batches whatever the rows: the data position stays a
-        # function of the step (a resumed run reads what an uninterrupted one would).
-        inputs, targets = self.sampler.next_batch()  # (B, T) each
-        batch = (inputs[:rows].to(self.device), targets[:rows].to(self.device))
         lr = lr_at(self.step, self.run.steps, self.run.inner)
-        compute = self.options.compute
-        loss = inner_step(
+        loss = sampled_inner_step(
             self.model,
             self.optimizer,
-            batch,
+            self.sampler,
+            rows,
             lr,
-            self.run.inner.grad_clip,
-            precision=compute.precision,
-            micro_batch_size=compute.micro_batch_size,
+            self.run.inner,
+            self.options.compute,
+            self.device,
         )
         if self.options.slow_down > 1:
             time.sleep((self.options.slow_down - 1) * (time.perf_counter() - start))
@@ -363,11 +359,10 @@ class NodeTrainer:
         except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as error:
             raise CheckpointError(path, f"does not fit this node: {error!r:.300}") from error
 
-    def adopt_outer_state(
-        self, states: Mapping[int, FragmentState], step: int | None = None
-    ) -> None:
-        """Take fragments' outer state from a peer (join or heal), and its global step."""
+    def adopt_outer_state(self, states: Mapping[int, FragmentState], *, step: int) -> None:
+        """Take fragments' outer state from a peer (join or heal; none: a lagging node that
+        only skips ahead) and go on from global step ``step``: the one way healing changes
+        this trainer, called between two steps."""
         for p, state in states.items():
             self.sync.adopt(p, state)
-        if step is not None:
-            self.step = step
+        self.step = step

@@ -6,30 +6,16 @@ import torch
 from diloco.errors import ConfigError
 from diloco.node.compute import ComputeOptions, autocast, compile_model, configure_backends
 from diloco.node.data import load_corpus
-from diloco.node.inner import inner_step
-from diloco.node.local import LocalConfig, LocalTrainer, Replica
+from diloco.node.local import LocalConfig, LocalTrainer
 from diloco.node.model import Transformer, preset
 from diloco.node.outer import OuterConfig
 
 
 class Bf16Trainer(LocalTrainer):
-    """The in-process trainer with every replica's inner step in bf16 and 2 micro-batches,
-    checking after every step that replicas at the same version hold the same outer state."""
+    """The in-process trainer checking after every step that replicas at the same version
+    hold the same outer state."""
 
     checked_steps = 0
-
-    def _inner_step(self, replica: Replica, lr: float) -> float:
-        batch = replica.sampler.next_batch()
-        grad_clip = self.config.inner.grad_clip
-        return inner_step(
-            replica.model,
-            replica.optimizer,
-            batch,
-            lr,
-            grad_clip,
-            precision="bf16",
-            micro_batch_size=1,
-        )
 
     def _streaming_step(self, step: int, lr: float) -> float:
         loss = super()._streaming_step(step, lr)
@@ -48,6 +34,7 @@ def test_bf16_replicas_keep_bit_identical_fp32_outer_states() -> None:
         eval_batches=1,
         log_every=1000,
         outer=OuterConfig(sync_every=3),
+        compute=ComputeOptions(precision="bf16", micro_batch_size=1),  # 2 micro-batches
     )
     trainer = Bf16Trainer(config, load_corpus(None))
     summary = trainer.train()

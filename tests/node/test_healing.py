@@ -155,7 +155,7 @@ def state(version: int, value: float) -> FragmentState:
 
 
 def test_fragments_to_adopt_rules() -> None:
-    mine = [state(3, 1.0), state(3, 1.0), state(3, 1.0), state(3, 1.0), state(3, 1.0)]
+    mine = {p: (3, state(3, 1.0).sha256()) for p in range(5)}
     fetched = {
         0: state(4, 2.0),  # newer
         1: state(3, 2.0),  # same version, another hash
@@ -370,6 +370,32 @@ def test_healer_failed_round_makes_a_suspect_checked_without_waiting_for_h(corpu
     trainer.step = 12  # ... fragment 0 sends round 2
     healer.maybe_heal([])
     assert healer.suspects == {}
+
+
+def test_healer_periodic_check_hashes_no_unchanged_fragment(
+    corpus: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hashes a check compares come from the outer loop's cache, which the node's
+    record fills at every step: a check every H steps re-hashes nothing that did not
+    change (the whole outer state, each time, before)."""
+    trainer = make_trainer(corpus)
+    trainer.step = 6  # a periodic check of every fragment is due
+    cached = [trainer.sync.state_hash(p) for p in range(trainer.sync.num_fragments)]
+    ours = {id(s) for s in trainer.sync.states}
+    hashed = []
+    honest = FragmentState.sha256
+
+    def counted(state: FragmentState) -> str:
+        hashed.append(id(state) in ours)
+        return honest(state)
+
+    monkeypatch.setattr(FragmentState, "sha256", counted)
+    healer, _ = make_healer(trainer, FakeSwarm([], {}))
+    hashed.clear()  # the healer hashes the initial state once, when built
+    healer.maybe_heal([])
+    assert healer.checking == list(range(trainer.sync.num_fragments))
+    assert not any(hashed)
+    assert trainer.sync.state_hash(0) == cached[0] == honest(trainer.sync.states[0])
 
 
 def test_healer_checks_a_fragment_once_after_a_round_and_follows_the_majority(

@@ -396,3 +396,15 @@ def test_replica_speeds_are_checked() -> None:
         small(replica_speeds=[1.0, 0.0])
     with pytest.raises(ConfigError, match="inner steps"):
         small(method="dp", replica_speeds=[1.0, 0.5])
+
+
+def test_local_configuration_is_checked_as_a_run_and_a_node_are() -> None:
+    """One configuration stack: what an experiment shares with a run is refused as a run
+    refuses it (an unknown codec or preset names the choices before any model is built),
+    and what it shares with a node as a node refuses it."""
+    with pytest.raises(ConfigError, match="unknown codec 'nope'; choose one of none, bf16"):
+        small(codec="nope")
+    with pytest.raises(ConfigError, match="unknown preset 'huge'; choose one of tiny"):
+        small(preset="huge")
+    with pytest.raises(ConfigError, match="eval_batches must be >= 1"):
+        small(eval_batches=0)

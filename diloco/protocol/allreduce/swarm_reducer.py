@@ -120,6 +120,23 @@ class SwarmReducer(Reducer):
         await self.matchmaker.start()
         await self.service.start()
 
+    def set_target_group_size(self, size: int, live_nodes: int | None = None) -> None:
+        """From any thread: end matchmaking as soon as ``size`` peers declared a round (the
+        nodes with witnessed work), and tell followers how many nodes are live (every
+        record's author; an open round waits for them). Set on the swarm's loop, which
+        reads both.
+
+        Raises:
+            ValueError: ``size`` below ``min_group_size``.
+        """
+        if size < self.min_group_size:
+            raise ValueError(f"target_group_size {size} is below min_group_size")
+        self.swarm.submit(self._set_target_group_size(size, live_nodes))
+
+    async def _set_target_group_size(self, size: int, live_nodes: int | None) -> None:
+        self.matchmaker.target_group_size = size
+        self.matchmaker.live_nodes = live_nodes
+
     def close(self) -> None:
         """Stop answering this reducer's streams; rounds in flight fail or finish by their
         deadlines. The swarm itself stays up (``Swarm.shutdown`` ends it)."""
