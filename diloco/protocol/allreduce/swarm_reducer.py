@@ -31,6 +31,7 @@ from diloco.protocol.runtime import round_trips
 from diloco.protocol.runtime.swarm import Swarm
 from diloco.protocol.staged.groups import grid_for
 from diloco.protocol.staged.runner import StagedRunner
+from diloco.protocol.wire.frames import Join
 
 logger = logging.getLogger(__name__)
 
@@ -128,6 +129,22 @@ class SwarmReducer(Reducer):
                 self.swarm.call(self.swarm.p2p.remove_binary_stream_handler(name), 5.0)
             except Exception as exc:  # the daemon may already be gone at shutdown
                 logger.debug("removing handler %s: %r", name, exc)
+
+    def prepare(self, key: RoundKey, numel: int, weight: float, prior: str, lead: float) -> None:
+        """Declare round ``key`` and read who else did before its send step, so that the
+        round's path starts at JOIN -> GROUP (``ahead``)."""
+        request = self.matchmaker.join_request(
+            key,
+            numel,
+            self.codec.codec_id,
+            self.return_codec.codec_id,
+            weight,
+            self.client or self.demotion.demoted,
+        )
+        self.swarm.submit(self._open_ahead(key, request, prior, lead))
+
+    async def _open_ahead(self, key: RoundKey, request: Join, prior: str, lead: float) -> None:
+        self.matchmaker.open_ahead(key, request, prior, not self.client, lead)
 
     def reduce(
         self, key: RoundKey, contributions: Sequence[Contribution]

@@ -71,6 +71,7 @@ class Follower:
         be refused). Invalid declarations are logged and skipped (declarations are signed: a
         peer can declare only itself)."""
         declarations = await read_round_view(self.dht, lobby.dht_key, self.closed)
+        lobby.reads += 1
         lobby.arrived.update(declarations)
         usable = {
             peer: d
