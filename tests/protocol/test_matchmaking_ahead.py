@@ -55,9 +55,7 @@ def _open(peer: Matchmaker, prior: str = PRIOR, lead: float = 10.0) -> None:
 
 async def _until_read(peers: list[Matchmaker], declared: int) -> None:
     """Until every peer's reads ahead found ``declared`` peers of the round."""
-    while not all(
-        KEY in p._lobbies and len(p._lobbies[KEY].arrived) >= declared for p in peers
-    ):
+    while not all(KEY in p._lobbies and len(p._lobbies[KEY].arrived) >= declared for p in peers):
         await asyncio.sleep(0.01)
 
 
