@@ -77,6 +77,7 @@ from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
 
 from diloco.errors import PriorDiverged, ProtocolError, RoundFailed
+from diloco.protocol.core.adaptive import rtt_timeouts
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
 from diloco.protocol.core.reducer import RoundKey
 from diloco.protocol.matchmaking.ahead import Ahead
@@ -135,8 +136,9 @@ class Matchmaker(Ahead):
         """GROUP messages this node sent as leader, kept for members that ask again."""
 
     async def start(self) -> None:
-        """Register the JOIN handler on the shared P2P daemon."""
-        t = self.timeouts
+        """Register the JOIN handler on the shared P2P daemon; its bound holds with the
+        widest window the round trip time may set (``adaptive.rtt_timeouts``)."""
+        t = rtt_timeouts(self.timeouts, math.inf)
         handler = streams.stream_handler(
             "JOIN",
             self._serve_join,
