@@ -157,3 +157,29 @@ def test_a_lobby_never_claimed_closes_and_its_waiting_join_is_told() -> None:
     assert kind == Kind.REJECT
     assert Reject.parse(body).code == RejectCode.GROUP_CLOSED
     assert KEY not in gone._lobbies
+
+
+def test_a_peer_that_announced_nothing_still_has_the_window_from_the_send_step() -> None:
+    """Two of three peers announced the round long ago (more than a window before their send
+    step); the third declares only at its own send step, a moment after theirs. The two
+    wait for it a window from their send step, as when declaring there: one group of
+    three. Counting the window from their early declaration, they would have formed a
+    group of two at once and refused the third (GROUP_CLOSED)."""
+    short = RoundTimeouts(matchmaking_window=1.0, join_timeout=1.0)
+    *early, late = _peers(40, 3, short)
+
+    async def main() -> list[GroupInfo]:
+        for peer in (*early, late):
+            await peer.start()
+        for peer in early:
+            _open(peer)
+        await _until_read(early, 2)
+        await asyncio.sleep(short.matchmaking_window * 1.2)  # training meanwhile
+        forming = [asyncio.create_task(_form(peer)) for peer in early]
+        await asyncio.sleep(0.2)
+        group = await late.form_group(KEY, NUMEL, 0, 0, 1.0, PRIOR)
+        return [group, *[(await task)[0] for task in forming]]
+
+    groups = asyncio.run(main())
+    ids = {peer.p2p.peer_id for peer in (*early, late)}
+    assert all(set(g.members) == ids for g in groups), groups

@@ -200,7 +200,11 @@ class Matchmaker(Ahead):
                 )
                 lobby.expiration, lobby.declared_at = expiration, loop.time()
             declared = loop.time()
-            seen, ended = await self._wait_window(lobby, lobby.declared_at)
+            # waiting for target_group_size peers, a window from the send step, as when
+            # declaring at it: a peer that announced nothing yet may be a step behind
+            waiting = self.target_group_size is not None
+            since = max(lobby.declared_at, start) if waiting else lobby.declared_at
+            seen, ended = await self._wait_window(lobby, since)
             view = set(seen) | {self.p2p.peer_id}
             leaders = self._may_lead(seen, lobby)
             logger.info(
