@@ -183,3 +183,29 @@ def test_a_peer_that_announced_nothing_still_has_the_window_from_the_send_step()
     groups = asyncio.run(main())
     ids = {peer.p2p.peer_id for peer in (*early, late)}
     assert all(set(g.members) == ids for g in groups), groups
+
+
+def test_a_leader_still_training_toward_its_send_step_is_not_charged_as_silent() -> None:
+    """The follower JOINs a leader that announced the round ahead (with 10 s to go) and
+    reaches its send step 3.4 s later, past the due time a leader that declared at its send
+    step has (a window and two join timeouts: 3 s) but within the follower's matchmaking
+    bound (4 s). The follower waits: one group, no offence. Before, it charged the honest
+    leader as silent (three such rounds banned it, as a 200 ms swarm showed at start-up) and
+    failed over."""
+    timeouts = RoundTimeouts(matchmaking_window=1.0, join_timeout=1.0)
+    leader, follower = _peers(50, 2, timeouts)
+
+    async def main() -> tuple[GroupInfo, GroupInfo]:
+        for peer in (leader, follower):
+            await peer.start()
+            _open(peer, lead=10.0)
+        await _until_read([leader, follower], 2)
+        following = asyncio.create_task(follower.form_group(KEY, NUMEL, 0, 0, 1.0, PRIOR))
+        await asyncio.sleep(3.4)
+        assert not following.done()
+        return await leader.form_group(KEY, NUMEL, 0, 0, 1.0, PRIOR), await following
+
+    led, followed = asyncio.run(main())
+    assert led.group_id == followed.group_id
+    assert not follower.bans.banned(leader.p2p.peer_id)
+    assert leader.p2p.peer_id not in follower.bans._peers  # no offence recorded

@@ -138,6 +138,9 @@ class Lobby:
     flags: every read adds to it, since one read may miss a record another found (it
     started before the record landed, as the window's read beside a JOIN's, or it asked
     another replica), and a leader must wait for every peer it knew had declared."""
+    expirations: dict[PeerID, float] = field(default_factory=dict)
+    """When each peer's declaration read expires (DHT time): how long it said it may take
+    to reach its send step (``Follower._await_reply``)."""
     may_lead: bool = True
     """False for a node nobody can dial: it never leads."""
     decided: asyncio.Event = field(default_factory=asyncio.Event)
