@@ -67,3 +67,22 @@ def test_each_fragments_next_round_is_announced_once_when_its_prior_is_known() -
     assert len(keys) == len(set(keys))  # never twice
     # every round sent was announced before its send step
     assert set(keys) == set(reducer.sent)
+
+
+def test_a_round_is_announced_again_once_a_heal_changed_its_prior() -> None:
+    """A node that missed a round heals right after its announcement: the round is
+    announced again with the state it now starts from, once."""
+    fragments = [[("a", nn.Parameter(torch.zeros(3)))]]
+    config = OuterConfig(sync_every=4, fragment_sync_delay=1, outer_lr=0.7, outer_momentum=0.9)
+    sync = FragmentSync(fragments, config, "me", tau=1)
+    reducer = Recording()
+    announcer = Announcer(reducer)
+    (key,) = announcer.announce(sync, 1, 100, 10.0, 0.1)
+    before = sync.state_hash(0)
+    assert announcer.announce(sync, 2, 100, 10.0, 0.1) == []
+    sync.states[0].outer.add_(1.0)  # what adopting a healed state does
+    sync.hashes.pop(0)
+    assert announcer.announce(sync, 2, 100, 10.0, 0.1) == [key]
+    assert announcer.announce(sync, 3, 100, 10.0, 0.1) == []
+    priors = [prior for k, _, _, prior, _ in reducer.prepared if k == key]
+    assert priors == [before, sync.states[0].sha256()] and before != priors[1]

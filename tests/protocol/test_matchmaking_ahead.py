@@ -209,3 +209,35 @@ def test_a_leader_still_training_toward_its_send_step_is_not_charged_as_silent()
     assert led.group_id == followed.group_id
     assert not follower.bans.banned(leader.p2p.peer_id)
     assert leader.p2p.peer_id not in follower.bans._peers  # no offence recorded
+
+
+def test_announced_again_with_a_healed_prior_the_send_step_still_needs_only_the_join() -> None:
+    """A node announced the round, healed, and announced it again with its new prior
+    before the send step: its new declaration replaces the old one ahead of time, so at the
+    send step it joins its peer of that prior with one exchange. Before, it dropped the
+    lobby at the send step and declared then: late for a leader that closed at once."""
+    healed, other = _peers(60, 2)
+    new_prior = "c" * 64
+
+    async def main() -> list[tuple[GroupInfo, list[str]]]:
+        await healed.start()
+        await other.start()
+        _open(healed, PRIOR)
+        while healed._lobbies[KEY].declared_at is None:
+            await asyncio.sleep(0.01)
+        _open(healed, new_prior)
+        _open(other, new_prior)
+        await _until_read([healed, other], 2)
+
+        async def seen() -> None:  # the other read the healed node's new prior
+            while healed.p2p.peer_id not in other._lobbies[KEY].seen:
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(seen(), 5.0)
+        return list(await asyncio.gather(_form(healed, new_prior), _form(other, new_prior)))
+
+    (mine, my_path), (theirs, their_path) = asyncio.run(main())
+    assert mine.group_id == theirs.group_id
+    assert sorted([my_path, their_path]) == [[], ["join"]]
+    view = asyncio.run(read_round_view(healed.dht, DHT_KEY))
+    assert view[healed.p2p.peer_id].prior == prior_tag(new_prior)

@@ -76,24 +76,31 @@ class Ahead(Follower):
     ) -> None:
         """Open round ``key``'s lobby now, about ``lead`` seconds before its send step,
         declare ``prior`` and read the round in the background. Nothing if the round is
-        already open."""
-        if key in self._lobbies:
-            return
+        already open with that prior or at its send step; a lobby opened ahead with another
+        prior (the node healed since) is dropped, and the new declaration outlives the old
+        so that it replaces it."""
+        stale = 0.0
+        if (opened := self._lobbies.get(key)) is not None:
+            if opened.ahead is None or opened.claimed or opened.prior == prior_tag(prior):
+                return
+            self._drop_unclaimed(key, opened)
+            stale = opened.expiration
         lobby = Lobby(
             request, round_key(self.run_id, key), prior=prior_tag(prior), may_lead=may_lead
         )
         self._lobbies[key] = lobby
-        lobby.ahead = asyncio.ensure_future(self._declare_ahead(lobby, prior, lead))
+        lobby.ahead = asyncio.ensure_future(self._declare_ahead(lobby, prior, lead, stale))
         t = self.timeouts
         asyncio.get_running_loop().call_later(
             lead + t.matchmaking, self._drop_unclaimed, key, lobby
         )
 
-    async def _declare_ahead(self, lobby: Lobby, prior: str, lead: float) -> None:
-        """Declare, then read the round in another task (``_read_ahead``)."""
+    async def _declare_ahead(self, lobby: Lobby, prior: str, lead: float, stale: float) -> None:
+        """Declare (expiring after ``stale``, an earlier declaration's), then read the round
+        in another task (``_read_ahead``)."""
         t = self.timeouts
         loop = asyncio.get_running_loop()
-        expiration = get_dht_time() + lead + t.matchmaking + t.allreduce
+        expiration = max(get_dht_time() + lead + t.matchmaking + t.allreduce, stale + 1e-3)
         try:
             await asyncio.wait_for(
                 declare_round(
