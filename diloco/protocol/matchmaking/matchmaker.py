@@ -4,7 +4,9 @@ Protocol, for every node that reaches the send step of round ``(p, k)``:
 
 1. Declare: store ``weight`` and the *prior* (the hash of the fragment state this node starts
    the round from, ``declarations``) under DHT key ``{run_id}/frag{p}/round{k}``, subkey =
-   own peer id, and open a lobby for that round (so joins can arrive from now on).
+   own peer id, and open a lobby for that round (so joins can arrive from now on). A node
+   that announced the round (``ahead``) did this, and read the round, before the send
+   step; it then chooses its role at once from what it read.
 2. Read the key at once, then (with ``target_group_size``) every ``poll`` seconds and
    whenever a JOIN knocks, or (without) at the end of ``matchmaking_window``. The view is
    the declarations of this node's prior plus the peers that already sent this node a
