@@ -241,3 +241,30 @@ def test_announced_again_with_a_healed_prior_the_send_step_still_needs_only_the_
     assert sorted([my_path, their_path]) == [[], ["join"]]
     view = asyncio.run(read_round_view(healed.dht, DHT_KEY))
     assert view[healed.p2p.peer_id].prior == prior_tag(new_prior)
+
+
+def test_a_join_from_a_peer_whose_read_prior_is_stale_is_read_again() -> None:
+    """The leader read a peer's declaration of another prior ahead of the send step; the
+    peer healed and declared anew, and JOINs: the leader reads the round again and takes
+    it. Before, it refused it (MISMATCH) on the stale record, round after round."""
+    leader, healed = _peers(70, 2)
+
+    async def main() -> tuple[GroupInfo, GroupInfo]:
+        for peer in (leader, healed):
+            await peer.start()
+        await declare_round(healed.dht, DHT_KEY, 1.0, 1e11, prior="d" * 64)  # before healing
+        _open(leader)
+        await _until_read([leader], 2)
+        assert leader._lobbies[KEY].declared[healed.p2p.peer_id] == prior_tag("d" * 64)
+        await declare_round(healed.dht, DHT_KEY, 1.0, 1e12, prior=PRIOR)  # healed
+        following = asyncio.create_task(healed.form_group(KEY, NUMEL, 0, 0, 1.0, PRIOR))
+
+        async def knocked() -> None:  # its JOIN passed the leader's prior check
+            while healed.p2p.peer_id not in leader._lobbies[KEY].knockers:
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(knocked(), 5.0)
+        return await leader.form_group(KEY, NUMEL, 0, 0, 1.0, PRIOR), await following
+
+    led, followed = asyncio.run(main())
+    assert led.group_id == followed.group_id

@@ -124,13 +124,14 @@ class Ahead(Follower):
 
     async def _read_ahead(self, lobby: Lobby, until: float) -> None:
         """Read the round until it is claimed or dropped, ``target_group_size`` peers
-        declared, or ``until`` (loop time)."""
+        declared this node's prior, or ``until`` (loop time): a peer of another prior may
+        heal and declare again."""
         loop = asyncio.get_running_loop()
         try:
             while not (lobby.claimed or lobby.closed) and loop.time() < until:
                 await asyncio.wait_for(self._read_view(lobby), self.timeouts.join_timeout)
-                if self._all_declared(lobby):
-                    return
+                if self._all_declared(lobby) and set(lobby.declared.values()) <= {lobby.prior}:
+                    return  # all here, and none that may yet heal into this prior
                 await asyncio.sleep(max(self.poll, AHEAD_POLL_S))
         except (asyncio.TimeoutError, OSError, RuntimeError) as exc:
             # the round reads again at its send step

@@ -453,7 +453,7 @@ class Matchmaker(Ahead):
             mine.return_codec_id,
         ):
             return reject(RejectCode.MISMATCH, "fragment size or codec differs")
-        if peer not in lobby.declared:  # it declared before it JOINed: read again
+        if lobby.declared.get(peer) != lobby.prior:  # it declared (anew: it healed): read again
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._read_view(lobby), self.timeouts.join_timeout)
         if (prior := lobby.declared.get(peer)) != lobby.prior:
