@@ -19,6 +19,8 @@ logger = logging.getLogger(__name__)
 ALONE = "no partner (alone in the swarm)"
 SUMMARY_EVERY = 60.0
 """Seconds between two summaries of the rounds that failed meanwhile."""
+IN_A_ROW = 5
+"""Rounds failed one after another (none applied between) that earn a line saying why."""
 
 _CAUSES = (
     (re.compile(r"^no group: 1 member\b|^no (live )?peer that may lead"), ALONE),
@@ -39,6 +41,19 @@ def failure_cause(error: str) -> str:
     return reason
 
 
+def failure_reason(error: str, cause: str, others: int) -> str:
+    """Why a node fails its rounds, in a clause: the cause, what it means when other nodes
+    are live, and the last error itself."""
+    reason = error.split(" failed: ", 1)[-1]
+    if cause in (ALONE, "refused by the round's leader (not in that round)") and others:
+        return (
+            f"the last: {reason}, with {others} other live node(s): this node reaches its "
+            "send steps out of step with theirs (its rounds open when theirs have closed, "
+            "or before they open), a slower or faster node than the swarm"
+        )
+    return f"the last: {reason} ({cause})"
+
+
 class FailureLog:
     """Counts failed rounds by cause and logs them sparingly: one INFO line when the node
     starts waiting for peers, one when its first group forms, and per minute one line per
@@ -51,17 +66,28 @@ class FailureLog:
         self.since = clock()
         self.waiting = False
         self.grouped = False
+        self.streak = 0
+        """Rounds failed since the last one applied."""
 
-    def failed(self, error: str) -> None:
+    def failed(self, error: str, others: int = 0) -> None:
+        """A round failed with ``error``, while ``others`` other nodes were live."""
         cause = failure_cause(error)
         self.total[cause] += 1
         self.recent[cause] += 1
-        if cause == ALONE and not self.waiting:
+        self.streak += 1
+        if self.streak == IN_A_ROW and (cause != ALONE or others > 0):
+            logger.warning(
+                "%d rounds in a row failed, %s",
+                self.streak,
+                failure_reason(error, cause, others),
+            )
+        if cause == ALONE and not self.waiting and others == 0:
             self.waiting = True
             logger.info("waiting for peers: alone in the swarm, training alone meanwhile")
         self._maybe_summarise()
 
     def succeeded(self, members: int) -> None:
+        self.streak = 0
         if self.waiting or not self.grouped:
             logger.info("a group formed: %d members in this round", members)
         self.waiting, self.grouped = False, True

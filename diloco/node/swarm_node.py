@@ -376,7 +376,8 @@ class SwarmNode:
             if round_.ok:
                 self.failures.succeeded(len(round_.members))
             else:
-                self.failures.failed(round_.error or "")
+                others = (self.reducer.matchmaker.target_group_size or 1) - 1
+                self.failures.failed(round_.error or "", others)
             self._vouch(round_)
 
     def _progress(self, losses: list[float], tokens_per_s: float, step_wall_s: float) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from diloco.errors import CheckpointError, ConfigError
+from diloco.node.ahead import Announcer
 from diloco.node.checkpoint import Checkpoint, CheckpointManager, export_weights
 from diloco.node.compute import compile_model, configure_backends
 from diloco.node.config import NodeOptions, RunConfig
@@ -96,6 +97,8 @@ class NodeTrainer:
         self.sync = FragmentSync(
             self.fragments, run.outer, member=member, tau=tau, outer_device=options.outer_device
         )
+        self.announcer = Announcer(reducer)
+        """Starts each fragment's next round's matchmaking before its send step."""
         if options.compute.compile:
             compile_model(self.model)
         self.eval_set = eval_batches(
@@ -153,6 +156,9 @@ class NodeTrainer:
         self.compute_seconds += seconds
         applied = self.sync.apply_due(self.step)
         self._count(applied)
+        wall = time.perf_counter() - start
+        tokens = rows * self.run.seq_len
+        self.announcer.announce(self.sync, self.step, self.run.steps, tokens, wall)
         self._choose_tau(seconds, applied)
         return loss, applied
 

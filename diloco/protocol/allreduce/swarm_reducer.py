@@ -19,7 +19,12 @@ from diloco.codecs import Codec
 from diloco.errors import RoundFailed
 from diloco.protocol.allreduce.member import AllReduceRunner
 from diloco.protocol.allreduce.routing import AllReduceService
-from diloco.protocol.core.adaptive import RECENT_ROUNDS, adapted_timeouts
+from diloco.protocol.core.adaptive import (
+    RECENT_ROUNDS,
+    adapted_timeouts,
+    round_trip_estimate,
+    rtt_timeouts,
+)
 from diloco.protocol.core.aggregation import CLIP_FACTOR, check_clip_factor, weighted_mean
 from diloco.protocol.core.demotion import Demotion
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
@@ -31,8 +36,12 @@ from diloco.protocol.runtime import round_trips
 from diloco.protocol.runtime.swarm import Swarm
 from diloco.protocol.staged.groups import grid_for
 from diloco.protocol.staged.runner import StagedRunner
+from diloco.protocol.wire.frames import Join
 
 logger = logging.getLogger(__name__)
+
+RTT_KINDS = ("join", "check")
+"""Exchanges a round trip measures: one request and its answer (``round_trips``)."""
 
 
 class SwarmReducer(Reducer):
@@ -114,6 +123,9 @@ class SwarmReducer(Reducer):
         """(matchmaking seconds, all-reduce seconds) of the last rounds, oldest first."""
         self.transfers: collections.deque[float] = collections.deque(maxlen=RECENT_ROUNDS)
         """Transfer times of the last rounds with every part on the first try (``adaptive``)."""
+        self.rtt_samples: collections.deque[float] = collections.deque(maxlen=RECENT_ROUNDS)
+        """The shortest JOIN or CHECK exchange of each of the last rounds: what the round
+        trip to the peers is (``adaptive.round_trip_estimate``)."""
         swarm.call(self._start())
 
     async def _start(self) -> None:
@@ -146,6 +158,22 @@ class SwarmReducer(Reducer):
             except Exception as exc:  # the daemon may already be gone at shutdown
                 logger.debug("removing handler %s: %r", name, exc)
 
+    def prepare(self, key: RoundKey, numel: int, weight: float, prior: str, lead: float) -> None:
+        """Declare round ``key`` and read who else did before its send step, so that the
+        round's path starts at JOIN -> GROUP (``ahead``)."""
+        request = self.matchmaker.join_request(
+            key,
+            numel,
+            self.codec.codec_id,
+            self.return_codec.codec_id,
+            weight,
+            self.client or self.demotion.demoted,
+        )
+        self.swarm.submit(self._open_ahead(key, request, prior, lead))
+
+    async def _open_ahead(self, key: RoundKey, request: Join, prior: str, lead: float) -> None:
+        self.matchmaker.open_ahead(key, request, prior, not self.client, lead)
+
     def reduce(
         self, key: RoundKey, contributions: Sequence[Contribution]
     ) -> concurrent.futures.Future[RoundResult]:
@@ -168,14 +196,19 @@ class SwarmReducer(Reducer):
             try:
                 result = await reduce
             finally:
+                spans = [end - begin for kind, begin, end in trips.exchanges if kind in RTT_KINDS]
+                if spans:
+                    self.rtt_samples.append(min(spans))
                 path = trips.critical_path()
                 summary = round_trips.path_summary(path)
                 logger.debug("round %s: %d round trips: %s", key, len(path), summary)
         return dataclasses.replace(result, round_trips=tuple(path))
 
     async def _reduce(self, key: RoundKey, contribution: Contribution) -> RoundResult:
+        timeouts = rtt_timeouts(self.timeouts, round_trip_estimate(self.rtt_samples))
+        self.matchmaker.timeouts = timeouts  # the rounds in matchmaking now follow it too
         try:
-            async with asyncio.timeout(self.timeouts.total) as deadline:
+            async with asyncio.timeout(timeouts.total) as deadline:
                 return await self._reduce_inner(key, contribution, deadline)
         except RoundFailed as exc:
             logger.debug("%s", exc)  # the caller reports failed rounds

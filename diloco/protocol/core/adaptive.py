@@ -45,6 +45,43 @@ deschedules a process for hundreds of milliseconds (with 0.1 s, honest members o
 rounds of 5M values were dropped on two busy cores, and the round's bytes changed)."""
 
 
+RTT_FACTOR = 8.0
+"""Round trips the matchmaking window and the join timeout last at least: declaring on the
+DHT takes 2-4 of them alone (more as the swarm grows), a JOIN one, and a leader waits for
+joins that left their nodes up to a round trip apart."""
+MAX_STRETCH = 4.0
+"""How far the round trip time may stretch a configured matchmaking timeout: a JOIN stream
+is held at most this many times the configured bound (``Matchmaker.start``)."""
+
+
+def rtt_timeouts(timeouts: RoundTimeouts, rtt: float | None) -> RoundTimeouts:
+    """``timeouts`` with the matchmaking window and the join timeout raised to
+    ``RTT_FACTOR`` times ``rtt`` (seconds, the measured round trip to the swarm's peers;
+    None: not measured yet), at most ``MAX_STRETCH`` times the configured ones, never
+    lowered: a window that is a fixed 2 s holds 20 round trips on one continent and fewer
+    than the DHT's declaration needs across a satellite link."""
+    if rtt is None or not rtt > 0:
+        return timeouts
+
+    def stretched(configured: float) -> float:
+        return min(MAX_STRETCH * configured, max(configured, RTT_FACTOR * rtt))
+
+    return dataclasses.replace(
+        timeouts,
+        matchmaking_window=stretched(timeouts.matchmaking_window),
+        join_timeout=stretched(timeouts.join_timeout),
+    )
+
+
+def round_trip_estimate(samples: Sequence[float]) -> float | None:
+    """The round trip to the swarm's peers from the last ``RECENT_ROUNDS`` rounds' shortest
+    request/response exchange each (seconds): their median, None with fewer than
+    ``MIN_SAMPLES``. An exchange lasts at least a round trip, and its shortest in a round
+    is the one that waited least on anything else."""
+    recent = list(samples)[-RECENT_ROUNDS:]
+    return percentile(recent, 0.5) if len(recent) >= MIN_SAMPLES else None
+
+
 def percentile(samples: Sequence[float], q: float) -> float:
     """The nearest-rank ``q``-quantile of ``samples`` (``0 < q <= 1``, samples not empty)."""
     if not samples or not 0 < q <= 1:

@@ -108,6 +108,12 @@ class Reducer(ABC):
         The future resolves to a ``RoundResult`` or raises ``diloco.errors.RoundFailed``.
         """
 
+    def prepare(self, key: RoundKey, numel: int, weight: float, prior: str, lead: float) -> None:
+        """Say that round ``key`` (``numel`` values) will be sent in about ``lead`` seconds,
+        starting from the fragment state of hash ``prior``, with about ``weight``: a
+        transport may start matchmaking now (docs/design.md "Across the internet"). Never
+        blocks; the default does nothing."""
+
     def close(self) -> None:
         """Release transport resources; the default holds none."""
 

@@ -19,12 +19,13 @@ import logging
 
 from hivemind import DHT
 from hivemind.p2p import PeerID
+from hivemind.utils import get_dht_time
 
 from diloco.errors import ProtocolError, RoundFailed
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
 from diloco.protocol.core.reducer import RoundKey
 from diloco.protocol.matchmaking.lobby import Lobby, check_group
-from diloco.protocol.records.declarations import read_round_view
+from diloco.protocol.records.declarations import read_round_expiring
 from diloco.protocol.runtime import round_trips, streams
 from diloco.protocol.trust.bans import BanList
 from diloco.protocol.trust.swarm_key import ClosedSwarm
@@ -79,7 +80,9 @@ class Follower:
         ``seen``, less the banned and those whose weight exceeds the cap (their JOIN would
         be refused). Invalid declarations are logged and skipped (declarations are signed: a
         peer can declare only itself)."""
-        declarations = await read_round_view(self.dht, lobby.dht_key, self.closed)
+        records = await read_round_expiring(self.dht, lobby.dht_key, self.closed)
+        declarations = {peer: declaration for peer, (declaration, _) in records.items()}
+        lobby.reads += 1
         lobby.arrived.update(declarations)
         usable = {
             peer: d
@@ -87,6 +90,7 @@ class Follower:
             if d.weight <= self.max_weight and not self.bans.banned(peer)
         }
         lobby.declared.update((peer, d.prior) for peer, d in usable.items())
+        lobby.expirations.update((peer, records[peer][1]) for peer in usable)
         lobby.seen.update(
             (p, (d.weight, d.client)) for p, d in usable.items() if d.prior == lobby.prior
         )
@@ -154,7 +158,7 @@ class Follower:
                     due = successor_due
                 else:
                     chose = decided_at + t.matchmaking_window if ready is None else ready
-                    due = chose + t.group_timeout
+                    due = max(chose, self._send_step_by(lobby, target)) + t.group_timeout
                 if now >= deadline:
                     raise asyncio.TimeoutError
                 if now >= due:
@@ -170,6 +174,19 @@ class Follower:
                         await asyncio.wait_for(self._read_view(lobby), t.join_timeout)
         finally:
             call.cancel()
+
+    def _send_step_by(self, lobby: Lobby, peer: PeerID) -> float:
+        """When ``peer`` said it would have reached its send step (loop time): its
+        declaration's expiration less the round's bounds, which a node declaring ahead of
+        its send step extends by its lead (``ahead``), plus a window to choose its role. An
+        honest leader that announced the round ahead and has not reached the send step yet
+        is not silent before then; a leader lying about it costs its followers no more than
+        their matchmaking bound (their deadline ends the wait without failover), as one
+        refusing their JOINs does."""
+        t = self.timeouts
+        expiration = lobby.expirations.get(peer, 0.0)
+        lead = expiration - (t.matchmaking + t.allreduce) - float(get_dht_time())
+        return asyncio.get_running_loop().time() + lead + t.matchmaking_window
 
     @round_trips.exchange("join")
     async def _call_join(self, leader: PeerID, request: Join) -> tuple[Kind, bytes]:

@@ -138,6 +138,9 @@ class Lobby:
     flags: every read adds to it, since one read may miss a record another found (it
     started before the record landed, as the window's read beside a JOIN's, or it asked
     another replica), and a leader must wait for every peer it knew had declared."""
+    expirations: dict[PeerID, float] = field(default_factory=dict)
+    """When each peer's declaration read expires (DHT time): how long it said it may take
+    to reach its send step (``Follower._await_reply``)."""
     may_lead: bool = True
     """False for a node nobody can dial: it never leads."""
     decided: asyncio.Event = field(default_factory=asyncio.Event)
@@ -153,3 +156,15 @@ class Lobby:
     """Joiners that asked to reduce no part."""
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     closed: bool = False
+    reads: int = 0
+    """Reads of the round's declarations into this lobby so far."""
+    declared_at: float | None = None
+    """Loop time this node's declaration was stored: its window counts from then."""
+    expiration: float = 0.0
+    """DHT time this node's declaration of the round expires (0: not stored yet)."""
+    ahead: asyncio.Task[None] | None = None
+    """The declaration stored before the send step (``ahead``); None: opened at it."""
+    reading: asyncio.Task[None] | None = None
+    """The reads of the round before its send step (``ahead``)."""
+    claimed: bool = False
+    """Whether the send step came and ``form_group`` took this lobby over."""

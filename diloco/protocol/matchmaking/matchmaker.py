@@ -4,7 +4,9 @@ Protocol, for every node that reaches the send step of round ``(p, k)``:
 
 1. Declare: store ``weight`` and the *prior* (the hash of the fragment state this node starts
    the round from, ``declarations``) under DHT key ``{run_id}/frag{p}/round{k}``, subkey =
-   own peer id, and open a lobby for that round (so joins can arrive from now on).
+   own peer id, and open a lobby for that round (so joins can arrive from now on). A node
+   that announced the round (``ahead``) did this, and read the round, before the send
+   step; it then chooses its role at once from what it read.
 2. Read the key at once, then (with ``target_group_size``) every ``poll`` seconds and
    whenever a JOIN knocks, or (without) at the end of ``matchmaking_window``. The view is
    the declarations of this node's prior plus the peers that already sent this node a
@@ -77,9 +79,10 @@ from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
 
 from diloco.errors import PriorDiverged, ProtocolError, RoundFailed
+from diloco.protocol.core.adaptive import rtt_timeouts
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
 from diloco.protocol.core.reducer import RoundKey
-from diloco.protocol.matchmaking.follower import Follower
+from diloco.protocol.matchmaking.ahead import Ahead
 from diloco.protocol.matchmaking.lobby import (
     Lobby,
     choose_leader,
@@ -92,7 +95,7 @@ from diloco.protocol.runtime import streams
 from diloco.protocol.trust.bans import BanList
 from diloco.protocol.trust.swarm_key import ClosedSwarm
 from diloco.protocol.wire import frames as wire
-from diloco.protocol.wire.frames import Group, Join, Kind, Reject, RejectCode, RoundTag
+from diloco.protocol.wire.frames import Group, Join, Kind, Reject, RejectCode
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +104,7 @@ _TRANSPORT_RETRIES = 1
 """Extra JOIN attempts to the same leader after a transport failure, before failing over."""
 
 
-class Matchmaker(Follower):
+class Matchmaker(Ahead):
     """Forms one group per fragment round; several rounds may be in matchmaking at once."""
 
     def __init__(
@@ -136,8 +139,9 @@ class Matchmaker(Follower):
         """GROUP messages this node sent as leader, kept for members that ask again."""
 
     async def start(self) -> None:
-        """Register the JOIN handler on the shared P2P daemon."""
-        t = self.timeouts
+        """Register the JOIN handler on the shared P2P daemon; its bound holds with the
+        widest window the round trip time may set (``adaptive.rtt_timeouts``)."""
+        t = rtt_timeouts(self.timeouts, math.inf)
         handler = streams.stream_handler(
             "JOIN",
             self._serve_join,
@@ -169,35 +173,41 @@ class Matchmaker(Follower):
                 arrived after its group had closed, or it may not lead and saw no peer that
                 may.
         """
-        if key in self._lobbies:
-            raise RoundFailed(key.fragment, key.round, "this round is already in matchmaking")
-        tag = RoundTag(self.digest, key.fragment, key.round)
-        weight = min(weight, self.max_weight)
-        request = Join(tag, numel, codec_id, return_codec_id, weight, client)
-        request.check()
-        lobby = Lobby(
-            request, round_key(self.run_id, key), prior=prior_tag(prior), may_lead=may_lead
-        )
-        self._lobbies[key] = lobby
+        request = self.join_request(key, numel, codec_id, return_codec_id, weight, client)
+        lobby, stale = self.claim_ahead(key, request, prior)
+        if lobby is None:
+            if key in self._lobbies:
+                raise RoundFailed(key.fragment, key.round, "this round is already in matchmaking")
+            dht_key = round_key(self.run_id, key)
+            lobby = Lobby(request, dht_key, prior=prior_tag(prior), may_lead=may_lead)
+            self._lobbies[key] = lobby
         try:
             t = self.timeouts
             loop = asyncio.get_running_loop()
             start = loop.time()
-            expiration = get_dht_time() + t.matchmaking + t.allreduce
-            await asyncio.wait_for(
-                declare_round(
-                    self.dht,
-                    lobby.dht_key,
-                    weight,
-                    expiration,
-                    self.closed,
-                    client=not may_lead,
-                    prior=prior,
-                ),
-                t.join_timeout,
-            )
+            if lobby.ahead is not None and not lobby.ahead.done():
+                await self.await_declared(lobby)
+            if lobby.declared_at is None:  # not declared ahead of the send step
+                expiration = max(get_dht_time() + t.matchmaking + t.allreduce, stale + 1e-3)
+                await asyncio.wait_for(
+                    declare_round(
+                        self.dht,
+                        lobby.dht_key,
+                        request.weight,
+                        expiration,
+                        self.closed,
+                        client=not may_lead,
+                        prior=prior,
+                    ),
+                    t.join_timeout,
+                )
+                lobby.expiration, lobby.declared_at = expiration, loop.time()
             declared = loop.time()
-            seen, ended = await self._wait_window(lobby)
+            # waiting for target_group_size peers, a window from the send step, as when
+            # declaring at it: a peer that announced nothing yet may be a step behind
+            waiting = self.target_group_size is not None
+            since = max(lobby.declared_at, start) if waiting else lobby.declared_at
+            seen, ended = await self._wait_window(lobby, since)
             view = set(seen) | {self.p2p.peer_id}
             leaders = self._may_lead(seen, lobby)
             logger.info(
@@ -238,7 +248,9 @@ class Matchmaker(Follower):
         leaders = {peer for peer, (_, client) in view.items() if not client}
         return leaders | {self.p2p.peer_id} if lobby.may_lead else leaders
 
-    async def _wait_window(self, lobby: Lobby) -> tuple[dict[PeerID, tuple[float, bool]], str]:
+    async def _wait_window(
+        self, lobby: Lobby, since: float
+    ) -> tuple[dict[PeerID, tuple[float, bool]], str]:
         """The peers of the round that may share this node's group, as far as it can tell
         when it must choose a role, and why the wait ended.
 
@@ -247,16 +259,21 @@ class Matchmaker(Follower):
         early as soon as a peer that may lead and is ranked before this node is known (it
         cannot lead, so it JOINs that peer now, and the JOIN waits there; a node nobody can
         dial cannot lead at all), or ``wait_target`` peers declared under any prior;
-        otherwise after the window.
+        otherwise after the window, which counts from ``since`` (loop time: when this node
+        declared). A lobby read before the send step (``ahead``) decides on what it read
+        before it reads again.
         """
         loop = asyncio.get_running_loop()
         t = self.timeouts
-        deadline = loop.time() + t.matchmaking_window
+        deadline = since + t.matchmaking_window
         me = self.p2p.peer_id
         target = self.wait_target(lobby)
+        read = lobby.reads == 0
         while True:
             lobby.knock.clear()
-            await asyncio.wait_for(self._read_view(lobby), t.join_timeout)
+            if read:
+                await asyncio.wait_for(self._read_view(lobby), t.join_timeout)
+            read = True
             view = self._known(lobby)
             arrived = len(lobby.arrived | lobby.declared.keys() | view.keys() | {me})
             leaders = self._may_lead(view, lobby)
@@ -438,7 +455,7 @@ class Matchmaker(Follower):
             mine.return_codec_id,
         ):
             return reject(RejectCode.MISMATCH, "fragment size or codec differs")
-        if peer not in lobby.declared:  # it declared before it JOINed: read again
+        if lobby.declared.get(peer) != lobby.prior:  # it declared (anew: it healed): read again
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._read_view(lobby), self.timeouts.join_timeout)
         if (prior := lobby.declared.get(peer)) != lobby.prior:

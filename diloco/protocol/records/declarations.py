@@ -99,7 +99,22 @@ async def read_round_view(
     declarations are logged with the peer id they claim and skipped, and so are, in a
     ``closed`` swarm, those without a valid proof of membership (outsiders are not in the
     view)."""
-    view: dict[PeerID, Declaration] = {}
+    return {peer: d for peer, (d, _) in (await _read_round(dht, key, closed)).items()}
+
+
+@round_trips.exchange("read")
+async def read_round_expiring(
+    dht: DHT, key: str, closed: ClosedSwarm | None = None
+) -> dict[PeerID, tuple[Declaration, float]]:
+    """``read_round_view`` with each declaration's expiration (DHT time, signed with it): a
+    node that declares ahead of its send step sets it that much later (``ahead``)."""
+    return await _read_round(dht, key, closed)
+
+
+async def _read_round(
+    dht: DHT, key: str, closed: ClosedSwarm | None
+) -> dict[PeerID, tuple[Declaration, float]]:
+    view: dict[PeerID, tuple[Declaration, float]] = {}
     for peer_id, signed in (await read_signed(dht, key)).items():
         try:
             declaration = parse_declaration(signed.payload)
@@ -110,7 +125,7 @@ async def read_round_view(
         if closed is not None and not closed.check(closed.declaration_proof(key, peer_id), proof):
             logger.info("ignoring declaration of %s under %s: %s", peer_id, key, NOT_MEMBER)
             continue
-        view[PeerID.from_base58(peer_id)] = declaration
+        view[PeerID.from_base58(peer_id)] = (declaration, signed.expiration)
     return view
 
 

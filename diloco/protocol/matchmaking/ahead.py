@@ -1,0 +1,186 @@
+"""Matchmaking started before the send step (docs/design.md "Across the internet").
+
+Declaring a round on the DHT takes about 2 round trips and reading who else declared one
+more: across an ocean that is most of a round. Neither needs the outer gradient, only the
+fragment state the round starts from (its *prior*) and, roughly, the weight: a node knows
+both as soon as the fragment's previous round was applied, up to ``H - tau`` steps before
+it sends again. ``open_ahead`` then opens the round's lobby (JOINs that come early wait
+there, as they would for a node still in its window), declares, and reads the round every
+``poll`` until ``target_group_size`` peers declared or the send step comes. At the send
+step ``form_group`` claims the lobby and, with a view already read, chooses its role at
+once: a follower's critical path is JOIN -> GROUP, then the all-reduce.
+
+What the early declaration says is what one made at the send step would: signed, with the
+prior (which decides who may share a group). Its weight is only an estimate: the GROUP
+carries the weight of each member's JOIN, sent at the send step, and a declaration's
+weight only screens out peers over the cap, which an estimate clamped to the cap passes
+as the real one does. A lobby whose prior no longer holds at the send step (the node healed
+meanwhile), or whose declaration would expire before the round's end, is dropped, and the
+round declares afresh, later than the stale record so that it replaces it. A lobby never
+claimed (the node stopped, or gave the round up) is dropped when its round could no longer
+form.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from hivemind.utils import get_dht_time
+
+from diloco.protocol.core.reducer import RoundKey
+from diloco.protocol.matchmaking.follower import Follower
+from diloco.protocol.matchmaking.lobby import Lobby, round_key
+from diloco.protocol.records.declarations import declare_round, prior_tag
+from diloco.protocol.runtime import round_trips
+from diloco.protocol.trust.swarm_key import ClosedSwarm
+from diloco.protocol.wire.frames import Join, Kind, Reject, RejectCode, RoundTag
+
+logger = logging.getLogger(__name__)
+
+AHEAD_POLL_S = 0.25
+"""Fewest seconds between two reads of a round before its send step (nobody waits on them)."""
+
+
+class Ahead(Follower):
+    """Opens lobbies before the send step; ``Matchmaker`` claims them at it."""
+
+    run_id: str
+    digest: bytes
+    closed: ClosedSwarm | None
+    _lobbies: dict[RoundKey, Lobby]
+
+    def join_request(
+        self,
+        key: RoundKey,
+        numel: int,
+        codec_id: int,
+        return_codec_id: int,
+        weight: float,
+        client: bool,
+    ) -> Join:
+        """This node's JOIN for round ``key``, its weight clamped to the run's cap."""
+        tag = RoundTag(self.digest, key.fragment, key.round)
+        request = Join(tag, numel, codec_id, return_codec_id, min(weight, self.max_weight), client)
+        request.check()
+        return request
+
+    def open_ahead(
+        self,
+        key: RoundKey,
+        request: Join,
+        prior: str,
+        may_lead: bool,
+        lead: float,
+    ) -> None:
+        """Open round ``key``'s lobby now, about ``lead`` seconds before its send step,
+        declare ``prior`` and read the round in the background. Nothing if the round is
+        already open with that prior or at its send step; a lobby opened ahead with another
+        prior (the node healed since) is dropped, and the new declaration outlives the old
+        so that it replaces it."""
+        stale = 0.0
+        if (opened := self._lobbies.get(key)) is not None:
+            if opened.ahead is None or opened.claimed or opened.prior == prior_tag(prior):
+                return
+            self._drop_unclaimed(key, opened)
+            stale = opened.expiration
+        lobby = Lobby(
+            request, round_key(self.run_id, key), prior=prior_tag(prior), may_lead=may_lead
+        )
+        self._lobbies[key] = lobby
+        lobby.ahead = asyncio.ensure_future(self._declare_ahead(lobby, prior, lead, stale))
+        t = self.timeouts
+        asyncio.get_running_loop().call_later(
+            lead + t.matchmaking, self._drop_unclaimed, key, lobby
+        )
+
+    async def _declare_ahead(self, lobby: Lobby, prior: str, lead: float, stale: float) -> None:
+        """Declare (expiring after ``stale``, an earlier declaration's), then read the round
+        in another task (``_read_ahead``)."""
+        t = self.timeouts
+        loop = asyncio.get_running_loop()
+        expiration = max(get_dht_time() + lead + t.matchmaking + t.allreduce, stale + 1e-3)
+        try:
+            await asyncio.wait_for(
+                declare_round(
+                    self.dht,
+                    lobby.dht_key,
+                    lobby.request.weight,
+                    expiration,
+                    self.closed,
+                    client=not lobby.may_lead,
+                    prior=prior,
+                ),
+                t.join_timeout,
+            )
+        except (asyncio.TimeoutError, OSError, RuntimeError) as exc:
+            # the round declares at its send step
+            logger.debug("round %s: declaring ahead failed: %r", lobby.dht_key, exc)
+            return
+        lobby.expiration, lobby.declared_at = expiration, loop.time()
+        until = loop.time() + lead + t.matchmaking_window
+        lobby.reading = asyncio.ensure_future(self._read_ahead(lobby, until))
+
+    async def _read_ahead(self, lobby: Lobby, until: float) -> None:
+        """Read the round until it is claimed or dropped, ``target_group_size`` peers
+        declared this node's prior, or ``until`` (loop time): a peer of another prior may
+        heal and declare again."""
+        loop = asyncio.get_running_loop()
+        try:
+            while not (lobby.claimed or lobby.closed) and loop.time() < until:
+                await asyncio.wait_for(self._read_view(lobby), self.timeouts.join_timeout)
+                if self._all_declared(lobby) and set(lobby.declared.values()) <= {lobby.prior}:
+                    return  # all here, and none that may yet heal into this prior
+                await asyncio.sleep(max(self.poll, AHEAD_POLL_S))
+        except (asyncio.TimeoutError, OSError, RuntimeError) as exc:
+            # the round reads again at its send step
+            logger.debug("round %s: reading ahead failed: %r", lobby.dht_key, exc)
+
+    def claim_ahead(self, key: RoundKey, request: Join, prior: str) -> tuple[Lobby | None, float]:
+        """The lobby ``open_ahead`` opened for round ``key``, taken over by ``form_group``
+        with this node's actual JOIN, or None (the lobby dropped) if there is none, or if it
+        declared another prior or size, or its declaration would expire before the round
+        could end; and the expiration of a declaration dropped so (0: none), which a new
+        one must exceed to replace it."""
+        lobby = self._lobbies.get(key)
+        if lobby is None or lobby.ahead is None or lobby.claimed:
+            return None, 0.0
+        t = self.timeouts
+        usable = (
+            lobby.prior == prior_tag(prior)
+            and lobby.request.numel == request.numel
+            and lobby.request.client == request.client
+            and (lobby.expiration == 0 or lobby.expiration > get_dht_time() + t.matchmaking)
+        )
+        if not usable:
+            logger.info("round %s: the declaration made ahead no longer holds", key)
+            self._drop_unclaimed(key, lobby)
+            return None, lobby.expiration
+        lobby.claimed = True
+        lobby.request = request
+        return lobby, 0.0
+
+    @round_trips.exchange("declare")
+    async def await_declared(self, lobby: Lobby) -> None:
+        """Wait for a declaration made ahead that is still being stored (the send step came
+        first); it is on the round's path then, and counted as such."""
+        assert lobby.ahead is not None
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(lobby.ahead), self.timeouts.join_timeout)
+
+    def _drop_unclaimed(self, key: RoundKey, lobby: Lobby) -> None:
+        """Close a lobby opened ahead that ``form_group`` did not take: JOINs waiting
+        there get GROUP_CLOSED."""
+        if lobby.claimed or self._lobbies.get(key) is not lobby:
+            return
+        del self._lobbies[key]
+        for task in (lobby.ahead, lobby.reading):
+            if task is not None:
+                task.cancel()
+        lobby.closed = True
+        lobby.decided.set()
+        for reply in lobby.joiners.values():
+            if not reply.done():
+                closed = Reject(RejectCode.GROUP_CLOSED, reason="round ended")
+                reply.set_result((Kind.REJECT, closed.serialize()))
