@@ -285,7 +285,7 @@ class SwarmView:
         return {
             "peers_alive": len(alive),
             "peers_seen": len(self.peers),
-            "global_step": max((p.record.global_step for p in alive), default=0),
+            "global_step": max((p.record.global_step for p in self.peers.values()), default=0),
             "tokens": sum(m.tokens for m in measured),
             "tokens_per_s": sum(p.record.throughput for p in alive),
             "bytes_sent": sent,
@@ -317,12 +317,13 @@ def run_state(states: Sequence[str]) -> str:
 
 
 def final_eval(peers: Sequence[PeerHistory]) -> dict[str, Any] | None:
-    """The held-out loss at the end: the last evaluation of the peers that finished the run,
-    at the furthest step any reached (their mean: they hold the same outer weights)."""
+    """The held-out loss at the end: the last evaluation of the peers that left saying so
+    (finished, or stopped: where they stopped), at the furthest step any reached (their
+    mean: they hold the same outer weights)."""
     last = {
         p.record.peer_id: max(p.evals.items())
         for p in peers
-        if p.metrics is not None and p.metrics.end == "finished" and p.evals
+        if p.metrics is not None and p.metrics.end is not None and p.evals
     }
     if not last:
         return None
