@@ -18,10 +18,9 @@ p2pd: the node leaves the swarm, then stops p2pd (which, stopped first, would le
 error line and hold up the DHT process's shutdown; docs/design.md "Watching a run"). A
 signal to each of the node's processes (systemd) reaches the helpers too: SIGTERM ends the
 DHT process and p2pd at once (and SIGTERM to the group ends the DHT process, then p2pd by
-its death signal). So no wait of the node on
-the DHT process is without a deadline: a call to a DHT process that has ended fails within
-``ALIVE_POLL_INTERVAL``, one that is stalled after ``DHT_CALL_TIMEOUT``, and the node still
-saves and leaves.
+its death signal). So no wait of the node on the DHT process is without a deadline: a call
+to a DHT process that has ended fails within ``ALIVE_POLL_INTERVAL``, one that is stalled
+after ``DHT_CALL_TIMEOUT``, and the node still saves and leaves.
 """
 
 from __future__ import annotations
