@@ -2,10 +2,11 @@
 
 ``RecentMetrics.observe`` takes every event the node emits (the JSON lines of
 ``--metrics-out``: ``config``, ``step``, ``progress``, ``eval``, ``round``,
-``round_failed``, ``healed``, ``summary``) and keeps counters, how the node trains and how
-it ended, and the newest ``MAX_POINTS`` losses and ``MAX_ROUNDS`` rounds; ``record`` turns
-them into the ``MetricsRecord`` the node publishes (``diloco.protocol.records.metrics``).
-Non-finite losses (a diverged node) are left out: the record carries finite numbers only.
+``round_failed``, ``healed``, ``summary``) and keeps counters, how the node ended (and how
+it trains, given at the start), and the newest ``MAX_POINTS`` losses and ``MAX_ROUNDS``
+rounds; ``record`` turns them into the ``MetricsRecord`` the node publishes
+(``diloco.protocol.records.metrics``). Non-finite losses (a diverged node) are left out:
+the record carries finite numbers only.
 """
 
 from __future__ import annotations
@@ -30,15 +31,17 @@ from diloco.protocol.records.metrics import (
 class RecentMetrics:
     """Thread-safe: the training thread observes, the DHT worker reads ``record``."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, device: str | None = None, precision: str | None = None, batch: int | None = None
+    ) -> None:
+        """``device``, ``precision``, ``batch``: how the node trains, as it was started."""
         self._lock = threading.Lock()
         self.tokens_per_step = 0
         self.steps = self.tokens = self.bytes_sent = self.bytes_received = 0
         self.failed_rounds = self.healed_fragments = 0
         self.cu = 1.0
-        self.device: str | None = None
-        self.precision: str | None = None
-        self.batch_size: int | None = None
+        self.device, self.precision = _label(device), _label(precision)
+        self.batch_size = batch if batch is not None and batch > 0 else None
         self.end: str | None = None
         self.losses: collections.deque[LossPoint] = collections.deque(maxlen=MAX_POINTS)
         self.evals: collections.deque[LossPoint] = collections.deque(maxlen=MAX_POINTS)
@@ -50,10 +53,6 @@ class RecentMetrics:
         with self._lock:
             if kind == "config":
                 self.tokens_per_step = int(event.get("tokens_per_step", 0))
-                self.device = _label(event.get("device"))
-                self.precision = _label(event.get("precision"))
-                batch = event.get("batch_size")
-                self.batch_size = batch if isinstance(batch, int) and batch > 0 else None
             elif kind == "step":
                 self.steps += 1
                 self.tokens += self.tokens_per_step

@@ -39,7 +39,7 @@ from diloco.node.healing import SETTLE_TIMEOUT, Healer
 from diloco.node.pending import AppliedRound
 from diloco.node.recent_metrics import RecentMetrics
 from diloco.node.round_failures import FailureLog
-from diloco.node.state_source import SwarmStateSource, log_failure
+from diloco.node.state_source import SwarmStateSource, log_failure, publish_last
 from diloco.node.tau import MAX_AHEAD_SHARE
 from diloco.node.traffic import data_parallel_bytes
 from diloco.node.trainer import NodeTrainer
@@ -70,10 +70,6 @@ RECORD_TTL = 30.0
 """Seconds a node's DHT records live unless refreshed (they expire after a clean exit)."""
 PUBLISH_EVERY = 5.0
 """Seconds between two refreshes of a node's records (sooner after a round)."""
-LAST_RECORD_TTL = MAX_RECORD_TTL
-"""Seconds a leaving node's last metrics record (how it ended, its final eval) lives."""
-LAST_PUBLISH_TIMEOUT = 5.0
-"""Seconds a leaving node waits for its last metrics record to be stored."""
 JOIN_TIMEOUT = 60.0
 """Seconds a joiner keeps trying donors for the run's state."""
 VOUCH_TTL = MAX_RECORD_TTL
@@ -106,7 +102,7 @@ class SwarmNode:
         self.run, self.options, self.rounds, self.signed = run, options, rounds, signed
         self.run_id = make_run_id(run.name, run.to_dict())
         self.on_event = on_event or (lambda record: None)
-        self.recent = RecentMetrics()  # what the node's DHT metrics record says
+        self.recent = RecentMetrics(options.device, options.compute.precision, options.batch_size)
         self.stop_event = threading.Event()
         # The DHT is a forked process (``start_run``, ``discover_run``): it was started
         # before the trainer builds anything.
@@ -353,9 +349,6 @@ class SwarmNode:
                 "fragment_numel": [s.outer.numel() for s in t.sync.states],
                 "start_step": t.step,
                 "tokens_per_step": tokens_per_step,
-                "device": str(t.device),
-                "precision": self.options.compute.precision,
-                "batch_size": self.options.batch_size,
             }
         )
         start, start_rows, start_step = time.perf_counter(), t.rows_trained, t.step
@@ -486,22 +479,8 @@ class SwarmNode:
             "wall_s": wall_s,
         }
         self._emit(summary)
-        self._publish_last()
+        publish_last(self.swarm, self.run_id, self.recent.record())
         return summary
-
-    def _publish_last(self) -> None:
-        """The node's last metrics record: how it ended, with its final evaluation, for
-        dashboards (docs/design.md "Watching a run"). It outlives the node's other records
-        (a dashboard that polls later still finds it) and, expiring later, replaces any
-        regular refresh still in flight. Bounded: leaving is never held up for long."""
-        record = self.recent.record()
-        try:
-            self.swarm.call(
-                publish_metrics(self.swarm.dht, self.run_id, record, LAST_RECORD_TTL),
-                timeout=LAST_PUBLISH_TIMEOUT,
-            )
-        except Exception as error:  # the node leaves all the same; say why the page lags
-            logger.warning("could not publish the last metrics record: %r", error)
 
     def close(self) -> None:
         """Leave the swarm in bounded time: drop queued DHT work, then shut the swarm down

@@ -48,9 +48,7 @@ def test_events_become_counts_points_and_rounds() -> None:
 
 
 def test_the_last_record_says_how_the_node_trained_and_ended() -> None:
-    recent = RecentMetrics()
-    config = {"event": "config", "tokens_per_step": 128, "device": "cuda:0"}
-    recent.observe(config | {"precision": "bf16", "batch_size": 16})
+    recent = RecentMetrics("cuda:0", "bf16", 16)
     recent.observe({"event": "eval", "step": 30, "loss_outer": 4.75})
     assert recent.record().end is None
     recent.observe({"event": "summary", "step": 40, "interrupted": False, "eval_loss": 4.5})
