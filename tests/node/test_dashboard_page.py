@@ -76,6 +76,6 @@ def test_a_finished_run_shows_its_end_and_final_loss_in_the_browser(tmp_path: Pa
         row = peers[peers.index(f'data-peer="{peer}"') :]
         row = row[: row.index("</tr>")]
         assert f">{peer[-8:]}<" in row and f">{peer}<" not in row
-        for text in ("finished", "cpu", "fp32", loss):
+        for text in ("finished", "cpu · fp32 · 4", loss):
             assert f">{text}</td>" in row, (text, row)
     assert 'class="time-tick"' in dom

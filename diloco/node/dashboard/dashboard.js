@@ -122,16 +122,14 @@ function renderTotals(t) {
 }
 
 function renderPeers(peers) {
-  table("peers", ["peer", "state", "step", "device", "precision", "batch", "tokens/s", "CU",
+  table("peers", ["peer", "state", "step", "runs on", "tokens/s", "CU",
     "loss", "final eval", "tokens", "sent", "received", "failed rounds", "healed", "last seen",
     "reached", "version"],
   peers.map((p) => el("tr", {class: p.alive ? "alive" : "gone", "data-peer": p.peer_id}, [
     el("td", {class: "text", title: p.peer_id}, [swatch(p.peer_id), p.name]),
     cell(p.state, "text"),
     cell(num(p.step)),
-    cell(p.device || "–", "text"),
-    cell(p.precision || "–", "text"),
-    cell(num(p.batch_size)),
+    cell([p.device || "–", p.precision || "–", num(p.batch_size)].join(" · "), "text"),
     cell(num(p.tokens_per_s)),
     cell(p.cu === null ? "–" : (100 * p.cu).toFixed(1) + "%"),
     cell(p.loss === null ? "–" : p.loss.toFixed(4)),
