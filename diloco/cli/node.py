@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
     from diloco.node.metrics_exporter import NodeMetrics
     from diloco.node.swarm_node import SwarmNode
+    from diloco.node.trackers import Tracker
     from diloco.protocol.records.run_configs import SignedRunConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -79,6 +80,18 @@ def _node_flags(f: F) -> F:
         type=int,
         default=None,
         help="Serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port).",
+    )(f)
+    f = click.option(
+        "--tensorboard-dir",
+        type=click.Path(file_okay=False),
+        default=None,
+        help="Write TensorBoard curves under DIR/<short peer id> (needs the [tensorboard] extra).",
+    )(f)
+    f = click.option(
+        "--wandb-project",
+        default=None,
+        help="Log curves to this Weights & Biases project, one W&B run per node grouped by "
+        "run id (needs the [wandb] extra; WANDB_MODE=offline keeps them on this machine).",
     )(f)
     f = click.option(
         "--metrics-out",
@@ -228,7 +241,14 @@ def _run_node(
     node is), train until the end or a signal, export; always leave the swarm."""
     from diloco.node.pinned_run import start_run
     from diloco.node.swarm_node import SwarmNode
+    from diloco.node.trackers import check_available
 
+    try:
+        check_available(params["wandb_project"], params["tensorboard_dir"])
+    except ConfigError as error:
+        if joined is not None:
+            joined[1].shutdown()
+        raise click.UsageError(str(error)) from error
     try:
         if joined is None:
             run, signed, dht = start_run(run, net, options.checkpoint_dir)
@@ -248,6 +268,15 @@ def _run_node(
     except (DilocoError, ValueError) as error:
         raise click.ClickException(str(error)) from error
     exporter = _serve_prometheus(node, params["prometheus_host"], params["prometheus_port"])
+    watchers: list[Tracker] = [] if exporter is None else [exporter]
+    watchers += _trackers(node, run, params)
+
+    def on_event(record: dict[str, Any]) -> None:
+        _echo_node_event(record)
+        for watcher in watchers:
+            watcher.observe(record)
+
+    node.on_event = on_event
     stopped_by: list[int] = []
 
     def on_signal(signum: int, frame: object) -> None:
@@ -291,8 +320,8 @@ def _run_node(
         raise click.ClickException(str(error)) from error
     finally:
         node.close()
-        if exporter is not None:
-            exporter.close()
+        for watcher in watchers:
+            watcher.close()
         for s, handler in previous.items():
             signal.signal(s, handler)
     if stopped_by:
@@ -313,13 +342,29 @@ def _serve_prometheus(node: SwarmNode, host: str, port: int | None) -> NodeMetri
         node.close()
         raise click.ClickException(f"cannot serve metrics on {host}:{port}: {error}") from error
     click.echo(f"Prometheus metrics at http://{host}:{bound}/metrics")
-
-    def both(record: dict[str, Any]) -> None:
-        _echo_node_event(record)
-        exporter.observe(record)
-
-    node.on_event = both
     return exporter
+
+
+def _trackers(node: SwarmNode, run: RunConfig, params: dict[str, Any]) -> list[Tracker]:
+    """With ``--wandb-project`` / ``--tensorboard-dir``: the node's curves there."""
+    from diloco.node.trackers import TensorboardTracker, WandbTracker
+
+    peer_id = node.swarm.peer_id.to_base58()
+    made: list[Tracker] = []
+    try:
+        if params["wandb_project"]:
+            config = run.to_dict() | {"batch_size": node.options.batch_size}
+            made.append(WandbTracker(params["wandb_project"], node.run_id, peer_id, config))
+        if params["tensorboard_dir"]:
+            board = TensorboardTracker(params["tensorboard_dir"], peer_id)
+            made.append(board)
+            click.echo(f"TensorBoard curves in {board.log_dir}")
+    except Exception as error:  # a missing package or W&B refusing: one line, no node left
+        for tracker in made:
+            tracker.close()
+        node.close()
+        raise click.ClickException(str(error)) from error
+    return made
 
 
 def _echo_node_event(record: dict[str, Any]) -> None:

@@ -10,8 +10,7 @@ node (never the process-wide default, so several nodes in one process stay apart
     diloco_global_step                       the node's global step
     diloco_loss                              training loss (mean of the last progress interval)
     diloco_eval_loss_outer                   held-out loss of the outer weights (--eval-every)
-    diloco_tokens_per_second                 throughput since the node started
-    diloco_compute_utilisation               share of wall time not blocked on the network
+    diloco_compute_utilisation_ratio         share of wall time not blocked on the network
     diloco_bytes_sent_total                  all-reduce bytes sent (counted on our streams)
     diloco_bytes_received_total              all-reduce bytes received
     diloco_rounds_total{outcome="ok|failed"} fragment rounds by outcome
@@ -20,6 +19,10 @@ node (never the process-wide default, so several nodes in one process stay apart
     diloco_healed_fragments_total            fragments adopted from peers by healing
     diloco_peers_last_round                  members of the last successful round
     diloco_node_info{run_id,peer_id,codec}   1
+    process_*                                CPU seconds, memory, open files of the process
+
+Names follow Prometheus' conventions: ``_total`` for counters, ``_ratio`` for a share in
+[0, 1]; no since-start rate (``rate(diloco_tokens_total[1m])`` is the throughput now).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector
 from prometheus_client.exposition import start_http_server
 
 ROUND_SECONDS_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -47,11 +50,8 @@ class NodeMetrics:
         self.eval_loss = Gauge(
             "diloco_eval_loss_outer", "Held-out loss of the outer weights", registry=r
         )
-        self.tokens_per_s = Gauge(
-            "diloco_tokens_per_second", "Tokens per second since start", registry=r
-        )
         self.cu = Gauge(
-            "diloco_compute_utilisation",
+            "diloco_compute_utilisation_ratio",
             "Share of wall time not blocked on the network (0..1)",
             registry=r,
         )
@@ -80,6 +80,7 @@ class NodeMetrics:
             "diloco_peers_last_round", "Members of the last successful round", registry=r
         )
         self.info = Info("diloco_node", "Run and peer of this node", registry=r)
+        ProcessCollector(registry=r)
         self.server: Any = None
 
     def observe(self, event: Mapping[str, Any]) -> None:
@@ -95,7 +96,6 @@ class NodeMetrics:
             self.tokens.inc(self.tokens_per_step)
         elif kind == "progress":
             self.loss.set(event["loss"])
-            self.tokens_per_s.set(event["tokens_per_s"])
             self.cu.set(event["cu"])
         elif kind == "eval":
             self.eval_loss.set(event["loss_outer"])

@@ -43,7 +43,7 @@ from diloco.node.pending import AppliedRound
 from diloco.node.publisher import Publisher
 from diloco.node.recent_metrics import RecentMetrics
 from diloco.node.round_failures import FailureLog
-from diloco.node.state_source import SwarmStateSource
+from diloco.node.state_source import SwarmStateSource, publish_last
 from diloco.node.tau import MAX_AHEAD_SHARE
 from diloco.node.traffic import data_parallel_bytes
 from diloco.node.trainer import NodeTrainer
@@ -89,7 +89,7 @@ class SwarmNode:
         self.run, self.options, self.rounds, self.signed = run, options, rounds, signed
         self.run_id = make_run_id(run.name, run.to_dict())
         self.on_event = on_event or (lambda record: None)
-        self.recent = RecentMetrics()  # what the node's DHT metrics record says
+        self.recent = RecentMetrics(options.device, options.compute.precision, options.batch_size)
         self.stop_event = threading.Event()
         # The DHT is a forked process (``start_run``, ``discover_run``): it was started
         # before the trainer builds anything.
@@ -439,6 +439,7 @@ class SwarmNode:
             "wall_s": wall_s,
         }
         self._emit(summary)
+        publish_last(self.swarm, self.run_id, self.recent.record())
         return summary
 
     def close(self) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -122,6 +123,13 @@ def test_sigterm_to_every_process_of_the_node_saves_and_exits(node: _Node) -> No
 
 @pytest.mark.swarm
 def test_ctrl_c_saves_and_exits_130(node: _Node) -> None:
+    """As a terminal's Ctrl-C: SIGINT to the whole foreground process group. The node says
+    it stops, then its summary; no helper process prints an error or a warning (p2pd,
+    stopped by the node once it left, not by the terminal before)."""
     node.wait_training()
     os.killpg(node.process.pid, signal.SIGINT)
     _stopped(node, 130)  # 128 + SIGINT
+    after = node.output().split("stopping: ", 1)[1].splitlines()[1:]
+    noisy = [line for line in after if re.search(r"\[(ERROR|WARN)\]|\b(ERROR|WARNING)\b", line)]
+    assert not noisy, node.output()
+    assert [line for line in after if line.startswith("done at step ")], node.output()

@@ -135,7 +135,7 @@ def test_a_peers_configuration_must_be_complete() -> None:
 LOCAL_CHOICES = sorted(
     {f.name for f in dataclasses.fields(NodeOptions)}
     | {f.name for f in dataclasses.fields(NetworkOptions)}
-    | {"metrics_out", "export_path", "config_file", "resume"}
+    | {"metrics_out", "export_path", "config_file", "resume", "wandb_project", "tensorboard_dir"}
 )
 
 

@@ -193,11 +193,7 @@ def _state(url: str) -> dict[str, Any]:
 
 
 def test_dashboard_page_shows_both_peers_and_loss_points(swarm: Swarm, tmp_path: Path) -> None:
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is missing in CI: .ci/run should have installed it")
-        pytest.skip("chromium is not installed (.ci/run installs it)")
+    _chromium()
 
     def ready() -> dict[str, Any] | None:
         state = _state(swarm.dashboard_url)
@@ -209,20 +205,7 @@ def test_dashboard_page_shows_both_peers_and_loss_points(swarm: Swarm, tmp_path:
 
     state = wait_for(ready, "both peers with losses on the dashboard", swarm.dashboard)
     assert state["run"]["name"] == "seen" and state["totals"]["peers_alive"] == 2
-    result = subprocess.run(
-        [
-            chromium,
-            *CHROMIUM_FLAGS,
-            f"--user-data-dir={tmp_path / 'profile'}",
-            "--dump-dom",
-            swarm.dashboard_url,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    dom = result.stdout
-    assert result.returncode == 0 and "</html>" in dom, result.stderr[-2000:]
+    dom = _render(swarm.dashboard_url, tmp_path)
     peers_table = _between(dom, '<table id="peers">', "</table>")
     for peer in swarm.peers:
         assert f'data-peer="{peer}"' in peers_table
@@ -233,6 +216,76 @@ def test_dashboard_page_shows_both_peers_and_loss_points(swarm: Swarm, tmp_path:
     outer_chart = _between(dom, '<div id="chart-outer"', "</svg>")
     assert outer_chart.count('class="point"') >= 1
     assert 'class="round ok"' in _between(dom, '<div id="timeline"', "</svg>")
+    assert 'class="time-tick"' in train_chart  # clock times under the step axis
+    for peer in swarm.peers:  # named by their end: the page stays narrow
+        assert f">{peer}<" not in peers_table and f">{peer[-8:]}<" in peers_table
+    assert re.search(r'id="progress">step [\d,]+ / 3,000 \(\d+%\)', dom)
+    marker = '<code id="join-command">'
+    join = _between(dom, marker, "</code>")[len(marker) :]
+    address = r"/ip4/127\.0\.0\.[23]/tcp/\d+/p2p/\w+"
+    assert re.fullmatch(r"diloco-node join --initial-peers " + address, join), join
+
+
+def test_after_ctrl_c_the_page_shows_the_run_stopped_with_its_last_eval(
+    swarm: Swarm, tmp_path: Path
+) -> None:
+    """Runs last: Ctrl-C (SIGINT to each node's process group, as a terminal sends it)
+    stops both nodes cleanly, and the dashboard, still up, shows how the run ended."""
+    for node in (swarm.a, swarm.b):
+        os.killpg(node.process.pid, signal.SIGINT)
+    for node in (swarm.a, swarm.b):
+        assert node.process.wait(120) == 130, node.output()
+        after = node.output().split("stopping: ", 1)[1]
+        assert not re.search(r"\[(ERROR|WARN)\]|\b(ERROR|WARNING)\b", after), node.output()
+
+    def ended() -> dict[str, Any] | None:
+        state = _state(swarm.dashboard_url)
+        return state if state["run"]["state"] == "stopped" else None
+
+    state = wait_for(ended, "the run stopped on the dashboard", swarm.dashboard)
+    assert state["totals"]["peers_alive"] == 0 and state["run"]["join_command"] is None
+    rows = {p["peer_id"]: p for p in state["peers"]}
+    for peer in swarm.peers:
+        assert rows[peer]["state"] == "stopped" and rows[peer]["final_eval"] is not None
+        assert (rows[peer]["device"], rows[peer]["precision"], rows[peer]["batch_size"]) == (
+            "cpu",
+            "fp32",
+            4,
+        )
+    final = state["run"]["final_eval"]
+    assert final is not None and final["loss"] > 0
+    dom = _render(swarm.dashboard_url, tmp_path)
+    assert '<span id="run-state" class="state stopped">stopped</span>' in dom
+    assert f"final held-out loss {final['loss']:.4f}" in dom
+    assert '<p id="join" hidden="">' in dom
+
+
+def _chromium() -> str:
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is missing in CI: .ci/run should have installed it")
+        pytest.skip("chromium is not installed (.ci/run installs it)")
+    return chromium
+
+
+def _render(url: str, tmp_path: Path) -> str:
+    """The page's DOM once its script ran, in headless Chromium."""
+    result = subprocess.run(
+        [
+            _chromium(),
+            *CHROMIUM_FLAGS,
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--dump-dom",
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    dom = result.stdout
+    assert result.returncode == 0 and "</html>" in dom, result.stderr[-2000:]
+    return dom
 
 
 def _between(text: str, start: str, end: str) -> str:

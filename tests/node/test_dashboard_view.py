@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from diloco.node.dashboard.view import STALE_AFTER, SwarmView, agreement, reachability
 from diloco.protocol.records.metrics import LossPoint, MetricsRecord, RoundEntry
 from diloco.protocol.records.nodes import FragmentVersion, NodeRecord
@@ -87,6 +89,7 @@ def test_loss_history_outlives_the_records_window_and_is_bounded() -> None:
     assert loss == {
         "train": [{"peer_id": A, "points": [(1, 5.0), (2, 4.0), (3, 3.0)]}],
         "outer": [],
+        "clock": [[10, 1.0], [20, 2.0]],
     }
     points = tuple(LossPoint(s, 1.0) for s in range(10, 20))
     view.update([_node(A, 30, [])], {A: _metrics(losses=points)}, 3)
@@ -142,3 +145,81 @@ def test_reachability_from_addresses() -> None:
     assert reachability([]) == "client"
     assert reachability(["/ip4/1.2.3.4/tcp/1/p2p/X/p2p-circuit"]) == "relay"
     assert reachability(["/ip4/1.2.3.4/tcp/1"]) == "direct"
+
+
+def _run_view(steps: int = 600) -> SwarmView:
+    view = SwarmView()
+    view.set_run("seen-0123456789abcdef", {"name": "seen", "steps": steps}, None)
+    return view
+
+
+def test_progress_and_time_left_follow_the_swarms_pace() -> None:
+    view = _run_view()
+    view.update([_node(A, 100, []), _node(B, 90, [])], {}, now=1000.0)
+    run = view.view("run", 1000.0)
+    assert isinstance(run, dict)
+    assert (run["global_step"], run["progress"], run["eta_s"]) == (100, 100 / 600, None)
+    view.update([_node(A, 150, []), _node(B, 140, [])], {}, now=1010.0)  # 5 steps a second
+    run = view.view("run", 1010.0)
+    assert isinstance(run, dict)
+    assert run["eta_s"] == (600 - 150) / 5.0
+    assert run["state"] == "training"
+    loss = view.view("loss", 1010.0)
+    assert isinstance(loss, dict) and loss["clock"] == [[100, 1000.0], [150, 1010.0]]
+
+
+def test_a_finished_run_shows_its_final_eval_and_no_peer_alive() -> None:
+    """Both nodes left after the last step, their records still in the DHT for a while:
+    none is counted alive, the run is finished, the final eval is their last one."""
+    view = _run_view(steps=40)
+    training = dataclasses.replace(_metrics(), evals=(LossPoint(30, 4.75),), device="cpu")
+    view.update([_node(A, 30, []), _node(B, 30, [])], {A: training, B: training}, now=10.0)
+    finals = {
+        A: dataclasses.replace(training, evals=(LossPoint(30, 4.75), LossPoint(40, 4.5))),
+        B: dataclasses.replace(training, evals=(LossPoint(30, 4.75), LossPoint(40, 4.25))),
+    }
+    for peer in (A, B):
+        finals[peer] = dataclasses.replace(finals[peer], end="finished")
+    view.update([_node(A, 40, []), _node(B, 40, [])], finals, now=12.0)
+    state = view.state(13.0)
+    assert state["totals"]["peers_alive"] == 0 and state["totals"]["peers_seen"] == 2
+    assert state["run"]["state"] == "finished"
+    assert state["run"]["final_eval"] == {"step": 40, "loss": 4.375, "peers": 2}
+    assert (state["run"]["progress"], state["run"]["eta_s"]) == (1.0, 0.0)
+    assert state["run"]["join_command"] is None
+    assert [(p["state"], p["final_eval"]) for p in state["peers"]] == [
+        ("finished", 4.5),
+        ("finished", 4.25),
+    ]
+
+
+def test_a_stopped_peer_and_a_vanished_one_are_told_apart() -> None:
+    view = _run_view()
+    stopped = dataclasses.replace(_metrics(), end="stopped")
+    view.update([_node(A, 30, []), _node(B, 30, [])], {A: stopped}, now=10.0)
+    states = {p["peer_id"]: p["state"] for p in view.state(11.0)["peers"]}
+    assert states == {A: "stopped", B: "training"}
+    later = view.state(10.0 + STALE_AFTER + 1.0)
+    assert {p["peer_id"]: p["state"] for p in later["peers"]} == {A: "stopped", B: "gone"}
+    assert later["run"]["state"] == "stopped" and later["run"]["final_eval"] is None
+
+
+def test_peers_show_a_short_name_and_how_they_train() -> None:
+    view = _run_view()
+    labelled = dataclasses.replace(_metrics(), device="cuda:0", precision="bf16", batch_size=16)
+    view.update([_node(A, 30, [])], {A: labelled}, now=10.0)
+    (row,) = view.state(10.0)["peers"]
+    assert row["name"] == A[-8:] and len(row["name"]) == 8
+    assert (row["device"], row["precision"], row["batch_size"]) == ("cuda:0", "bf16", 16)
+
+
+def test_the_join_command_names_a_directly_reachable_live_peer() -> None:
+    view = _run_view()
+    relayed = NodeRecord(B, (f"/ip4/5.6.7.8/tcp/1/p2p/R/p2p-circuit/p2p/{B}",), 5, (), 1.0, "0")
+    direct = NodeRecord(A, (f"/ip4/1.2.3.4/tcp/31337/p2p/{A}",), 5, (), 1.0, "0")
+    view.update([relayed], {}, now=10.0)
+    first = view.state(10.0)["run"]["join_command"]
+    assert first == f"diloco-node join --initial-peers /ip4/5.6.7.8/tcp/1/p2p/R/p2p-circuit/p2p/{B}"
+    view.update([relayed, direct], {}, now=11.0)
+    command = view.state(11.0)["run"]["join_command"]
+    assert command == f"diloco-node join --initial-peers /ip4/1.2.3.4/tcp/31337/p2p/{A}"

@@ -84,7 +84,10 @@ def test_scrape_shows_every_metric_from_events() -> None:
     assert after[("diloco_heal_events_total", ())] == 1
     assert after[("diloco_healed_fragments_total", ())] == 1
     assert after[("diloco_peers_last_round", ())] == 3
-    assert after[("diloco_compute_utilisation", ())] == 0.5
+    assert after[("diloco_compute_utilisation_ratio", ())] == 0.5
+    assert not [name for name, _ in after if name.endswith("_per_second")]
+    assert after[("process_resident_memory_bytes", ())] > 0
+    assert after[("process_cpu_seconds_total", ())] > 0
     assert after[("diloco_loss", ())] == 4.5
     assert after[("diloco_eval_loss_outer", ())] == 4.25
     assert after[("diloco_global_step", ())] == 2

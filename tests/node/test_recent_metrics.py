@@ -47,6 +47,20 @@ def test_events_become_counts_points_and_rounds() -> None:
     )
 
 
+def test_the_last_record_says_how_the_node_trained_and_ended() -> None:
+    recent = RecentMetrics("cuda:0", "bf16", 16)
+    recent.observe({"event": "eval", "step": 30, "loss_outer": 4.75})
+    assert recent.record().end is None
+    recent.observe({"event": "summary", "step": 40, "interrupted": False, "eval_loss": 4.5})
+    record = recent.record()
+    record.check()
+    assert (record.device, record.precision, record.batch_size) == ("cuda:0", "bf16", 16)
+    assert record.end == "finished"
+    assert record.evals == (LossPoint(30, 4.75), LossPoint(40, 4.5))
+    recent.observe({"event": "summary", "step": 40, "interrupted": True, "eval_loss": 4.5})
+    assert recent.record().end == "stopped"
+
+
 def test_points_and_rounds_are_bounded_to_the_newest() -> None:
     recent = RecentMetrics()
     for step in range(1, 200):

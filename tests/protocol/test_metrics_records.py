@@ -15,6 +15,7 @@ from hivemind.utils import MSGPackSerializer, ValueWithExpiration, get_dht_time
 
 from diloco.errors import ProtocolError
 from diloco.protocol.records.metrics import (
+    MAX_LABEL_CHARS,
     MAX_METRICS_BYTES,
     MAX_POINTS,
     MAX_ROUNDS,
@@ -57,13 +58,34 @@ def _largest() -> MetricsRecord:
     """Every list full, every number at its widest msgpack form."""
     big, points = 2**63 - 1, tuple(LossPoint(2**40 + i, 1.0 / 3) for i in range(MAX_POINTS))
     rounds = tuple(RoundEntry(big, big, big, 4096, 1.0 / 3, big, big, True) for _ in range(64))
-    return MetricsRecord(big, big, 1.0 / 3, big, big, big, big, points, points, rounds)
+    label = "x" * MAX_LABEL_CHARS
+    return MetricsRecord(
+        big, big, 1.0 / 3, big, big, big, big, points, points, rounds, label, label, big, "stopped"
+    )
 
 
 def test_metrics_round_trip() -> None:
     record = _metrics()
     assert MetricsRecord.from_wire(record.to_wire()) == record
     assert MetricsRecord.from_payload(pack_payload(record.to_wire())) == record
+
+
+def test_a_record_says_how_its_node_trains_and_how_it_ended() -> None:
+    record = _metrics(device="cuda:0", precision="bf16", batch_size=16, end="finished")
+    wire = record.to_wire()
+    assert (wire["dev"], wire["prec"], wire["batch"], wire["end"]) == (
+        "cuda:0",
+        "bf16",
+        16,
+        "finished",
+    )
+    assert MetricsRecord.from_payload(pack_payload(wire)) == record
+
+
+def test_an_older_nodes_record_without_labels_is_valid() -> None:
+    wire = _metrics().to_wire()
+    assert not {"dev", "prec", "batch", "end"} & set(wire)
+    assert MetricsRecord.from_wire(wire).device is None
 
 
 def test_metrics_wire_layout() -> None:
@@ -95,6 +117,11 @@ def test_largest_valid_record_fits_the_bound() -> None:
         ({"rounds": (RoundEntry(0, 1, 2, 2, float("inf"), 5, 0, True),)}, "seconds"),
         ({"rounds": (RoundEntry(0, 1, 2, 2, 1.0, 5, 0, 1),)}, "outcome"),  # type: ignore[arg-type]
         ({"rounds": (RoundEntry(0, 1, 2, 2, 1.0, 5, 0, True),) * (MAX_ROUNDS + 1)}, "rounds"),
+        ({"device": "x" * (MAX_LABEL_CHARS + 1)}, "device"),
+        ({"device": ""}, "device"),
+        ({"precision": "bf16\n<b>"}, "precision"),
+        ({"batch_size": 0}, "batch size"),
+        ({"end": "crashed"}, "end"),
     ],
 )
 def test_metrics_invalid_field_rejected(change: dict[str, Any], match: str) -> None:
@@ -106,6 +133,8 @@ def test_metrics_invalid_field_rejected(change: dict[str, Any], match: str) -> N
     ("change", "match"),
     [
         ({"extra": 1}, "keys"),
+        ({"dev": 5}, "device"),
+        ({"end": True}, "end"),
         ({"v": 2}, "schema"),
         ({"loss": [[1, 2.0, 3]]}, "loss entry"),
         ({"rounds": [[0, 1, 2]]}, "round entry"),

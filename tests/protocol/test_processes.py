@@ -200,6 +200,17 @@ def test_children_end_with_this_process_gives_spawned_children_a_death_signal(
     assert not wait_gone([child])
 
 
+def test_spawned_children_are_out_of_reach_of_a_terminals_ctrl_c(
+    owners: list[_Owner],
+) -> None:
+    """p2pd leads a session and process group of its own: Ctrl-C, which a terminal sends
+    to its foreground process group (the node's), does not stop it before the node."""
+    owner = start(owners, SPAWN_SLEEP.format(run="asyncio.run(spawn())", main="run()"))
+    child = owner.read_pid()
+    assert os.getsid(child) == child and os.getpgid(child) == child
+    assert os.getpgid(child) != os.getpgid(owner.process.pid)
+
+
 def test_children_end_with_this_process_leaves_children_of_other_threads_alone(
     owners: list[_Owner],
 ) -> None:

@@ -50,6 +50,17 @@ function bytes(x) {
   return x.toFixed(i ? 2 : 0) + " " + units[i];
 }
 
+function duration(s) {
+  if (s === null || s === undefined) return "–";
+  if (s < 90) return s.toFixed(0) + " s";
+  if (s < 5400) return (s / 60).toFixed(0) + " min";
+  return (s / 3600).toFixed(1) + " h";
+}
+
+function clockTime(t) {  // seconds since the epoch -> this browser's local HH:MM:SS
+  return new Date(t * 1000).toLocaleTimeString("en-GB", {hour12: false});
+}
+
 function ago(s) {
   if (s === null || s === undefined) return "–";
   return s < 90 ? s.toFixed(0) + " s ago" : (s / 60).toFixed(1) + " min ago";
@@ -74,11 +85,28 @@ function renderRun(run) {
   document.getElementById("run-line").textContent = bits.join(" · ");
   const updated = run.updated_s_ago === null ? "never" : ago(run.updated_s_ago);
   document.getElementById("status").textContent = run.status + " · last read " + updated;
+  const state = document.getElementById("run-state");
+  state.textContent = run.state;
+  state.className = "state " + run.state;
+  const progress = [];
+  if (run.steps) {
+    progress.push("step " + num(run.global_step) + " / " + num(run.steps) +
+      " (" + (100 * run.progress).toFixed(0) + "%)");
+  }
+  if (run.state === "training" && run.eta_s !== null) progress.push("about " + duration(run.eta_s) + " left");
+  if (run.final_eval) {
+    progress.push("final held-out loss " + run.final_eval.loss.toFixed(4) + " at step " +
+      num(run.final_eval.step));
+  }
+  document.getElementById("progress").textContent = progress.join(" · ");
+  const join = document.getElementById("join");
+  join.hidden = !run.join_command;
+  document.getElementById("join-command").textContent = run.join_command || "";
 }
 
 function renderTotals(t) {
   const cards = [
-    ["peers alive", num(t.peers_alive) + " / " + num(t.peers_seen) + " seen"],
+    ["peers training", num(t.peers_alive) + " / " + num(t.peers_seen) + " seen"],
     ["global step", num(t.global_step)],
     ["tokens trained", num(t.tokens)],
     ["tokens / s (swarm)", num(t.tokens_per_s)],
@@ -94,15 +122,18 @@ function renderTotals(t) {
 }
 
 function renderPeers(peers) {
-  table("peers", ["peer", "state", "step", "tokens/s", "CU", "loss", "tokens", "sent",
-    "received", "failed rounds", "healed", "last seen", "reached", "version"],
+  table("peers", ["peer", "state", "step", "runs on", "tokens/s", "CU",
+    "loss", "final eval", "tokens", "sent", "received", "failed rounds", "healed", "last seen",
+    "reached", "version"],
   peers.map((p) => el("tr", {class: p.alive ? "alive" : "gone", "data-peer": p.peer_id}, [
-    el("td", {class: "text", title: p.peer_id}, [swatch(p.peer_id), p.peer_id]),
-    cell(p.alive ? "alive" : "gone"),
+    el("td", {class: "text", title: p.peer_id}, [swatch(p.peer_id), p.name]),
+    cell(p.state, "text"),
     cell(num(p.step)),
+    cell([p.device || "–", p.precision || "–", num(p.batch_size)].join(" · "), "text"),
     cell(num(p.tokens_per_s)),
     cell(p.cu === null ? "–" : (100 * p.cu).toFixed(1) + "%"),
     cell(p.loss === null ? "–" : p.loss.toFixed(4)),
+    cell(p.final_eval === null ? "–" : p.final_eval.toFixed(4)),
     cell(num(p.tokens)),
     cell(bytes(p.bytes_sent)),
     cell(bytes(p.bytes_received)),
@@ -120,8 +151,18 @@ function extent(values) {
   return [lo, hi];
 }
 
-function lineChart(id, series, yLabel) {
-  const W = 640, H = 280, L = 56, R = 12, T = 12, B = 36;
+// The wall time the swarm reached ``step``, from the dashboard's (step, time) samples:
+// interpolated between two, extrapolated at the ends; null with fewer than two.
+function timeAt(clock, step) {
+  if (clock.length < 2) return null;
+  let i = 1;
+  while (i < clock.length - 1 && clock[i][0] < step) i++;
+  const [s0, t0] = clock[i - 1], [s1, t1] = clock[i];
+  return t0 + (step - s0) * (t1 - t0) / (s1 - s0);
+}
+
+function lineChart(id, series, yLabel, clock) {
+  const W = 640, H = 296, L = 56, R = 12, T = 12, B = 52;
   const box = document.getElementById(id);
   const root = svg("svg", {width: W, height: H, viewBox: `0 0 ${W} ${H}`, class: "loss-chart"});
   const all = series.flatMap((s) => s.points);
@@ -144,12 +185,19 @@ function lineChart(id, series, yLabel) {
     const xv = x0 + (x1 - x0) * i / 4, yv = y0 + (y1 - y0) * i / 4;
     const xt = svg("text", {x: x(xv), y: H - B + 14, "text-anchor": "middle"});
     xt.textContent = num(xv);
+    const when = timeAt(clock, xv);
+    if (when !== null) {
+      const anchor = i === 0 ? "start" : i === 4 ? "end" : "middle";  // inside the box
+      const tt = svg("text", {x: x(xv), y: H - B + 28, "text-anchor": anchor, class: "time-tick"});
+      tt.textContent = clockTime(when);
+      root.append(tt);
+    }
     const yt = svg("text", {x: L - 4, y: y(yv) + 4, "text-anchor": "end"});
     yt.textContent = yv.toFixed(3);
     root.append(xt, yt);
   }
   const xl = svg("text", {x: (L + W - R) / 2, y: H - 4, "text-anchor": "middle"});
-  xl.textContent = "inner step";
+  xl.textContent = clock.length < 2 ? "inner step" : "inner step, and when the swarm reached it";
   const yl = svg("text", {x: 12, y: T + (H - T - B) / 2, "text-anchor": "middle",
     transform: `rotate(-90 12 ${T + (H - T - B) / 2})`});
   yl.textContent = yLabel;
@@ -248,8 +296,8 @@ function render(state) {
   renderTotals(state.totals);
   for (const p of state.peers) colour(p.peer_id);  // stable colours: peer order
   renderPeers(state.peers);
-  lineChart("chart-outer", state.loss.outer, "held-out loss (outer weights)");
-  lineChart("chart-train", state.loss.train, "training loss");
+  lineChart("chart-outer", state.loss.outer, "held-out loss (outer weights)", state.loss.clock);
+  lineChart("chart-train", state.loss.train, "training loss", state.loss.clock);
   renderTimeline(state.rounds, state.run);
   renderRounds(state.rounds);
   renderFragments(state.fragments, state.peers);

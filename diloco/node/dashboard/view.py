@@ -25,6 +25,13 @@ from diloco.protocol.records.nodes import NodeRecord
 STALE_AFTER = 15.0
 """Seconds after its last sighting in the DHT that a node no longer counts as alive (nodes
 refresh their records every 5 s; a read may miss one)."""
+ETA_WINDOW = 120.0
+"""Seconds of recent progress the time left is estimated from (the swarm's pace changes
+as nodes come and go)."""
+MAX_CLOCK = 2000
+"""Most (step, time) samples kept for the charts' time axis (older ones are thinned)."""
+SHORT_PEER = 8
+"""Characters of a peer id shown as its name (its end: the start is the same for all)."""
 
 
 @dataclass
@@ -55,6 +62,9 @@ class SwarmView:
         self.peers: dict[str, PeerHistory] = {}
         self.rounds: dict[tuple[int, int], dict[str, RoundEntry]] = {}
         self.updated_at: float | None = None
+        self.clock: list[tuple[int, float]] = []
+        """(the swarm's global step, the dashboard's wall time) at each poll that moved it:
+        the time axis of the charts and the estimate of the time left."""
 
     def set_run(self, run_id: str, config: Mapping[str, Any], num_params: int | None) -> None:
         """Follow ``run_id`` (its configuration as published; parameters of its model)."""
@@ -90,6 +100,11 @@ class SwarmView:
                     self.rounds.setdefault((entry.fragment, entry.round), {})[peer_id] = entry
             while len(self.rounds) > self.max_rounds:
                 del self.rounds[min(self.rounds, key=lambda k: _round_step(self.rounds[k]))]
+            step = max((p.record.global_step for p in self._alive(now)), default=None)
+            if step is not None and (not self.clock or step > self.clock[-1][0]):
+                self.clock.append((step, now))
+                if len(self.clock) > MAX_CLOCK:
+                    del self.clock[1:-1:2]  # every other one: the span stays, density halves
 
     # -- views (each takes the lock; ``state`` takes it once for all) ---------------------
 
@@ -124,10 +139,21 @@ class SwarmView:
             return make()
 
     def _alive(self, now: float) -> list[PeerHistory]:
-        return [p for p in self.peers.values() if now - p.present_at <= STALE_AFTER]
+        """Peers training now: seen lately and not gone with a last record."""
+        return [p for p in self.peers.values() if _state(p, now) == "training"]
 
     def _run(self, now: float) -> dict[str, Any]:
         outer = self.config.get("outer", {})
+        steps = self.config.get("steps")
+        steps = steps if isinstance(steps, int) and steps > 0 else None
+        peers = list(self.peers.values())
+        step = max((p.record.global_step for p in peers), default=0)
+        state = run_state([_state(p, now) for p in peers])
+        eta = None
+        if steps is not None and step >= steps:
+            eta = 0.0
+        elif steps is not None and state == "training":
+            eta = time_left(self.clock, steps, now)
         return {
             "run_id": self.run_id,
             "name": self.config.get("name"),
@@ -138,16 +164,29 @@ class SwarmView:
             "num_params": self.num_params,
             "status": self.status,
             "updated_s_ago": None if self.updated_at is None else now - self.updated_at,
+            "state": state,
+            "global_step": step,
+            "progress": None if steps is None else min(1.0, step / steps),
+            "eta_s": eta,
+            "final_eval": final_eval(peers),
+            "join_command": join_command(sorted(self._alive(now), key=lambda p: p.first_seen)),
         }
 
     def _peers(self, now: float) -> list[dict[str, Any]]:
         rows = []
         for peer_id, p in sorted(self.peers.items()):
             r, m = p.record, p.metrics
+            evals = p.evals
             rows.append(
                 {
                     "peer_id": peer_id,
-                    "alive": now - p.present_at <= STALE_AFTER,
+                    "name": peer_id[-SHORT_PEER:],
+                    "alive": _state(p, now) == "training",
+                    "state": _state(p, now),
+                    "device": None if m is None else m.device,
+                    "precision": None if m is None else m.precision,
+                    "batch_size": None if m is None else m.batch_size,
+                    "final_eval": evals[max(evals)] if m and m.end and evals else None,
                     "step": r.global_step,
                     "tokens_per_s": r.throughput,
                     "cu": None if m is None else m.cu,
@@ -173,7 +212,11 @@ class SwarmView:
                 if getattr(p, attr)
             ]
 
-        return {"train": series("losses"), "outer": series("evals")}
+        return {
+            "train": series("losses"),
+            "outer": series("evals"),
+            "clock": [list(sample) for sample in self.clock],
+        }
 
     def _rounds(self) -> list[dict[str, Any]]:
         rows = []
@@ -242,7 +285,7 @@ class SwarmView:
         return {
             "peers_alive": len(alive),
             "peers_seen": len(self.peers),
-            "global_step": max((p.record.global_step for p in alive), default=0),
+            "global_step": max((p.record.global_step for p in self.peers.values()), default=0),
             "tokens": sum(m.tokens for m in measured),
             "tokens_per_s": sum(p.record.throughput for p in alive),
             "bytes_sent": sent,
@@ -253,6 +296,62 @@ class SwarmView:
             "rounds_partial": sum(r["outcome"] == "partial" for r in rounds),
             "rounds_failed": sum(r["outcome"] == "failed" for r in rounds),
         }
+
+
+def _state(peer: PeerHistory, now: float) -> str:
+    """``finished`` or ``stopped`` (it left, saying so), ``training`` (seen lately), or
+    ``gone`` (its records expired without a last word: killed, crashed, cut off)."""
+    if peer.metrics is not None and peer.metrics.end is not None:
+        return peer.metrics.end
+    return "training" if now - peer.present_at <= STALE_AFTER else "gone"
+
+
+def run_state(states: Sequence[str]) -> str:
+    """The run as a whole, from its peers' states: ``waiting`` for a first node,
+    ``training`` while any trains, else ``finished`` if any reached the end, else
+    ``stopped`` (all stopped by their people) or ``gone``."""
+    for state in ("training", "finished", "stopped", "gone"):
+        if state in states:
+            return state
+    return "waiting"
+
+
+def final_eval(peers: Sequence[PeerHistory]) -> dict[str, Any] | None:
+    """The held-out loss at the end: the last evaluation of the peers that left saying so
+    (finished, or stopped: where they stopped), at the furthest step any reached (their
+    mean: they hold the same outer weights)."""
+    last = {
+        p.record.peer_id: max(p.evals.items())
+        for p in peers
+        if p.metrics is not None and p.metrics.end is not None and p.evals
+    }
+    if not last:
+        return None
+    step = max(s for s, _ in last.values())
+    losses = [loss for s, loss in last.values() if s == step]
+    return {"step": step, "loss": sum(losses) / len(losses), "peers": len(losses)}
+
+
+def time_left(clock: Sequence[tuple[int, float]], steps: int, now: float) -> float | None:
+    """Seconds until the swarm reaches ``steps``, at its pace over the last ``ETA_WINDOW``
+    seconds of ``clock`` ((step, time) samples of training peers); None without two
+    samples in the window (nothing trains, or only just started)."""
+    recent = [(s, t) for s, t in clock if now - t <= ETA_WINDOW]
+    if len(recent) < 2 or recent[-1][1] <= recent[0][1] or recent[-1][0] <= recent[0][0]:
+        return None
+    (s0, t0), (s1, t1) = recent[0], recent[-1]
+    return (steps - s1) * (t1 - t0) / (s1 - s0)
+
+
+def join_command(peers: Sequence[PeerHistory]) -> str | None:
+    """What a newcomer types to join: an address of the longest-running peer that others
+    reach directly (a relayed one if none does); None without a live peer."""
+    for p in peers:
+        direct = [a for a in p.record.addrs if "/p2p-circuit" not in a]
+        if direct:
+            return f"diloco-node join --initial-peers {direct[0]}"
+    relayed = [a for p in peers for a in p.record.addrs]
+    return f"diloco-node join --initial-peers {relayed[0]}" if relayed else None
 
 
 def agreement(hashes: Sequence[str]) -> dict[str, str]:

@@ -43,11 +43,17 @@ MAX_POINTS = 64
 MAX_ROUNDS = 64
 """Most rounds in one record (the newest)."""
 MAX_METRICS_BYTES = 8 * 1024
-"""Above the largest valid record: 2 x 64 points and 64 rounds of 64-bit values, ~6.5 KB."""
+"""Above the largest valid record: 2 x 64 points and 64 rounds of 64-bit values, ~6.5 KB,
+and its few labels (under 100 bytes)."""
 MAX_MEMBERS = 4096
 METRICS_KEY_PATTERN = re.compile(RUN_ID_PATTERN.pattern.strip("^$") + "/metrics")
 
 _KEYS = {"v", "steps", "tok", "cu", "sent", "recv", "fail", "heal", "loss", "eval", "rounds"}
+_OPTIONAL_KEYS = {"dev", "prec", "batch", "end"}
+"""Added later: a record without them is still valid (an older node's)."""
+MAX_LABEL_CHARS = 32
+"""Longest device or precision name (``cuda:0``, ``bf16``)."""
+ENDS = ("finished", "stopped")
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +100,15 @@ class MetricsRecord:
     evals: tuple[LossPoint, ...]
     """Held-out loss of the outer weights (``--eval-every``), steps increasing."""
     rounds: tuple[RoundEntry, ...]
+    device: str | None = None
+    """Where it trains (``cpu``, ``cuda:0``), for people comparing nodes; None: unsaid."""
+    precision: str | None = None
+    """Its inner steps' precision (``fp32``, ``bf16``)."""
+    batch_size: int | None = None
+    """Sequences per inner step it was started with (pace may train fewer)."""
+    end: str | None = None
+    """``finished`` (the run's last step) or ``stopped`` (a signal): the node's last record,
+    published as it leaves; its last eval is the final one. None: still training."""
 
     def check(self) -> None:
         """Raise ProtocolError unless every field is in range.
@@ -120,11 +135,28 @@ class MetricsRecord:
             _require(_real(r.seconds), f"round seconds {r.seconds!r}")
             _require(isinstance(r.ok, bool), "round outcome")
             _require(r.ok or (r.members, r.bytes_sent, r.bytes_received) == (0, 0, 0), "failed")
+        for name in ("device", "precision"):
+            label = getattr(self, name)
+            _require(
+                label is None
+                or (
+                    isinstance(label, str)
+                    and 0 < len(label) <= MAX_LABEL_CHARS
+                    and label.isprintable()
+                ),
+                f"{name} {label!r:.80}",
+            )
+        _require(
+            self.batch_size is None or (_count(self.batch_size) and self.batch_size > 0),
+            f"batch size {self.batch_size!r}",
+        )
+        _require(self.end is None or self.end in ENDS, f"end {self.end!r:.80}")
 
     def to_wire(self) -> dict[str, Any]:
         """The msgpack-able value stored under the node's subkey."""
         self.check()
-        return {
+        optional = {"dev": self.device, "prec": self.precision, "batch": self.batch_size}
+        return {k: v for k, v in (optional | {"end": self.end}).items() if v is not None} | {
             "v": METRICS_SCHEMA,
             "steps": self.steps,
             "tok": self.tokens,
@@ -159,7 +191,7 @@ class MetricsRecord:
         """
         _require(isinstance(value, Mapping), f"record of type {type(value).__name__}")
         assert isinstance(value, Mapping)
-        _require(set(value) == _KEYS, "record keys")
+        _require(_KEYS <= set(value) <= _KEYS | _OPTIONAL_KEYS, "record keys")
         _require(value["v"] == METRICS_SCHEMA, f"schema {value['v']!r}")
         record = cls(
             steps=value["steps"],
@@ -172,6 +204,10 @@ class MetricsRecord:
             losses=tuple(LossPoint(*_entry(p, 2, "loss")) for p in _list(value["loss"])),
             evals=tuple(LossPoint(*_entry(p, 2, "eval")) for p in _list(value["eval"])),
             rounds=tuple(RoundEntry(*_entry(r, 8, "round")) for r in _list(value["rounds"])),
+            device=value.get("dev"),
+            precision=value.get("prec"),
+            batch_size=value.get("batch"),
+            end=value.get("end"),
         )
         record.check()
         return record

@@ -12,11 +12,15 @@ A pidfd taken while p2pd is still the DHT process's child names that process and
 so signalling it later can never hit a reused PID. pidfds and the death signal are Linux
 only; elsewhere the watch polls the parent's PID and p2pd gets no death signal (logged).
 
-A signal to the node's process group (Ctrl-C, ``kill -TERM -PGID``, ``timeout``) or to
-each of its processes (systemd) reaches the helpers too: SIGTERM ends the DHT process at
-once, SIGINT ends p2pd. So no wait of the node on the DHT process is without a deadline: a
-call to a DHT process that has ended fails within ``ALIVE_POLL_INTERVAL``, one that is
-stalled after ``DHT_CALL_TIMEOUT``, and the node still saves and leaves.
+p2pd runs in a session and process group of its own, so a signal to the node's process
+group (Ctrl-C, ``kill -TERM -PGID``, ``timeout``) reaches the node and the DHT process, not
+p2pd: the node leaves the swarm, then stops p2pd (which, stopped first, would leave with an
+error line and hold up the DHT process's shutdown; docs/design.md "Watching a run"). A
+signal to each of the node's processes (systemd) reaches the helpers too: SIGTERM ends the
+DHT process and p2pd at once (and SIGTERM to the group ends the DHT process, then p2pd by
+its death signal). So no wait of the node on the DHT process is without a deadline: a call
+to a DHT process that has ended fails within ``ALIVE_POLL_INTERVAL``, one that is stalled
+after ``DHT_CALL_TIMEOUT``, and the node still saves and leaves.
 """
 
 from __future__ import annotations
@@ -148,7 +152,8 @@ def _end_with(parent: int, prctl: Callable[..., int]) -> None:
 def children_end_with_this_process() -> Iterator[None]:
     """While active, a process started by ``asyncio.subprocess.create_subprocess_exec`` (not
     the alias ``asyncio.create_subprocess_exec``) from this process's main thread gets
-    SIGTERM from the kernel when this process ends.
+    SIGTERM from the kernel when this process ends; from any thread, it starts in a session
+    and process group of its own.
 
     hivemind starts p2pd exactly so and has no hook for it; hence this wrapper, meant for a
     process of our own (the DHT process), where nothing else spawns. Only the main thread:
@@ -163,6 +168,9 @@ def children_end_with_this_process() -> Iterator[None]:
     async def create(*args: Any, **kwargs: Any) -> asyncio.subprocess.Process:
         if prctl is not None and threading.current_thread() is threading.main_thread():
             kwargs.setdefault("preexec_fn", functools.partial(_end_with, here, prctl))
+        # A session (so a process group) of its own: a terminal's Ctrl-C (SIGINT to the
+        # foreground group) reaches the node, which stops p2pd once it has left the swarm.
+        kwargs.setdefault("start_new_session", True)
         return await original(*args, **kwargs)
 
     asyncio.subprocess.create_subprocess_exec = create
