@@ -1,15 +1,13 @@
 """The node's background work on the swarm: the swarm as healing's source of records,
 vouches and states (``healing.StateSource``: the node's ``Swarm`` with peer ids as strings,
-so healing stays free of hivemind types), the log of a background task that failed, and
-the last metrics record a leaving node publishes."""
+so healing stays free of hivemind types), and the last metrics record a leaving node
+publishes."""
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from hivemind.p2p import PeerID
 
@@ -63,13 +61,3 @@ class SwarmStateSource:
     ) -> OuterState:
         peers = [PeerID.from_base58(d) for d in donors]
         return self.swarm.fetch_state(fragments, expected_numel, peers)
-
-
-def log_failure(future: concurrent.futures.Future[Any]) -> None:
-    """Log a background swarm task that failed (its future's done callback)."""
-    if future.cancelled():
-        return
-    error = future.exception()
-    # A call cancelled by Swarm.shutdown is the node leaving, not a failure.
-    if error is not None and not isinstance(error, concurrent.futures.CancelledError):
-        logger.warning("background swarm task failed: %r", error)
