@@ -51,6 +51,8 @@ from typing import Any
 from diloco.bench import netns
 from diloco.bench.procs import NodeProcess
 from diloco.bench.wan_proxy import LOOPBACK, DelayProxy
+from diloco.sim.protocol_sim import LinkModel, SwarmSpec, summarise
+from diloco.sim.round_costs import predict_cu
 
 HERE = Path(__file__).resolve().parent
 NODE_PORT, PROXY_PORT = 4001, 4002
@@ -322,6 +324,49 @@ def reread(out: Path, warmup: int) -> None:
     print(table(result["points"]))
 
 
+def predictions(points: list[dict[str, Any]]) -> list[str]:
+    """Each point at an RTT above 0 against what the simulators predict for it: the CU
+    predictor (``diloco.sim.round_costs``) from the same swarm's run at RTT 0 with the round
+    trips added, and the protocol simulator's (``diloco.sim.protocol_sim``) matchmaking and
+    all-reduce seconds for N peers RTT apart on fast links. Stored in the points too."""
+    lines = [
+        "| RTT ms | CU measured | CU predicted from RTT 0 | round s measured (median) | "
+        "protocol sim: matchmaking + all-reduce s |",
+        "|" + " --- |" * 5,
+    ]
+    base = next((p for p in points if p["rtt_ms"] == 0), None)
+    for point in points:
+        if point["rtt_ms"] == 0:
+            continue
+        rtt = point["rtt_ms"] / 1000
+        one_way = point["rtt_ms"] / 4  # each peer's latency to the core: RTT / 2 between two
+        links = LinkModel(up_mbps=1e4, down_mbps=1e4, sigma=0.0, latency_ms=(one_way, one_way))
+        spec = SwarmSpec(num_peers=len(point["nodes"]), links=links, matchmaking_window_s=0.0)
+        sim = summarise(spec, 5)
+        point["protocol_sim_seconds"] = [sim.matchmaking_seconds, sim.median_seconds]
+        if base is not None:
+            predicted = []
+            for i in range(len(point["nodes"])):
+                metrics = (Path(base["folder"]) / f"node{i}.jsonl").read_text().splitlines()
+                predicted.append(predict_cu(metrics, rtt_seconds=rtt).steady)
+            point["predicted_cu_from_rtt0"] = predicted
+        measured = [node["cu"] for node in point["nodes"]]
+        rounds = [node["round_seconds_median"] for node in point["nodes"]]
+        lines.append(
+            f"| {point['rtt_ms']:g} | {_span(measured, '.2f')} | "
+            f"{_span(point.get('predicted_cu_from_rtt0', []), '.2f')} | {_span(rounds, '.2f')} | "
+            f"{sim.matchmaking_seconds:.2f} + {sim.median_seconds:.2f} |"
+        )
+    return lines
+
+
+def _span(values: list[float | None], spec: str) -> str:
+    known = [v for v in values if v is not None]
+    if not known:
+        return "-"
+    return f"{min(known):{spec}}-{max(known):{spec}}"
+
+
 def git_commit() -> str:
     out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=HERE)
     dirty = subprocess.run(
@@ -361,6 +406,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.reread:
         reread(args.out, args.warmup_steps)
+        print("\n".join(predictions(json.loads(args.out.read_text())["points"])))
         return
     commit = git_commit()  # before the runs: the code they ran
     base = args.workdir or Path(tempfile.mkdtemp(prefix="diloco-wan-"))
@@ -381,9 +427,11 @@ def main() -> None:
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "points": points,
     }
+    compared = predictions(points)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(table(points))
+    print("\n".join(compared))
     print(f"written to {args.out}; logs and metrics in {base}")
 
 
