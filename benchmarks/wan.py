@@ -389,7 +389,7 @@ def main() -> None:
     parser.add_argument(
         "--down-mbit", type=float, default=None, help="its download [default: --up-mbit]"
     )
-    parser.add_argument("--tau", default="1", help="every node's --tau: steps, or auto")
+    parser.add_argument("--tau", default="auto", help="every node's --tau: auto or steps")
     parser.add_argument("--steps", type=int, default=250)
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--warmup-steps", type=int, default=0, help="after all met in a round")
