@@ -82,6 +82,22 @@ def test_tau_auto_decides_every_four_rounds_from_a_robust_window() -> None:
     assert auto.tau == 3 and auto.used == {1, 9, 3}
 
 
+def test_tau_auto_leaves_out_the_wait_for_later_peers() -> None:
+    """Three rounds that waited 2.25 s in matchmaking for peers behind this node, one that
+    formed in 0.5 s (this node came last): the latency counted is each round's all-reduce
+    seconds plus the quickest matchmaking, not the wait."""
+    auto = TauAuto(sync_every=30, tau=1)
+    auto.observe_step(0.125)
+    for _ in range(3):
+        assert auto.observe_round(2.5, matchmaking_seconds=2.25) is None
+    change = auto.observe_round(0.75, matchmaking_seconds=0.5)
+    # Latencies 0.25 + 0.5 (three times) and 0.25 + 0.5; 80th percentile 0.75 s: 6 steps + 1.
+    assert auto.latencies == [0.75] * 4
+    assert change is not None and (change.old, change.new, change.latency) == (1, 7, 0.75)
+    # Counting the wait, it would have been 2.5 / 0.125 + 1 = 21, bounded to H / 2 = 15.
+    assert target_tau([2.5] * 4, [0.125], sync_every=30) == 15
+
+
 def test_tau_auto_starts_within_its_bounds() -> None:
     assert TauAuto(sync_every=6, tau=0).tau == 1  # a run of tau 0: auto overlaps at least 1
     assert TauAuto(sync_every=1, tau=0).tau == 0
