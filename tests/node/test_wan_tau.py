@@ -105,7 +105,7 @@ def test_tau_auto_by_default_rises_over_a_slow_network_and_nodes_still_agree(
             if r["event"] == "round":
                 hashes[(r["fragment"], r["round"])].add(r["outer_sha256"])
                 shared[(r["fragment"], r["round"])] += 1
-    assert sum(count >= 2 for count in shared.values()) >= 5
+    assert sum(count >= 2 for count in shared.values()) >= 3
     assert all(len(hashes[key]) == 1 for key, count in shared.items() if count >= 2), hashes
 
     # Each node chose its own tau above the run's 1, within H / 2, and reported its range.
