@@ -10,6 +10,13 @@ that by comparing, every few seconds, the connections each node accepted (``/pro
 with those its proxy holds open (``bypass`` in the results: connections that did not cross
 a proxy, e.g. the brief plain-TCP dial-back checks).
 
+``--up-mbit U --down-mbit D`` (root) puts each node in a network namespace of its own
+(``diloco.bench.netns``: a veth to a shared bridge, ``tc tbf`` at U Mbit/s on what the node
+sends and D on what it receives, an asymmetric home line); node X then listens on
+``10.77.0.X:4001`` and its proxy, run in the same namespace, on ``10.77.0.X:4002``, so every
+byte between two nodes crosses the sender's upload, the receiver's download and one proxy's
+delay. ``--jitter-ms`` adds a uniform delay per chunk (in order) on top of ``RTT / 2``.
+
 Per node, over the steady state (from the first step by which every node has been in a
 round with all N, plus ``--warmup-steps``; the rounds a joiner's slow first steps make the
 creator fail alone come before it, and ``startup_failed`` counts them), from its
@@ -27,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import json
 import os
 import shutil
@@ -36,13 +44,19 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from diloco.bench import netns
 from diloco.bench.procs import NodeProcess
 from diloco.bench.wan_proxy import LOOPBACK, DelayProxy
+from diloco.sim.protocol_sim import LinkModel, SwarmSpec, summarise
+from diloco.sim.round_costs import predict_cu
 
 HERE = Path(__file__).resolve().parent
+NODE_PORT, PROXY_PORT = 4001, 4002
+"""Ports in a node's own namespace (``--up-mbit``), where nothing else listens."""
 
 
 def free_port() -> int:
@@ -53,50 +67,102 @@ def free_port() -> int:
 
 
 class Proxies:
-    """One delay proxy per node, on an event loop in a thread of this process."""
+    """One delay proxy per node, each on an event loop in a thread of this process; under
+    ``--up-mbit`` the thread first enters its node's namespace, so the proxy listens and dials
+    there, beside its node."""
 
-    def __init__(self, targets: list[int], one_way: float, jitter: float) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.proxies = [
-            DelayProxy(t, one_way, jitter=jitter, seed=i) for i, t in enumerate(targets)
+    def __init__(
+        self,
+        targets: list[int],
+        one_way: float,
+        jitter: float,
+        hosts: list[str],
+        namespaces: list[str | None],
+        port: int = 0,
+    ) -> None:
+        self.loops = [asyncio.new_event_loop() for _ in targets]
+        self.threads = [
+            threading.Thread(target=self._run, args=(loop, ns), daemon=True)
+            for loop, ns in zip(self.loops, namespaces, strict=True)
         ]
-        self.ports = [self._call(p.start()) for p in self.proxies]
+        for thread in self.threads:
+            thread.start()
+        self.proxies = [
+            DelayProxy(t, one_way, jitter=jitter, seed=i, host=h, port=port)
+            for i, (t, h) in enumerate(zip(targets, hosts, strict=True))
+        ]
+        self.ports = [self._call(i, p.start()) for i, p in enumerate(self.proxies)]
 
-    def _call(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
+    @staticmethod
+    def _run(loop: asyncio.AbstractEventLoop, namespace: str | None) -> None:
+        if namespace is not None:
+            netns.enter(namespace)  # this thread only: its sockets live there
+        loop.run_forever()
+
+    def _call(self, i: int, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loops[i]).result(30)
 
     def close(self) -> None:
-        for proxy in self.proxies:
-            self._call(proxy.close())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+        for i, proxy in enumerate(self.proxies):
+            self._call(i, proxy.close())
+            self.loops[i].call_soon_threadsafe(self.loops[i].stop)
+        for thread in self.threads:
+            thread.join(10)
 
 
-def direct_connections(ports: list[int], proxy_ports: set[int]) -> list[int]:
-    """Established TCP connections on each node's listening port that are not its dials to
-    a proxy: those accepted there (from its proxy, or around it). p2pd dials from its
-    listening port too (port reuse), hence the exclusion."""
-    counts = collections.Counter[int]()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+def direct_connections(pid: int, port: int, proxy_ports: set[int]) -> int:
+    """Established TCP connections on a node's listening ``port`` that are not its dials to
+    a proxy: those accepted there (from its proxy, or around it), as the node process
+    ``pid`` sees them (its namespace's table). p2pd dials from its listening port too (port
+    reuse), hence the exclusion."""
+    count = 0
+    for table in ("tcp", "tcp6"):
         try:
-            lines = Path(table).read_text().splitlines()[1:]
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
         except OSError:
             continue
         for line in lines:
             fields = line.split()
             local, remote = (int(fields[k].rsplit(":", 1)[1], 16) for k in (1, 2))
-            if fields[3] == "01" and remote not in proxy_ports:  # ESTABLISHED
-                counts[local] += 1
-    return [counts[p] for p in ports]
+            if fields[3] == "01" and local == port and remote not in proxy_ports:  # ESTABLISHED
+                count += 1
+    return count
+
+
+@contextlib.contextmanager
+def links(args: argparse.Namespace) -> Iterator[list[str | None]]:
+    """Each node's network namespace, throttled (``--up-mbit``), or None each: loopback."""
+    if args.up_mbit is None:
+        yield [None] * args.nodes
+        return
+    shaping = netns.Shaping(
+        f"{args.up_mbit:g}mbit", download_rate=f"{args.down_mbit or args.up_mbit:g}mbit"
+    )
+    with netns.hosts(f"w{os.getpid() % 100000}", args.nodes, shaping) as names:
+        yield list(names)
 
 
 def run_point(args: argparse.Namespace, rtt_ms: float, folder: Path) -> dict[str, Any]:
     """One swarm at ``rtt_ms``; returns its per-node figures."""
+    with links(args) as namespaces:
+        return run_swarm(args, rtt_ms, folder, namespaces)
+
+
+def run_swarm(
+    args: argparse.Namespace, rtt_ms: float, folder: Path, namespaces: list[str | None]
+) -> dict[str, Any]:
+    """One swarm at ``rtt_ms``, node ``i`` in ``namespaces[i]`` (None: loopback)."""
     n = args.nodes
-    listen = [free_port() for _ in range(n)]
-    proxies = Proxies(listen, rtt_ms / 2000, args.jitter_ms / 1000)
+    if namespaces[0] is None:
+        hosts = [LOOPBACK] * n
+        listen = [free_port() for _ in range(n)]
+        proxies = Proxies(listen, rtt_ms / 2000, args.jitter_ms / 1000, hosts, namespaces)
+    else:  # a namespace each: every port is free there
+        hosts = [netns.address(i) for i in range(n)]
+        listen = [NODE_PORT] * n
+        proxies = Proxies(
+            listen, rtt_ms / 2000, args.jitter_ms / 1000, hosts, namespaces, PROXY_PORT
+        )
     common = ["--tau", str(args.tau), "--threads", "1", "--log-every", "50"]
     nodes: list[NodeProcess] = []
     bypass_max = [0] * n
@@ -104,24 +170,23 @@ def run_point(args: argparse.Namespace, rtt_ms: float, folder: Path) -> dict[str
     try:
 
         def addresses(i: int) -> list[str]:
-            own = f"/ip4/{LOOPBACK}/tcp/{listen[i]}"
-            shown = f"/ip4/{LOOPBACK}/tcp/{proxies.ports[i]}"
+            own = f"/ip4/{hosts[i]}/tcp/{listen[i]}"
+            shown = f"/ip4/{hosts[i]}/tcp/{proxies.ports[i]}"
             ckpt = str(folder / f"ckpt{i}")
             return ["--listen", own, "--announce", shown, "--checkpoint-dir", ckpt]
 
         creator = ["start", "--name", "wan", "--preset", args.preset, "--steps", str(args.steps)]
-        nodes.append(
-            NodeProcess("node0", [*creator, *common, *addresses(0), *args.node_args], folder)
-        )
+        first = [*creator, *common, *addresses(0), *args.node_args]
+        nodes.append(NodeProcess("node0", first, folder, namespaces[0]))
         address = nodes[0].address()
         for i in range(1, n):
             join = ["join", "--initial-peers", address, *common, *addresses(i)]
-            nodes.append(NodeProcess(f"node{i}", join, folder))
+            nodes.append(NodeProcess(f"node{i}", join, folder, namespaces[i]))
         deadline = start + args.timeout
         while any(node.alive() for node in nodes) and time.monotonic() < deadline:
-            direct = direct_connections(listen, set(proxies.ports))
-            for i, proxy in enumerate(proxies.proxies):
-                bypass_max[i] = max(bypass_max[i], direct[i] - proxy.open_connections)
+            for i, (node, proxy) in enumerate(zip(nodes, proxies.proxies, strict=True)):
+                direct = direct_connections(node.pid, listen[i], set(proxies.ports))
+                bypass_max[i] = max(bypass_max[i], direct - proxy.open_connections)
             time.sleep(2.0)
         timed_out = any(node.alive() for node in nodes)
     finally:
@@ -138,6 +203,8 @@ def run_point(args: argparse.Namespace, rtt_ms: float, folder: Path) -> dict[str
         proxies.close()
     return {
         "rtt_ms": rtt_ms,
+        "up_mbit": args.up_mbit,
+        "down_mbit": args.down_mbit,
         "wall_seconds": time.monotonic() - start,
         "timed_out": timed_out,
         "proxy_connections": connections,
@@ -257,6 +324,49 @@ def reread(out: Path, warmup: int) -> None:
     print(table(result["points"]))
 
 
+def predictions(points: list[dict[str, Any]]) -> list[str]:
+    """Each point at an RTT above 0 against what the simulators predict for it: the CU
+    predictor (``diloco.sim.round_costs``) from the same swarm's run at RTT 0 with the round
+    trips added, and the protocol simulator's (``diloco.sim.protocol_sim``) matchmaking and
+    all-reduce seconds for N peers RTT apart on fast links. Stored in the points too."""
+    lines = [
+        "| RTT ms | CU measured | CU predicted from RTT 0 | round s measured (median) | "
+        "protocol sim: matchmaking + all-reduce s |",
+        "|" + " --- |" * 5,
+    ]
+    base = next((p for p in points if p["rtt_ms"] == 0), None)
+    for point in points:
+        if point["rtt_ms"] == 0:
+            continue
+        rtt = point["rtt_ms"] / 1000
+        one_way = point["rtt_ms"] / 4  # each peer's latency to the core: RTT / 2 between two
+        links = LinkModel(up_mbps=1e4, down_mbps=1e4, sigma=0.0, latency_ms=(one_way, one_way))
+        spec = SwarmSpec(num_peers=len(point["nodes"]), links=links, matchmaking_window_s=0.0)
+        sim = summarise(spec, 5)
+        point["protocol_sim_seconds"] = [sim.matchmaking_seconds, sim.median_seconds]
+        if base is not None:
+            predicted = []
+            for i in range(len(point["nodes"])):
+                metrics = (Path(base["folder"]) / f"node{i}.jsonl").read_text().splitlines()
+                predicted.append(predict_cu(metrics, rtt_seconds=rtt).steady)
+            point["predicted_cu_from_rtt0"] = predicted
+        measured = [node["cu"] for node in point["nodes"]]
+        rounds = [node["round_seconds_median"] for node in point["nodes"]]
+        lines.append(
+            f"| {point['rtt_ms']:g} | {_span(measured, '.2f')} | "
+            f"{_span(point.get('predicted_cu_from_rtt0', []), '.2f')} | {_span(rounds, '.2f')} | "
+            f"{sim.matchmaking_seconds:.2f} + {sim.median_seconds:.2f} |"
+        )
+    return lines
+
+
+def _span(values: list[float | None], spec: str) -> str:
+    known = [v for v in values if v is not None]
+    if not known:
+        return "-"
+    return f"{min(known):{spec}}-{max(known):{spec}}"
+
+
 def git_commit() -> str:
     out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=HERE)
     dirty = subprocess.run(
@@ -270,7 +380,16 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=3, choices=range(2, 7), metavar="{2..6}")
     parser.add_argument("--rtt-ms", type=float, nargs="+", default=[0.0, 100.0, 200.0])
     parser.add_argument("--jitter-ms", type=float, default=0.0, help="per direction, uniform")
-    parser.add_argument("--tau", default="1", help="every node's --tau: steps, or auto")
+    parser.add_argument(
+        "--up-mbit",
+        type=float,
+        default=None,
+        help="each node in a network namespace, its upload throttled to this (tc tbf; root)",
+    )
+    parser.add_argument(
+        "--down-mbit", type=float, default=None, help="its download [default: --up-mbit]"
+    )
+    parser.add_argument("--tau", default="auto", help="every node's --tau: auto or steps")
     parser.add_argument("--steps", type=int, default=250)
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--warmup-steps", type=int, default=0, help="after all met in a round")
@@ -287,6 +406,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.reread:
         reread(args.out, args.warmup_steps)
+        print("\n".join(predictions(json.loads(args.out.read_text())["points"])))
         return
     commit = git_commit()  # before the runs: the code they ran
     base = args.workdir or Path(tempfile.mkdtemp(prefix="diloco-wan-"))
@@ -307,9 +427,11 @@ def main() -> None:
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "points": points,
     }
+    compared = predictions(points)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(table(points))
+    print("\n".join(compared))
     print(f"written to {args.out}; logs and metrics in {base}")
 
 

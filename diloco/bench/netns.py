@@ -3,7 +3,8 @@
 Host ``i`` of a set tagged ``tag`` is the namespace ``dlns{tag}-{i}`` with the address
 ``10.77.0.{i+1}/24`` on one end of a veth pair (``dlp{tag}-{i}``); the other end
 (``dlh{tag}-{i}``) sits on the bridge ``dlbr{tag}``. ``tc tbf`` throttles the host's
-upload (the end inside) and, unless ``upload_only``, its download (the end on the bridge).
+upload (the end inside) and, unless ``upload_only``, its download (the end on the bridge),
+at ``download_rate`` where given: an asymmetric home line (e.g. 20 Mbit/s up, 100 down).
 
 One helper for every benchmark: ``diloco-node bench allreduce --bandwidth-mbit`` uses
 ``hosts()`` and ``enter()``; ``examples/throttled_swarm.sh`` calls
@@ -48,6 +49,8 @@ class Shaping:
     """Longest a packet may wait in the queue before it is dropped."""
     upload_only: bool = False
     """Throttle only what a host sends (its download is then limited by the others' uploads)."""
+    download_rate: str | None = None
+    """The download's rate where it differs from the upload's (``rate``); None: ``rate``."""
 
 
 def namespace(tag: str, index: int) -> str:
@@ -83,7 +86,8 @@ def up(tag: str, count: int, shaping: Shaping) -> list[str]:
     """
     _check(tag, count)
     bridge = f"dlbr{tag}"
-    tbf = ["tbf", "rate", shaping.rate, "burst", shaping.burst, "latency", shaping.latency]
+    tbf = ["tbf", "burst", shaping.burst, "latency", shaping.latency, "rate"]
+    download = shaping.download_rate or shaping.rate
     try:
         _run("ip", "link", "add", bridge, "type", "bridge")
         _run("ip", "link", "set", bridge, "up")
@@ -97,9 +101,9 @@ def up(tag: str, count: int, shaping: Shaping) -> list[str]:
             _run("ip", "-n", name, "addr", "add", f"{address(index)}/24", "dev", inside)
             _run("ip", "-n", name, "link", "set", inside, "up")
             _run("ip", "-n", name, "link", "set", "lo", "up")
-            _run("tc", "-n", name, "qdisc", "add", "dev", inside, "root", *tbf)
+            _run("tc", "-n", name, "qdisc", "add", "dev", inside, "root", *tbf, shaping.rate)
             if not shaping.upload_only:
-                _run("tc", "qdisc", "add", "dev", outside, "root", *tbf)
+                _run("tc", "qdisc", "add", "dev", outside, "root", *tbf, download)
     except BaseException:
         down(tag, count)
         raise
@@ -160,6 +164,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tag", required=True, help="Names the set, e.g. the caller's pid.")
     parser.add_argument("--hosts", type=int, required=True, help="Number of hosts.")
     parser.add_argument("--rate", help="tc rate per direction, e.g. 100mbit (up only).")
+    parser.add_argument("--download-rate", help="The download's rate if not --rate's.")
     parser.add_argument("--burst", help="tc tbf burst, e.g. 64kb [default: 256kb].")
     parser.add_argument("--latency", help="tc tbf latency, e.g. 50ms [default: 100ms].")
     parser.add_argument("--upload-only", action="store_true", help="Throttle only uploads.")
@@ -170,7 +175,11 @@ def main(argv: list[str] | None = None) -> None:
             return
         if not args.rate:
             parser.error("up needs --rate")
-        given = {"burst": args.burst, "latency": args.latency}
+        given = {
+            "burst": args.burst,
+            "latency": args.latency,
+            "download_rate": args.download_rate,
+        }
         options = {key: value for key, value in given.items() if value is not None}
         shaping = Shaping(args.rate, upload_only=args.upload_only, **options)
         print("\n".join(up(args.tag, args.hosts, shaping)))

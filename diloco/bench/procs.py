@@ -23,18 +23,31 @@ PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 class NodeProcess:
     """One node process; ``records()`` reads its metrics file as it grows."""
 
-    def __init__(self, name: str, args: list[str], folder: Path) -> None:
+    def __init__(
+        self, name: str, args: list[str], folder: Path, namespace: str | None = None
+    ) -> None:
         self.name = name
         self.args = args
+        self.namespace = namespace
+        """The network namespace it runs in (``diloco.bench.netns``); None: this one."""
         self.log = folder / f"{name}.log"
         self.metrics = folder / f"{name}.jsonl"
         self.process = self._spawn()
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         self.log_offset = self.log.stat().st_size if self.log.exists() else 0
+        inside = ["ip", "netns", "exec", self.namespace] if self.namespace else []
         with self.log.open("a") as log:
             return subprocess.Popen(
-                [sys.executable, "-m", "diloco", *self.args, "--metrics-out", str(self.metrics)],
+                [
+                    *inside,
+                    sys.executable,
+                    "-m",
+                    "diloco",
+                    *self.args,
+                    "--metrics-out",
+                    str(self.metrics),
+                ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -64,9 +77,10 @@ class NodeProcess:
             return log.read().decode(errors="replace")
 
     def printed_address(self) -> str | None:
-        """The loopback multiaddr the running incarnation printed, if it has yet."""
+        """The multiaddr the running incarnation printed (its announced one, or on loopback
+        or in its namespace), if it has yet."""
         for line in self.current_output().splitlines():
-            if line.startswith("/ip4/127."):
+            if line.startswith("/ip4/") and "/p2p/" in line:
                 return line.strip()
         return None
 

@@ -1,7 +1,7 @@
 """A TCP proxy on loopback that delays every byte by a fixed one-way time: a wide-area link
 for a swarm on one machine, without root (this kernel has no ``netem``).
 
-Each accepted connection is forwarded to ``127.0.0.1:target_port``. In each direction a
+Each accepted connection is forwarded to ``host:target_port``. In each direction a
 reader stamps every chunk it reads with the time it may leave, ``now + delay`` (plus a
 random jitter in ``[0, jitter]``, never earlier than the chunk before it, so the bytes stay
 in order), and a writer sends it at that time. Both directions are delayed, so a round trip
@@ -11,7 +11,9 @@ after the same delay; an end that breaks drops the connection.
 Memory is bounded: each direction holds at most ``window`` bytes in flight (the reader
 stops reading when it is full, so TCP's flow control slows the sender), which also caps a
 connection's throughput at about ``window / delay`` per direction, like a TCP window on a
-long link. The proxy binds and dials loopback only.
+long link. The proxy binds and dials one local address, ``host``: loopback by default, or a
+network namespace's own address when the link itself is throttled (``diloco.bench.netns``;
+the proxy then runs in that namespace, beside its node).
 
 How a swarm uses it (``benchmarks/wan.py``, ``docs/design.md "Across the internet"``):
 node X listens on ``127.0.0.1:PX`` and ``--announce``-s ``/ip4/127.0.0.1/tcp/QX``, where a
@@ -95,8 +97,8 @@ class _Pipe:
 
 
 class DelayProxy:
-    """Forwards connections accepted on ``port`` to ``target_port``, both on loopback,
-    delaying each direction by ``delay`` seconds plus up to ``jitter`` seconds."""
+    """Forwards connections accepted on ``host:port`` to ``host:target_port``, delaying each
+    direction by ``delay`` seconds plus up to ``jitter`` seconds."""
 
     def __init__(
         self,
@@ -107,6 +109,7 @@ class DelayProxy:
         port: int = 0,
         window: int = WINDOW_BYTES,
         seed: int | None = None,
+        host: str = LOOPBACK,
     ) -> None:
         if not (delay >= 0 and jitter >= 0):
             raise ValueError(f"delay and jitter must be >= 0 s, got {delay} and {jitter}")
@@ -115,6 +118,7 @@ class DelayProxy:
         if not (0 < target_port < 65536 and 0 <= port < 65536):
             raise ValueError(f"bad ports: target {target_port}, listen {port}")
         self.target_port, self.delay, self.jitter = target_port, delay, jitter
+        self.host = host
         self.port, self.window = port, window
         self.random = random.Random(seed)
         self.connections = 0
@@ -132,7 +136,7 @@ class DelayProxy:
 
     async def start(self) -> int:
         """Listen; returns the port (a free one when ``port`` was 0)."""
-        self._server = await asyncio.start_server(self._accept, LOOPBACK, self.port)
+        self._server = await asyncio.start_server(self._accept, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 
@@ -158,7 +162,7 @@ class DelayProxy:
 
     async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            up_reader, up_writer = await asyncio.open_connection(LOOPBACK, self.target_port)
+            up_reader, up_writer = await asyncio.open_connection(self.host, self.target_port)
         except OSError as exc:
             logger.info("proxy %d: target %d refused: %r", self.port, self.target_port, exc)
             writer.close()

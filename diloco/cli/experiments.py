@@ -264,6 +264,13 @@ def _parse_targets(value: str | None) -> tuple[float, ...] | None:
     default=None,
     help="A node's JSON-lines metrics: predict its CU at other bandwidths.",
 )
+@click.option(
+    "--rtt-ms",
+    type=float,
+    default=None,
+    help="With --from-metrics: also predict the run with this much more round-trip time "
+    "(6 round trips a round).",
+)
 def simulate(
     model: str,
     layers: int | None,
@@ -276,6 +283,7 @@ def simulate(
     plot_path: str | None,
     timeline_path: str | None,
     metrics_path: str | None,
+    rtt_ms: float | None,
     **sync: Any,
 ) -> None:
     """Compute utilisation against bandwidth for DP and the DiLoCo variants (docs/design.md "The
@@ -301,6 +309,7 @@ def simulate(
             plot_path=plot_path,
             timeline_path=timeline_path,
             metrics_lines=Path(metrics_path).read_text().splitlines() if metrics_path else None,
+            rtt_ms=rtt_ms,
         )
         report = simulate_report(request)
     except ValueError as error:

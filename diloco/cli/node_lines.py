@@ -55,8 +55,17 @@ def summary_line(record: dict[str, Any]) -> str:
         f"{record['bytes_sent'] / 1e6:.2f} MB (data-parallel: "
         f"{record['dp_bytes_estimate'] / 1e6:.0f} MB), "
         f"{failed_rounds_text(record['failed_causes'])}, "
-        f"rounds pending at end: {record['rounds_pending']}"
+        f"rounds pending at end: {record['rounds_pending']}{tau_text(record.get('tau_range'))}"
     )
+
+
+def tau_text(span: list[int] | None) -> str:
+    """``, tau 1-9`` (the taus ``--tau auto`` used; one value when it stayed), or nothing
+    for a record without them."""
+    if not span:
+        return ""
+    low, high = span
+    return f", tau {low}" if low == high else f", tau {low}-{high}"
 
 
 def startup_lines(

@@ -256,11 +256,12 @@ class NodeOptions:
 
     batch_size: int = 8
     """Sequences per inner step on this node (its share of a round's mean is its tokens)."""
-    tau: str | None = None
+    tau: str | None = "auto"
     """tau: this node's steps between sending a fragment and applying its round (docs/design.md
-    "Algorithm and schedule"): a number of steps; ``auto``, which starts from the run's tau and
+    "Algorithm and schedule"): ``auto`` (the default), which starts from the run's tau and
     follows this node's round latency over its step time (``diloco.node.tau``; docs/design.md
-    "Across the internet"); None takes the run's ``outer.fragment_sync_delay``."""
+    "Across the internet"); a number of steps; None takes the run's
+    ``outer.fragment_sync_delay``."""
     pace: PaceMode = "adaptive"
     """``adaptive``: when this node is slower per step than the swarm's pace (the lower
     median of the nodes' full-batch step seconds), it trains fewer sequences per inner step

@@ -177,8 +177,8 @@ NODE_FLAGS = Flags(
         Flag(
             "--tau",
             ("tau",),
-            "This node's overlap tau in steps, or auto (from its round latency and step "
-            "time) [default: the run's tau].",
+            "This node's overlap tau: auto (from its round latency and step time, "
+            "starting at the run's tau) or a number of steps [default: auto].",
         ),
         Flag("--batch-size", ("batch_size",), "Sequences per inner step."),
         Flag(

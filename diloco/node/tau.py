@@ -5,10 +5,16 @@ A round sent at step ``s`` is applied at ``s + tau``; the node blocks there unle
 came back within ``tau`` steps of compute. So the tau that hides a round is its latency in
 steps, ``ceil(latency / step_seconds)``, plus a step of margin. ``target_tau`` is that figure
 from a robust view of recent rounds (a high quantile of latencies, the median step time),
-bounded to ``[1, H-1]`` and to what matchmaking tolerates; ``next_tau`` moves toward it
+bounded to ``[1, H/2]`` and to what matchmaking tolerates; ``next_tau`` moves toward it
 with hysteresis; ``TauAuto`` keeps the recent figures and decides once per few rounds. tau
 is local to the node: a change applies to rounds sent after it (each pending round keeps its
 receive step), and since ``tau < H`` a fragment's rounds still apply in order.
+
+A round's seconds include the wait in matchmaking for peers that reach the send step later.
+That wait is not the network's: a node ahead of its peers would see it grow with its own tau
+(a larger tau lets it run further ahead) and push tau up for ever. So the latency counted is
+the round's all-reduce seconds plus the shortest matchmaking among the recent rounds (one
+where this node came last, or nearly: the network's part alone).
 """
 
 from __future__ import annotations
@@ -45,9 +51,13 @@ def nearest_rank(values: Sequence[float], quantile: float) -> float:
 
 
 def tau_bounds(sync_every: int) -> tuple[int, int]:
-    """The taus auto may pick: ``[1, H-1]`` (0 when H is 1, the only tau there is)."""
-    high = sync_every - 1
-    return min(1, high), high
+    """The taus auto may pick: ``[1, H/2]`` (0 when H is 1, the only tau there is). At most
+    half the period: a round is applied in the first half of the period after its send, so
+    its update is never staler than half the steps it summarises, and a node is never more
+    than half a period ahead of the peers it blocks for."""
+    if sync_every < 2:
+        return 0, 0
+    return 1, max(1, sync_every // 2)
 
 
 def target_tau(
@@ -58,14 +68,14 @@ def target_tau(
     quantile: float = LATENCY_QUANTILE,
     margin: int = MARGIN_STEPS,
 ) -> int:
-    """``clamp(ceil(latency quantile / median step seconds) + margin, 1, H-1)``, and at most
+    """``clamp(ceil(latency quantile / median step seconds) + margin, 1, H/2)``, and at most
     ``max_ahead / step seconds`` steps.
 
     A node blocks on a round only at its receive step, so with tau t it may run up to t
     steps ahead of its peers and meet them at a send step that much earlier; ``max_ahead``
     (seconds) keeps that within what matchmaking waits for peers. Without it the round's
-    seconds, which include waiting for the others, grow with the gap and push tau to H-1,
-    the nodes drift apart beyond the window and every round fails.
+    seconds, which include waiting for the others, grow with the gap and push tau to its
+    bound, the nodes drift apart beyond the window and every round fails.
     """
     low, high = tau_bounds(sync_every)
     step = max(nearest_rank(step_seconds, 0.5), 1e-9)
@@ -90,7 +100,7 @@ class TauChange:
     old: int
     new: int
     latency: float
-    """The latency quantile, seconds."""
+    """The latency quantile, seconds (without the wait for later peers)."""
     step_seconds: float
     """The median step's compute, seconds."""
 
@@ -101,7 +111,10 @@ class TauAuto:
 
     sync_every: int
     tau: int
-    latencies: deque[float] = field(default_factory=lambda: deque(maxlen=ROUNDS_WINDOW))
+    exchanges: deque[float] = field(default_factory=lambda: deque(maxlen=ROUNDS_WINDOW))
+    """Recent rounds' seconds after their group formed (the all-reduce and its checks)."""
+    matchmaking: deque[float] = field(default_factory=lambda: deque(maxlen=ROUNDS_WINDOW))
+    """Recent rounds' matchmaking seconds (waiting for later peers included)."""
     step_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=STEPS_WINDOW))
     rounds_since: int = 0
     """Rounds observed since the last decision."""
@@ -109,7 +122,7 @@ class TauAuto:
     """Every tau this node used (the summary's range)."""
     max_ahead: float | None = None
     """Seconds of steps a node may run ahead of its peers (``target_tau``); None: no bound
-    but H-1 (a transport without matchmaking)."""
+    but H/2 (a transport without matchmaking)."""
 
     def __post_init__(self) -> None:
         low, high = tau_bounds(self.sync_every)
@@ -119,10 +132,20 @@ class TauAuto:
     def observe_step(self, seconds: float) -> None:
         self.step_seconds.append(seconds)
 
-    def observe_round(self, seconds: float) -> TauChange | None:
-        """Count one applied round's latency (send to result); every ``ROUNDS_BETWEEN``
-        rounds, a new tau if the figures call for one."""
-        self.latencies.append(seconds)
+    @property
+    def latencies(self) -> list[float]:
+        """The recent rounds' latencies without the wait for later peers: each one's
+        all-reduce seconds plus the shortest recent matchmaking (module docstring)."""
+        quickest = min(self.matchmaking, default=0.0)
+        return [seconds + quickest for seconds in self.exchanges]
+
+    def observe_round(self, seconds: float, matchmaking_seconds: float = 0.0) -> TauChange | None:
+        """Count one applied round (``seconds`` from send to result, ``matchmaking_seconds``
+        of them forming its group); every ``ROUNDS_BETWEEN`` rounds, a new tau if the figures
+        call for one."""
+        matchmaking = min(max(0.0, matchmaking_seconds), seconds)
+        self.exchanges.append(seconds - matchmaking)
+        self.matchmaking.append(matchmaking)
         self.rounds_since += 1
         if self.rounds_since < ROUNDS_BETWEEN or not self.step_seconds:
             return None

@@ -105,6 +105,8 @@ class SimulateRequest:
     timeline_path: str | None = None
     metrics_lines: Sequence[str] | None = None
     """A node's JSON-lines metrics (``diloco.sim.metrics``): simulate that run instead."""
+    rtt_ms: float | None = None
+    """With ``metrics_lines``: also predict that run at this much more round-trip time."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +138,9 @@ def _describe_measured(run: MeasuredRun) -> str:
     )
 
 
-def _round_cost_lines(metrics: Sequence[str], bandwidth_gbps: float | None) -> list[str]:
+def _round_cost_lines(
+    metrics: Sequence[str], bandwidth_gbps: float | None, rtt_ms: float | None
+) -> list[str]:
     """Measured CU and the CU predicted with the per-round costs (``round_costs``)."""
     measured = measured_cu(metrics)
     predicted = predict_cu(metrics)
@@ -149,6 +153,9 @@ def _round_cost_lines(metrics: Sequence[str], bandwidth_gbps: float | None) -> l
         rows.append(
             (f"predicted at {bandwidth_gbps:g} Gbit/s", predict_cu(metrics, bandwidth_gbps))
         )
+    if rtt_ms is not None:
+        at_rtt = predict_cu(metrics, bandwidth_gbps, rtt_seconds=rtt_ms / 1000)
+        rows.append((f"predicted, +{rtt_ms:g} ms RTT", at_rtt))
     for name, cu in rows:
         steady = "-" if cu.steady is None else f"{cu.steady:.4f}"
         lines.append(f"  {name:<22}{cu.whole:>10.4f}{steady:>10}")
@@ -179,7 +186,7 @@ def simulate_report(request: SimulateRequest) -> SimulateReport:
             compute, plan = scenarios[MEASURED]
             cu = compute_utilisation(compute, plan, [run.observed_gbps])[0]
             lines.append(f"transfers only, CU at the observed rate: {cu:.4f}")
-        lines += _round_cost_lines(request.metrics_lines, request.bandwidth_gbps)
+        lines += _round_cost_lines(request.metrics_lines, request.bandwidth_gbps, request.rtt_ms)
     else:
         model = resolve_model(
             request.model,

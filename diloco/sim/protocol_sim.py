@@ -43,9 +43,11 @@ the all-reduce (``inf``: nobody dies). A peer that dies stops sending at once.
   succeeds when every member alive at its end applies it; all that apply hold the same
   bytes, since every successful group of a cell counts the same sub-cells.
 
-Matchmaking is the same for flat and staged rounds and reported apart: the window, a round
-trip to the leader, and the leader's uplink sending every member the member list
-(``GROUP``: ``GROUP_BYTES_PER_MEMBER`` per member), which grows as ``N ** 2``.
+Matchmaking is the same for flat and staged rounds and reported apart: the window, the DHT's
+round trips at a median peer's latency (``dht_round_trips``: declaring takes 2, reading the
+view 1, docs/design.md "Across the internet"), a round trip to the leader, and the leader's
+uplink sending every member the member list (``GROUP``: ``GROUP_BYTES_PER_MEMBER`` per
+member), which grows as ``N ** 2``.
 """
 
 from __future__ import annotations
@@ -104,6 +106,8 @@ class SwarmSpec:
     """Stage budget over a median peer's nominal time; the slowest of a thousand log-normal
     links (sigma 0.7) is about 10 times slower than the median."""
     matchmaking_window_s: float = 2.0
+    dht_round_trips: float = 3.0
+    """Round trips to the DHT before the JOIN (declare 2, read the view 1)."""
     links: LinkModel = field(default_factory=LinkModel)
 
     def __post_init__(self) -> None:
@@ -113,6 +117,8 @@ class SwarmSpec:
             raise ValueError(f"rule must be one of {RULES}, got {self.rule!r}")
         if not (self.lifetime_s > 0 and self.timeout_factor >= 1 and self.num_values > 0):
             raise ValueError("need lifetime_s > 0, timeout_factor >= 1, num_values > 0")
+        if not self.dht_round_trips >= 0:
+            raise ValueError(f"need dht_round_trips >= 0, got {self.dht_round_trips}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -377,11 +383,13 @@ class _Round:
 
 
 def matchmaking_seconds(spec: SwarmSpec, peers: Peers) -> float:
-    """Window, a round trip to the leader, and GROUP fanned out by the leader's uplink."""
+    """Window, the DHT's round trips, a round trip to the leader, and GROUP fanned out by the
+    leader's uplink."""
     leader = 0
     fanout = spec.num_peers**2 * GROUP_BYTES_PER_MEMBER / float(peers.up[leader])
     rtt = 2 * float(np.max(peers.latency + peers.latency[leader]))
-    return spec.matchmaking_window_s + rtt + fanout
+    dht = spec.dht_round_trips * 4 * float(np.median(peers.latency))
+    return spec.matchmaking_window_s + dht + rtt + fanout
 
 
 def simulate_round(spec: SwarmSpec, rng: np.random.Generator) -> RoundOutcome:

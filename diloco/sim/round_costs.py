@@ -28,6 +28,13 @@ The DAG gives the blocked seconds of a successful round; a **failed round**'s ti
 (its measured blocked seconds) and its update missing (nothing applied, nothing else saved),
 so the predicted blocked time is the successful rounds' count times the DAG's blocked seconds
 per round plus the failed rounds' own, and the compute is the window's measured compute.
+
+**At another round-trip time** (``rtt_seconds``, e.g. a loopback run predicted across the
+internet): each round also waits ``round_trips * rtt_seconds`` off the link, the request /
+response exchanges on its critical path (docs/design.md "Across the internet": 4 round trips
+to form the group, 2 for the all-reduce and its checks, measured at 100-300 ms). The
+measured run's own round trips cost what its network charged (nothing on loopback), so the
+prediction is meant from a run at a lower RTT than the one predicted.
 """
 
 from __future__ import annotations
@@ -40,6 +47,9 @@ from dataclasses import dataclass
 
 from diloco.sim.dag import StepCompute, SyncPlan, compute_utilisation
 from diloco.sim.metrics import measured_schedule, parse_metrics
+
+ROUND_TRIPS = 6.0
+"""Round trips on a round's critical path (docs/design.md "Across the internet")."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,9 +209,17 @@ def round_costs(window: Window, num_fragments: int) -> RoundCosts:
 
 
 def predict_window(
-    window: Window, compute: StepCompute, plan: SyncPlan, bandwidth_gbps: float | None = None
+    window: Window,
+    compute: StepCompute,
+    plan: SyncPlan,
+    bandwidth_gbps: float | None = None,
+    rtt_seconds: float = 0.0,
+    round_trips: float = ROUND_TRIPS,
 ) -> float:
-    """Predicted CU of ``window`` (at the fitted rate, or at ``bandwidth_gbps``)."""
+    """Predicted CU of ``window`` (at the fitted rate, or at ``bandwidth_gbps``), with
+    ``round_trips`` more round trips of ``rtt_seconds`` per round."""
+    if not (rtt_seconds >= 0 and round_trips >= 0):
+        raise ValueError(f"need rtt >= 0 and round trips >= 0, got {rtt_seconds}, {round_trips}")
     if not window.step_seconds:
         raise ValueError("no step in the window: nothing to predict")
     costs = round_costs(window, len(plan.fragments))
@@ -217,10 +235,9 @@ def predict_window(
     ok = [r for r in window.rounds if r.ok]
     # Each successful round's own matchmaking wait (they vary: waiting for the slowest
     # member), not their mean: a wait beyond the overlap blocks, a shorter one does not.
+    extra = costs.fixed_seconds + round_trips * rtt_seconds
     blocked = sum(
-        _blocked_per_round(
-            compute, plan, wire_bits, r.matchmaking_seconds + costs.fixed_seconds, rate
-        )
+        _blocked_per_round(compute, plan, wire_bits, r.matchmaking_seconds + extra, rate)
         for r in ok
     )
     total = sum(window.step_seconds)
@@ -243,12 +260,19 @@ def _blocked_per_round(
     return plan.sync_every * compute.step_seconds * (1 / cu - 1) / len(plan.fragments)
 
 
-def predict_cu(lines: Sequence[str], bandwidth_gbps: float | None = None) -> WindowCU:
-    """Predicted CU over the whole run and in steady state, from the node's own metrics."""
+def predict_cu(
+    lines: Sequence[str],
+    bandwidth_gbps: float | None = None,
+    rtt_seconds: float = 0.0,
+    round_trips: float = ROUND_TRIPS,
+) -> WindowCU:
+    """Predicted CU over the whole run and in steady state, from the node's own metrics
+    (at ``rtt_seconds`` more round-trip time than the run had)."""
     compute, plan = measured_schedule(parse_metrics(lines))
     whole, steady, start = read_windows(lines)
+    at = (bandwidth_gbps, rtt_seconds, round_trips)
     return WindowCU(
-        predict_window(whole, compute, plan, bandwidth_gbps),
-        predict_window(steady, compute, plan, bandwidth_gbps) if steady else None,
+        predict_window(whole, compute, plan, *at),
+        predict_window(steady, compute, plan, *at) if steady else None,
         start,
     )

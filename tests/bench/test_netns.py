@@ -78,6 +78,13 @@ def test_upload_only_leaves_the_bridge_end_alone() -> None:
         assert "tbf" not in qdisc(f"dlh{t}-0")
 
 
+def test_a_home_line_uploads_slower_than_it_downloads() -> None:
+    t = tag(6)
+    with netns.hosts(t, 1, netns.Shaping("20mbit", download_rate="100mbit")) as names:
+        assert "rate 20Mbit" in qdisc(f"dlp{t}-0", names[0])  # upload
+        assert "rate 100Mbit" in qdisc(f"dlh{t}-0")  # download
+
+
 def test_hosts_are_removed_when_the_block_fails() -> None:
     t = tag(3)
     with pytest.raises(KeyboardInterrupt), netns.hosts(t, 2, netns.Shaping("8mbit")):

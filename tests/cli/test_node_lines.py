@@ -62,6 +62,9 @@ def test_summary_says_why_rounds_failed() -> None:
         record
     )
     assert "no failed rounds" in summary_line(record | {"failed_causes": {}})
+    assert summary_line(record).endswith("rounds pending at end: 0")
+    assert summary_line(record | {"tau_range": [1, 9]}).endswith("at end: 0, tau 1-9")
+    assert summary_line(record | {"tau_range": [3, 3]}).endswith("at end: 0, tau 3")
 
 
 @pytest.mark.parametrize(

@@ -37,7 +37,7 @@ def test_defaults_are_what_start_has_always_used() -> None:
         fragment_update_alpha=None,
     )
     assert (run.inner.lr, run.inner.warmup_steps, run.inner.grad_clip) == (1e-3, 30, 1.0)
-    assert (node.batch_size, node.tau, node.device, node.threads) == (8, None, "cpu", 0)
+    assert (node.batch_size, node.tau, node.device, node.threads) == (8, "auto", "cpu", 0)
     assert (node.data, node.data_seed, node.log_every, node.checkpoint_every) == (
         None,
         None,

@@ -22,8 +22,10 @@ pytestmark = pytest.mark.swarm
 STEPS, H, BATCH, SEQ_LEN = 240, 30, 8, 128
 COMMON = [
     "--seq-len", str(SEQ_LEN), "--batch-size", str(BATCH), "--threads", "1",
-    "--log-every", "60",
+    "--log-every", "60", "--tau", "1",
 ]  # fmt: skip
+"""tau pinned to 1 (not auto): lock-step at every round is what ``fixed`` pace is measured
+against, and auto's overlap would hide part of the blocking either way."""
 PACE = ["--pace", os.environ.get("DILOCO_TEST_PACE", "adaptive")]
 """Every node's pace; ``DILOCO_TEST_PACE=fixed`` (lock-step, today's behaviour) makes the
 blocked-share and rows assertions fail."""

@@ -33,7 +33,12 @@ swarm takes at most about 3 s more (typically 0.1 s), the interpreter's exit abo
 CLEANUP_S = 10.0
 """torch's shared-memory manager removes the node's /dev/shm files, then exits, about 2 s
 after the node."""
-SMALL = ["--seq-len", "32", "--batch-size", "4", "--log-every", "20", "--threads", "1"]
+SMALL = [
+    "--seq-len", "32", "--batch-size", "4", "--log-every", "20", "--threads", "1", "--tau", "1",
+]  # fmt: skip
+"""Small and fast nodes, tau pinned (not auto, which follows the timing): the tests that
+compare final states or a resumed run with an uninterrupted one need the same tau everywhere
+(test_wan_tau.py covers auto)."""
 
 
 def stat(pid: int) -> list[str] | None:

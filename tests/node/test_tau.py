@@ -46,10 +46,11 @@ def test_target_tau_by_hand() -> None:
     latencies = [1.0, 1.25, 1.5, 1.0, 1.25]  # 80th percentile: 4th of 5 sorted = 1.25
     steps = [0.125, 0.25, 0.125]  # median 0.125
     assert target_tau(latencies, steps, sync_every=30) == 11  # 1.25 / 0.125 = 10, + 1
-    assert target_tau(latencies, steps, sync_every=8) == 7  # bounded to H - 1
+    assert target_tau(latencies, steps, sync_every=8) == 4  # bounded to H / 2
     assert target_tau([0.0625] * 3, [0.25], sync_every=30) == 2  # within a step: 1 + 1
     assert target_tau([0.0], [0.25], sync_every=30) == 1  # never below 1
-    assert tau_bounds(30) == (1, 29) and tau_bounds(2) == (1, 1) and tau_bounds(1) == (0, 0)
+    assert tau_bounds(30) == (1, 15) and tau_bounds(7) == (1, 3)
+    assert tau_bounds(2) == (1, 1) and tau_bounds(1) == (0, 0)
     assert target_tau([5.0], [0.25], sync_every=1) == 0  # H = 1 has only tau 0
     # At most max_ahead seconds of steps: 1.0 / 0.125 = 8 steps ahead of the peers.
     assert target_tau(latencies, steps, sync_every=30, max_ahead=1.0) == 8
@@ -79,6 +80,22 @@ def test_tau_auto_decides_every_four_rounds_from_a_robust_window() -> None:
     change = auto.observe_round(0.25)
     assert change is not None and (change.old, change.new) == (9, 3)
     assert auto.tau == 3 and auto.used == {1, 9, 3}
+
+
+def test_tau_auto_leaves_out_the_wait_for_later_peers() -> None:
+    """Three rounds that waited 2.25 s in matchmaking for peers behind this node, one that
+    formed in 0.5 s (this node came last): the latency counted is each round's all-reduce
+    seconds plus the quickest matchmaking, not the wait."""
+    auto = TauAuto(sync_every=30, tau=1)
+    auto.observe_step(0.125)
+    for _ in range(3):
+        assert auto.observe_round(2.5, matchmaking_seconds=2.25) is None
+    change = auto.observe_round(0.75, matchmaking_seconds=0.5)
+    # Latencies 0.25 + 0.5 (three times) and 0.25 + 0.5; 80th percentile 0.75 s: 6 steps + 1.
+    assert auto.latencies == [0.75] * 4
+    assert change is not None and (change.old, change.new, change.latency) == (1, 7, 0.75)
+    # Counting the wait, it would have been 2.5 / 0.125 + 1 = 21, bounded to H / 2 = 15.
+    assert target_tau([2.5] * 4, [0.125], sync_every=30) == 15
 
 
 def test_tau_auto_starts_within_its_bounds() -> None:
@@ -151,7 +168,7 @@ def test_replicas_changing_tau_mid_run_apply_rounds_in_order_and_bit_identically
         log_every=1000,
         fragment_size=1,
         taus=[1, 4],
-        outer=OuterConfig(sync_every=8),
+        outer=OuterConfig(sync_every=10),  # auto's taus: up to H / 2 = 5
     )
     trainer = AutoTauTrainer(config, corpus)
     summary = trainer.train()
@@ -202,10 +219,10 @@ def test_node_with_tau_auto_raises_tau_for_slow_rounds_and_logs_why(corpus, capl
         while trainer.step < 24:
             trainer.train_step()
         trainer.finish_rounds()
-    assert trainer.sync.tau == 5  # a day per round: H - 1
-    assert trainer.tau_range == (2, 5)
+    assert trainer.sync.tau == 3  # a day per round: H / 2
+    assert trainer.tau_range == (2, 3)
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("tau ")]
-    assert line.startswith("tau 2 -> 5: 80% of the last 4 rounds took <= 86400.00 s")
+    assert line.startswith("tau 2 -> 3: 80% of the last 4 rounds took <= 86400.00 s")
     assert all(s.version >= 1 for s in trainer.sync.states) and trainer.sync.pending == []
 
 

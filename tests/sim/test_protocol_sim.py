@@ -43,8 +43,11 @@ def test_run_round_two_peers_duration_by_hand() -> None:
 
 
 def test_matchmaking_two_peers_by_hand() -> None:
-    # Window 2 s, a round trip to the leader 0.08 s, GROUP of 2 x 48 bytes to 2 peers.
-    assert matchmaking_seconds(_spec(2), _peers(2)) == pytest.approx(2.08 + 4 * 48 / 1e6)
+    # Window 2 s, 3 DHT round trips of 0.08 s, a round trip to the leader 0.08 s, GROUP of
+    # 2 x 48 bytes to 2 peers.
+    assert matchmaking_seconds(_spec(2), _peers(2)) == pytest.approx(2.32 + 4 * 48 / 1e6)
+    no_dht = _spec(2, dht_round_trips=0)
+    assert matchmaking_seconds(no_dht, _peers(2)) == pytest.approx(2.08 + 4 * 48 / 1e6)
 
 
 def test_run_round_four_in_twos_two_stages_by_hand() -> None:
@@ -85,7 +88,13 @@ def test_run_round_every_stream_lost_fails() -> None:
 
 
 @pytest.mark.parametrize(
-    "kw", [{"num_peers": 1}, {"num_peers": 4, "rule": "maybe"}, {"num_peers": 4, "lifetime_s": 0}]
+    "kw",
+    [
+        {"num_peers": 1},
+        {"num_peers": 4, "rule": "maybe"},
+        {"num_peers": 4, "lifetime_s": 0},
+        {"num_peers": 4, "dht_round_trips": -1},
+    ],
 )
 def test_swarm_spec_rejects_bad_values(kw: dict[str, object]) -> None:
     with pytest.raises(ValueError):

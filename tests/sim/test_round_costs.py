@@ -128,6 +128,17 @@ def test_predicted_cu_at_another_bandwidth_keeps_the_other_costs() -> None:
     assert predict_cu(_diloco_run(), bandwidth_gbps=0.008).steady == pytest.approx(4 / 6)
 
 
+def test_predicted_cu_at_a_round_trip_time_waits_its_round_trips() -> None:
+    # Steady state: the round's 1 s matchmaking and 2 s transfer, plus 3 round trips of
+    # 0.5 s: 4.5 s blocked per 4 s of compute (tau 0).
+    cu = predict_cu(_diloco_run(), rtt_seconds=0.5, round_trips=3)
+    assert cu.steady == pytest.approx(4 / 8.5)
+    # By default 6 round trips (of 0.25 s: 1.5 s more blocked).
+    assert predict_cu(_diloco_run(), rtt_seconds=0.25).steady == pytest.approx(4 / 8.5)
+    with pytest.raises(ValueError, match="rtt"):
+        predict_cu(_diloco_run(), rtt_seconds=-1.0)
+
+
 def test_no_steady_state_when_the_node_was_always_alone() -> None:
     alone = _lines(
         [
