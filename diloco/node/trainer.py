@@ -78,7 +78,10 @@ class NodeTrainer:
         if self.tau_auto is not None:
             tau = self.tau_auto.tau
         self.corpus = corpus or load_corpus(options.data)
-        run.check_corpus(self.corpus.vocab_size, self.corpus.fingerprint, self.corpus.description)
+        corpus = self.corpus
+        run.check_corpus(
+            corpus.vocab_size, corpus.fingerprint, corpus.description, tokenizer=corpus.tokenizer
+        )
         self.device = torch.device(options.device)
         if options.threads:
             torch.set_num_threads(options.threads)

@@ -271,10 +271,18 @@ def test_node_refuses_a_corpus_beyond_the_runs_vocabulary(prepared) -> None:
         node(RunConfig(seq_len=16))
     with pytest.raises(ConfigError, match=f"--vocab-size {vocab}"):
         node(RunConfig(seq_len=16, vocab_size=300))
-    fits = node(RunConfig(seq_len=16, vocab_size=vocab, dataset_fingerprint=corpus.fingerprint))
+    pinned = {"dataset_fingerprint": corpus.fingerprint, "tokenizer": corpus.tokenizer}
+    fits = node(RunConfig(seq_len=16, vocab_size=vocab, **pinned))
     assert fits.model.tok_emb.weight.shape[0] == vocab
     assert math.isfinite(fits.train_step()[0])
     with pytest.raises(ConfigError, match="prepared corpus 000000000000"):
-        node(RunConfig(seq_len=16, vocab_size=vocab, dataset_fingerprint="0" * 64))
+        node(
+            RunConfig(
+                seq_len=16,
+                vocab_size=vocab,
+                tokenizer=corpus.tokenizer,
+                dataset_fingerprint="0" * 64,
+            )
+        )
     with pytest.raises(ConfigError, match="64 lowercase hex"):
         RunConfig(dataset_fingerprint="abc")
