@@ -212,6 +212,14 @@ def tokenizer_file(path: str | Path | None) -> Path | None:
     return candidate if expected is not None and file_sha256(candidate) == expected else None
 
 
+def export_tokenizer(path: str | Path | None, tokenizer: str) -> Path | str | None:
+    """What an export of a model trained on ``load_corpus(path)`` carries as its tokenizer
+    (``hf_export.export_hf``): ``BYTES`` for raw bytes, the prepared folder's
+    ``tokenizer.json``, or None (token files of unknown origin, or a prepared folder whose
+    ``tokenizer.json`` is gone)."""
+    return BYTES if tokenizer == BYTES else tokenizer_file(path)
+
+
 def load_corpus(path: str | Path | None = None) -> Corpus:
     """The corpus at ``path`` (see the module docstring), or the embedded one."""
     if path is None:

@@ -36,9 +36,9 @@ from diloco.node.data import (
     BatchSampler,
     Corpus,
     eval_batches,
+    export_tokenizer,
     held_out_loss,
     load_corpus,
-    tokenizer_file,
 )
 from diloco.node.fragments import (
     model_fragments,
@@ -317,7 +317,8 @@ class LocalTrainer:
         """The outer weights as a ``transformers`` folder, with the corpus's tokenizer.json
         when its prepared folder holds it."""
         state = self.outer_model().state_dict()
-        return export_hf(state, self.model_config, folder, tokenizer_file(self.config.data))
+        tokenizer = export_tokenizer(self.config.data, self.corpus.tokenizer)
+        return export_hf(state, self.model_config, folder, tokenizer)
 
     def replica_average_model(self) -> Transformer:
         """A model holding the mean of the replicas' live weights (one averaged model)."""

@@ -31,9 +31,9 @@ from diloco.node.data import (
     BatchSampler,
     Corpus,
     eval_batches,
+    export_tokenizer,
     held_out_loss,
     load_corpus,
-    tokenizer_file,
 )
 from diloco.node.fragments import model_fragments
 from diloco.node.hf_export import export_hf
@@ -290,9 +290,9 @@ class NodeTrainer:
 
     def export_hf(self, folder: str | Path) -> Path:
         """The outer weights as a ``transformers`` folder (``diloco.node.hf_export``), with
-        the corpus's ``tokenizer.json`` when its prepared folder holds it."""
+        the tokenizer of its corpus (``data.export_tokenizer``)."""
         state = self.outer_model().state_dict()
-        tokenizer = tokenizer_file(self.options.data)
+        tokenizer = export_tokenizer(self.options.data, self.corpus.tokenizer)
         return export_hf(state, self.run.model_config(), folder, tokenizer)
 
     # -- state -----------------------------------------------------------------------------
