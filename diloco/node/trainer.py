@@ -171,7 +171,7 @@ class NodeTrainer:
             return
         self.tau_auto.observe_step(step_seconds)
         for round_ in applied:
-            if not round_.ok:
+            if not round_.ok or len(round_.members) < 2:  # alone: a window waited out
                 continue
             change = self.tau_auto.observe_round(round_.seconds)
             if change is not None:
