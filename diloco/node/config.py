@@ -34,7 +34,7 @@ import torch
 from diloco.codecs import CODEC_NAMES, Codec, get_codec
 from diloco.errors import ConfigError, ProtocolError
 from diloco.node.compute import ComputeOptions
-from diloco.node.data import BYTES, UNRECORDED
+from diloco.node.data import BYTES, check_tokenizer, check_tokenizer_identity
 from diloco.node.fragments import EmbeddingPlacement, Pattern
 from diloco.node.inner import InnerConfig
 from diloco.node.model import PRESETS, ModelConfig, preset
@@ -180,11 +180,7 @@ class RunConfig:
             _at_least("max_group_size", self.max_group_size, 2, "members")
         if self.vocab_size is not None:
             _at_least("vocab_size", self.vocab_size, 2, "tokens")
-        if self.tokenizer not in (BYTES, UNRECORDED) and not _SHA256_HEX.fullmatch(self.tokenizer):
-            raise ConfigError(
-                f"tokenizer must be {BYTES!r}, {UNRECORDED!r} or the 64 lowercase hex digits of "
-                f"a tokenizer.json's sha256, got {self.tokenizer!r}"
-            )
+        check_tokenizer_identity(self.tokenizer)
         fingerprint = self.dataset_fingerprint
         if fingerprint is not None and not _SHA256_HEX.fullmatch(fingerprint):
             raise ConfigError(
@@ -237,11 +233,7 @@ class RunConfig:
                 the fix.
         """
         check_corpus_fits(self.model_config().vocab_size, vocab_size, what)
-        if tokenizer != self.tokenizer:
-            raise ConfigError(
-                f"the run trains on {_tokens_of(self.tokenizer)} but {what} holds "
-                f"{_tokens_of(tokenizer)}; {_fix_for(self.tokenizer)}"
-            )
+        check_tokenizer(self.tokenizer, tokenizer, what)
         if self.dataset_fingerprint is not None and fingerprint != self.dataset_fingerprint:
             raise ConfigError(
                 f"the run trains on the prepared corpus {self.dataset_fingerprint[:12]}..., "
@@ -250,27 +242,6 @@ class RunConfig:
                 + "; point --data at a folder prepared like the run's (prepare-data prints its"
                 " fingerprint)"
             )
-
-
-def _tokens_of(tokenizer: str) -> str:
-    if tokenizer == BYTES:
-        return "raw bytes"
-    if tokenizer == UNRECORDED:
-        return "token files without a manifest (tokenizer unknown)"
-    return f"tokens of the tokenizer.json with sha256 {tokenizer[:16]}..."
-
-
-def _fix_for(tokenizer: str) -> str:
-    """How a joiner gets data of the run's ``tokenizer``."""
-    if tokenizer == BYTES:
-        return "pass text files as --data, or no --data (the embedded corpus)"
-    if tokenizer == UNRECORDED:
-        return "pass --data token files of the same tokenizer, without a manifest"
-    return (
-        "get the run's tokenizer.json from its creator (`sha256sum tokenizer.json` must "
-        f"print {tokenizer[:16]}...), run `diloco-node prepare-data YOUR_TEXT --tokenizer "
-        "tokenizer.json -o tokens/` and pass --data tokens/"
-    )
 
 
 def resolve_vocab(preset_vocab: int, fixed: int | None, corpus_vocab: int) -> int:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sysconfig
 import zlib
 from dataclasses import dataclass
@@ -56,6 +57,50 @@ def tokenizer_identity(kind: str, sha256: str | None) -> str:
     records it). Two corpora with one identity give one token id for one text, whatever
     their texts (docs/design.md "Data and exports")."""
     return BYTES if kind == "bytes" or sha256 is None else sha256
+
+
+def check_tokenizer_identity(identity: str) -> None:
+    """Raise ConfigError unless ``identity`` is one ``tokenizer_identity`` can give."""
+    if identity not in (BYTES, UNRECORDED) and not re.fullmatch(r"[0-9a-f]{64}", identity):
+        raise ConfigError(
+            f"tokenizer must be {BYTES!r}, {UNRECORDED!r} or the 64 lowercase hex digits of "
+            f"a tokenizer.json's sha256, got {identity!r}"
+        )
+
+
+def check_tokenizer(run: str, corpus: str, what: str) -> None:
+    """Refuse a corpus (``what``) whose tokenizer identity is not the run's, in one line
+    that names the fix.
+
+    Raises:
+        ConfigError: the identities differ.
+    """
+    if corpus != run:
+        raise ConfigError(
+            f"the run trains on {_tokens_of(run)} but {what} holds {_tokens_of(corpus)}; "
+            f"{_fix_for(run)}"
+        )
+
+
+def _tokens_of(tokenizer: str) -> str:
+    if tokenizer == BYTES:
+        return "raw bytes"
+    if tokenizer == UNRECORDED:
+        return "token files without a manifest (tokenizer unknown)"
+    return f"tokens of the tokenizer.json with sha256 {tokenizer[:16]}..."
+
+
+def _fix_for(tokenizer: str) -> str:
+    """How a joiner gets data of the run's ``tokenizer``."""
+    if tokenizer == BYTES:
+        return "pass text files as --data, or no --data (the embedded corpus)"
+    if tokenizer == UNRECORDED:
+        return "pass --data token files of the same tokenizer, without a manifest"
+    return (
+        "get the run's tokenizer.json from its creator (`sha256sum tokenizer.json` must "
+        f"print {tokenizer[:16]}...), run `diloco-node prepare-data YOUR_TEXT --tokenizer "
+        "tokenizer.json -o tokens/` and pass --data tokens/"
+    )
 
 
 @dataclass(frozen=True)
