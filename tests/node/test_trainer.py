@@ -289,7 +289,7 @@ def test_node_refuses_a_corpus_beyond_the_runs_vocabulary(prepared) -> None:
         RunConfig(dataset_fingerprint="abc")
     with pytest.raises(ConfigError, match="tokenizer must be 'bytes', 'unrecorded' or the 64"):
         RunConfig(tokenizer="tokenizer.json")  # a path names nothing: a hash does
-    with pytest.raises(ConfigError, match="tokens of the tokenizer.json with sha256 0000"):
+    with pytest.raises(ConfigError, match=r"tokens of the tokenizer\.json with sha256 0000"):
         node(RunConfig(seq_len=16, vocab_size=vocab, tokenizer="0" * 64))
 
 
