@@ -2,6 +2,10 @@
 # A swarm by hand on this machine: `start` one node, then two `join` it with its address.
 # Each node is its own process with its own DHT and p2pd, listening on loopback.
 # Ctrl-C stops all three (each finishes or abandons its rounds, saves, leaves the swarm).
+# Until the joiners arrive node0 is alone: it says so once, and each of its rounds is a
+# round of one (its own outer gradient through the outer optimizer: DiLoCo with M = 1), so
+# its outer weights improve meanwhile; the joiners download them, and the first round they
+# reach forms a group ("a group formed" in node0.log).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate

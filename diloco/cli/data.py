@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from diloco.errors import ConfigError
-from diloco.node.data import TOKENIZER_FILE
+from diloco.node.data import BYTES, TOKENIZER_FILE, tokenizer_identity
 from diloco.node.manifest import Manifest
 from diloco.node.prepare_data import PrepareConfig
 
@@ -142,8 +142,12 @@ def _echo_summary(manifest: Manifest, output: str) -> None:
         f"{manifest.skipped_documents:,} records without text left out"
     )
     click.echo(f"fingerprint {manifest.fingerprint}")
+    identity = tokenizer_identity(t.kind, t.sha256)
+    if identity != BYTES:
+        click.echo(f"tokenizer sha256 {identity}")
     click.echo(
-        f"train on it with `diloco-node start --data {output}` (the run's vocabulary follows "
-        f"the tokenizer); add `--dataset-fingerprint {manifest.fingerprint}` to make every "
-        "node use exactly these tokens"
+        f"train on it with `diloco-node start --data {output}` (the run's vocabulary and "
+        "tokenizer follow it: a joiner's --data must be prepared with the same tokenizer); add "
+        f"`--dataset-fingerprint {manifest.fingerprint}` to make every node use exactly these "
+        "tokens"
     )

@@ -21,7 +21,7 @@ from diloco.cli.node_lines import progress_line, startup_lines, summary_line
 from diloco.cli.options import JoinCommand, flag_options, typed_flags
 from diloco.errors import CheckpointError, ConfigError, DilocoError
 from diloco.node.config import NodeOptions, RoundOptions, RunConfig, resolve_vocab
-from diloco.node.data import corpus_vocab
+from diloco.node.data import BYTES, corpus_info
 from diloco.node.flags import (
     NETWORK_FLAGS,
     NODE_FLAGS,
@@ -115,20 +115,23 @@ def _local_choices(params: dict[str, Any]) -> tuple[NodeOptions, RoundOptions, N
 
 def _check_data(run: RunConfig, data: str | None, define: bool) -> RunConfig:
     """The run, checked against this node's corpus before anything starts; a run being
-    defined (``define``: ``start``) without ``--vocab-size`` takes a larger vocabulary
-    from a prepared corpus's tokenizer.
+    defined (``define``: ``start``) takes its tokenizer identity from its corpus and,
+    without ``--vocab-size``, a larger vocabulary from a prepared corpus's tokenizer.
 
     Raises:
-        ConfigError: the corpus's ids do not fit the run's model, or it is not the dataset
-            the run pins.
+        ConfigError: the corpus's ids do not fit the run's model, were made by another
+            tokenizer than the run's, or it is not the dataset the run pins.
     """
-    vocab, fingerprint = corpus_vocab(data)
+    info = corpus_info(data)
     preset_vocab = preset(run.preset).vocab_size
     if define and run.vocab_size is None:
-        resolved = resolve_vocab(preset_vocab, None, vocab)
+        resolved = resolve_vocab(preset_vocab, None, info.vocab_size)
         if resolved != preset_vocab:  # a run that keeps the preset's stays as it was named
             run = dataclasses.replace(run, vocab_size=resolved)
-    run.check_corpus(vocab, fingerprint, f"--data {data}" if data else "the embedded corpus")
+    if define and run.tokenizer == BYTES:  # the run's tokens are its creator's
+        run = dataclasses.replace(run, tokenizer=info.tokenizer)
+    what = f"--data {data}" if data else "the embedded corpus"
+    run.check_corpus(info.vocab_size, info.fingerprint, what, tokenizer=info.tokenizer)
     return run
 
 

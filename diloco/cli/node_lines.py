@@ -54,9 +54,16 @@ def summary_line(record: dict[str, Any]) -> str:
         f"compute {100 * record['cu']:.1f}% of wall time, sent "
         f"{record['bytes_sent'] / 1e6:.2f} MB (data-parallel: "
         f"{record['dp_bytes_estimate'] / 1e6:.0f} MB), "
-        f"{failed_rounds_text(record['failed_causes'])}, "
+        f"{failed_rounds_text(record['failed_causes'])}, {alone_text(record)}"
         f"rounds pending at end: {record['rounds_pending']}{tau_text(record.get('tau_range'))}"
     )
+
+
+def alone_text(record: dict[str, Any]) -> str:
+    """``30 rounds of one (alone), `` when the node applied its own outer gradient alone
+    (docs/design.md "Algorithm and schedule"); empty otherwise."""
+    alone = int(record.get("rounds_alone", 0))
+    return f"{alone} round{'s' * (alone != 1)} of one (alone), " if alone else ""
 
 
 def tau_text(span: list[int] | None) -> str:

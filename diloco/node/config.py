@@ -34,6 +34,7 @@ import torch
 from diloco.codecs import CODEC_NAMES, Codec, get_codec
 from diloco.errors import ConfigError, ProtocolError
 from diloco.node.compute import ComputeOptions
+from diloco.node.data import BYTES, check_tokenizer, check_tokenizer_identity
 from diloco.node.fragments import EmbeddingPlacement, Pattern
 from diloco.node.inner import InnerConfig
 from diloco.node.model import PRESETS, ModelConfig, preset
@@ -130,6 +131,12 @@ class RunConfig:
     dataset_fingerprint: str | None = None
     """sha256 fingerprint of a prepared corpus's manifest (``prepare-data`` prints it): when
     set, a node trains only on a corpus with this fingerprint. Never a path."""
+    tokenizer: str = BYTES
+    """What made the run's tokens, which every node's corpus must share (docs/design.md "Data
+    and exports"): ``bytes`` (the embedded corpus, text files), the sha256 of the
+    ``tokenizer.json`` its data was prepared with (``prepare-data`` records it in the
+    manifest), or ``unrecorded`` (token files without a manifest). ``start`` sets it from
+    its ``--data``; each node keeps its own corpus."""
 
     def __post_init__(self) -> None:
         if not RUN_NAME_PATTERN.match(self.name):
@@ -173,6 +180,7 @@ class RunConfig:
             _at_least("max_group_size", self.max_group_size, 2, "members")
         if self.vocab_size is not None:
             _at_least("vocab_size", self.vocab_size, 2, "tokens")
+        check_tokenizer_identity(self.tokenizer)
         fingerprint = self.dataset_fingerprint
         if fingerprint is not None and not _SHA256_HEX.fullmatch(fingerprint):
             raise ConfigError(
@@ -213,14 +221,19 @@ class RunConfig:
             config.vocab_size = self.vocab_size
         return config
 
-    def check_corpus(self, vocab_size: int, fingerprint: str | None, what: str) -> None:
-        """Refuse a corpus (``what``) that this run's model cannot train on.
+    def check_corpus(
+        self, vocab_size: int, fingerprint: str | None, what: str, *, tokenizer: str
+    ) -> None:
+        """Refuse a corpus (``what``) that this run's model cannot train on, or whose tokens
+        were made by another tokenizer than the run's (``tokenizer``, ``CorpusInfo``).
 
         Raises:
-            ConfigError: its token ids reach past the model's vocabulary, or the run pins a
-                dataset fingerprint that the corpus does not have.
+            ConfigError: token ids past the model's vocabulary, another tokenizer, or the run
+                pins a dataset fingerprint that the corpus does not have; one line naming
+                the fix.
         """
         check_corpus_fits(self.model_config().vocab_size, vocab_size, what)
+        check_tokenizer(self.tokenizer, tokenizer, what)
         if self.dataset_fingerprint is not None and fingerprint != self.dataset_fingerprint:
             raise ConfigError(
                 f"the run trains on the prepared corpus {self.dataset_fingerprint[:12]}..., "

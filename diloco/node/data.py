@@ -3,7 +3,8 @@
 Sources (``load_corpus``):
 - no path: the **embedded corpus**, the Python standard library's own source files (present
   wherever Python is, so a demo needs no download);
-- a text file or a folder of text files: their bytes (vocabulary 256);
+- a text file or a folder of text files: their bytes (vocabulary 256); never a tokenizer or
+  JSONL/Parquet records, which ``prepare-data`` makes into tokens;
 - a folder written by ``diloco.node.prepare_data`` (or its ``manifest.json``): ``train.bin``
   and ``val.bin`` in the manifest's dtype, vocabulary and fingerprint from the manifest;
 - a folder holding ``train.bin`` and ``val.bin`` without a manifest, or one ``.bin`` file:
@@ -17,8 +18,10 @@ the generator state is the data position of a resumable run.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 import sysconfig
 import zlib
 from dataclasses import dataclass
@@ -28,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from diloco.errors import ConfigError
 from diloco.node.manifest import MANIFEST_NAME, file_sha256, read_manifest
 
 logger = logging.getLogger(__name__)
@@ -37,6 +41,75 @@ HELD_OUT_EVERY = 20
 
 EMBEDDED_CORPUS_BYTES = 24 * 2**20
 """The embedded corpus reads files in path order until it holds this many training bytes."""
+
+
+BYTES = "bytes"
+"""Tokenizer identity of raw bytes (the embedded corpus, text files, ``--tokenizer bytes``)."""
+UNRECORDED = "unrecorded"
+"""Tokenizer identity of token files without a manifest (nanoGPT's layout): unknown."""
+RECORD_SUFFIXES = (".jsonl", ".ndjson", ".parquet")
+"""Files of records that must be prepared (``prepare-data``), never read as raw bytes."""
+
+
+def tokenizer_identity(kind: str, sha256: str | None) -> str:
+    """The name a run gives the tokenizer of its data (``RunConfig.tokenizer``): ``bytes``,
+    or the sha256 of the ``tokenizer.json`` that ``prepare-data`` used (its manifest
+    records it). Two corpora with one identity give one token id for one text, whatever
+    their texts (docs/design.md "Data and exports")."""
+    return BYTES if kind == "bytes" or sha256 is None else sha256
+
+
+def check_tokenizer_identity(identity: str) -> None:
+    """Raise ConfigError unless ``identity`` is one ``tokenizer_identity`` can give."""
+    if identity not in (BYTES, UNRECORDED) and not re.fullmatch(r"[0-9a-f]{64}", identity):
+        raise ConfigError(
+            f"tokenizer must be {BYTES!r}, {UNRECORDED!r} or the 64 lowercase hex digits of "
+            f"a tokenizer.json's sha256, got {identity!r}"
+        )
+
+
+def check_tokenizer(run: str, corpus: str, what: str) -> None:
+    """Refuse a corpus (``what``) whose tokenizer identity is not the run's, in one line
+    that names the fix.
+
+    Raises:
+        ConfigError: the identities differ.
+    """
+    if corpus != run:
+        raise ConfigError(
+            f"the run trains on {_tokens_of(run)} but {what} holds {_tokens_of(corpus)}; "
+            f"{_fix_for(run)}"
+        )
+
+
+def _tokens_of(tokenizer: str) -> str:
+    if tokenizer == BYTES:
+        return "raw bytes"
+    if tokenizer == UNRECORDED:
+        return "token files without a manifest (tokenizer unknown)"
+    return f"tokens of the tokenizer.json with sha256 {tokenizer[:16]}..."
+
+
+def _fix_for(tokenizer: str) -> str:
+    """How a joiner gets data of the run's ``tokenizer``."""
+    if tokenizer == BYTES:
+        return "pass text files as --data, or no --data (the embedded corpus)"
+    if tokenizer == UNRECORDED:
+        return "pass --data token files of the same tokenizer, without a manifest"
+    return (
+        "get the run's tokenizer.json from its creator (`sha256sum tokenizer.json` must "
+        f"print {tokenizer[:16]}...), run `diloco-node prepare-data YOUR_TEXT --tokenizer "
+        "tokenizer.json -o tokens/` and pass --data tokens/"
+    )
+
+
+@dataclass(frozen=True)
+class CorpusInfo:
+    """What a node checks of its corpus against the run before it loads any token."""
+
+    vocab_size: int
+    fingerprint: str | None
+    tokenizer: str
 
 
 @dataclass(frozen=True)
@@ -49,6 +122,8 @@ class Corpus:
     description: str
     fingerprint: str | None = None
     """The token manifest's fingerprint, for a prepared folder; None otherwise."""
+    tokenizer: str = BYTES
+    """What made the tokens (``tokenizer_identity``): what every node of a run must share."""
 
 
 def _is_held_out(relative_path: str) -> bool:
@@ -113,19 +188,60 @@ def _source(path: str | Path) -> tuple[Path, str]:
         return path, "bin_folder"
     if path.is_file() and path.suffix == ".bin":
         return path, "bin_file"
+    _check_raw_text(path)
     return path, "text_folder" if path.is_dir() else "text_file"
 
 
-def corpus_vocab(path: str | Path | None) -> tuple[int, str | None]:
-    """Vocabulary size and manifest fingerprint of ``load_corpus(path)``, read without its
-    tokens: what a node checks against the run before it starts anything."""
+def _check_raw_text(path: Path) -> None:
+    """Refuse to read a tokenizer or files of records as raw bytes (a node would train on
+    JSON syntax or Parquet pages without a word of warning).
+
+    Raises:
+        ConfigError: naming the ``prepare-data`` command that makes usable tokens.
+    """
+    files = _text_files(path, "*") if path.is_dir() else [path]
+    if path.is_file() and _is_tokenizer(path):
+        raise ConfigError(
+            f"{path} is a tokenizer, not data: prepare text with it (`diloco-node prepare-data "
+            f"TEXT --tokenizer {path} -o tokens/`) and pass the folder tokens/ as the data"
+        )
+    records = [f for f in files if f.suffix in RECORD_SUFFIXES]
+    if records:
+        raise ConfigError(
+            f"{path} holds files of records ({records[0].name}), not raw text: prepare them "
+            f"(`diloco-node prepare-data {path} --tokenizer TOKENIZER -o tokens/`, with the "
+            "run's tokenizer) and pass the folder tokens/ as the data"
+        )
+
+
+def _is_tokenizer(path: Path) -> bool:
+    """A Hugging Face ``tokenizer.json``: a JSON object with a ``model`` and ``added_tokens``."""
+    if path.suffix != ".json":
+        return False
+    try:
+        data = json.loads(path.read_bytes())
+    except (ValueError, OSError):
+        return False
+    return isinstance(data, dict) and "model" in data and "added_tokens" in data
+
+
+def corpus_info(path: str | Path | None) -> CorpusInfo:
+    """Vocabulary size, manifest fingerprint and tokenizer identity of ``load_corpus(path)``,
+    read without its tokens: what a node checks against the run before it starts anything.
+
+    Raises:
+        ConfigError: a tokenizer or files of records given as raw data (``_check_raw_text``).
+    """
     if path is None:
-        return 256, None
+        return CorpusInfo(256, None, BYTES)
     path, kind = _source(path)
     if kind == "prepared":
         manifest = read_manifest(path)
-        return manifest.tokenizer.vocab_size, manifest.fingerprint
-    return (BIN_VOCAB_SIZE if kind in ("bin_folder", "bin_file") else 256), None
+        t = manifest.tokenizer
+        return CorpusInfo(t.vocab_size, manifest.fingerprint, tokenizer_identity(t.kind, t.sha256))
+    if kind in ("bin_folder", "bin_file"):
+        return CorpusInfo(BIN_VOCAB_SIZE, None, UNRECORDED)
+    return CorpusInfo(256, None, BYTES)
 
 
 def tokenizer_file(path: str | Path | None) -> Path | None:
@@ -141,6 +257,14 @@ def tokenizer_file(path: str | Path | None) -> Path | None:
     return candidate if expected is not None and file_sha256(candidate) == expected else None
 
 
+def export_tokenizer(path: str | Path | None, tokenizer: str) -> Path | str | None:
+    """What an export of a model trained on ``load_corpus(path)`` carries as its tokenizer
+    (``hf_export.export_hf``): ``BYTES`` for raw bytes, the prepared folder's
+    ``tokenizer.json``, or None (token files of unknown origin, or a prepared folder whose
+    ``tokenizer.json`` is gone)."""
+    return BYTES if tokenizer == BYTES else tokenizer_file(path)
+
+
 def load_corpus(path: str | Path | None = None) -> Corpus:
     """The corpus at ``path`` (see the module docstring), or the embedded one."""
     if path is None:
@@ -154,11 +278,14 @@ def load_corpus(path: str | Path | None = None) -> Corpus:
             held_out=np.memmap(path / "val.bin", dtype=np.uint16, mode="r"),
             vocab_size=BIN_VOCAB_SIZE,
             description=f"token files in {path}",
+            tokenizer=UNRECORDED,
         )
     if kind == "bin_file":
         tokens = np.memmap(path, dtype=np.uint16, mode="r")
         cut = len(tokens) * 19 // 20
-        return Corpus(tokens[:cut], tokens[cut:], BIN_VOCAB_SIZE, f"token file {path}")
+        return Corpus(
+            tokens[:cut], tokens[cut:], BIN_VOCAB_SIZE, f"token file {path}", tokenizer=UNRECORDED
+        )
     if kind == "text_folder":
         files = _text_files(path, "*")
         return _byte_corpus(path, files, None, f"text files in {path}")
@@ -182,6 +309,7 @@ def prepared_corpus(folder: Path) -> Corpus:
         vocab_size=tokenizer.vocab_size,
         description=f"{manifest.train.tokens:,} {tokenizer.name} tokens in {folder}",
         fingerprint=manifest.fingerprint,
+        tokenizer=tokenizer_identity(tokenizer.kind, tokenizer.sha256),
     )
 
 

@@ -38,6 +38,11 @@ class DemoNode:
         return next((r for r in reversed(records) if r.get("event") == "summary"), None)
 
 
+SHOWN_LOG_LINES = ("waiting for peers", "a group formed")
+"""Log lines the demo shows: what the first node does while alone (rounds of one,
+docs/design.md "Algorithm and schedule") and when it stops being alone."""
+
+
 def _pump(node: DemoNode, stream: IO[str], echo: Callable[[str], None]) -> None:
     for line in stream:
         line = line.rstrip()
@@ -46,6 +51,8 @@ def _pump(node: DemoNode, stream: IO[str], echo: Callable[[str], None]) -> None:
             node.address.set()
         if line.startswith("step") or line.startswith("done") or line.startswith("joined"):
             echo(f"[{node.name}] {line}")
+        elif any(news in line for news in SHOWN_LOG_LINES):  # the message, not its header
+            echo(f"[{node.name}] {line.split(': ', 1)[-1]}")
 
 
 def _listen(index: int) -> list[str]:

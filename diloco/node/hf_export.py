@@ -19,6 +19,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from diloco.errors import ConfigError
+from diloco.node.data import BYTES
 from diloco.node.model import ModelConfig
 
 _BLOCK_NAMES = {
@@ -87,6 +88,49 @@ def hf_state_dict(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[s
     return {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in out.items()}
 
 
+def byte_tokenizer() -> dict[str, Any]:
+    """A ``tokenizer.json`` whose ids are the bytes of the UTF-8 text, as a bytes run trains
+    on them: GPT-2's byte-level alphabet (each byte one printable character), a BPE model
+    without merges whose vocabulary maps each byte's character to the byte's value."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    others = [b for b in range(256) if b not in printable]
+    chars = {b: chr(b) for b in printable} | {b: chr(256 + i) for i, b in enumerate(others)}
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False}
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [],
+        "normalizer": None,
+        "pre_tokenizer": byte_level | {"use_regex": False},
+        "post_processor": None,
+        "decoder": byte_level | {"use_regex": False},
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": {chars[b]: b for b in range(256)},
+            "merges": [],
+        },
+    }
+
+
+def tokenizer_config(config: ModelConfig) -> dict[str, Any]:
+    """``tokenizer_config.json``: the plain fast tokenizer of ``tokenizer.json``. Without it
+    ``AutoTokenizer`` picks the class of the model type (Qwen2's), whose own pre-tokenizer
+    and special tokens give other ids than those the model was trained on."""
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": config.max_seq_len,
+        "clean_up_tokenization_spaces": False,
+    }
+
+
 def export_hf(
     state: dict[str, torch.Tensor],
     config: ModelConfig,
@@ -95,8 +139,11 @@ def export_hf(
 ) -> Path:
     """Write ``folder/config.json`` and ``folder/model.safetensors`` (FP32); returns folder.
 
-    ``AutoModelForCausalLM.from_pretrained(folder)`` then loads the model. A
-    ``tokenizer.json`` given in ``tokenizer_file`` is copied beside it for the tokenizer.
+    ``AutoModelForCausalLM.from_pretrained(folder)`` then loads the model. The tokens it was
+    trained on come with it (docs/design.md "Data and exports"): a ``tokenizer.json`` given
+    in ``tokenizer_file`` is copied beside it, ``BYTES`` writes the byte tokenizer, and
+    either way a ``tokenizer_config.json`` makes ``AutoTokenizer`` give the training ids;
+    None writes no tokenizer (token files of unknown origin).
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -107,7 +154,13 @@ def export_hf(
     )
     (folder / "config.json").write_text(json.dumps(hf_config(config), indent=2) + "\n")
     if tokenizer_file is not None:
-        shutil.copyfile(tokenizer_file, folder / "tokenizer.json")
+        if str(tokenizer_file) == BYTES:
+            (folder / "tokenizer.json").write_text(json.dumps(byte_tokenizer()) + "\n")
+        else:
+            shutil.copyfile(tokenizer_file, folder / "tokenizer.json")
+        (folder / "tokenizer_config.json").write_text(
+            json.dumps(tokenizer_config(config), indent=2) + "\n"
+        )
     return folder
 
 

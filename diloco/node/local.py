@@ -32,14 +32,14 @@ import torch
 
 from diloco.codecs import get_codec
 from diloco.node.compute import autocast, compile_model
-from diloco.node.config import resolve_vocab, return_codec_for
+from diloco.node.config import check_corpus_fits, resolve_vocab, return_codec_for
 from diloco.node.data import (
     BatchSampler,
     Corpus,
     eval_batches,
+    export_tokenizer,
     held_out_loss,
     load_corpus,
-    tokenizer_file,
 )
 from diloco.node.fragments import (
     model_fragments,
@@ -83,7 +83,10 @@ class LocalTrainer:
         self.run = dataclasses.replace(config.run_config(), vocab_size=vocab)
         """The run the replicas train, as a swarm's nodes would (``LocalConfig.run_config``),
         with the vocabulary this corpus needs."""
-        self.run.check_corpus(self.corpus.vocab_size, None, self.corpus.description)
+        # One corpus for every replica: only the vocabulary can be wrong here.
+        check_corpus_fits(
+            self.run.model_config().vocab_size, self.corpus.vocab_size, self.corpus.description
+        )
         model_config = self.run.model_config()
         self.model_config = model_config
         torch.manual_seed(config.seed)
@@ -313,7 +316,8 @@ class LocalTrainer:
         """The outer weights as a ``transformers`` folder, with the corpus's tokenizer.json
         when its prepared folder holds it."""
         state = self.outer_model().state_dict()
-        return export_hf(state, self.model_config, folder, tokenizer_file(self.config.data))
+        tokenizer = export_tokenizer(self.config.data, self.corpus.tokenizer)
+        return export_hf(state, self.model_config, folder, tokenizer)
 
     def replica_average_model(self) -> Transformer:
         """A model holding the mean of the replicas' live weights (one averaged model)."""

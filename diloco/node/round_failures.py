@@ -17,6 +17,10 @@ from collections.abc import Callable
 logger = logging.getLogger(__name__)
 
 ALONE = "no partner (alone in the swarm)"
+WAITING = (
+    "waiting for peers: alone in the swarm, each round applies this node's own outer "
+    "gradient meanwhile (a round of one)"
+)
 SUMMARY_EVERY = 60.0
 """Seconds between two summaries of the rounds that failed meanwhile."""
 IN_A_ROW = 5
@@ -68,6 +72,8 @@ class FailureLog:
         self.grouped = False
         self.streak = 0
         """Rounds failed since the last one applied."""
+        self.alone_rounds = 0
+        """Rounds of one applied (alone in the run): not failed, not a group either."""
 
     def failed(self, error: str, others: int = 0) -> None:
         """A round failed with ``error``, while ``others`` other nodes were live."""
@@ -83,11 +89,19 @@ class FailureLog:
             )
         if cause == ALONE and not self.waiting and others == 0:
             self.waiting = True
-            logger.info("waiting for peers: alone in the swarm, training alone meanwhile")
+            logger.info(WAITING)
         self._maybe_summarise()
 
     def succeeded(self, members: int) -> None:
+        """A round applied with ``members`` members; a round of one (alone in the run,
+        docs/design.md "Algorithm and schedule") means the node is still waiting."""
         self.streak = 0
+        if members < 2:
+            self.alone_rounds += 1
+            if not self.waiting:
+                self.waiting = True
+                logger.info(WAITING)
+            return
         if self.waiting or not self.grouped:
             logger.info("a group formed: %d members in this round", members)
         self.waiting, self.grouped = False, True

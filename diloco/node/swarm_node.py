@@ -119,6 +119,7 @@ class SwarmNode:
                 clip_factor=run.clip_factor,
                 client=not self.swarm.dialable(),
                 max_group_size=run.max_group_size,
+                rounds_of_one=True,
             )
             member = self.swarm.peer_id.to_base58()
             self.trainer = NodeTrainer(run, options, self.reducer, member)
@@ -430,6 +431,7 @@ class SwarmNode:
             "dp_bytes_assumption": dp.assumption,
             "failed_rounds": self.failed_rounds,
             "failed_causes": dict(self.failures.total),
+            "rounds_alone": self.failures.alone_rounds,
             "healed_fragments": self.healer.healed_fragments,
             "outer_sha256": [s.sha256() for s in t.sync.states],
             "versions": [s.version for s in t.sync.states],

@@ -32,9 +32,9 @@ from diloco.node.data import (
     BatchSampler,
     Corpus,
     eval_batches,
+    export_tokenizer,
     held_out_loss,
     load_corpus,
-    tokenizer_file,
 )
 from diloco.node.fragments import model_fragments
 from diloco.node.hf_export import export_hf
@@ -79,7 +79,10 @@ class NodeTrainer:
         if self.tau_auto is not None:
             tau = self.tau_auto.tau
         self.corpus = corpus or load_corpus(options.data)
-        run.check_corpus(self.corpus.vocab_size, self.corpus.fingerprint, self.corpus.description)
+        corpus = self.corpus
+        run.check_corpus(
+            corpus.vocab_size, corpus.fingerprint, corpus.description, tokenizer=corpus.tokenizer
+        )
         self.device = torch.device(options.device)
         if options.threads:
             torch.set_num_threads(options.threads)
@@ -170,7 +173,7 @@ class NodeTrainer:
             return
         self.tau_auto.observe_step(step_seconds)
         for round_ in applied:
-            if not round_.ok:
+            if not round_.ok or len(round_.members) < 2:  # alone: a window waited out
                 continue
             change = self.tau_auto.observe_round(round_.seconds, round_.matchmaking_seconds)
             if change is not None:
@@ -289,9 +292,9 @@ class NodeTrainer:
 
     def export_hf(self, folder: str | Path) -> Path:
         """The outer weights as a ``transformers`` folder (``diloco.node.hf_export``), with
-        the corpus's ``tokenizer.json`` when its prepared folder holds it."""
+        the tokenizer of its corpus (``data.export_tokenizer``)."""
         state = self.outer_model().state_dict()
-        tokenizer = tokenizer_file(self.options.data)
+        tokenizer = export_tokenizer(self.options.data, self.corpus.tokenizer)
         return export_hf(state, self.run.model_config(), folder, tokenizer)
 
     # -- state -----------------------------------------------------------------------------

@@ -44,9 +44,10 @@ class Witness:
         self._lock = threading.Lock()
 
     def record(self, applied: WitnessedRound) -> None:
-        """Remember a round this node applied (only rounds it was counted in: a round it
-        sat out proves nothing to it)."""
-        if self.me not in applied.members:
+        """Remember a round this node applied (only rounds it was counted in with a peer: a
+        round it sat out proves nothing to it, and a round of one, applied alone in the run,
+        witnesses nobody; keeping it would push the rounds of its peers out of the ledger)."""
+        if self.me not in applied.members or len(applied.members) < 2:
             return
         with self._lock:
             self._rounds.append(applied)

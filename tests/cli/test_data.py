@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -51,6 +52,8 @@ def test_prepare_data_writes_the_tokens_of_tokenizers_and_a_manifest(
     assert f"fingerprint {manifest['fingerprint']}" in output
     assert f"--dataset-fingerprint {manifest['fingerprint']}" in output
     assert (out / "tokenizer.json").read_bytes() == (root / "tokenizer.json").read_bytes()
+    sha = hashlib.sha256((root / "tokenizer.json").read_bytes()).hexdigest()
+    assert manifest["tokenizer"]["sha256"] == sha and f"tokenizer sha256 {sha}" in output
 
 
 def test_prepare_data_with_bytes_is_the_utf8_of_the_texts(

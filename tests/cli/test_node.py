@@ -6,6 +6,7 @@ exactly the configuration each command line produces, and that bad ones stop bef
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -378,3 +379,64 @@ def test_pace_and_hidden_slow_down_reach_the_node_options(started: list[dict[str
     assert NodeOptions().pace == "adaptive"
     code, output = invoke("start", "--help")
     assert "--pace" in output and "--slow-down" not in output
+
+
+def test_start_names_the_tokenizer_of_its_data(
+    started: list[dict[str, Any]], prepared: tuple[Path, int, str], tmp_path: Path
+) -> None:
+    folder, _, _ = prepared
+    text = tmp_path / "notes.txt"
+    text.write_text("plain text, read as bytes")
+    for data in ([], ["--data", str(folder)], ["--data", str(text)]):
+        assert invoke("start", *data)[0] == 0
+    sha = hashlib.sha256((folder.parent / "tokenizer.json").read_bytes()).hexdigest()
+    assert [call["run"].tokenizer for call in started] == ["bytes", sha, "bytes"]
+    assert started[0]["run"] == RunConfig()  # a bytes run is named as before
+
+
+@pytest.fixture
+def bpe_swarm_run(monkeypatch: pytest.MonkeyPatch, prepared: tuple[Path, int, str]) -> FakeDHT:
+    """A swarm whose run trains on the tokens of ``prepared``'s tokenizer."""
+    import diloco.node.pinned_run
+
+    folder, vocab, _ = prepared
+    sha = hashlib.sha256((folder.parent / "tokenizer.json").read_bytes()).hexdigest()
+    run, dht = RunConfig(name="t", vocab_size=vocab, tokenizer=sha), FakeDHT()
+    monkeypatch.setattr(diloco.node.pinned_run, "discover_run", lambda *_: (run, SIGNED, dht))
+    return dht
+
+
+def test_a_joiner_of_a_bpe_run_needs_data_of_the_runs_tokenizer(
+    started: list[dict[str, Any]],
+    bpe_swarm_run: FakeDHT,
+    prepared: tuple[Path, int, str],
+    tmp_path: Path,
+) -> None:
+    from diloco.node.prepare_data import PrepareConfig, prepare
+
+    folder, _, _ = prepared
+    raw = folder.parent  # docs.jsonl and the tokenizer.json, as a user has them
+    as_bytes = tmp_path / "bytes"
+    prepare(PrepareConfig(inputs=[str(raw / "docs.jsonl")], output=str(as_bytes), processes=1))
+    refused = {
+        "no --data": ([], "the embedded corpus holds raw bytes"),
+        "raw records": (["--data", str(raw)], "holds files of records (docs.jsonl)"),
+        "another tokenizer": (["--data", str(as_bytes)], f"--data {as_bytes} holds raw bytes"),
+        "a tokenizer": (["--data", str(raw / "tokenizer.json")], "is a tokenizer, not data"),
+    }
+    for why, (data, message) in refused.items():
+        code, output = invoke("join", *PEERS, *data)
+        assert code == 2 and message in output, why
+        (error,) = [line for line in output.splitlines() if line.startswith("Error:")]
+        assert message in error and "prepare-data" in error, why
+    assert started == [] and bpe_swarm_run.stopped
+    friend = tmp_path / "friend"  # another corpus, the run's tokenizer: welcome
+    (tmp_path / "mine.jsonl").write_text('{"text": "my own words, my own documents"}\n' * 50)
+    inputs = [str(tmp_path / "mine.jsonl")]
+    prepare(
+        PrepareConfig(
+            inputs=inputs, output=str(friend), tokenizer=str(raw / "tokenizer.json"), processes=1
+        )
+    )
+    assert invoke("join", *PEERS, "--data", str(friend))[0] == 0
+    assert started[0]["options"].data == str(friend)

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from diloco.cli import main
 from diloco.cli.node_lines import progress_line, startup_lines, summary_line
 from diloco.cli.options import SWARM_HEADING
-from diloco.node.round_failures import ALONE, FailureLog, failure_cause
+from diloco.node.round_failures import ALONE, WAITING, FailureLog, failure_cause
 
 
 def test_progress_line_shows_total_percent_eta_and_spells_compute_out() -> None:
@@ -65,6 +65,8 @@ def test_summary_says_why_rounds_failed() -> None:
     assert summary_line(record).endswith("rounds pending at end: 0")
     assert summary_line(record | {"tau_range": [1, 9]}).endswith("at end: 0, tau 1-9")
     assert summary_line(record | {"tau_range": [3, 3]}).endswith("at end: 0, tau 3")
+    assert "of one" not in summary_line(record)
+    assert "30 rounds of one (alone), " in summary_line(record | {"rounds_alone": 30})
 
 
 @pytest.mark.parametrize(
@@ -98,9 +100,8 @@ def test_alone_node_logs_once_when_waiting_starts_and_once_when_a_group_forms(
         for _ in range(12):  # a round every 3 s, under a minute
             log.failed(alone)
             now[0] += 3.0
-        assert [r.getMessage() for r in caplog.records] == [
-            "waiting for peers: alone in the swarm, training alone meanwhile"
-        ]
+        assert [r.getMessage() for r in caplog.records] == [WAITING]
+        assert WAITING.startswith("waiting for peers: alone in the swarm")
         caplog.clear()
         for _ in range(9):  # the 21st, at 60 s: one summary, not one line per round
             log.failed(alone)
@@ -115,6 +116,22 @@ def test_alone_node_logs_once_when_waiting_starts_and_once_when_a_group_forms(
             "a group formed: 2 members in this round"
         ]
     assert log.total == {ALONE: 21}
+
+
+def test_rounds_of_one_are_waiting_not_a_group_and_not_failures(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    log = FailureLog(clock=lambda: 0.0)
+    with caplog.at_level(logging.INFO, logger="diloco.node.round_failures"):
+        for _ in range(3):
+            log.succeeded(1)
+        assert [r.getMessage() for r in caplog.records] == [WAITING]
+        caplog.clear()
+        log.succeeded(3)
+        assert [r.getMessage() for r in caplog.records] == [
+            "a group formed: 3 members in this round"
+        ]
+    assert (log.alone_rounds, sum(log.total.values())) == (3, 0)
 
 
 @pytest.mark.parametrize(

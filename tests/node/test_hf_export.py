@@ -1,20 +1,29 @@
 """An exported model loads in ``transformers`` and computes our logits (no hub access)."""
 
+import hashlib
 import json
 import os
 from dataclasses import asdict
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers reads it: never touch the network
 
+import numpy as np
 import pytest
 import torch
+from bpe_corpus import documents, write_bpe_corpus
+from click.testing import CliRunner
 from safetensors import safe_open
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from diloco.cli import main
+from diloco.codecs import get_codec
 from diloco.errors import ConfigError
 from diloco.node.checkpoint import export_weights
+from diloco.node.config import NodeOptions, RunConfig
 from diloco.node.hf_export import export_hf, export_hf_from_file
 from diloco.node.model import ModelConfig, Transformer
+from diloco.node.trainer import NodeTrainer
+from diloco.protocol.core.reducer import InProcessReducer
 
 CONFIG = ModelConfig(
     vocab_size=97, d_model=64, n_layers=3, n_heads=4, mlp_hidden=160, max_seq_len=48
@@ -78,3 +87,40 @@ def test_export_rejects_weights_of_another_depth(tmp_path) -> None:
     export_weights(state, plain)
     with pytest.raises(ConfigError, match="model_config"):
         export_hf_from_file(plain, tmp_path / "hf")
+
+
+def _node_export(tmp_path, data, run: RunConfig):
+    node = NodeTrainer(
+        run, NodeOptions(batch_size=2, data=str(data)), InProcessReducer(get_codec("none")), "x"
+    )
+    return node, node.export_hf(tmp_path / "hf")
+
+
+def test_a_bytes_run_exports_a_tokenizer_of_its_byte_ids(tmp_path) -> None:
+    text = "def café(x):\n\treturn x  # 東京, 42 💥\n"
+    corpus = tmp_path / "notes.txt"
+    corpus.write_text(text * 40)
+    node, folder = _node_export(tmp_path, corpus, RunConfig(seq_len=16))
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    ids = tokenizer.encode(text)
+    assert ids == list(text.encode()) == node.corpus.train[: len(ids)].tolist()
+    assert tokenizer.decode(ids) == text
+
+
+def test_a_bpe_run_exports_a_tokenizer_of_its_training_ids(tmp_path) -> None:
+    text = " ".join(documents(30, 11))  # text the tokenizer never saw
+    (tmp_path / "doc.jsonl").write_text(json.dumps({"text": text}) + "\n")
+    write_bpe_corpus(tmp_path)
+    tokens = tmp_path / "tokens"
+    args = [str(tmp_path / "doc.jsonl"), "-o", str(tokens), "--val-fraction", "0"]
+    tokenizer_json = tmp_path / "tokenizer.json"
+    result = CliRunner().invoke(main, ["prepare-data", *args, "--tokenizer", str(tokenizer_json)])
+    assert result.exit_code == 0, result.output
+    trained = np.fromfile(tokens / "train.bin", dtype=np.uint16).tolist()  # the ids trained on
+    vocab = json.loads((tokens / "manifest.json").read_text())["tokenizer"]["vocab_size"]
+    sha = hashlib.sha256(tokenizer_json.read_bytes()).hexdigest()
+    _, folder = _node_export(
+        tmp_path, tokens, RunConfig(seq_len=16, vocab_size=vocab, tokenizer=sha)
+    )
+    ids = AutoTokenizer.from_pretrained(folder).encode(text)
+    assert len(ids) > 20 and trained in (ids, [*ids, trained[-1]])  # + the end-of-text id

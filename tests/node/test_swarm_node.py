@@ -265,8 +265,8 @@ def test_single_node_resume_equals_uninterrupted_run(nodes, tmp_path) -> None:
         "r",
         "--steps",
         "60",
-        "--min-group-size",
-        "1",
+        "--matchmaking-window",
+        "0.5",
         "--data-seed",
         "3",
         "--checkpoint-every",
@@ -313,7 +313,9 @@ def test_single_node_resume_equals_uninterrupted_run(nodes, tmp_path) -> None:
     assert a["versions"] == b["versions"] and min(a["versions"]) >= 1
     # tiny: 5 fragments at offsets 0, 6, ..., 24 (H 30): fragment 0 sends round 2 at step
     # 60, the last, and with tau 1 receives it after it; the run's end applies it.
+    # Alone in its swarm, with the default group size: every round is a round of one.
     assert a["versions"] == [2, 1, 1, 1, 1] and a["rounds_pending"] == b["rounds_pending"] == 0
+    assert (a["rounds_alone"], a["failed_rounds"]) == (6, 0)
     assert "rounds pending at end: 0" in straight.output()
     assert a["outer_sha256"] == b["outer_sha256"]
     assert a["eval_loss"] == b["eval_loss"] and a["eval_loss_local"] == b["eval_loss_local"]

@@ -1,3 +1,4 @@
+import dataclasses
 import math
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -271,10 +272,48 @@ def test_node_refuses_a_corpus_beyond_the_runs_vocabulary(prepared) -> None:
         node(RunConfig(seq_len=16))
     with pytest.raises(ConfigError, match=f"--vocab-size {vocab}"):
         node(RunConfig(seq_len=16, vocab_size=300))
-    fits = node(RunConfig(seq_len=16, vocab_size=vocab, dataset_fingerprint=corpus.fingerprint))
+    pinned = {"dataset_fingerprint": corpus.fingerprint, "tokenizer": corpus.tokenizer}
+    fits = node(RunConfig(seq_len=16, vocab_size=vocab, **pinned))
     assert fits.model.tok_emb.weight.shape[0] == vocab
     assert math.isfinite(fits.train_step()[0])
     with pytest.raises(ConfigError, match="prepared corpus 000000000000"):
-        node(RunConfig(seq_len=16, vocab_size=vocab, dataset_fingerprint="0" * 64))
+        node(
+            RunConfig(
+                seq_len=16,
+                vocab_size=vocab,
+                tokenizer=corpus.tokenizer,
+                dataset_fingerprint="0" * 64,
+            )
+        )
     with pytest.raises(ConfigError, match="64 lowercase hex"):
         RunConfig(dataset_fingerprint="abc")
+    with pytest.raises(ConfigError, match="tokenizer must be 'bytes', 'unrecorded' or the 64"):
+        RunConfig(tokenizer="tokenizer.json")  # a path names nothing: a hash does
+    with pytest.raises(ConfigError, match=r"tokens of the tokenizer\.json with sha256 0000"):
+        node(RunConfig(seq_len=16, vocab_size=vocab, tokenizer="0" * 64))
+
+
+class SlowRoundsReducer(InProcessReducer):
+    """An in-process reducer whose rounds report ``seconds`` each (a round of one that
+    waited out a matchmaking window, or a group over a slow network)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(get_codec("none"))
+        self.seconds = seconds
+
+    def reduce(self, key: RoundKey, contributions: Sequence[Contribution]) -> Future[RoundResult]:
+        future: Future[RoundResult] = Future()
+        result = super().reduce(key, contributions).result()
+        future.set_result(dataclasses.replace(result, seconds=self.seconds))
+        return future
+
+
+def test_tau_auto_does_not_learn_from_rounds_of_one(corpus) -> None:
+    # Alone, a round lasts as long as the matchmaking window: no latency of the network.
+    run = RunConfig(steps=40, seq_len=16, outer=OuterConfig(sync_every=6, fragment_sync_delay=1))
+    options = NodeOptions(batch_size=2, data_seed=0, tau="auto")
+    node = NodeTrainer(run, options, SlowRoundsReducer(30.0), "me", corpus)
+    start = node.sync.tau
+    rounds = [r for _ in range(36) for r in node.train_step()[1]]
+    assert len(rounds) >= 8 and all(r.ok and r.members == ("me",) for r in rounds)
+    assert node.tau_range == (start, start)

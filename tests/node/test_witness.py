@@ -21,3 +21,15 @@ def test_a_peer_fades_once_it_stops_working_with_this_node() -> None:
     witness.record(WitnessedRound(1, 1, ("b", "me"), H))
     witness.record(WitnessedRound(2, 1, ("b", "me"), H))
     assert witness.workers() == {"b"} and len(witness.rounds()) == 2
+
+
+def test_rounds_of_one_leave_the_peers_it_worked_with_in_the_ledger() -> None:
+    # Alone in the run for longer than the horizon: its rounds of one witness nobody, and
+    # must not push out the rounds it shared with peers (whose word counts in healing).
+    witness = Witness("me", horizon=2)
+    witness.record(WitnessedRound(0, 1, ("a", "me"), H))
+    witness.record(WitnessedRound(1, 1, ("b", "me"), H))
+    for k in range(2, 6):
+        witness.record(WitnessedRound(0, k, ("me",), H))
+    assert witness.workers() == {"a", "b"}
+    assert [(r.fragment, r.round) for r in witness.rounds()] == [(0, 1), (1, 1)]

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from diloco.codecs import Codec
-from diloco.errors import RoundFailed
+from diloco.errors import PriorDiverged, RoundFailed
 from diloco.protocol.allreduce.member import AllReduceRunner
 from diloco.protocol.allreduce.routing import AllReduceService
 from diloco.protocol.core.adaptive import (
@@ -32,6 +32,7 @@ from diloco.protocol.core.partition import butterfly_parts
 from diloco.protocol.core.reducer import Contribution, Reducer, RoundKey, RoundResult
 from diloco.protocol.core.verification import slices_alone
 from diloco.protocol.matchmaking.matchmaker import Matchmaker
+from diloco.protocol.records.nodes import read_records
 from diloco.protocol.runtime import round_trips
 from diloco.protocol.runtime.swarm import Swarm
 from diloco.protocol.staged.groups import grid_for
@@ -65,6 +66,8 @@ class SwarmReducer(Reducer):
     reduces no part and never leads; a node whose own part keeps failing becomes one for a
     while (``demotion``). With ``max_group_size`` (the run's, alike on every node) a group of
     more members runs in stages on a grid (``staged_runner``); None: always one flat group.
+    With ``rounds_of_one`` (a node's choice) a node alone in the run applies its own outer
+    gradient when no group forms (``_group_or_alone``); without, such a round fails.
     """
 
     runner_type: type[AllReduceRunner] = AllReduceRunner
@@ -85,6 +88,7 @@ class SwarmReducer(Reducer):
         client: bool = False,
         demotion: Demotion | None = None,
         max_group_size: int | None = None,
+        rounds_of_one: bool = False,
     ) -> None:
         if not max_norm_ratio > 1:
             raise ValueError(f"max_norm_ratio must be > 1, got {max_norm_ratio}")
@@ -101,6 +105,7 @@ class SwarmReducer(Reducer):
                 self.return_codec,
             )
         self.client, self.max_group_size = client, max_group_size
+        self.rounds_of_one = rounds_of_one
         self.demotion = demotion or Demotion()
         self.matchmaker = Matchmaker(
             swarm.streams,
@@ -228,23 +233,15 @@ class SwarmReducer(Reducer):
         slot = self.service.expect(key)
         reduced, failed = False, False  # a round without a group serves a demotion too
         try:
-            group = await self.matchmaker.form_group(
-                key,
-                delta.numel(),
-                self.codec.codec_id,
-                self.return_codec.codec_id,
-                float(contribution.weight),
-                contribution.prior,
-                client=self.client or self.demotion.demoted,
-                may_lead=not self.client,
-            )
-            reduced = not group.is_client(group.index(self.swarm.peer_id))
+            group = await self._group_or_alone(key, contribution)
+            reduced = group is not None and not group.is_client(group.index(self.swarm.peer_id))
             matched = loop.time()
-            grid = grid_for(group, self.max_group_size, self.max_weight)
             runner: AllReduceRunner | StagedRunner
-            if len(group.members) == 1:
-                result = await loop.run_in_executor(None, self._alone, delta, group.names)
+            if group is None or len(group.members) == 1:
+                names = group.names if group else (self.swarm.peer_id.to_base58(),)
+                result = await loop.run_in_executor(None, self._alone, delta, names)
             else:
+                grid = grid_for(group, self.max_group_size, self.max_weight)
                 timeouts = self.round_timeouts()
                 if grid is None:
                     runner = self._runner(group, delta, self.max_weight, timeouts)
@@ -282,6 +279,37 @@ class SwarmReducer(Reducer):
         return dataclasses.replace(
             result, seconds=loop.time() - start, matchmaking_seconds=matched - start
         )
+
+    async def _group_or_alone(self, key: RoundKey, contribution: Contribution) -> GroupInfo | None:
+        """The round's group; None when no group formed and the node is alone in the run (a
+        round of one: docs/design.md "Algorithm and schedule").
+
+        Alone means that matchmaking failed (not on a diverged prior: that node heals) and
+        that the run holds no live record but this node's. A node that knows of any peer
+        keeps failing such rounds as before: a round of one among peers would leave it at
+        another state than theirs.
+        """
+        try:
+            return await self.matchmaker.form_group(
+                key,
+                contribution.delta.numel(),
+                self.codec.codec_id,
+                self.return_codec.codec_id,
+                float(contribution.weight),
+                contribution.prior,
+                client=self.client or self.demotion.demoted,
+                may_lead=not self.client,
+            )
+        except PriorDiverged:
+            raise
+        except RoundFailed:
+            if not self.rounds_of_one:
+                raise
+            me = self.swarm.peer_id.to_base58()
+            records = await read_records(self.swarm.dht, self.swarm.run_id)
+            if any(r.peer_id != me for r in records):
+                raise
+            return None
 
     def _runner(
         self,

@@ -1,0 +1,63 @@
+"""A node alone in the run applies a round of one (its own outer gradient through the
+codecs); as soon as the run holds another live node it fails such a round as before."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from diloco.codecs import get_codec
+from diloco.errors import RoundFailed
+from diloco.protocol.allreduce.swarm_reducer import SwarmReducer
+from diloco.protocol.core.group import RoundTimeouts
+from diloco.protocol.core.reducer import Contribution, RoundKey
+from diloco.protocol.records.nodes import FragmentVersion, NodeRecord
+from diloco.protocol.records.run_id import make_run_id
+from diloco.protocol.runtime.network import NetworkOptions
+from diloco.protocol.runtime.swarm import Swarm
+
+pytestmark = pytest.mark.swarm
+
+RUN_ID = make_run_id("round-of-one", {})
+TIMEOUTS = RoundTimeouts(matchmaking_window=0.5, join_timeout=1.0)
+
+
+@pytest.fixture
+def lone() -> Iterator[Swarm]:
+    swarm = Swarm(RUN_ID, NetworkOptions(host_maddrs=("/ip4/127.0.0.1/tcp/0",)))
+    try:
+        yield swarm
+    finally:
+        swarm.shutdown()
+
+
+def test_alone_a_round_of_one_then_with_a_peer_no_round(lone: Swarm) -> None:
+    codec = get_codec("e3m0")
+    reducer = SwarmReducer(lone, codec, timeouts=TIMEOUTS, rounds_of_one=True)
+    delta = torch.randn(1000, generator=torch.Generator().manual_seed(3))
+    me = lone.peer_id.to_base58()
+    result = reducer.reduce(RoundKey(0, 1), [Contribution(me, delta, 5.0)]).result(60)
+    assert result.members == (me,)
+    expected = codec.decode(codec.encode(delta))  # e3m0 both ways: the round's own codecs
+    assert torch.equal(result.delta, codec.decode(codec.encode(expected)))
+    assert not torch.equal(result.delta, delta)
+
+    # A peer of the run is live (its record is there) but does not take part: the round
+    # fails for want of a group, as before; a round of one would split the states.
+    net = NetworkOptions(initial_peers=tuple(lone.maddrs), host_maddrs=("/ip4/127.0.0.2/tcp/0",))
+    peer = Swarm(RUN_ID, net)
+    try:
+        record = NodeRecord(
+            peer.peer_id.to_base58(), tuple(peer.maddrs), 0, (FragmentVersion(0, 0, "0" * 64),),
+            1.0, "test",
+        )  # fmt: skip
+        assert peer.publish_record(record, ttl=60.0)
+        assert peer.peer_id.to_base58() in {r.peer_id for r in lone.read_records()}
+        future = reducer.reduce(RoundKey(0, 2), [Contribution(me, delta, 5.0)])
+        with pytest.raises(RoundFailed, match="no group: 1 member"):
+            future.result(60)
+    finally:
+        reducer.close()
+        peer.shutdown()
