@@ -2,7 +2,7 @@
 
 Each named sweep is a list of points (a series, an x value, a ``LocalConfig`` and the
 summary metric to read); every point runs once per seed with the in-process trainer
-(``diloco.node.local``). A sweep writes ``abl_<name>.json`` (every run, plus mean and std
+(``diloco.node.training.local``). A sweep writes ``abl_<name>.json`` (every run, plus mean and std
 per point) and ``abl_<name>.png``. Runs are cached in a JSON-lines file keyed by their full
 configuration, so sweeps that share a configuration (the base run is in most) run it once,
 and adding a seed later runs only the new seed.
@@ -32,12 +32,12 @@ from typing import Any
 import torch
 
 from diloco.bench.provenance import provenance
-from diloco.node.data import Corpus, load_corpus
-from diloco.node.fragments import fragment_blocks
-from diloco.node.inner import InnerConfig
-from diloco.node.local import LocalConfig, LocalTrainer
-from diloco.node.model import preset
-from diloco.node.outer import OuterConfig
+from diloco.node.data.corpus import Corpus, load_corpus
+from diloco.node.model.fragments import fragment_blocks
+from diloco.node.model.transformer import preset
+from diloco.node.training.inner import InnerConfig
+from diloco.node.training.local import LocalConfig, LocalTrainer
+from diloco.node.training.outer import OuterConfig
 from diloco.sim.plots import require_matplotlib
 
 logger = logging.getLogger("ablations")

@@ -39,11 +39,11 @@ import node_overhead
 from diloco.bench.provenance import provenance
 from diloco.codecs import get_codec
 from diloco.codecs.e3m0 import E3M0Codec
-from diloco.node.compute import ComputeOptions
 from diloco.node.config import NodeOptions, RunConfig
-from diloco.node.data import load_corpus
-from diloco.node.outer import OuterConfig
-from diloco.node.trainer import NodeTrainer
+from diloco.node.data.corpus import load_corpus
+from diloco.node.model.compute import ComputeOptions
+from diloco.node.training.outer import OuterConfig
+from diloco.node.training.trainer import NodeTrainer
 from diloco.protocol.core.reducer import (
     Contribution,
     InProcessReducer,

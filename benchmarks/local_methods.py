@@ -1,6 +1,6 @@
 """Method comparison: dp vs diloco vs streaming (vs one replica alone), equal tokens.
 
-Runs the in-process trainer (``diloco.node.local``) for each method and replica count,
+Runs the in-process trainer (``diloco.node.training.local``) for each method and replica count,
 writes every summary to a JSON file and prints a markdown table.
 
     python benchmarks/local_methods.py --replicas 2 4 --steps 300 \
@@ -19,10 +19,10 @@ from typing import Any
 import torch
 
 from diloco.bench.provenance import provenance
-from diloco.node.data import load_corpus
-from diloco.node.inner import InnerConfig
-from diloco.node.local import LocalConfig, LocalTrainer
-from diloco.node.outer import OuterConfig
+from diloco.node.data.corpus import load_corpus
+from diloco.node.training.inner import InnerConfig
+from diloco.node.training.local import LocalConfig, LocalTrainer
+from diloco.node.training.outer import OuterConfig
 
 
 def run(config: LocalConfig, corpus: Any) -> dict[str, Any]:

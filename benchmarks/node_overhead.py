@@ -39,13 +39,13 @@ import torch
 
 from diloco.bench.provenance import provenance
 from diloco.codecs import get_codec
-from diloco.node.compute import ComputeOptions, compile_model, configure_backends
 from diloco.node.config import NodeOptions, RunConfig
-from diloco.node.data import BatchSampler, Corpus, load_corpus
-from diloco.node.inner import InnerConfig, lr_at
-from diloco.node.model import Transformer
-from diloco.node.outer import OuterConfig
-from diloco.node.trainer import NodeTrainer
+from diloco.node.data.corpus import BatchSampler, Corpus, load_corpus
+from diloco.node.model.compute import ComputeOptions, compile_model, configure_backends
+from diloco.node.model.transformer import Transformer
+from diloco.node.training.inner import InnerConfig, lr_at
+from diloco.node.training.outer import OuterConfig
+from diloco.node.training.trainer import NodeTrainer
 from diloco.protocol.core.reducer import InProcessReducer
 
 

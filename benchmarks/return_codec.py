@@ -28,10 +28,10 @@ import torch
 from diloco.bench.provenance import provenance
 from diloco.codecs import get_codec
 from diloco.node.config import return_codec_for
-from diloco.node.data import load_corpus
-from diloco.node.inner import InnerConfig
-from diloco.node.local import LocalConfig, LocalTrainer
-from diloco.node.outer import OuterConfig
+from diloco.node.data.corpus import load_corpus
+from diloco.node.training.inner import InnerConfig
+from diloco.node.training.local import LocalConfig, LocalTrainer
+from diloco.node.training.outer import OuterConfig
 from diloco.protocol.core.reducer import Contribution, InProcessReducer, RoundKey
 
 RETURN_CODECS = ("e3m0", "int8", "bf16", "none")

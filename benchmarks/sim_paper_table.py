@@ -18,7 +18,7 @@ import statistics
 import time
 from pathlib import Path
 
-from diloco.node.traffic import DP_BITS
+from diloco.node.observe.traffic import DP_BITS
 from diloco.sim.commands import timeline
 from diloco.sim.methods import (
     FP4_BITS,

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from diloco.bench.provenance import provenance
-from diloco.node.data import load_corpus
-from diloco.node.local import LocalConfig, LocalTrainer
+from diloco.node.data.corpus import load_corpus
+from diloco.node.training.local import LocalConfig, LocalTrainer
 from diloco.protocol.core import aggregation, reducer
 from diloco.protocol.core.aggregation import Combined
 

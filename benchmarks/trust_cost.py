@@ -38,9 +38,9 @@ import torch
 
 from diloco.bench.provenance import provenance
 from diloco.codecs import get_codec
-from diloco.node.claims import Evidence, Schedule, assess, group_target
-from diloco.node.pace import weigh_claims
-from diloco.node.witness import Witness, WitnessedRound
+from diloco.node.evidence.claims import Evidence, Schedule, assess, group_target
+from diloco.node.evidence.witness import Witness, WitnessedRound
+from diloco.node.training.pace import weigh_claims
 from diloco.protocol.core.reducer import Contribution, InProcessReducer, RoundKey
 from diloco.protocol.core.round import chunk_spans
 from diloco.protocol.records.declarations import parse_declaration, prior_tag

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from diloco.codecs import get_codec
-from diloco.node.fragments import model_fragments
-from diloco.node.outer import FragmentSync, OuterConfig
+from diloco.node.model.fragments import model_fragments
+from diloco.node.training.outer import FragmentSync, OuterConfig
 from diloco.protocol.core.reducer import InProcessReducer
 
 

@@ -30,7 +30,7 @@ def main(verbose: int) -> None:
     level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Waiting for peers, a first group, failed rounds by cause: sparse lines a person needs.
-    logging.getLogger("diloco.node.round_failures").setLevel(min(level, logging.INFO))
+    logging.getLogger("diloco.node.swarm.round_failures").setLevel(min(level, logging.INFO))
 
 
 for _command in (

@@ -1,5 +1,5 @@
 """``prepare-data``: text, JSONL or Parquet files (or a Hugging Face dataset) into the token
-folder a node trains on (``diloco.node.prepare_data``), with a progress bar.
+folder a node trains on (``diloco.node.data.prepare``), with a progress bar.
 
 Bad options are ``click.UsageError`` (exit 2), found before any work starts; failures while
 preparing are ``click.ClickException`` (exit 1).
@@ -16,9 +16,9 @@ from typing import Any
 import click
 
 from diloco.errors import ConfigError
-from diloco.node.data import BYTES, TOKENIZER_FILE, tokenizer_identity
-from diloco.node.manifest import Manifest
-from diloco.node.prepare_data import PrepareConfig
+from diloco.node.data.corpus import BYTES, TOKENIZER_FILE, tokenizer_identity
+from diloco.node.data.manifest import Manifest
+from diloco.node.data.prepare import PrepareConfig
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(PrepareConfig)}
 
@@ -81,7 +81,7 @@ def prepare_data(
 
     e.g. `diloco-node prepare-data corpus/ --tokenizer tokenizer.json -o tokens/`
     """
-    from diloco.node.prepare_data import prepare, prepare_hf_dataset
+    from diloco.node.data.prepare import prepare, prepare_hf_dataset
 
     if bool(inputs) == bool(hf_dataset):
         raise click.UsageError("give INPUTS files or folders, or --hf-dataset NAME (not both)")

@@ -18,7 +18,7 @@ from diloco.cli.node_lines import duration
 from diloco.cli.options import flag_options
 from diloco.errors import ConfigError, DilocoError
 from diloco.node.flags import COMPUTE_FLAGS, NODE_FLAGS, RUN_FLAGS, Flag, Flags
-from diloco.node.local import LocalConfig
+from diloco.node.training.local import LocalConfig
 from diloco.sim.methods import SyncSettings
 
 LOCAL_FLAGS = Flags(
@@ -156,7 +156,7 @@ def local(
     The defaults are settings where averaging clearly pays off on a 2-core CPU in minutes
     (benchmarks/RESULTS.md, "Methods at equal tokens").
     """
-    from diloco.node.local import LocalTrainer
+    from diloco.node.training.local import LocalTrainer
 
     taus = _parse_taus(tau)
     try:

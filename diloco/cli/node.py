@@ -21,7 +21,7 @@ from diloco.cli.node_lines import progress_line, startup_lines, summary_line
 from diloco.cli.options import JoinCommand, flag_options, typed_flags
 from diloco.errors import CheckpointError, ConfigError, DilocoError
 from diloco.node.config import NodeOptions, RoundOptions, RunConfig, resolve_vocab
-from diloco.node.data import BYTES, corpus_info
+from diloco.node.data.corpus import BYTES, corpus_info
 from diloco.node.flags import (
     NETWORK_FLAGS,
     NODE_FLAGS,
@@ -30,8 +30,8 @@ from diloco.node.flags import (
     join_mismatch,
     run_config,
 )
-from diloco.node.model import preset
-from diloco.node.outer import check_tau
+from diloco.node.model.transformer import preset
+from diloco.node.training.outer import check_tau
 from diloco.protocol.records.run_id import check_run_id
 from diloco.protocol.runtime.network import NetworkOptions
 from diloco.protocol.trust.admission import read_admitted
@@ -40,9 +40,9 @@ from diloco.protocol.trust.swarm_key import SwarmKey, load_swarm_key
 if TYPE_CHECKING:
     from hivemind import DHT
 
-    from diloco.node.metrics_exporter import NodeMetrics
-    from diloco.node.swarm_node import SwarmNode
-    from diloco.node.trackers import Tracker
+    from diloco.node.observe.metrics_exporter import NodeMetrics
+    from diloco.node.observe.trackers import Tracker
+    from diloco.node.swarm.node import SwarmNode
     from diloco.protocol.records.run_configs import SignedRunConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -193,7 +193,7 @@ def join(
 
     e.g. `diloco-node join --initial-peers /ip4/1.2.3.4/tcp/31337/p2p/12D3KooW...`
     """
-    from diloco.node.pinned_run import discover_run
+    from diloco.node.swarm.pinned_run import discover_run
 
     toml, given = ctx.params["config_file"], typed_flags(ctx, RUN_FLAGS)
     try:
@@ -242,9 +242,9 @@ def _run_node(
 ) -> None:
     """Build the node (a joiner's ``joined`` run and DHT, or a new run whose creator this
     node is), train until the end or a signal, export; always leave the swarm."""
-    from diloco.node.pinned_run import start_run
-    from diloco.node.swarm_node import SwarmNode
-    from diloco.node.trackers import check_available
+    from diloco.node.observe.trackers import check_available
+    from diloco.node.swarm.node import SwarmNode
+    from diloco.node.swarm.pinned_run import start_run
 
     try:
         check_available(params["wandb_project"], params["tensorboard_dir"])
@@ -336,7 +336,7 @@ def _serve_prometheus(node: SwarmNode, host: str, port: int | None) -> NodeMetri
     """With ``--prometheus-port``: a metrics endpoint fed by the node's events."""
     if port is None:
         return None
-    from diloco.node.metrics_exporter import NodeMetrics
+    from diloco.node.observe.metrics_exporter import NodeMetrics
 
     exporter = NodeMetrics()
     try:
@@ -350,7 +350,7 @@ def _serve_prometheus(node: SwarmNode, host: str, port: int | None) -> NodeMetri
 
 def _trackers(node: SwarmNode, run: RunConfig, params: dict[str, Any]) -> list[Tracker]:
     """With ``--wandb-project`` / ``--tensorboard-dir``: the node's curves there."""
-    from diloco.node.trackers import TensorboardTracker, WandbTracker
+    from diloco.node.observe.trackers import TensorboardTracker, WandbTracker
 
     peer_id = node.swarm.peer_id.to_base58()
     made: list[Tracker] = []
@@ -387,7 +387,7 @@ def _echo_node_event(record: dict[str, Any]) -> None:
 def status(initial_peers: tuple[str, ...]) -> None:
     """Show the swarm: runs (with their creators), peers, their steps, fragment versions and
     state hashes. Runs that share a name are different runs: tell them apart by run id."""
-    from diloco.node.swarm_status import read_status
+    from diloco.node.swarm.status import read_status
 
     peers = [addr for value in initial_peers for addr in value.split()]
     try:

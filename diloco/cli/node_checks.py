@@ -10,9 +10,9 @@ import socket
 from typing import Any
 
 from diloco.errors import ConfigError
-from diloco.node.checkpoint import CheckpointManager, check_folder, saved_run
 from diloco.node.config import RunConfig
 from diloco.node.flags import RUN_FLAGS, TAU_PATH
+from diloco.node.training.checkpoint import CheckpointManager, check_folder, saved_run
 from diloco.protocol.records.run_info import peer_id_in
 from diloco.protocol.runtime.network import NetworkOptions
 

@@ -1,6 +1,6 @@
 """The lines a node prints for a person: what it trains with, its progress, its summary.
 
-Pure functions of the node's event records (``diloco.node.swarm_node``), so the wording is
+Pure functions of the node's event records (``diloco.node.swarm.node``), so the wording is
 tested without a swarm.
 """
 

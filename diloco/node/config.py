@@ -33,13 +33,13 @@ import torch
 
 from diloco.codecs import CODEC_NAMES, Codec, get_codec
 from diloco.errors import ConfigError, ProtocolError
-from diloco.node.compute import ComputeOptions
-from diloco.node.data import BYTES, check_tokenizer, check_tokenizer_identity
-from diloco.node.fragments import EmbeddingPlacement, Pattern
-from diloco.node.inner import InnerConfig
-from diloco.node.model import PRESETS, ModelConfig, preset
-from diloco.node.outer import OuterConfig, OuterDevice, round_token_cap
-from diloco.node.pace import PaceMode
+from diloco.node.data.corpus import BYTES, check_tokenizer, check_tokenizer_identity
+from diloco.node.model.compute import ComputeOptions
+from diloco.node.model.fragments import EmbeddingPlacement, Pattern
+from diloco.node.model.transformer import PRESETS, ModelConfig, preset
+from diloco.node.training.inner import InnerConfig
+from diloco.node.training.outer import OuterConfig, OuterDevice, round_token_cap
+from diloco.node.training.pace import PaceMode
 from diloco.protocol.core.aggregation import CLIP_FACTOR, check_clip_factor
 from diloco.protocol.records.run_id import RUN_NAME_PATTERN
 
@@ -69,7 +69,7 @@ class RunConfig:
     name: str = "diloco"
     """Human name of the run, ``[A-Za-z0-9_-]{1,64}``; the first part of the run id."""
     preset: str = "tiny"
-    """Model preset (docs/design.md "Model presets", ``diloco.node.model.PRESETS``)."""
+    """Model preset (docs/design.md "Model presets", ``diloco.node.model.transformer.PRESETS``)."""
     seq_len: int = 128
     """Tokens per sequence."""
     steps: int = 600
@@ -272,14 +272,14 @@ class NodeOptions:
     tau: str | None = "auto"
     """tau: this node's steps between sending a fragment and applying its round (docs/design.md
     "Algorithm and schedule"): ``auto`` (the default), which starts from the run's tau and
-    follows this node's round latency over its step time (``diloco.node.tau``; docs/design.md
-    "Across the internet"); a number of steps; None takes the run's
+    follows this node's round latency over its step time (``diloco.node.training.tau``;
+    docs/design.md "Across the internet"); a number of steps; None takes the run's
     ``outer.fragment_sync_delay``."""
     pace: PaceMode = "adaptive"
     """``adaptive``: when this node is slower per step than the swarm's pace (the lower
     median of the nodes' full-batch step seconds), it trains fewer sequences per inner step
-    so the others do not wait for it (``diloco.node.pace``; docs/design.md "Pace"); ``fixed``:
-    always the
+    so the others do not wait for it (``diloco.node.training.pace``; docs/design.md "Pace");
+    ``fixed``: always the
     full ``batch_size`` (the swarm then moves at its slowest node's pace)."""
     slow_down: float = 1.0
     """Every inner step takes this many times its compute (it sleeps the rest): tests and
@@ -290,7 +290,7 @@ class NodeOptions:
     """torch CPU threads (0: torch's default). Several nodes on one machine want 1 each:
     OpenMP threads spinning on oversubscribed cores slow every step many times over."""
     data: str | None = None
-    """Corpus path on this machine (see ``diloco.node.data``); None: the embedded corpus."""
+    """Corpus path on this machine (see ``diloco.node.data.corpus``); None: the embedded corpus."""
     data_seed: int | None = None
     """Seed of this node's data stream; None draws one at random (nodes should differ)."""
     checkpoint_dir: str | None = None

@@ -25,7 +25,7 @@ from diloco.node.config import (
     read_toml,
     set_path,
 )
-from diloco.node.model import PRESETS
+from diloco.node.model.transformer import PRESETS
 from diloco.protocol.runtime.network import NetworkOptions
 
 T = TypeVar("T")

@@ -4,14 +4,14 @@
 For a run of ``D`` tokens with ``M`` replicas each taking ``B`` sequences of ``S`` tokens per
 inner step, there are ``T = ceil(D / (M * B * S))`` inner steps. A reduction of ``n`` values at
 ``b`` bits costs each replica ``n * b * 2(M - 1)/M`` bits sent (and as many received), the
-ring or butterfly all-reduce traffic (``diloco.node.traffic``, which the node's run summary
+ring or butterfly all-reduce traffic (``diloco.node.observe.traffic``, which the node's run summary
 uses too). Rounds per method, at the widths of ``RunSpec`` (defaults as in the simulator,
 ``diloco.sim.methods``):
 
 - ``dp``: every step, all ``N`` parameters, ``dp_bits`` (bf16 gradients, 16);
 - ``diloco``: ``floor(T / H)`` rounds of all ``N`` parameters, ``outer_bits`` (16);
 - ``streaming`` and ``streaming-overlap``: fragment ``p`` sends at ``t_p + k*H <= T``
-  (``diloco.node.fragments``), ``outer_bits``, ``N / L`` parameters per layer of the fragment;
+  (``diloco.node.model.fragments``), ``outer_bits``, ``N / L`` parameters per layer of the fragment;
 - ``streaming-overlap-fp4``: the same rounds encoded with the run's codec (E3M0: 4.25 bits).
 
 With ``max_group_size`` each round of the DiLoCo methods is staged over the
@@ -29,8 +29,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from diloco.node.fragments import fragment_blocks, fragment_offset
-from diloco.node.traffic import DP_BITS, all_reduce_bytes, all_reduce_factor, data_parallel_bytes
+from diloco.node.model.fragments import fragment_blocks, fragment_offset
+from diloco.node.observe.traffic import (
+    DP_BITS,
+    all_reduce_bytes,
+    all_reduce_factor,
+    data_parallel_bytes,
+)
 from diloco.sim.methods import METHODS, OUTER_BITS, Method
 from diloco.sim.staged_traffic import staged_traffic
 

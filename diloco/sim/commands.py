@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from diloco.node.fragments import send_step
-from diloco.node.traffic import DP_BITS, data_parallel_bytes
+from diloco.node.model.fragments import send_step
+from diloco.node.observe.traffic import DP_BITS, data_parallel_bytes
 from diloco.sim import plots
 from diloco.sim.accounting import RunSpec, account
 from diloco.sim.dag import Interval, StepCompute, SyncPlan, compute_utilisation, simulate

@@ -19,7 +19,7 @@ deterministic. The compute chain is one device, so weight gradients become ready
 order whatever the bandwidth: the link order is static, and one pass evaluates a whole
 vector of bandwidths at once (numpy arrays over the bandwidth axis, shape ``(B,)``).
 
-Pure: no I/O. Only the schedule functions of ``diloco.node.fragments`` are reused.
+Pure: no I/O. Only the schedule functions of ``diloco.node.model.fragments`` are reused.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from diloco.node.fragments import sends_at
+from diloco.node.model.fragments import sends_at
 
 NodeKind = Literal["forward", "backward_activation", "backward_weight", "reduction"]
 BITS_PER_GIGABIT = 1e9
@@ -85,7 +85,7 @@ class SyncPlan:
 
     Data-parallel is ``sync_every = 1`` with one fragment holding every layer and ``tau = 0``;
     DiLoCo is one fragment every ``H`` steps; Streaming DiLoCo has several fragments whose
-    send steps follow ``diloco.node.fragments.sends_at`` (offsets ``floor(p * H / F)``).
+    send steps follow ``diloco.node.model.fragments.sends_at`` (offsets ``floor(p * H / F)``).
     """
 
     fragments: tuple[tuple[int, ...], ...]

@@ -11,7 +11,7 @@ weights ``f``, the usual "backward is twice the forward"), except layer 0 whose 
 gradient (weights only). One step is therefore ``(3L - 1) f`` seconds.
 
 Wire bits of one reduction of one layer with ``M`` replicas: ``n * b * 2(M - 1)/M``, the
-per-member traffic of a ring or butterfly all-reduce (``diloco.node.traffic``). The widths
+per-member traffic of a ring or butterfly all-reduce (``diloco.node.observe.traffic``). The widths
 ``b`` are settings; the defaults reproduce the paper's Table 4: 16 bits for data-parallel
 gradients and for unquantised outer gradients, 4 for the FP4 ones. The paper does not state
 the unquantised width, but its own rows give it: at every model size and CU target its
@@ -26,8 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from diloco.node.fragments import Pattern, fragment_blocks
-from diloco.node.traffic import DP_BITS, all_reduce_factor
+from diloco.node.model.fragments import Pattern, fragment_blocks
+from diloco.node.observe.traffic import DP_BITS, all_reduce_factor
 from diloco.sim.dag import StepCompute, SyncPlan
 
 Method = Literal["dp", "diloco", "streaming", "streaming-overlap", "streaming-overlap-fp4"]

@@ -15,7 +15,7 @@ compute is split in proportion to each fragment's parameter count (forward ``f``
 ``8 * max(bytes_sent, bytes_received)`` bits on the link (a full-duplex link is as slow as
 its busier direction; the codec and the all-reduce factor are already in the bytes). A
 strided fragment's blocks are spread over the depth, so placing it at one position is an
-approximation; the send and receive steps are exact (``diloco.node.fragments``).
+approximation; the send and receive steps are exact (``diloco.node.model.fragments``).
 """
 
 from __future__ import annotations

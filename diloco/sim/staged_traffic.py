@@ -7,7 +7,7 @@ bytes): a contributor opens one stream to each of the other ``M - 1`` reducers, 
 it sends ``(2M - 2 + R) * S`` and receives ``(M - 1) * S`` twice (parts in, averages back);
 a receiver opens ``M`` streams, sends nothing and receives ``M * S``. A one-contributor group
 of a later stage exchanges nothing. A flat round is one stage: ``2(M - 1)/M * n * b / 8``,
-``diloco.node.traffic.all_reduce_bytes``. ``d`` stages cost about ``d`` times a flat round's
+``diloco.node.observe.traffic.all_reduce_bytes``. ``d`` stages cost about ``d`` times a flat round's
 bytes, for ``sum_s (M_s - 1)`` streams instead of ``N - 1`` and latency terms per stage.
 """
 

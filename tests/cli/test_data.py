@@ -16,8 +16,8 @@ from tokenizers import Tokenizer
 
 from diloco.cli import main
 from diloco.errors import ConfigError
-from diloco.node import prepare_data
-from diloco.node.prepare_data import Shard, _encode_in_worker, _init_worker
+from diloco.node.data import prepare as prepare_data
+from diloco.node.data.prepare import Shard, _encode_in_worker, _init_worker
 
 
 @pytest.fixture(scope="module")

@@ -16,10 +16,10 @@ from click.testing import CliRunner
 
 from diloco.cli import main
 from diloco.cli import node as cli_node
-from diloco.node.compute import ComputeOptions
 from diloco.node.config import NodeOptions, RoundOptions, RunConfig
 from diloco.node.flags import NETWORK_FLAGS, NODE_FLAGS, ROUND_FLAGS, RUN_FLAGS
-from diloco.node.outer import OuterConfig
+from diloco.node.model.compute import ComputeOptions
+from diloco.node.training.outer import OuterConfig
 from diloco.protocol.records.run_id import make_run_id
 from diloco.protocol.runtime.network import NetworkOptions
 from diloco.protocol.trust.identity import Identity, load_identity
@@ -125,12 +125,12 @@ def test_bad_values_exit_2_before_anything_starts(
     args: list[str],
     message: str,
 ) -> None:
-    import diloco.node.pinned_run
+    import diloco.node.swarm.pinned_run
 
     def no_swarm(*args: object) -> None:
         raise AssertionError("the swarm was asked")
 
-    monkeypatch.setattr(diloco.node.pinned_run, "discover_run", no_swarm)
+    monkeypatch.setattr(diloco.node.swarm.pinned_run, "discover_run", no_swarm)
     peers = ["--initial-peers", ADDR_A] if command == "join" else []
     code, output = invoke(command, *peers, *args)
     assert code == 2, output
@@ -195,7 +195,7 @@ SIGNED = object()
 @pytest.fixture
 def swarm_run(monkeypatch: pytest.MonkeyPatch) -> tuple[RunConfig, FakeDHT]:
     """A swarm whose run trains 300 steps with H 10, found without a network."""
-    import diloco.node.pinned_run
+    import diloco.node.swarm.pinned_run
 
     run, dht = RunConfig(name="t", steps=300, outer=OuterConfig(sync_every=10)), FakeDHT()
 
@@ -204,7 +204,7 @@ def swarm_run(monkeypatch: pytest.MonkeyPatch) -> tuple[RunConfig, FakeDHT]:
         assert run_id in (None, "t-0123456789abcdef")
         return run, SIGNED, dht
 
-    monkeypatch.setattr(diloco.node.pinned_run, "discover_run", discover)
+    monkeypatch.setattr(diloco.node.swarm.pinned_run, "discover_run", discover)
     return run, dht
 
 
@@ -302,7 +302,7 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, str]:
     """A folder prepared with a small BPE tokenizer: path, vocabulary, fingerprint."""
     from bpe_corpus import write_bpe_corpus
 
-    from diloco.node.prepare_data import PrepareConfig, prepare
+    from diloco.node.data.prepare import PrepareConfig, prepare
 
     root = tmp_path_factory.mktemp("bpe")
     write_bpe_corpus(root)
@@ -397,12 +397,12 @@ def test_start_names_the_tokenizer_of_its_data(
 @pytest.fixture
 def bpe_swarm_run(monkeypatch: pytest.MonkeyPatch, prepared: tuple[Path, int, str]) -> FakeDHT:
     """A swarm whose run trains on the tokens of ``prepared``'s tokenizer."""
-    import diloco.node.pinned_run
+    import diloco.node.swarm.pinned_run
 
     folder, vocab, _ = prepared
     sha = hashlib.sha256((folder.parent / "tokenizer.json").read_bytes()).hexdigest()
     run, dht = RunConfig(name="t", vocab_size=vocab, tokenizer=sha), FakeDHT()
-    monkeypatch.setattr(diloco.node.pinned_run, "discover_run", lambda *_: (run, SIGNED, dht))
+    monkeypatch.setattr(diloco.node.swarm.pinned_run, "discover_run", lambda *_: (run, SIGNED, dht))
     return dht
 
 
@@ -412,7 +412,7 @@ def test_a_joiner_of_a_bpe_run_needs_data_of_the_runs_tokenizer(
     prepared: tuple[Path, int, str],
     tmp_path: Path,
 ) -> None:
-    from diloco.node.prepare_data import PrepareConfig, prepare
+    from diloco.node.data.prepare import PrepareConfig, prepare
 
     folder, _, _ = prepared
     raw = folder.parent  # docs.jsonl and the tokenizer.json, as a user has them

@@ -17,9 +17,9 @@ from click.testing import CliRunner
 
 from diloco.cli import main
 from diloco.cli import node as cli_node
-from diloco.node.checkpoint import CheckpointManager
 from diloco.node.config import RunConfig
-from diloco.node.outer import OuterConfig
+from diloco.node.training.checkpoint import CheckpointManager
+from diloco.node.training.outer import OuterConfig
 from diloco.protocol.trust.identity import Identity
 
 

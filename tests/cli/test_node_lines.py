@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from diloco.cli import main
 from diloco.cli.node_lines import progress_line, startup_lines, summary_line
 from diloco.cli.options import SWARM_HEADING
-from diloco.node.round_failures import ALONE, WAITING, FailureLog, failure_cause
+from diloco.node.swarm.round_failures import ALONE, WAITING, FailureLog, failure_cause
 
 
 def test_progress_line_shows_total_percent_eta_and_spells_compute_out() -> None:
@@ -96,7 +96,7 @@ def test_alone_node_logs_once_when_waiting_starts_and_once_when_a_group_forms(
     now = [0.0]
     log = FailureLog(clock=lambda: now[0])
     alone = "fragment 0 round 1 failed: no group: 1 member(s) < min_group_size 2"
-    with caplog.at_level(logging.INFO, logger="diloco.node.round_failures"):
+    with caplog.at_level(logging.INFO, logger="diloco.node.swarm.round_failures"):
         for _ in range(12):  # a round every 3 s, under a minute
             log.failed(alone)
             now[0] += 3.0
@@ -122,7 +122,7 @@ def test_rounds_of_one_are_waiting_not_a_group_and_not_failures(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     log = FailureLog(clock=lambda: 0.0)
-    with caplog.at_level(logging.INFO, logger="diloco.node.round_failures"):
+    with caplog.at_level(logging.INFO, logger="diloco.node.swarm.round_failures"):
         for _ in range(3):
             log.succeeded(1)
         assert [r.getMessage() for r in caplog.records] == [WAITING]
@@ -167,7 +167,7 @@ def test_join_help_sets_the_runs_settings_apart_without_starts_defaults() -> Non
 
 
 def test_waiting_and_failed_round_lines_show_without_verbose(tmp_path: Path) -> None:
-    logger = logging.getLogger("diloco.node.round_failures")
+    logger = logging.getLogger("diloco.node.swarm.round_failures")
     try:
         result = CliRunner().invoke(main, ["keygen", "--identity", str(tmp_path / "id.key")])
         assert result.exit_code == 0, result.output

@@ -39,9 +39,9 @@ from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
 
 from diloco.errors import ProtocolError
-from diloco.node.fragments import last_sent_round, model_fragments
-from diloco.node.model import Transformer
-from diloco.node.pinned_run import discover_run
+from diloco.node.model.fragments import last_sent_round, model_fragments
+from diloco.node.model.transformer import Transformer
+from diloco.node.swarm.pinned_run import discover_run
 from diloco.protocol.records.nodes import (
     FragmentVersion,
     NodeRecord,

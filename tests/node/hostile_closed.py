@@ -27,9 +27,9 @@ from hivemind.utils import get_dht_time
 from hostile_claims import zero_hash
 from hostile_peer import _ask, _attempt
 
-from diloco.node.fragments import last_sent_round, model_fragments
-from diloco.node.model import Transformer
-from diloco.node.pinned_run import discover_run
+from diloco.node.model.fragments import last_sent_round, model_fragments
+from diloco.node.model.transformer import Transformer
+from diloco.node.swarm.pinned_run import discover_run
 from diloco.protocol.records.nodes import (
     FragmentVersion,
     NodeRecord,

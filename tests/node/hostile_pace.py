@@ -28,8 +28,8 @@ import torch
 from hivemind.utils import get_dht_time
 
 from diloco.cli import main as diloco_node
-from diloco.node.pinned_run import discover_run
-from diloco.node.swarm_node import SwarmNode
+from diloco.node.swarm.node import SwarmNode
+from diloco.node.swarm.pinned_run import discover_run
 from diloco.protocol.records.nodes import NodeRecord, nodes_key
 from diloco.protocol.records.run_id import make_run_id
 from diloco.protocol.runtime.network import NetworkOptions

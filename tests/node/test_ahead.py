@@ -1,4 +1,4 @@
-"""Which rounds a node announces before their send step (``diloco.node.ahead``): each
+"""Which rounds a node announces before their send step (``diloco.node.swarm.ahead``): each
 fragment's next round once, only while no round of that fragment is in flight (its prior is
 not known before), with the prior the send will carry and the weight it will have."""
 
@@ -10,9 +10,9 @@ from concurrent.futures import Future
 import torch
 from torch import nn
 
-from diloco.node.ahead import Announcer
-from diloco.node.fragments import send_step
-from diloco.node.outer import FragmentSync, OuterConfig
+from diloco.node.model.fragments import send_step
+from diloco.node.swarm.ahead import Announcer
+from diloco.node.training.outer import FragmentSync, OuterConfig
 from diloco.protocol.core.reducer import Contribution, Reducer, RoundKey, RoundResult
 
 

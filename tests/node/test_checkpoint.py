@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from diloco.errors import CheckpointError
-from diloco.node.checkpoint import Checkpoint, CheckpointManager, check_folder, saved_run
+from diloco.node.training.checkpoint import Checkpoint, CheckpointManager, check_folder, saved_run
 
 MODEL = {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3)}
 
@@ -101,7 +101,7 @@ def test_a_pickled_state_pt_executes_nothing(tmp_path: Path, caplog: Any) -> Non
     torch.save(_OpenOnUnpickle(marker), old_format / "state.pt")
     (old_format / "model.safetensors").write_bytes((older / "model.safetensors").read_bytes())
     restored: list[Path] = []
-    with caplog.at_level(logging.WARNING, logger="diloco.node.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="diloco.node.training.checkpoint"):
         found = manager.load_latest(lambda path, checkpoint: restored.append(path))
     assert found == older and restored == [older]
     assert not marker.exists()
@@ -138,7 +138,7 @@ def test_damaged_checkpoint_falls_back_with_one_line(
     else:  # a reference to a tensor that is not there
         target.write_text(target.read_text().replace('"/rng"', '"/gone"'))
     restored: list[tuple[Path, Checkpoint]] = []
-    with caplog.at_level(logging.WARNING, logger="diloco.node.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="diloco.node.training.checkpoint"):
         found = manager.load_latest(lambda path, checkpoint: restored.append((path, checkpoint)))
     assert found == older
     ((path, checkpoint),) = restored
@@ -194,7 +194,7 @@ def test_a_deeply_nested_state_json_is_one_line_not_a_traceback(
     (path,) = manager.checkpoints()
     (path / "state.json").write_text('{"dict": {"x": ' + "[" * depth + "]" * depth + "}}")
     with (
-        caplog.at_level(logging.WARNING, logger="diloco.node.checkpoint"),
+        caplog.at_level(logging.WARNING, logger="diloco.node.training.checkpoint"),
         pytest.raises(CheckpointError, match="none of its 1 checkpoints is usable"),
     ):
         manager.load_latest(lambda path, checkpoint: None)

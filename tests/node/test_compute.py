@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from diloco.errors import ConfigError
-from diloco.node.compute import ComputeOptions, autocast, compile_model, configure_backends
-from diloco.node.data import load_corpus
-from diloco.node.local import LocalConfig, LocalTrainer
-from diloco.node.model import Transformer, preset
-from diloco.node.outer import OuterConfig
+from diloco.node.data.corpus import load_corpus
+from diloco.node.model.compute import ComputeOptions, autocast, compile_model, configure_backends
+from diloco.node.model.transformer import Transformer, preset
+from diloco.node.training.local import LocalConfig, LocalTrainer
+from diloco.node.training.outer import OuterConfig
 
 
 class Bf16Trainer(LocalTrainer):

@@ -16,8 +16,8 @@ from diloco.node.config import (
     from_mapping,
 )
 from diloco.node.flags import join_mismatch, run_config
-from diloco.node.inner import InnerConfig
-from diloco.node.outer import OuterConfig
+from diloco.node.training.inner import InnerConfig
+from diloco.node.training.outer import OuterConfig
 from diloco.protocol.records.run_id import make_run_id
 from diloco.protocol.runtime.network import NetworkOptions
 from diloco.protocol.trust.identity import Identity

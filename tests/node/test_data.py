@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from diloco.node.data import BatchSampler, embedded_corpus, load_corpus
+from diloco.node.data.corpus import BatchSampler, embedded_corpus, load_corpus
 
 
 def test_embedded_corpus_split_is_deterministic_and_disjoint() -> None:

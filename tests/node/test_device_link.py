@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from diloco.errors import RoundFailed
-from diloco.node.device_link import DeviceLink, chain
+from diloco.node.model.device_link import DeviceLink, chain
 
 
 def test_chain_forwards_a_result_and_an_error() -> None:
@@ -47,6 +47,8 @@ def test_node_trainer_imports_no_hivemind() -> None:
     import subprocess
     import sys
 
-    code = "import diloco.node.trainer, sys; assert 'hivemind' not in sys.modules, 'hivemind'"
+    code = (
+        "import diloco.node.training.trainer, sys; assert 'hivemind' not in sys.modules, 'hivemind'"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

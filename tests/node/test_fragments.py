@@ -2,7 +2,7 @@ from collections import Counter
 
 import pytest
 
-from diloco.node.fragments import (
+from diloco.node.model.fragments import (
     fragment_blocks,
     fragment_offset,
     last_sent_round,
@@ -13,7 +13,7 @@ from diloco.node.fragments import (
     send_step,
     sends_at,
 )
-from diloco.node.model import Transformer, preset
+from diloco.node.model.transformer import Transformer, preset
 
 
 @pytest.mark.parametrize("num_fragments,sync_every", [(1, 30), (5, 30), (4, 10), (7, 5), (3, 3)])

@@ -12,9 +12,10 @@ import torch
 
 from diloco.codecs import get_codec
 from diloco.errors import ProtocolError
-from diloco.node.claims import Schedule, SwarmView
-from diloco.node.data import load_corpus
-from diloco.node.healing import (
+from diloco.node.data.corpus import load_corpus
+from diloco.node.evidence.claims import Schedule, SwarmView
+from diloco.node.evidence.witness import Witness, WitnessedRound
+from diloco.node.swarm.healing import (
     Healer,
     catch_up_step,
     choose_donors,
@@ -27,10 +28,9 @@ from diloco.node.healing import (
     missed_rounds,
     open_suspects,
 )
-from diloco.node.inner import InnerConfig
-from diloco.node.outer import OuterConfig
-from diloco.node.trainer import NodeOptions, NodeTrainer, RunConfig
-from diloco.node.witness import Witness, WitnessedRound
+from diloco.node.training.inner import InnerConfig
+from diloco.node.training.outer import OuterConfig
+from diloco.node.training.trainer import NodeOptions, NodeTrainer, RunConfig
 from diloco.protocol.core.reducer import InProcessReducer, RoundKey
 from diloco.protocol.records.nodes import FragmentVersion, NodeRecord, Vouch
 from diloco.protocol.state.fragment import FragmentState, OuterState
@@ -404,7 +404,7 @@ def test_healer_checks_a_fragment_once_after_a_round_and_follows_the_majority(
     """The chaos run's split: we applied round 1 of fragment 0 "successfully"
     from another prior state than the round's other members, who vouch for another state
     at version 1; the check after the round (not only after failures) heals us to theirs."""
-    monkeypatch.setattr("diloco.node.healing.VERIFY_AFTER", 0.0)
+    monkeypatch.setattr("diloco.node.swarm.healing.VERIFY_AFTER", 0.0)
     trainer = make_trainer(corpus)
     trainer.step = 8  # not a multiple of H: no periodic check
     served = donor_state(trainer, 8, 1)

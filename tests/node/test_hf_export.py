@@ -18,11 +18,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from diloco.cli import main
 from diloco.codecs import get_codec
 from diloco.errors import ConfigError
-from diloco.node.checkpoint import export_weights
 from diloco.node.config import NodeOptions, RunConfig
-from diloco.node.hf_export import export_hf, export_hf_from_file
-from diloco.node.model import ModelConfig, Transformer
-from diloco.node.trainer import NodeTrainer
+from diloco.node.model.hf_export import export_hf, export_hf_from_file
+from diloco.node.model.transformer import ModelConfig, Transformer
+from diloco.node.training.checkpoint import export_weights
+from diloco.node.training.trainer import NodeTrainer
 from diloco.protocol.core.reducer import InProcessReducer
 
 CONFIG = ModelConfig(

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from diloco.node.data import BatchSampler
-from diloco.node.inner import InnerConfig, build_inner_optimizer, inner_step
-from diloco.node.model import Transformer, preset
+from diloco.node.data.corpus import BatchSampler
+from diloco.node.model.transformer import Transformer, preset
+from diloco.node.training.inner import InnerConfig, build_inner_optimizer, inner_step
 
 
 def _text_tokens() -> np.ndarray:

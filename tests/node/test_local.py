@@ -12,12 +12,12 @@ from click.testing import CliRunner
 
 from diloco.cli import main
 from diloco.errors import ConfigError
-from diloco.node.compute import ComputeOptions
-from diloco.node.data import BatchSampler, load_corpus
-from diloco.node.inner import InnerConfig, build_inner_optimizer, lr_at, set_lr
-from diloco.node.local import LocalConfig, LocalTrainer
-from diloco.node.model import Transformer
-from diloco.node.outer import OuterConfig
+from diloco.node.data.corpus import BatchSampler, load_corpus
+from diloco.node.model.compute import ComputeOptions
+from diloco.node.model.transformer import Transformer
+from diloco.node.training.inner import InnerConfig, build_inner_optimizer, lr_at, set_lr
+from diloco.node.training.local import LocalConfig, LocalTrainer
+from diloco.node.training.outer import OuterConfig
 
 
 @pytest.fixture(scope="module")
@@ -335,7 +335,9 @@ def test_local_trainer_imports_no_hivemind() -> None:
     import subprocess
     import sys
 
-    code = "import diloco.node.local, sys; assert 'hivemind' not in sys.modules, 'hivemind'"
+    code = (
+        "import diloco.node.training.local, sys; assert 'hivemind' not in sys.modules, 'hivemind'"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from diloco.errors import ConfigError
-from diloco.node.data import load_corpus
-from diloco.node.manifest import (
+from diloco.node.data.corpus import load_corpus
+from diloco.node.data.manifest import (
     InputRecord,
     Manifest,
     SplitRecord,

@@ -7,7 +7,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from diloco.node.metrics_exporter import NodeMetrics
+from diloco.node.observe.metrics_exporter import NodeMetrics
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

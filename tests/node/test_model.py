@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from diloco.node.model import PRESETS, ModelConfig, Transformer, preset
+from diloco.node.model.transformer import PRESETS, ModelConfig, Transformer, preset
 
 
 def test_model_initial_loss_near_uniform() -> None:

@@ -1,10 +1,10 @@
-"""Pure tests of ``diloco.node.pace``: expected values are computed by hand."""
+"""Pure tests of ``diloco.node.training.pace``: expected values are computed by hand."""
 
 from __future__ import annotations
 
 import pytest
 
-from diloco.node.pace import (
+from diloco.node.training.pace import (
     SETTLE_STEPS,
     PaceController,
     next_rows,

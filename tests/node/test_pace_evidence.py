@@ -16,11 +16,11 @@ import pytest
 
 from diloco.codecs import get_codec
 from diloco.node.config import NodeOptions, RunConfig
-from diloco.node.data import load_corpus
-from diloco.node.outer import OuterConfig
-from diloco.node.pace import SETTLE_STEPS, PaceController, weigh_claims
-from diloco.node.trainer import NodeTrainer
-from diloco.node.witness import Witness, WitnessedRound
+from diloco.node.data.corpus import load_corpus
+from diloco.node.evidence.witness import Witness, WitnessedRound
+from diloco.node.training.outer import OuterConfig
+from diloco.node.training.pace import SETTLE_STEPS, PaceController, weigh_claims
+from diloco.node.training.trainer import NodeTrainer
 from diloco.protocol.core.reducer import InProcessReducer
 
 BATCH, SEQ_LEN, H = 8, 128, 30
@@ -172,7 +172,7 @@ def test_trainer_counts_backed_claims_and_logs_each_ignored_peer_once(caplog) ->
     )
     ledger = witness({"twin": [BATCH * ROW] * 3, "liar": [ROW] * 3})
     claims = {"twin": 1.0, "liar": FAST, **paper(2)}
-    with caplog.at_level(logging.INFO, logger="diloco.node.trainer"):
+    with caplog.at_level(logging.INFO, logger="diloco.node.training.trainer"):
         for _ in range(3):  # every publish
             trainer.hear_claims(claims, ledger.weights())
     assert trainer.peer_step_seconds == (1.0,)

@@ -13,10 +13,10 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from diloco.errors import ConfigError
-from diloco.node.data import load_corpus
-from diloco.node.local import LocalConfig, LocalTrainer
-from diloco.node.manifest import read_manifest
-from diloco.node.prepare_data import PrepareConfig, prepare, prepare_hf_dataset
+from diloco.node.data.corpus import load_corpus
+from diloco.node.data.manifest import read_manifest
+from diloco.node.data.prepare import PrepareConfig, prepare, prepare_hf_dataset
+from diloco.node.training.local import LocalConfig, LocalTrainer
 
 WORDS = ["the", "a", "swarm", "of", "nodes", "trains", "model", "café", "naïve", "東京", "42"]
 

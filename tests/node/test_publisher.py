@@ -16,14 +16,14 @@ from typing import Any
 import pytest
 import torch
 
-import diloco.node.publisher
+import diloco.node.swarm.publisher
 from diloco import __version__
 from diloco.node.config import NodeOptions, RoundOptions, RunConfig
-from diloco.node.fragments import send_step
-from diloco.node.inner import InnerConfig
-from diloco.node.outer import OuterConfig
-from diloco.node.pinned_run import start_run
-from diloco.node.swarm_node import SwarmNode
+from diloco.node.model.fragments import send_step
+from diloco.node.swarm.node import SwarmNode
+from diloco.node.swarm.pinned_run import start_run
+from diloco.node.training.inner import InnerConfig
+from diloco.node.training.outer import OuterConfig
 from diloco.protocol.records.nodes import FragmentVersion, NodeRecord, Vouch, publish_vouches
 from diloco.protocol.runtime.network import NetworkOptions
 from diloco.protocol.runtime.swarm import Swarm, make_dht
@@ -40,8 +40,8 @@ SLOW = 3 * TTL
 def test_records_never_expire_while_a_heal_waits_for_a_slow_donor(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(diloco.node.publisher, "RECORD_TTL", TTL)
-    monkeypatch.setattr(diloco.node.publisher, "PUBLISH_EVERY", TTL / 4)
+    monkeypatch.setattr(diloco.node.swarm.publisher, "RECORD_TTL", TTL)
+    monkeypatch.setattr(diloco.node.swarm.publisher, "PUBLISH_EVERY", TTL / 4)
     donor_dht = make_dht(NetworkOptions())
     donor_id = donor_dht.peer_id.to_base58()
     anchor = f"{donor_dht.get_visible_maddrs()[0]}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from diloco.node.recent_metrics import RecentMetrics
+from diloco.node.observe.recent_metrics import RecentMetrics
 from diloco.protocol.records.metrics import MAX_POINTS, MAX_ROUNDS, LossPoint, RoundEntry
 
 

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from diloco.node.round_failures import IN_A_ROW, FailureLog
+from diloco.node.swarm.round_failures import IN_A_ROW, FailureLog
 
 REFUSED = (
     "fragment 0 round 4 failed: leader 12D3KooWD refused: UNKNOWN_ROUND not in round "
@@ -23,7 +23,7 @@ def test_rounds_failed_in_a_row_with_peers_live_earn_one_line_saying_why(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     log = FailureLog(clock=lambda: 0.0)
-    with caplog.at_level(logging.INFO, logger="diloco.node.round_failures"):
+    with caplog.at_level(logging.INFO, logger="diloco.node.swarm.round_failures"):
         for _ in range(3 * IN_A_ROW):
             log.failed(REFUSED, others=2)
     (line,) = _warnings(caplog)
@@ -36,7 +36,7 @@ def test_no_partner_while_others_are_live_is_not_told_as_alone(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     log = FailureLog(clock=lambda: 0.0)
-    with caplog.at_level(logging.INFO, logger="diloco.node.round_failures"):
+    with caplog.at_level(logging.INFO, logger="diloco.node.swarm.round_failures"):
         for _ in range(IN_A_ROW):
             log.failed(ALONE_ERROR, others=2)
     messages = [r.getMessage() for r in caplog.records]
@@ -49,7 +49,7 @@ def test_a_round_applied_between_failures_starts_the_count_again(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     log = FailureLog(clock=lambda: 0.0)
-    with caplog.at_level(logging.INFO, logger="diloco.node.round_failures"):
+    with caplog.at_level(logging.INFO, logger="diloco.node.swarm.round_failures"):
         for _ in range(3):
             for _ in range(IN_A_ROW - 1):
                 log.failed(REFUSED, others=2)

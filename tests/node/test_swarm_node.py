@@ -404,7 +404,7 @@ def test_bf16_nodes_on_prepared_tokens_agree_and_export_for_transformers(
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
-    from diloco.node.model import ModelConfig, Transformer
+    from diloco.node.model.transformer import ModelConfig, Transformer
 
     with safe_open(str(tmp_path / "outer.safetensors"), framework="pt") as f:
         config = ModelConfig(**json.loads(f.metadata()["model_config"]))

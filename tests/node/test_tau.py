@@ -14,12 +14,12 @@ from torch import nn
 from diloco.codecs import get_codec
 from diloco.errors import ConfigError
 from diloco.node.config import NodeOptions, RunConfig
-from diloco.node.data import load_corpus
-from diloco.node.fragments import sends_at
-from diloco.node.local import LocalConfig, LocalTrainer
-from diloco.node.outer import FragmentSync, OuterConfig
-from diloco.node.tau import TauAuto, nearest_rank, next_tau, target_tau, tau_bounds
-from diloco.node.trainer import NodeTrainer
+from diloco.node.data.corpus import load_corpus
+from diloco.node.model.fragments import sends_at
+from diloco.node.training.local import LocalConfig, LocalTrainer
+from diloco.node.training.outer import FragmentSync, OuterConfig
+from diloco.node.training.tau import TauAuto, nearest_rank, next_tau, target_tau, tau_bounds
+from diloco.node.training.trainer import NodeTrainer
 from diloco.protocol.core.reducer import (
     Contribution,
     InProcessReducer,
@@ -202,7 +202,9 @@ class SlowRoundsReducer(InProcessReducer):
     def reduce(self, key: RoundKey, contributions: Sequence[Contribution]) -> Future[RoundResult]:
         result = super().reduce(key, contributions).result()
         future: Future[RoundResult] = Future()
-        future.set_result(dataclasses.replace(result, seconds=86400.0))
+        # A round with a peer: rounds of one (alone) teach tau nothing.
+        slow = dataclasses.replace(result, seconds=86400.0, members=(*result.members, "peer"))
+        future.set_result(slow)
         return future
 
 
@@ -215,7 +217,7 @@ def _node(corpus, tau: str) -> NodeTrainer:  # type: ignore[no-untyped-def]
 def test_node_with_tau_auto_raises_tau_for_slow_rounds_and_logs_why(corpus, caplog) -> None:
     trainer = _node(corpus, "auto")
     assert trainer.sync.tau == 2  # the run's tau, until rounds have been measured
-    with caplog.at_level(logging.INFO, logger="diloco.node.trainer"):
+    with caplog.at_level(logging.INFO, logger="diloco.node.training.trainer"):
         while trainer.step < 24:
             trainer.train_step()
         trainer.finish_rounds()

@@ -4,7 +4,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from diloco.errors import ConfigError
-from diloco.node.tokenizer import ByteTokenizer, JsonTokenizer, load_tokenizer
+from diloco.node.data.tokenizer import ByteTokenizer, JsonTokenizer, load_tokenizer
 
 
 def test_byte_tokenizer_is_utf8() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from diloco.errors import ConfigError
-from diloco.node.trackers import TensorboardTracker, WandbTracker, check_available
+from diloco.node.observe.trackers import TensorboardTracker, WandbTracker, check_available
 
 PEER = "12D3KooWQYhTNQdmr3ArTeUHRYzFg94BKyTkoWBDWez9kSCVe2Xo"
 EVENTS: list[dict[str, Any]] = [

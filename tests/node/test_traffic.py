@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from diloco.node.traffic import all_reduce_bytes, all_reduce_factor, data_parallel_bytes
+from diloco.node.observe.traffic import all_reduce_bytes, all_reduce_factor, data_parallel_bytes
 
 
 def test_all_reduce_factor_is_two_m_minus_one_over_m() -> None:

@@ -11,14 +11,14 @@ from tokenizers import Tokenizer
 
 from diloco.codecs import get_codec
 from diloco.errors import ConfigError
-from diloco.node.checkpoint import CheckpointManager
-from diloco.node.compute import ComputeOptions
 from diloco.node.config import NodeOptions, RunConfig
-from diloco.node.data import load_corpus
-from diloco.node.inner import InnerConfig
-from diloco.node.outer import OuterConfig
-from diloco.node.prepare_data import PrepareConfig, prepare
-from diloco.node.trainer import NodeTrainer
+from diloco.node.data.corpus import load_corpus
+from diloco.node.data.prepare import PrepareConfig, prepare
+from diloco.node.model.compute import ComputeOptions
+from diloco.node.training.checkpoint import CheckpointManager
+from diloco.node.training.inner import InnerConfig
+from diloco.node.training.outer import OuterConfig
+from diloco.node.training.trainer import NodeTrainer
 from diloco.protocol.core.reducer import (
     Contribution,
     InProcessReducer,

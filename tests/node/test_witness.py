@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from diloco.node.witness import Witness, WitnessedRound
+from diloco.node.evidence.witness import Witness, WitnessedRound
 
 H = "1" * 64
 

@@ -117,7 +117,7 @@ def test_silent_leader_charged_without_a_target_group_size() -> None:
 
 
 def test_a_leader_that_counts_more_live_nodes_than_its_follower_is_not_charged() -> None:
-    """Each node counts the nodes a round waits for on its own evidence (node/claims.py
+    """Each node counts the nodes a round waits for on its own evidence (node/evidence/claims.py
     ``group_target``), so a leader can wait for more than its follower counts. Here the
     leader counts a fourth node that never comes, so it waits out its window, then a join
     timeout for a third peer that declared and never JOINs. Its follower counts two (both

@@ -20,7 +20,7 @@ from hivemind import DHT
 from diloco.errors import ConfigError
 from diloco.node.config import RunConfig
 from diloco.node.dashboard.view import SwarmView
-from diloco.node.model import Transformer
+from diloco.node.model.transformer import Transformer
 from diloco.protocol.records.metrics import read_metrics
 from diloco.protocol.records.nodes import read_records
 from diloco.protocol.records.run_configs import find_run_configs

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from diloco.node.traffic import data_parallel_bytes
+from diloco.node.observe.traffic import data_parallel_bytes
 from diloco.protocol.records.metrics import MetricsRecord, RoundEntry
 from diloco.protocol.records.nodes import NodeRecord
 

@@ -1,6 +1,6 @@
 """The ``Reducer`` interface: reduce one fragment round, whatever the transport.
 
-The outer step and merge (``diloco.node.outer``) see only this interface, so the
+The outer step and merge (``diloco.node.training.outer``) see only this interface, so the
 in-process multi-replica trainer and the swarm node run one algorithm ("one algorithm, two
 transports"). ``InProcessReducer`` follows the wire path of the butterfly all-reduce
 (docs/design.md "The round") exactly: every member's part is encoded with the run's codec and

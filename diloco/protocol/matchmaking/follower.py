@@ -48,7 +48,7 @@ class Follower:
     target_group_size: int | None
     live_nodes: int | None
     """The live node records this node read, every author's (None: ``target_group_size``).
-    A leader waits for as many declarations as its own evidence counts (node/claims.py
+    A leader waits for as many declarations as its own evidence counts (node/evidence/claims.py
     ``group_target``), which can exceed this node's count, or in an open round for every
     record's author (``wait_target``); no honest leader counts more than every record, so
     only once that many declared must it have chosen its role."""

@@ -19,7 +19,7 @@ vouches: the last rounds of fragment ``p`` it applied, each with the outer state
 reached and the round's members (docs/design.md "Threat model": healing adopts only a state a
 majority of its round vouches for). Records are owned: only the author's key can write its subkey,
 so a record says what its author claims, nothing more (healing must still check claims:
-``diloco.node.claims``).
+``diloco.node.evidence.claims``).
 Payloads come from untrusted peers: ``from_wire`` validates them strictly and rejects
 rather than coerces (hivemind's ``SchemaValidator`` spirit); readers skip and log invalid
 ones. ``record_validator`` gives every DHT node these schemas (and discovery's).
@@ -94,7 +94,7 @@ class NodeRecord:
 
     ``throughput`` is in tokens per second; ``global_step`` counts inner steps;
     ``step_seconds`` is the node's estimate of one inner step with its full batch (None: not
-    measured yet), from which the nodes agree on a pace (``diloco.node.pace``: counted only
+    measured yet), from which the nodes agree on a pace (``diloco.node.training.pace``: counted only
     from peers seen working, docs/design.md "Pace").
     """
 
@@ -246,7 +246,7 @@ class Vouch:
     """``author``'s signed word that applying round ``round`` of ``fragment`` left its outer
     state with hash ``state_hash``, in a round whose full contributors were ``members``
     (sorted peer ids, the author among them). Evidence only together with the vouches of
-    a majority of ``members`` (``diloco.node.claims.vouched``)."""
+    a majority of ``members`` (``diloco.node.evidence.claims.vouched``)."""
 
     author: str
     fragment: int

@@ -1,10 +1,10 @@
 """One fragment's outer state and its hash, shared by the trainer, the records and state
 transfer (docs/design.md "Algorithm and schedule", 4 "State transfer").
 
-There is one ``FragmentState`` and one hash: the outer loop (``diloco.node.outer``) updates
+There is one ``FragmentState`` and one hash: the outer loop (``diloco.node.training.outer``) updates
 it in place, nodes publish its ``sha256`` in their DHT records, and state transfer serves
 and validates it. Nothing here touches the network, so the in-process trainer
-(``diloco.node.local``) imports it without starting hivemind.
+(``diloco.node.training.local``) imports it without starting hivemind.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ another's state: the publisher sets the matchmaking target through the reducer's
 thread-safe setter and leaves the peers' pace claims for the training thread to take
 (docs/design.md "The node and its CLI").
 
-Healing (docs/design.md "Healing and joining"; the decisions in ``diloco.node.healing`` and
-``diloco.node.claims``): after a round of fragment ``p`` fails, and every ``H`` steps, the
+Healing (docs/design.md "Healing and joining"; the decisions in ``diloco.node.swarm.healing`` and
+``diloco.node.evidence.claims``): after a round of fragment ``p`` fails, and every ``H`` steps, the
 node reads the run's records and vouches; if a peer holds a newer vouched version of ``p``
 (or the same version with another vouched hash, held by more peers than ours), it
 downloads ``p`` and adopts it, once its bytes hash to that vouched state, before ``p`` is
@@ -18,7 +18,7 @@ sent again. After applying a round the node vouches for it: it publishes (round,
 members) of its last applied rounds of each fragment, signed, with its records.
 
 Every node answers RUN_INFO with its run's creator-signed configuration (how a joiner
-learns the run: ``diloco.node.pinned_run``) and republishes it in the DHT for ``status``.
+learns the run: ``diloco.node.swarm.pinned_run``) and republishes it in the DHT for ``status``.
 """
 
 from __future__ import annotations
@@ -36,18 +36,18 @@ from hivemind import DHT
 
 from diloco import __version__
 from diloco.codecs import get_codec
-from diloco.node.claims import group_target
 from diloco.node.config import NodeOptions, RoundOptions, RunConfig, return_codec_for
-from diloco.node.healing import SETTLE_TIMEOUT, Healer
-from diloco.node.pending import AppliedRound
-from diloco.node.publisher import Publisher
-from diloco.node.recent_metrics import RecentMetrics
-from diloco.node.round_failures import FailureLog
-from diloco.node.state_source import SwarmStateSource, publish_last
-from diloco.node.tau import MAX_AHEAD_SHARE
-from diloco.node.traffic import data_parallel_bytes
-from diloco.node.trainer import NodeTrainer
-from diloco.node.witness import Witness, WitnessedRound
+from diloco.node.evidence.claims import group_target
+from diloco.node.evidence.witness import Witness, WitnessedRound
+from diloco.node.observe.recent_metrics import RecentMetrics
+from diloco.node.observe.traffic import data_parallel_bytes
+from diloco.node.swarm.healing import SETTLE_TIMEOUT, Healer
+from diloco.node.swarm.publisher import Publisher
+from diloco.node.swarm.round_failures import FailureLog
+from diloco.node.swarm.state_source import SwarmStateSource, publish_last
+from diloco.node.training.pending import AppliedRound
+from diloco.node.training.tau import MAX_AHEAD_SHARE
+from diloco.node.training.trainer import NodeTrainer
 from diloco.protocol.allreduce.swarm_reducer import SwarmReducer
 from diloco.protocol.core.reducer import RoundKey
 from diloco.protocol.records.nodes import MAX_VOUCH_ROUNDS, FragmentVersion, NodeRecord, Vouch
@@ -409,7 +409,7 @@ class SwarmNode:
         checkpoint = t.save_checkpoint() if t.checkpoints else None
         num_params = sum(p.numel() for p in t.model.parameters())
         # M = members of this node's last round (2 if none): what a data-parallel swarm of
-        # the same size would all-reduce, at the accountant's widths (diloco.node.traffic).
+        # the same size would all-reduce, at the accountant's widths (diloco.node.observe.traffic).
         dp = data_parallel_bytes(
             num_params=num_params, steps=t.step, num_replicas=max(2, t.last_round_members)
         )

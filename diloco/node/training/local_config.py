@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from diloco.errors import ConfigError
-from diloco.node.compute import ComputeOptions
 from diloco.node.config import NodeOptions, ReturnCodec, RunConfig
-from diloco.node.fragments import EmbeddingPlacement, Pattern
-from diloco.node.inner import InnerConfig
-from diloco.node.outer import OuterConfig, check_tau
-from diloco.node.pace import swarm_pace, target_rows
+from diloco.node.model.compute import ComputeOptions
+from diloco.node.model.fragments import EmbeddingPlacement, Pattern
+from diloco.node.training.inner import InnerConfig
+from diloco.node.training.outer import OuterConfig, check_tau
+from diloco.node.training.pace import swarm_pace, target_rows
 from diloco.protocol.core.aggregation import CLIP_FACTOR
 
 Method = Literal["dp", "diloco", "streaming"]
@@ -62,7 +62,7 @@ class LocalConfig:
     log_every: int = 25
     seed: int = 0
     data: str | None = None
-    """Corpus path (see ``diloco.node.data``); None is the embedded corpus."""
+    """Corpus path (see ``diloco.node.data.corpus``); None is the embedded corpus."""
     max_round_tokens: int | None = None
     """Cap on a replica's weight in one round, in tokens (``RunConfig.max_round_tokens``)."""
     clip_factor: float = CLIP_FACTOR

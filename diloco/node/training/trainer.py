@@ -24,11 +24,8 @@ from typing import Any
 import torch
 
 from diloco.errors import CheckpointError, ConfigError
-from diloco.node.ahead import Announcer
-from diloco.node.checkpoint import Checkpoint, CheckpointManager, export_weights
-from diloco.node.compute import compile_model, configure_backends
 from diloco.node.config import NodeOptions, RunConfig
-from diloco.node.data import (
+from diloco.node.data.corpus import (
     BatchSampler,
     Corpus,
     eval_batches,
@@ -36,14 +33,17 @@ from diloco.node.data import (
     held_out_loss,
     load_corpus,
 )
-from diloco.node.fragments import model_fragments
-from diloco.node.hf_export import export_hf
-from diloco.node.inner import build_inner_optimizer, lr_at, sampled_inner_step
-from diloco.node.model import Transformer
-from diloco.node.outer import FragmentSync, check_tau
-from diloco.node.pace import PaceController, weigh_claims
-from diloco.node.pending import AppliedRound
-from diloco.node.tau import LATENCY_QUANTILE, TauAuto
+from diloco.node.model.compute import compile_model, configure_backends
+from diloco.node.model.fragments import model_fragments
+from diloco.node.model.hf_export import export_hf
+from diloco.node.model.transformer import Transformer
+from diloco.node.swarm.ahead import Announcer
+from diloco.node.training.checkpoint import Checkpoint, CheckpointManager, export_weights
+from diloco.node.training.inner import build_inner_optimizer, lr_at, sampled_inner_step
+from diloco.node.training.outer import FragmentSync, check_tau
+from diloco.node.training.pace import PaceController, weigh_claims
+from diloco.node.training.pending import AppliedRound
+from diloco.node.training.tau import LATENCY_QUANTILE, TauAuto
 from diloco.protocol.core.reducer import Reducer
 from diloco.protocol.state.fragment import FragmentState
 
@@ -117,7 +117,7 @@ class NodeTrainer:
         self.bytes_received = 0
         self.last_round_members = 0
         self.pacer = PaceController(options.batch_size)
-        """Rows per inner step (``diloco.node.pace``); the full batch in ``fixed`` mode."""
+        """Rows per inner step (``diloco.node.training.pace``); the full batch in ``fixed`` mode."""
         self.peer_step_seconds: tuple[float, ...] = ()
         """The other live nodes' full-batch step seconds that count (``hear_claims``); with
         this node's own current figure they give the pace."""
@@ -168,7 +168,7 @@ class NodeTrainer:
     def _choose_tau(self, step_seconds: float, applied: list[AppliedRound]) -> None:
         """``--tau auto``: count this step's compute and its applied rounds' latencies (send
         to result, ``AppliedRound.seconds``), and change tau for the rounds sent from the next
-        step on when they call for it (``diloco.node.tau``)."""
+        step on when they call for it (``diloco.node.training.tau``)."""
         if self.tau_auto is None:
             return
         self.tau_auto.observe_step(step_seconds)
@@ -291,7 +291,7 @@ class NodeTrainer:
         )
 
     def export_hf(self, folder: str | Path) -> Path:
-        """The outer weights as a ``transformers`` folder (``diloco.node.hf_export``), with
+        """The outer weights as a ``transformers`` folder (``diloco.node.model.hf_export``), with
         the tokenizer of its corpus (``data.export_tokenizer``)."""
         state = self.outer_model().state_dict()
         tokenizer = export_tokenizer(self.options.data, self.corpus.tokenizer)

@@ -5,7 +5,7 @@ Sources (``load_corpus``):
   wherever Python is, so a demo needs no download);
 - a text file or a folder of text files: their bytes (vocabulary 256); never a tokenizer or
   JSONL/Parquet records, which ``prepare-data`` makes into tokens;
-- a folder written by ``diloco.node.prepare_data`` (or its ``manifest.json``): ``train.bin``
+- a folder written by ``diloco.node.data.prepare`` (or its ``manifest.json``): ``train.bin``
   and ``val.bin`` in the manifest's dtype, vocabulary and fingerprint from the manifest;
 - a folder holding ``train.bin`` and ``val.bin`` without a manifest, or one ``.bin`` file:
   uint16 tokens (nanoGPT's own layout).
@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from diloco.errors import ConfigError
-from diloco.node.manifest import MANIFEST_NAME, file_sha256, read_manifest
+from diloco.node.data.manifest import MANIFEST_NAME, file_sha256, read_manifest
 
 logger = logging.getLogger(__name__)
 
@@ -293,7 +293,7 @@ def load_corpus(path: str | Path | None = None) -> Corpus:
 
 
 def prepared_corpus(folder: Path) -> Corpus:
-    """The token folder of ``diloco.node.prepare_data``, checked against its manifest."""
+    """The token folder of ``diloco.node.data.prepare``, checked against its manifest."""
     manifest = read_manifest(folder)
     train: np.ndarray = np.memmap(folder / manifest.train.file, dtype=manifest.dtype, mode="r")
     held_out: np.ndarray

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from diloco.node.recent_metrics import RecentMetrics
+from diloco.node.observe.recent_metrics import RecentMetrics
 from diloco.protocol.records.metrics import publish_metrics
 from diloco.protocol.records.nodes import NodeRecord, Vouch, publish_vouches
 from diloco.protocol.records.run_configs import SignedRunConfig, publish_run_config
@@ -34,7 +34,7 @@ PUBLISH_EVERY = 5.0
 VOUCH_TTL = MAX_RECORD_TTL
 """Seconds a node's vouches live unless refreshed: longer than its records, since a vouch
 stays true after its author leaves, and the members left need it to heal a node that
-missed that round (``diloco.node.claims``)."""
+missed that round (``diloco.node.evidence.claims``)."""
 VOUCH_REFRESH = VOUCH_TTL / 3
 """Seconds after which unchanged vouches are stored again (before they expire)."""
 JOIN_WAIT = 5.0

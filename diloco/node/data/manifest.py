@@ -1,6 +1,6 @@
 """The manifest of a prepared token folder: what made the tokens, and what they are.
 
-A folder written by ``diloco.node.prepare_data`` holds ``train.bin``, ``val.bin`` and
+A folder written by ``diloco.node.data.prepare`` holds ``train.bin``, ``val.bin`` and
 ``manifest.json``::
 
     {"format": "diloco-tokens", "version": 1,

@@ -1,9 +1,10 @@
 """Weights others can load: a Hugging Face ``transformers`` Qwen3 folder.
 
-Our decoder computes exactly what ``Qwen3ForCausalLM`` computes (see ``diloco.node.model``),
-so an export is a renaming plus one split (our fused ``qkv`` into ``q_proj``, ``k_proj``,
-``v_proj``), written as ``config.json`` and ``model.safetensors``. The z-loss is a training
-term only and leaves the logits alone. ``transformers`` is not needed to export.
+Our decoder computes exactly what ``Qwen3ForCausalLM`` computes (see
+``diloco.node.model.transformer``), so an export is a renaming plus one split (our fused ``qkv``
+into ``q_proj``, ``k_proj``, ``v_proj``), written as ``config.json`` and ``model.safetensors``. The
+z-loss is a training term only and leaves the logits alone. ``transformers`` is not needed to
+export.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from diloco.errors import ConfigError
-from diloco.node.data import BYTES
-from diloco.node.model import ModelConfig
+from diloco.node.data.corpus import BYTES
+from diloco.node.model.transformer import ModelConfig
 
 _BLOCK_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",

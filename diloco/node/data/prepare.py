@@ -3,7 +3,7 @@ the token folder the node trains on (nanoGPT's ``prepare.py`` step; STYLE, "data
 
 The folder holds ``train.bin`` and ``val.bin`` (flat token ids, documents back to back,
 each followed by the tokenizer's end-of-text token when it has one) and ``manifest.json``
-(``diloco.node.manifest``), written last: a folder with a manifest is complete.
+(``diloco.node.data.manifest``), written last: a folder with a manifest is complete.
 
 Inputs are cut into shards: a byte range of whole lines of a JSONL or text file, one row
 group of a Parquet file, or a list of documents streamed from a dataset. Worker processes
@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from diloco.errors import ConfigError
-from diloco.node.manifest import (
+from diloco.node.data.manifest import (
     MANIFEST_NAME,
     InputRecord,
     Manifest,
@@ -42,7 +42,7 @@ from diloco.node.manifest import (
     file_sha256,
     token_dtype,
 )
-from diloco.node.tokenizer import Tokenizer, load_tokenizer
+from diloco.node.data.tokenizer import Tokenizer, load_tokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ state (FP32 parameters and momentum per fragment) stays on the CPU and is update
 same float operations in the same order everywhere, so all members of a round end with
 bit-identical outer state (docs/design.md "Algorithm and schedule").
 
-A CUDA model's fragments travel through ``diloco.node.device_link``: the send step queues
+A CUDA model's fragments travel through ``diloco.node.model.device_link``: the send step queues
 an asynchronous copy and a worker thread starts the round once it is complete; the new
 outer parameters go back asynchronously and are merged on the device. The outer state
 stays in pinned host memory (the outer update unchanged, on the CPU) unless the node asks
@@ -33,10 +33,10 @@ import torch
 from torch import nn
 
 from diloco.errors import ConfigError, PriorDiverged, RoundFailed
-from diloco.node.device_link import DeviceLink
-from diloco.node.fragments import sends_at
-from diloco.node.outer_step import assign, flatten, merge, nesterov_step
-from diloco.node.pending import AppliedRound, PendingRound
+from diloco.node.model.device_link import DeviceLink
+from diloco.node.model.fragments import sends_at
+from diloco.node.training.outer_step import assign, flatten, merge, nesterov_step
+from diloco.node.training.pending import AppliedRound, PendingRound
 from diloco.protocol.core.reducer import Contribution, RoundKey, RoundResult
 from diloco.protocol.state.fragment import FragmentState
 
@@ -223,10 +223,10 @@ class FragmentSync:
             self.submit(key, future, step, weight)
 
     def set_tau(self, tau: int) -> None:
-        """Use ``tau`` for the rounds sent from now on (``--tau auto``, ``diloco.node.tau``):
-        each round in flight keeps the receive step it was given when sent, and as
-        ``tau < H`` a fragment's previous round is applied before its next one is sent, so
-        rounds still apply in order."""
+        """Use ``tau`` for the rounds sent from now on (``--tau auto``,
+        ``diloco.node.training.tau``): each round in flight keeps the receive step it was given when
+        sent, and as ``tau < H`` a fragment's previous round is applied before its next one is sent,
+        so rounds still apply in order."""
         check_tau(tau, self.config.sync_every)
         self.tau = tau
 
@@ -279,7 +279,7 @@ class FragmentSync:
             blocked = time.perf_counter() - start
             self.failed_rounds += 1
             self.carried_weight[p] += pending.weight
-            # Debug: a node tells failures by cause, sparingly (diloco.node.round_failures).
+            # Debug: a node tells failures by cause, sparingly (diloco.node.swarm.round_failures).
             logger.debug("%s: %s; keeping the outer state of fragment %d", self.member, error, p)
             return AppliedRound(pending.key, ok=False, blocked_seconds=blocked, error=str(error))
         blocked = time.perf_counter() - start

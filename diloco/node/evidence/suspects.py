@@ -1,12 +1,12 @@
 """Which fragments a node keeps in doubt after a round it may have missed (pure functions
-of its versions, the schedule and the swarm's records, used by ``diloco.node.healing``)."""
+of its versions, the schedule and the swarm's records, used by ``diloco.node.swarm.healing``)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from diloco.node.claims import Schedule, SwarmView
-from diloco.node.fragments import last_sent_round, send_step
+from diloco.node.evidence.claims import Schedule, SwarmView
+from diloco.node.model.fragments import last_sent_round, send_step
 from diloco.protocol.records.nodes import NodeRecord
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from diloco.node.fragments import next_send_step, send_round
-from diloco.node.outer import FragmentSync
+from diloco.node.model.fragments import next_send_step, send_round
+from diloco.node.training.outer import FragmentSync
 from diloco.protocol.core.reducer import Reducer, RoundKey
 
 LEAD_MARGIN_S = 1.0

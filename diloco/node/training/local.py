@@ -31,9 +31,8 @@ from typing import Any
 import torch
 
 from diloco.codecs import get_codec
-from diloco.node.compute import autocast, compile_model
 from diloco.node.config import check_corpus_fits, resolve_vocab, return_codec_for
-from diloco.node.data import (
+from diloco.node.data.corpus import (
     BatchSampler,
     Corpus,
     eval_batches,
@@ -41,18 +40,19 @@ from diloco.node.data import (
     held_out_loss,
     load_corpus,
 )
-from diloco.node.fragments import (
+from diloco.node.model.compute import autocast, compile_model
+from diloco.node.model.fragments import (
     model_fragments,
     next_synced_fragment,
     train_only,
 )
-from diloco.node.hf_export import export_hf
-from diloco.node.inner import build_inner_optimizer, lr_at, sampled_inner_step, set_lr
-from diloco.node.local_config import LocalConfig as LocalConfig
-from diloco.node.local_config import Method as Method
-from diloco.node.model import Transformer, preset
-from diloco.node.outer import FragmentSync
-from diloco.node.pending import AppliedRound
+from diloco.node.model.hf_export import export_hf
+from diloco.node.model.transformer import Transformer, preset
+from diloco.node.training.inner import build_inner_optimizer, lr_at, sampled_inner_step, set_lr
+from diloco.node.training.local_config import LocalConfig as LocalConfig
+from diloco.node.training.local_config import Method as Method
+from diloco.node.training.outer import FragmentSync
+from diloco.node.training.pending import AppliedRound
 from diloco.protocol.core.reducer import Contribution, InProcessReducer, RoundKey
 
 logger = logging.getLogger(__name__)

@@ -4,7 +4,7 @@
 A node cannot always be sure that a round left it where its peers are: the round failed
 for it but not for them, or it joined while a round was in flight. So it reads the run's
 records and vouches and compares. What it may believe of them is decided in
-``diloco.node.claims`` (claims bounded by the schedule, states vouched by peers whose word
+``diloco.node.evidence.claims`` (claims bounded by the schedule, states vouched by peers whose word
 counts, the robust step: docs/design.md "Evidence");
 the decisions here are pure functions of that ``SwarmView``, tested on hand-made inputs:
 
@@ -13,7 +13,7 @@ the decisions here are pure functions of that ``SwarmView``, tested on hand-made
 - ``join_donors``: whom a joiner fetches the whole state from;
 - ``heal_plan``: which fragments to fetch, and from whom;
 - ``fragments_to_adopt``: which fetched fragments replace ours;
-- ``missed_rounds`` and ``open_suspects`` (``diloco.node.suspects``): which fragments to
+- ``missed_rounds`` and ``open_suspects`` (``diloco.node.evidence.suspects``): which fragments to
   keep checking.
 
 ``Healer`` keeps the state between checks (suspect and diverged fragments), runs a check on
@@ -31,7 +31,7 @@ from concurrent.futures import Executor, Future
 from typing import Any, Protocol
 
 from diloco.errors import DilocoError, ProtocolError
-from diloco.node.claims import (
+from diloco.node.evidence.claims import (
     UNCOUNTED,
     Evidence,
     Offences,
@@ -40,10 +40,15 @@ from diloco.node.claims import (
     assess,
     vouched_claims,
 )
-from diloco.node.fragments import send_step
-from diloco.node.suspects import failed_everywhere, missed_rounds, open_suspects, version_of
-from diloco.node.trainer import NodeTrainer
-from diloco.node.witness import Witness
+from diloco.node.evidence.suspects import (
+    failed_everywhere,
+    missed_rounds,
+    open_suspects,
+    version_of,
+)
+from diloco.node.evidence.witness import Witness
+from diloco.node.model.fragments import send_step
+from diloco.node.training.trainer import NodeTrainer
 from diloco.protocol.core.reducer import RoundKey
 from diloco.protocol.records.nodes import NodeRecord, Vouch, divergent_peers
 from diloco.protocol.state.fragment import FragmentState, OuterState

@@ -7,7 +7,7 @@ at hash h". Keys are free: one process can sign records and vouches under any nu
 identities without doing any work. So nothing a node decides about its own outer state or
 step rests on counting identities; it rests on ``Evidence``, what the node can check itself:
 
-- the peers it has seen work (``diloco.node.witness``: members of rounds it applied);
+- the peers it has seen work (``diloco.node.evidence.witness``: members of rounds it applied);
 - the run's creator (``RunConfig.creator``, who signed the configuration every node runs);
 - while it has seen nobody work yet (a joiner), the anchors its user gave it to join
   through (``--initial-peers``): a joiner follows the run of the peer it was given.
@@ -49,7 +49,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import median_low
 
-from diloco.node.fragments import last_sent_round, send_step
+from diloco.node.model.fragments import last_sent_round, send_step
 from diloco.protocol.records.nodes import NodeRecord, Vouch
 
 logger = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ The blocks are an ordered ``nn.ModuleList`` so fragments can be cut from it.
 
 The forward pass is exactly that of ``transformers``' Qwen3 (no biases, RMSNorm eps 1e-6
 computed in FP32, per-head QK-norm before a half-split RoPE, SwiGLU, tied head), so
-``diloco.node.hf_export`` can write weights that ``AutoModelForCausalLM`` loads unchanged.
+``diloco.node.model.hf_export`` can write weights that ``AutoModelForCausalLM`` loads unchanged.
 """
 
 from __future__ import annotations

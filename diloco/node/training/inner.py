@@ -4,7 +4,7 @@ docs/design.md "Algorithm and schedule": linear warm-up and cosine decay to 10% 
 (0.9, 0.95); weight decay 0.1; gradient-norm clipping at 1.0. The inner state is never averaged and
 never reset by a sync. The default peak (1e-3 after 30 steps) suits the small presets that the
 CLI trains on a CPU in minutes; the paper's 4e-4 suits its 35M+ models. How a step is
-computed (bf16 autocast, micro-batches) is the node's choice (``diloco.node.compute``) and
+computed (bf16 autocast, micro-batches) is the node's choice (``diloco.node.model.compute``) and
 leaves this arithmetic as it is.
 """
 
@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 from diloco.errors import ConfigError
-from diloco.node.compute import ComputeOptions, Precision, autocast
-from diloco.node.data import BatchSampler
+from diloco.node.data.corpus import BatchSampler
+from diloco.node.model.compute import ComputeOptions, Precision, autocast
 
 
 @dataclass(kw_only=True, slots=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from diloco.errors import ConfigError
-from diloco.node.manifest import TokenizerRecord, file_sha256
+from diloco.node.data.manifest import TokenizerRecord, file_sha256
 
 EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "<|im_end|>")
 """End-of-text tokens looked for, in this order, when none is named."""

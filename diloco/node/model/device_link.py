@@ -90,8 +90,9 @@ class DeviceLink:
 
     def merge(self, fragment: int, outer: torch.Tensor, params: NamedParams, alpha: float) -> None:
         """``theta = alpha * theta + (1 - alpha) * outer`` on the device (docs/design.md "Algorithm
-        and schedule" step 5), with the float operations of ``diloco.node.outer_step.merge``; a host
-        ``outer`` is uploaded asynchronously first and must not change until ``wait_upload``."""
+        and schedule" step 5), with the float operations of
+        ``diloco.node.training.outer_step.merge``; a host ``outer`` is uploaded asynchronously first
+        and must not change until ``wait_upload``."""
         if alpha == 1:
             return
         new_outer = outer
