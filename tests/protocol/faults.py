@@ -47,6 +47,7 @@ class Fault(enum.Enum):
     LYING_REDUCER = "lying_reducer"
     LIE_IN_REPORT = "lie_in_report"
     SCALED_CONTRIBUTION = "scaled_contribution"
+    SILENT_LEADER = "silent_leader"
     SILENT_SENDER = "silent_sender"
 
 

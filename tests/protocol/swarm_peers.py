@@ -27,6 +27,7 @@ from faults import (
     LyingReducer,
     LyingReporter,
     ScaledContribution,
+    SilentLeader,
     SilentSender,
     corrupt_sender,
 )
@@ -166,6 +167,7 @@ def matchmaker_type(fault: Fault) -> type[Matchmaker]:
     return {
         Fault.DIE_AS_LEADER: DyingLeader,
         Fault.CUT_FIRST_JOIN: CutFirstJoin,
+        Fault.SILENT_LEADER: SilentLeader,
     }.get(fault, Matchmaker)
 
 
@@ -196,7 +198,7 @@ def write_leading_identity(path: str, others: list[str], key: str) -> str:
 
 
 def runner_type(fault: Fault) -> type[AllReduceRunner]:
-    if fault in (Fault.NONE, Fault.DIE_AS_LEADER, Fault.CUT_FIRST_JOIN):
+    if fault in (Fault.NONE, Fault.DIE_AS_LEADER, Fault.CUT_FIRST_JOIN, Fault.SILENT_LEADER):
         return AllReduceRunner
     if fault == Fault.SILENT_SENDER:
         return SilentSender

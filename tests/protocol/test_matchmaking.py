@@ -1,6 +1,5 @@
 """Group formation per fragment round: a bounded window, late arrivals miss the round, a
-dead leader is replaced. A leader that is alive but silent is charged and banned in
-tests/protocol/test_matchmaking_liveness.py (in one process: the same rounds, no daemons)."""
+dead leader is replaced."""
 
 from __future__ import annotations
 
@@ -155,3 +154,31 @@ def test_client_and_demoted_members_reduce_nothing_yet_count(
     expected = sha(in_process_delta(ids, numel, seeds, [1.0] * 4, "none", reducing=second))
     assert [r.get("sha256") for r in results] == [expected] * 4, results
     assert all(sorted(r["members"]) == sorted(ids) for r in results)
+
+
+@pytest.mark.swarm
+def test_silent_leader_charged_next_in_line_leads_then_banned(
+    honest: list[PeerProcess], fragment: int
+) -> None:
+    """Three real peers; the third takes JOINs as leader and sends no GROUP. In four rounds
+    it is first in line to lead, the others take over each time it is silent, and after
+    ``BAN_OFFENCES`` (3) of them they ban it and no longer follow it (docs/design.md
+    "Liveness"). The one real-process check of this; the in-process replay with exact
+    offence counts is in test_matchmaking_liveness.py."""
+    peers = honest[:3]
+    ids = [p.peer_id for p in peers]
+    command(peers[2:], "fault", Fault.SILENT_LEADER.value)
+    rounds = [k for k in range(1, 200) if leader_order(ids, RUN_ID, RoundKey(fragment, k))[0] == 2]
+    formed = 0
+    for k in rounds[:4]:
+        specs = [[(fragment, k, 2_000, fragment + i, 1.0)] for i in range(3)]
+        results = [r[0] for r in run_rounds(peers, specs, TIMEOUTS.total + 30)]
+        formed += (
+            all(r["ok"] for r in results[:2])
+            and results[0]["sha256"] == results[1]["sha256"]
+            and sorted(results[0]["members"]) == sorted(ids[:2])
+        )
+    assert formed >= 3, formed
+    for peer in peers[:2]:
+        peer.send("banned", ids[2])
+        assert peer.recv(30) == ("banned", True)
