@@ -169,9 +169,10 @@ OK_ROUNDS = ("diloco_rounds_total", (("outcome", "ok"),))
 
 
 def test_node_metrics_endpoint_counts_rounds_as_they_happen(swarm: Swarm) -> None:
+    # A round with both nodes (a's rounds alone before b joined send nothing).
     first = wait_for(
-        lambda: (m := scrape(swarm.metrics_url))[OK_ROUNDS] >= 1 and m,
-        "a first round on /metrics",
+        lambda: (m := scrape(swarm.metrics_url))[("diloco_peers_last_round", ())] == 2 and m,
+        "a first round of two on /metrics",
         swarm.a,
     )
     later = wait_for(

@@ -52,16 +52,18 @@ def stat(pid: int) -> list[str] | None:
 
 
 def started_by(pid: int) -> tuple[list[int], list[int]]:
-    """The running processes a node started: those in its session (start_new_session: the
-    DHT process and p2pd), and its children outside it (torch's shared-memory manager)."""
-    session, others = [], []
+    """The running processes a node started: its DHT process (in the node's session:
+    start_new_session) and that process's p2pd (in a session of its own, so a terminal's
+    Ctrl-C reaches it only through the node), and the node's children outside them
+    (torch's shared-memory manager)."""
+    table = {}
     for entry in Path("/proc").iterdir():
         fields = stat(int(entry.name)) if entry.name.isdigit() else None
         if fields and int(entry.name) != pid:
-            if fields[3] == str(pid):
-                session.append(int(entry.name))
-            elif fields[1] == str(pid):
-                others.append(int(entry.name))
+            table[int(entry.name)] = fields
+    session = [p for p, f in table.items() if f[3] == str(pid)]
+    session += [p for p, f in table.items() if f[1] in map(str, session) and p not in session]
+    others = [p for p, f in table.items() if f[1] == str(pid) and p not in session]
     return session, others
 
 
