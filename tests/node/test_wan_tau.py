@@ -102,7 +102,8 @@ def test_tau_auto_by_default_rises_over_a_slow_network_and_nodes_still_agree(
     shared: dict[tuple[int, int], int] = defaultdict(int)
     for rs in records.values():
         for r in rs:
-            if r["event"] == "round":
+            # Rounds of one (a node that found no live peer) are no shared rounds.
+            if r["event"] == "round" and r["members"] >= 2:
                 hashes[(r["fragment"], r["round"])].add(r["outer_sha256"])
                 shared[(r["fragment"], r["round"])] += 1
     assert sum(count >= 2 for count in shared.values()) >= 3

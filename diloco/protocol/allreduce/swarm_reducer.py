@@ -221,6 +221,9 @@ class SwarmReducer(Reducer):
         except asyncio.TimeoutError as exc:
             raise RoundFailed(key.fragment, key.round, "round deadline passed") from exc
         except Exception as exc:
+            if not self.swarm.dht.is_alive():  # the node is stopping: one line, no traceback
+                logger.warning("round %s: the DHT process has ended (%r)", key, exc)
+                raise RoundFailed(key.fragment, key.round, "the DHT process ended") from exc
             logger.exception("round %s failed unexpectedly", key)
             raise RoundFailed(key.fragment, key.round, f"internal error: {exc!r}") from exc
 
