@@ -238,3 +238,34 @@ def test_stream_handler_closes_after_reply_timeout_when_the_peer_never_closes() 
         writer.close()
 
     asyncio.run(main())
+
+
+def test_stream_handler_cancelled_at_shutdown_ends_quietly_not_cancelled(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """asyncio's connection callback (Python 3.11) calls ``task.exception()``, which raises
+    for a cancelled task and is logged as an ERROR with a traceback by every node that
+    stops while a peer's stream is open; the handler's task must end normally instead."""
+
+    async def serve(
+        peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> Reject | None:
+        await reader.readexactly(1)  # the client never sends it
+        return None
+
+    async def main() -> asyncio.Task[None]:
+        (_reader, _writer), (their_reader, their_writer) = await stream_pair()
+        handler = streams.stream_handler("TEST", serve, timeout=5.0, reply_timeout=5.0)
+        info = StreamInfo(PEER, Multiaddr("/ip4/127.0.0.1/tcp/1"), "test")
+        handling = asyncio.create_task(handler(info, their_reader, their_writer))
+        await asyncio.sleep(0.05)
+        handling.cancel()
+        await asyncio.wait([handling])
+        assert their_writer.is_closing()
+        return handling
+
+    with caplog.at_level(logging.DEBUG, logger="diloco.protocol.runtime.streams"):
+        task = asyncio.run(main())
+    assert not task.cancelled()
+    assert task.exception() is None
+    assert [r.levelno for r in caplog.records] == [logging.DEBUG]

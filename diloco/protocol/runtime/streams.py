@@ -8,9 +8,10 @@ rules every stream of the protocol shares:
 * ``stream_handler`` wraps the body of every handler (JOIN, PART, REPORT, STATE_REQ): an
   admission check first, a deadline on the whole exchange, a ``ProtocolError`` answered with
   REJECT MALFORMED and logged with the peer id, transport errors logged at debug, an
-  unexpected error logged with its traceback (never raised into p2pd's task), and the
-  writer always closed: after an answer, only once the peer has closed its end
-  (``close_after_peer``), for p2pd may turn our close into a reset that cuts the answer.
+  unexpected error logged with its traceback (never raised into p2pd's task), a
+  cancellation at shutdown ended quietly, and the writer always closed: after an answer,
+  only once the peer has closed its end (``close_after_peer``), for p2pd may turn our
+  close into a reset that cuts the answer.
 
 Bodies are written in ``CHUNK_BYTES`` pieces with a drain after each, which streams large
 parts with bounded buffering.
@@ -95,6 +96,18 @@ def stream_handler(
     """
 
     async def handle(
+        info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        try:
+            await serve_one(info, reader, writer)
+        except asyncio.CancelledError:
+            # The loop is shutting down. This task is the top of a connection: nothing
+            # awaits it but asyncio's own callback, which on Python 3.11 logs a cancelled
+            # task as an ERROR with a traceback. End it quietly; the stream dies anyway.
+            logger.debug("%s stream from %s cancelled at shutdown", name, info.peer_id)
+            writer.close()
+
+    async def serve_one(
         info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         peer = info.peer_id
