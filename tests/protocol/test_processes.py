@@ -373,3 +373,18 @@ def test_a_call_to_a_stalled_dht_process_fails_at_its_deadline(tied_dht: TiedDHT
     tied_dht.call_timeout = 1.0
     assert isinstance(_in_thread(lambda: tied_dht.run_coroutine(_stall)), HelperEnded)
     assert tied_dht.is_alive()
+
+
+@pytest.mark.swarm
+def test_calls_after_the_pipe_closed_fail_as_helper_ended(tied_dht: TiedDHT) -> None:
+    """A node stopping closes the pipe to its DHT process while rounds still call it: each
+    call fails with ``HelperEnded`` (a round then fails in one line), not a pipe error."""
+    tied_dht._outer_pipe.close()  # what hivemind's shutdown does, the process still alive
+    assert tied_dht.is_alive()
+    for call in (
+        lambda: tied_dht.get("k", return_future=True),
+        lambda: tied_dht.store("k", b"v", expiration_time=1e12, return_future=True),
+        lambda: tied_dht.run_coroutine(_stall, return_future=True),
+    ):
+        with pytest.raises(HelperEnded, match="takes no more calls"):
+            call()

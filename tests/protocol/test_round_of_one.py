@@ -61,3 +61,18 @@ def test_alone_a_round_of_one_then_with_a_peer_no_round(lone: Swarm) -> None:
     finally:
         reducer.close()
         peer.shutdown()
+
+
+def test_no_round_of_one_while_the_last_read_of_records_saw_a_peer(lone: Swarm) -> None:
+    """A fresh read of the records finds nobody else (it may come back empty on a slow
+    network), but the publisher's last read saw a peer: the round fails rather than leave
+    this node at a state of its own."""
+    reducer = SwarmReducer(lone, get_codec("e3m0"), timeouts=TIMEOUTS, rounds_of_one=True)
+    try:
+        reducer.set_target_group_size(2, live_nodes=2)
+        me = lone.peer_id.to_base58()
+        future = reducer.reduce(RoundKey(0, 1), [Contribution(me, torch.ones(100), 1.0)])
+        with pytest.raises(RoundFailed, match="no group: 1 member"):
+            future.result(60)
+    finally:
+        reducer.close()

@@ -34,6 +34,7 @@ from diloco.protocol.core.verification import slices_alone
 from diloco.protocol.matchmaking.matchmaker import Matchmaker
 from diloco.protocol.records.nodes import read_records
 from diloco.protocol.runtime import round_trips
+from diloco.protocol.runtime.processes import HelperEnded
 from diloco.protocol.runtime.swarm import Swarm
 from diloco.protocol.staged.groups import grid_for
 from diloco.protocol.staged.runner import StagedRunner
@@ -220,10 +221,10 @@ class SwarmReducer(Reducer):
             raise
         except asyncio.TimeoutError as exc:
             raise RoundFailed(key.fragment, key.round, "round deadline passed") from exc
+        except HelperEnded as exc:  # the node is stopping: one line, no traceback
+            logger.warning("round %s: %s", key, exc)
+            raise RoundFailed(key.fragment, key.round, "the DHT process ended") from exc
         except Exception as exc:
-            if not self.swarm.dht.is_alive():  # the node is stopping: one line, no traceback
-                logger.warning("round %s: the DHT process has ended (%r)", key, exc)
-                raise RoundFailed(key.fragment, key.round, "the DHT process ended") from exc
             logger.exception("round %s failed unexpectedly", key)
             raise RoundFailed(key.fragment, key.round, f"internal error: {exc!r}") from exc
 
@@ -288,9 +289,11 @@ class SwarmReducer(Reducer):
         round of one: docs/design.md "Algorithm and schedule").
 
         Alone means that matchmaking failed (not on a diverged prior: that node heals) and
-        that the run holds no live record but this node's. A node that knows of any peer
-        keeps failing such rounds as before: a round of one among peers would leave it at
-        another state than theirs.
+        that the run holds no live record but this node's, both in a fresh read and in the
+        last one the node's publisher made (``Matchmaker.live_nodes``): one read can come
+        back empty on a slow network. A node that knows of any peer keeps failing such
+        rounds as before: a round of one among peers would leave it at another state than
+        theirs.
         """
         try:
             return await self.matchmaker.form_group(
@@ -307,6 +310,8 @@ class SwarmReducer(Reducer):
             raise
         except RoundFailed:
             if not self.rounds_of_one:
+                raise
+            if (self.matchmaker.live_nodes or 0) > 1:
                 raise
             me = self.swarm.peer_id.to_base58()
             records = await read_records(self.swarm.dht, self.swarm.run_id)

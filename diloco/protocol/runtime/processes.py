@@ -239,11 +239,11 @@ class TiedDHT(DHT):  # type: ignore[misc]  # hivemind ships no type hints
         ``replicate_p2p``).
 
         Raises:
-            HelperEnded: the DHT process ended, or gave no answer in time.
+            HelperEnded: the DHT process ended, takes no more calls (its pipe is closed: a
+                node stopping), or gave no answer in time.
         """
-        if not self.is_alive():
-            raise HelperEnded(f"the DHT process {self.pid} has ended")
-        future = super().run_coroutine(coro, return_future=True)
+        with self._calling():
+            future = super().run_coroutine(coro, return_future=True)
         if return_future:
             return future
         deadline = time.monotonic() + self.call_timeout
@@ -255,6 +255,27 @@ class TiedDHT(DHT):  # type: ignore[misc]  # hivemind ships no type hints
                     future.cancel()
                     ended = "has ended" if not self.is_alive() else "gave no answer in time"
                     raise HelperEnded(f"the DHT process {self.pid} {ended}") from None
+
+    def get(self, *args: Any, **kwargs: Any) -> Any:
+        """hivemind's; raises ``HelperEnded`` when the DHT process takes no more calls."""
+        with self._calling():
+            return super().get(*args, **kwargs)
+
+    def store(self, *args: Any, **kwargs: Any) -> Any:
+        """hivemind's; raises ``HelperEnded`` when the DHT process takes no more calls."""
+        with self._calling():
+            return super().store(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def _calling(self) -> Iterator[None]:
+        """Send a call to the DHT process: one that has ended, or whose pipe closed under
+        the call (the node is stopping), fails with ``HelperEnded``, not a pipe error."""
+        if not self.is_alive():
+            raise HelperEnded(f"the DHT process {self.pid} has ended")
+        try:
+            yield
+        except (OSError, EOFError) as exc:
+            raise HelperEnded(f"the DHT process {self.pid} takes no more calls ({exc!r})") from exc
 
     def run(self) -> None:
         end_with_parent(self._owner_pid, self._orphaned)
