@@ -5,5 +5,6 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate
-# The slowest tests listed at the end: the suite must stay under 8 minutes on 2 cores.
-exec python -m pytest -q --durations=30 "$@"
+# Two workers (lanes: tests/conftest.py); the slowest tests listed at the end: the suite
+# must stay under 8 minutes on 2 cores.
+exec python -m pytest -q -n 2 --dist loadgroup --durations=30 "$@"

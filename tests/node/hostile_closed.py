@@ -17,15 +17,16 @@ line (its identities and what each request got) and stores its records again eve
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import secrets
 import time
+from typing import Any
 
 import torch
 from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
 from hostile_claims import zero_hash
-from hostile_peer import _ask, _attempt
 
 from diloco.node.model.fragments import last_sent_round, model_fragments
 from diloco.node.model.transformer import Transformer
@@ -40,6 +41,7 @@ from diloco.protocol.records.nodes import (
 )
 from diloco.protocol.records.run_id import make_run_id, run_digest
 from diloco.protocol.records.run_info import peer_id_in
+from diloco.protocol.runtime import streams
 from diloco.protocol.runtime.network import NetworkOptions
 from diloco.protocol.runtime.swarm import Swarm
 from diloco.protocol.state.fragment import FragmentState, OuterState
@@ -47,13 +49,35 @@ from diloco.protocol.state.transfer import fetch_state
 from diloco.protocol.trust.envelopes import pack_payload, seal, signer
 from diloco.protocol.trust.identity import Identity
 from diloco.protocol.trust.swarm_key import ClosedSwarm, load_swarm_key
-from diloco.protocol.wire.frames import GROUP_ID_BYTES, Join, Kind, RoundTag
+from diloco.protocol.wire.frames import GROUP_ID_BYTES, Join, Kind, Reject, RoundTag
 from diloco.protocol.wire.part import PartHead
 
 CLAIM = 99_999
 STEP_SECONDS = 1e-6
 LOOP_SECONDS = 2.0
 TTL = 30.0
+
+
+async def _ask(
+    transport: streams.StreamTransport, peer: PeerID, handler: str, kind: Kind, body: bytes
+) -> str:
+    reader, writer = await streams.open_stream(transport, peer, handler, 10.0)
+    try:
+        await streams.write_frame(writer, kind, body)
+        answer, reply = await streams.read_frame(reader, (Kind.GROUP, Kind.AVERAGED), 1 << 20)
+        if answer == Kind.REJECT:
+            reject = Reject.parse(reply)
+            return f"REJECT {reject.code.name} {reject.reason}"
+        return f"GOT {answer.name}"
+    finally:
+        writer.close()
+
+
+async def _attempt(request: Any) -> str:
+    try:
+        return str(await asyncio.wait_for(request, 20.0))
+    except Exception as exc:  # what the outsider got is the result, whatever it is
+        return repr(exc)
 
 
 def store_all(

@@ -9,7 +9,9 @@ Here:
 
 - outsiders without the key (K = 1 and K = 8 at once) change nothing: no step jump, no
   state adopted, the pace the honest nodes' own; every one of their identities is named
-  once as not a member. Without the proof check in ``admission.Membership.accepts`` this test fails.
+  once as not a member, and their STATE, JOIN and PART requests are refused; a `join`
+  without the key, or with another, exits 1 saying why. Without the proof check in
+  ``admission.Membership.accepts`` this test fails.
 - a holder of a leaked key (K = 8) whom the creator did not admit changes nothing either
   and gets no state, group or part, while an admitted joiner trains with the creator; a
   node with the key but not admitted refuses to join, with one line.
@@ -26,6 +28,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +79,18 @@ class Hostile:
             self.process.wait(10)
 
 
+def diloco_each(*commands: list[str]) -> list[subprocess.CompletedProcess[str]]:
+    """Short-lived commands (a join that is refused) at once: each starts an interpreter
+    and a daemon, which takes seconds."""
+
+    def run(args: list[str]) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "diloco", *args]
+        return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+    with ThreadPoolExecutor(len(commands)) as pool:
+        return list(pool.map(run, commands))
+
+
 def keygen(*args: str) -> str:
     """``diloco-node keygen`` in this process (a new interpreter takes seconds)."""
     result = CliRunner().invoke(main, ["keygen", *args])
@@ -118,8 +133,9 @@ def assert_unmoved(*honest: Node) -> None:
 
 
 def test_outsiders_records_change_nothing_in_a_closed_swarm(nodes, tmp_path) -> None:  # noqa: F811
-    key = tmp_path / "swarm.key"
+    key, other = tmp_path / "swarm.key", tmp_path / "other.key"
     keygen("--swarm-key", str(key))
+    keygen("--swarm-key", str(other))
     run = ["--steps", STEPS, "--swarm-key", str(key), *SMALL]
     a = nodes("a", ["start", "--name", "closed", *run, *listen(2)])
     address = a.address()
@@ -129,6 +145,11 @@ def test_outsiders_records_change_nothing_in_a_closed_swarm(nodes, tmp_path) -> 
     ]
     try:
         reports = [outsider.report() for outsider in outsiders]
+        # a joiner without the key, or with another, is refused with a line saying why
+        no_key, wrong_key = diloco_each(
+            ["join", "--initial-peers", address, *listen(5)],
+            ["join", "--initial-peers", address, "--swarm-key", str(other), *listen(6)],
+        )
         b = nodes("b", ["join", "--initial-peers", address, *run, *listen(3)])
         b.wait_step(UNTIL, TIMEOUT)
         a.wait_step(UNTIL, TIMEOUT)
@@ -136,11 +157,18 @@ def test_outsiders_records_change_nothing_in_a_closed_swarm(nodes, tmp_path) -> 
     finally:
         for outsider in outsiders:
             outsider.stop()
+    assert no_key.returncode == 1, no_key.stderr
+    assert "is a closed swarm" in no_key.stderr and "--swarm-key FILE" in no_key.stderr
+    assert wrong_key.returncode == 1 and "is not the key of run" in wrong_key.stderr
+    assert "Traceback" not in no_key.stderr + wrong_key.stderr
     assert [len(r["ids"]) for r in reports] == [1, 8]
     assert_unmoved(a, b)
     for report in reports:
         for request in ("state", "join", "part"):
             assert "not a member of this closed swarm" in report[request], report
+        for handler in ("STATE", "JOIN", "PART"):
+            line = f"refused {handler} from {report['peer_id']}: not a member of this closed swarm"
+            assert line in a.output(), handler
     for node in (a, b):
         for peer in (i for r in reports for i in r["ids"]):
             line = f"ignoring the records of {peer}: not a member of this closed swarm"

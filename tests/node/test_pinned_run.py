@@ -1,9 +1,8 @@
 """Trust, as a user meets it: real `diloco-node` processes and a hostile peer on loopback.
 
 A joiner follows the run of the peer whose address it was given, never a configuration
-that merely shares the run's name, and never a path from the swarm (attack 5).
-A closed swarm (``--swarm-key``) trains its members normally and gives outsiders nothing:
-no group, no part, no state, not even a place in a round's view; both sides log it.
+that merely shares the run's name, and never a path from the swarm (attack 5). Closed
+swarms against outsiders: ``test_closed_swarm.py``.
 """
 
 from __future__ import annotations
@@ -19,15 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner
 from test_swarm_node import SMALL, Node, listen, nodes  # noqa: F401  (the fixture)
-
-from diloco.cli import main
 
 pytestmark = pytest.mark.swarm
 
 HOSTILE = str(Path(__file__).with_name("hostile_peer.py"))
-NOT_MEMBER = "not a member of this closed swarm"
 
 
 def diloco(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
@@ -124,54 +119,3 @@ def test_joiner_follows_the_peer_it_was_given_not_a_same_name_run(nodes, tmp_pat
     assert b.summary()["step"] == 300 and next(r for r in b.records() if r["event"] == "joined")
     assert a.summary()["outer_sha256"] == b.summary()["outer_sha256"]
     assert str(tripwire) not in b.output()
-
-
-def test_closed_swarm_trains_members_and_gives_outsiders_nothing(nodes, tmp_path) -> None:  # noqa: F811
-    key, other = tmp_path / "swarm.key", tmp_path / "other.key"
-    for path in (key, other):  # in this process: a new interpreter would take seconds
-        assert CliRunner().invoke(main, ["keygen", "--swarm-key", str(path)]).exit_code == 0
-    closed = ["--steps", "300", "--swarm-key", str(key), *SMALL]
-    a = nodes("a", ["-v", "start", "--name", "c", *closed, *listen(2)])
-    address = a.address()
-    b = nodes(
-        "b", ["join", "--initial-peers", address, "--swarm-key", str(key), *SMALL, *listen(3)]
-    )
-    logs = [tmp_path / "no_key.log", tmp_path / "other_key.log"]
-    outsiders = [
-        hostile(logs[0], "outsider", address, "/ip4/127.0.0.8/tcp/0"),
-        hostile(logs[1], "outsider", address, "/ip4/127.0.0.9/tcp/0", str(other)),
-    ]
-    try:
-        no_key, wrong_key = diloco_each(
-            ["join", "--initial-peers", address, *listen(5)],
-            ["join", "--initial-peers", address, "--swarm-key", str(other), *listen(6)],
-        )
-        assert no_key.returncode == 1, no_key.stderr
-        assert "is a closed swarm" in no_key.stderr and "--swarm-key FILE" in no_key.stderr
-        assert wrong_key.returncode == 1 and "is not the key of run" in wrong_key.stderr
-        reports = [report_of(p, log) for p, log in zip(outsiders, logs, strict=True)]
-        for node in (a, b):
-            assert node.process.wait(300) == 0, node.output()
-    finally:
-        for process in outsiders:
-            stop(process)
-
-    # outsiders got no state, no group and no part, and were not in any round's view (they
-    # declare under the round keys without the members' prior state hash, which members no
-    # longer read; the declaration proof check is tested in tests/protocol/test_swarm_key.py)
-    for report in reports:
-        assert report["declared"] > 0
-        for request in ("state", "join", "part"):
-            assert NOT_MEMBER in report[request], report
-    a_log = a.output()
-    for report in reports:
-        for handler in ("STATE", "JOIN", "PART"):
-            assert f"refused {handler} from {report['peer_id']}: {NOT_MEMBER}" in a_log
-    assert f"{peer_of(a)} refused JOIN from us: {NOT_MEMBER}" in logs[1].read_text()
-    assert re.search(r"saw 2 peers", a_log) and not re.search(r"saw [3-9] peers", a_log)
-
-    # members trained together: rounds of two, identical states
-    rounds = [r for r in b.records() if r["event"] == "round"]
-    assert rounds and all(r["members"] == 2 for r in rounds)
-    assert a.summary()["outer_sha256"] == b.summary()["outer_sha256"]
-    assert b.summary()["step"] == 300

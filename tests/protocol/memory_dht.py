@@ -16,7 +16,8 @@ Table = dict[str, dict[Any, tuple[bytes, float]]]
 
 class MemoryDHT(SigningDHT):
     """The two calls ``signed_records`` makes of a DHT, on a dict shared by every peer; the
-    values go through msgpack as over the wire."""
+    values go through msgpack as over the wire, and a subkey keeps the value with the
+    latest expiration, as hivemind's storage does."""
 
     def __init__(self, identity: Identity, table: Table) -> None:
         self.identity, self.table = identity, table
@@ -27,7 +28,10 @@ class MemoryDHT(SigningDHT):
     async def store(
         self, key: str, value: Any, expiration: DHTExpiration, subkey: Any, return_future: bool
     ) -> bool:
-        self.table.setdefault(key, {})[subkey] = (MSGPackSerializer.dumps(value), expiration)
+        held = self.table.setdefault(key, {})
+        if subkey in held and held[subkey][1] >= expiration:
+            return False  # hivemind's rule: the value with the later expiration stays
+        held[subkey] = (MSGPackSerializer.dumps(value), expiration)
         return True
 
     async def get(self, key: str, latest: bool, return_future: bool) -> Any:

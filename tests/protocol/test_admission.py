@@ -38,6 +38,7 @@ def test_admission_file_with_comments_blank_lines_and_repeats(tmp_path: Path) ->
         (f"{A}\nQmNotAPeerId\n", "line 2: 'QmNotAPeerId' is not a peer id"),
         (f"{A} {B}\n", "line 1: .* is not a peer id"),
     ],
+    ids=["comments only", "bad second line", "two ids on a line"],  # A, B: fresh keys
 )
 def test_a_bad_admission_file_names_its_line(tmp_path: Path, text: str, match: str) -> None:
     path = tmp_path / "admit"

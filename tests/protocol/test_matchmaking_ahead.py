@@ -8,6 +8,7 @@ declaration; a lobby never claimed closes."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from hivemind.p2p import PeerID
 from memory_dht import MemoryDHT, Table
@@ -268,3 +269,47 @@ def test_a_join_from_a_peer_whose_read_prior_is_stale_is_read_again() -> None:
 
     led, followed = asyncio.run(main())
     assert led.group_id == followed.group_id
+
+
+class _LandsButNeverAnswers(MemoryDHT):
+    """Stores, then never answers: a declaration that timed out here but landed (a DHT
+    process starved of CPU)."""
+
+    hang = True
+
+    async def store(self, *args: Any, **kwargs: Any) -> bool:
+        stored = await super().store(*args, **kwargs)
+        while self.hang:
+            await asyncio.sleep(0.01)
+        return stored
+
+
+def test_a_declaration_that_timed_out_but_landed_is_still_replaced_after_a_heal() -> None:
+    """A node's declaration ahead timed out here but landed, with a far expiration; the
+    node healed and announced the round again, closer to its send step: its new
+    declaration must expire later than the landed one, or the DHT keeps the stale prior and
+    the round's leader refuses the node's JOIN (MISMATCH), round after round. Before, the
+    new expiration only had to pass the previous one the node knew of (none: it timed
+    out)."""
+    timeouts = RoundTimeouts(matchmaking_window=30.0, join_timeout=0.3)
+    identity, table = make_identity(90), Table()
+    p2p = MemoryNetwork().join(PeerID.from_base58(identity.peer_id))
+    dht = _LandsButNeverAnswers(identity, table)
+    healed = Matchmaker(p2p, dht, RUN_ID, DIGEST, timeouts, BanList(), 2, 2)
+    new_prior = "d" * 64
+
+    async def main() -> None:
+        await healed.start()
+        _open(healed, PRIOR, lead=20.0)
+        lobby = healed._lobbies[KEY]
+        assert lobby.ahead is not None
+        await lobby.ahead  # timed out here
+        assert lobby.declared_at is None
+        dht.hang = False
+        _open(healed, new_prior, lead=1.0)
+        while healed._lobbies[KEY].declared_at is None:
+            await asyncio.sleep(0.01)
+
+    asyncio.run(main())
+    view = asyncio.run(read_round_view(dht, DHT_KEY))
+    assert view[healed.p2p.peer_id].prior == prior_tag(new_prior)

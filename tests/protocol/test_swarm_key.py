@@ -229,7 +229,7 @@ class _HandlerStub:
 def test_refused_stream_closes_only_once_the_opener_closed() -> None:
     """p2pd may turn our close into a reset that drops the opener's unread bytes, the
     REJECT: a refused stream stays open until the opener has read it and closed (an
-    outsider of tests/node/test_pinned_run.py once got an empty stream for its JOIN)."""
+    outsider of a closed swarm once got an empty stream for its JOIN)."""
 
     async def main() -> None:
         stub, echo = _HandlerStub(), _Echo()

@@ -16,9 +16,11 @@ carries the weight of each member's JOIN, sent at the send step, and a declarati
 weight only screens out peers over the cap, which an estimate clamped to the cap passes
 as the real one does. A lobby whose prior no longer holds at the send step (the node healed
 meanwhile), or whose declaration would expire before the round's end, is dropped, and the
-round declares afresh, later than the stale record so that it replaces it. A lobby never
-claimed (the node stopped, or gave the round up) is dropped when its round could no longer
-form.
+round declares afresh. The DHT keeps, per peer, the declaration with the latest
+expiration, so every declaration of a round expires after every one this node sent for it
+before, stored or not (``later_than_before``: a store that timed out here may still land
+and would hide the new prior from the round's leader). A lobby never claimed (the node
+stopped, or gave the round up) is dropped when its round could no longer form.
 """
 
 from __future__ import annotations
@@ -50,6 +52,18 @@ class Ahead(Follower):
     digest: bytes
     closed: ClosedSwarm | None
     _lobbies: dict[RoundKey, Lobby]
+    _declared_until: dict[RoundKey, float]
+    """Round -> the latest expiration this node sent a declaration of it with."""
+
+    def later_than_before(self, key: RoundKey, seconds: float) -> float:
+        """The expiration of a new declaration of round ``key``: ``seconds`` from now, or
+        later than every one sent for the round before, which it must replace."""
+        now = float(get_dht_time())
+        for old in [k for k, until in self._declared_until.items() if until < now]:
+            del self._declared_until[old]
+        expiration = max(now + seconds, self._declared_until.get(key, 0.0) + 1e-3)
+        self._declared_until[key] = expiration
+        return expiration
 
     def join_request(
         self,
@@ -77,32 +91,28 @@ class Ahead(Follower):
         """Open round ``key``'s lobby now, about ``lead`` seconds before its send step,
         declare ``prior`` and read the round in the background. Nothing if the round is
         already open with that prior or at its send step; a lobby opened ahead with another
-        prior (the node healed since) is dropped, and the new declaration outlives the old
-        so that it replaces it."""
-        stale = 0.0
+        prior (the node healed since) is dropped, and the new declaration replaces the old."""
         if (opened := self._lobbies.get(key)) is not None:
             if opened.ahead is None or opened.claimed or opened.prior == prior_tag(prior):
                 return
             self._drop_unclaimed(key, opened)
-            stale = opened.expiration
         lobby = Lobby(
             request, round_key(self.run_id, key), prior=prior_tag(prior), may_lead=may_lead
         )
         self._lobbies[key] = lobby
-        lobby.ahead = asyncio.ensure_future(self._declare_ahead(lobby, prior, lead, stale))
+        lobby.ahead = asyncio.ensure_future(self._declare_ahead(key, lobby, prior, lead))
         t = self.timeouts
         asyncio.get_running_loop().call_later(
             lead + t.matchmaking, self._drop_unclaimed, key, lobby
         )
 
-    async def _declare_ahead(self, lobby: Lobby, prior: str, lead: float, stale: float) -> None:
-        """Declare (expiring after ``stale``, an earlier declaration's), then read the round
-        in another task (``_read_ahead``)."""
+    async def _declare_ahead(self, key: RoundKey, lobby: Lobby, prior: str, lead: float) -> None:
+        """Declare, then read the round in another task (``_read_ahead``)."""
         t = self.timeouts
         loop = asyncio.get_running_loop()
-        expiration = max(get_dht_time() + lead + t.matchmaking + t.allreduce, stale + 1e-3)
+        expiration = self.later_than_before(key, lead + t.matchmaking + t.allreduce)
         try:
-            await asyncio.wait_for(
+            stored = await asyncio.wait_for(
                 declare_round(
                     self.dht,
                     lobby.dht_key,
@@ -117,6 +127,9 @@ class Ahead(Follower):
         except (asyncio.TimeoutError, OSError, RuntimeError) as exc:
             # the round declares at its send step
             logger.debug("round %s: declaring ahead failed: %r", lobby.dht_key, exc)
+            return
+        if not stored:  # the round declares at its send step
+            logger.debug("round %s: the DHT did not take the declaration ahead", key)
             return
         lobby.expiration, lobby.declared_at = expiration, loop.time()
         until = loop.time() + lead + t.matchmaking_window
@@ -137,15 +150,14 @@ class Ahead(Follower):
             # the round reads again at its send step
             logger.debug("round %s: reading ahead failed: %r", lobby.dht_key, exc)
 
-    def claim_ahead(self, key: RoundKey, request: Join, prior: str) -> tuple[Lobby | None, float]:
+    def claim_ahead(self, key: RoundKey, request: Join, prior: str) -> Lobby | None:
         """The lobby ``open_ahead`` opened for round ``key``, taken over by ``form_group``
         with this node's actual JOIN, or None (the lobby dropped) if there is none, or if it
         declared another prior or size, or its declaration would expire before the round
-        could end; and the expiration of a declaration dropped so (0: none), which a new
-        one must exceed to replace it."""
+        could end."""
         lobby = self._lobbies.get(key)
         if lobby is None or lobby.ahead is None or lobby.claimed:
-            return None, 0.0
+            return None
         t = self.timeouts
         usable = (
             lobby.prior == prior_tag(prior)
@@ -156,10 +168,10 @@ class Ahead(Follower):
         if not usable:
             logger.info("round %s: the declaration made ahead no longer holds", key)
             self._drop_unclaimed(key, lobby)
-            return None, lobby.expiration
+            return None
         lobby.claimed = True
         lobby.request = request
-        return lobby, 0.0
+        return lobby
 
     @round_trips.exchange("declare")
     async def await_declared(self, lobby: Lobby) -> None:

@@ -76,7 +76,6 @@ import secrets
 
 from hivemind import DHT
 from hivemind.p2p import PeerID
-from hivemind.utils import get_dht_time
 
 from diloco.errors import PriorDiverged, ProtocolError, RoundFailed
 from diloco.protocol.core.adaptive import rtt_timeouts
@@ -136,6 +135,7 @@ class Matchmaker(Ahead):
         self.handler_name = f"/diloco/{run_id}/join/1"
         self._lobbies: dict[RoundKey, Lobby] = {}
         self._formed: dict[RoundKey, tuple[frozenset[PeerID], bytes]] = {}
+        self._declared_until: dict[RoundKey, float] = {}
         """GROUP messages this node sent as leader, kept for members that ask again."""
 
     async def start(self) -> None:
@@ -174,7 +174,7 @@ class Matchmaker(Ahead):
                 may.
         """
         request = self.join_request(key, numel, codec_id, return_codec_id, weight, client)
-        lobby, stale = self.claim_ahead(key, request, prior)
+        lobby = self.claim_ahead(key, request, prior)
         if lobby is None:
             if key in self._lobbies:
                 raise RoundFailed(key.fragment, key.round, "this round is already in matchmaking")
@@ -188,8 +188,8 @@ class Matchmaker(Ahead):
             if lobby.ahead is not None and not lobby.ahead.done():
                 await self.await_declared(lobby)
             if lobby.declared_at is None:  # not declared ahead of the send step
-                expiration = max(get_dht_time() + t.matchmaking + t.allreduce, stale + 1e-3)
-                await asyncio.wait_for(
+                expiration = self.later_than_before(key, t.matchmaking + t.allreduce)
+                stored = await asyncio.wait_for(
                     declare_round(
                         self.dht,
                         lobby.dht_key,
@@ -201,6 +201,8 @@ class Matchmaker(Ahead):
                     ),
                     t.join_timeout,
                 )
+                if not stored:  # peers may not see it; a JOIN still reaches the leader
+                    logger.debug("round %s: the DHT did not take our declaration", key)
                 lobby.expiration, lobby.declared_at = expiration, loop.time()
             declared = loop.time()
             # waiting for target_group_size peers, a window from the send step, as when
