@@ -38,12 +38,13 @@ from diloco.codecs import Codec
 from diloco.errors import ProtocolError, RoundFailed
 from diloco.protocol.allreduce.checking import Checker, answer_check, blame, convict
 from diloco.protocol.allreduce.contribution import Contributor
-from diloco.protocol.allreduce.part_server import Deadlines, PartServer
+from diloco.protocol.allreduce.part_server import PartServer
 from diloco.protocol.allreduce.reports import STREAM_RETRIES, ReportExchange
 from diloco.protocol.allreduce.silence import StartWatch
 from diloco.protocol.allreduce.substitute import FAILED, Excluded, Substitutes
 from diloco.protocol.core.agreement import decide
 from diloco.protocol.core.assembly import Assembled, Assembly, AveragedPart
+from diloco.protocol.core.budget import Deadlines
 from diloco.protocol.core.demotion import own_part_missing
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
 from diloco.protocol.core.partition import substitute
