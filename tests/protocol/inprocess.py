@@ -20,7 +20,7 @@ from memory_p2p import MemoryNetwork, make_identity
 from diloco.codecs import get_codec
 from diloco.errors import RoundFailed
 from diloco.protocol.allreduce.member import AllReduceRunner
-from diloco.protocol.allreduce.routing import AllReduceService, Clock
+from diloco.protocol.allreduce.routing import Clock, RoundRouter
 from diloco.protocol.core.aggregation import CLIP_FACTOR
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
 from diloco.protocol.core.reducer import Contribution, InProcessReducer, RoundKey, RoundResult
@@ -129,7 +129,7 @@ class Round:
         self.runners: list[AllReduceRunner] = []
         self.tasks: list[asyncio.Task[RoundResult]] = []
         self.bans = list(bans) if bans is not None else [RecordingBans(self.ids) for _ in inputs]
-        self.services: list[AllReduceService] = []
+        self.routers: list[RoundRouter] = []
 
     @property
     def offences(self) -> list[list[tuple[int, str]]]:
@@ -137,14 +137,14 @@ class Round:
         return [bans.log if isinstance(bans, RecordingBans) else [] for bans in self.bans]
 
     async def start(self) -> None:
-        services = []
+        routers = []
         for peer, bans in zip(self.ids, self.bans, strict=True):
             p2p = self.network.join(peer)
-            service = AllReduceService(p2p, RUN_ID, DIGEST, self.timeouts, bans, self.clock)
-            await service.start()
-            services.append((service, service.expect(KEY)))
-            self.services.append(service)
-        for i, (service, slot) in enumerate(services):
+            router = RoundRouter(p2p, RUN_ID, DIGEST, self.timeouts, bans, self.clock)
+            await router.start()
+            routers.append((router, router.expect(KEY)))
+            self.routers.append(router)
+        for i, (router, slot) in enumerate(routers):
             runner = self.runner_types[i](
                 p2p=self.network.peers[self.ids[i]],
                 group=self.group,
@@ -157,7 +157,7 @@ class Round:
                 max_weight=self.max_weight,
                 clip_factor=self.clip_factor,
                 bans=self.bans[i],
-                handlers=service.handlers,
+                handlers=router.handlers,
                 identity=self.identities[i] if self.verify else None,
             )
             runner.round = self  # type: ignore[attr-defined]  # faults look at the others

@@ -1,5 +1,5 @@
 """One staged round among 12 members of one process over in-memory streams (``memory_p2p``),
-the wire code unchanged (``StagedRunner``, ``AllReduceService`` routing, one
+the wire code unchanged (``StagedRunner``, ``RoundRouter`` routing, one
 ``AllReduceRunner`` per stage): what ``test_staged_wire.py`` and
 ``benchmarks/staged_losses.py`` share."""
 
@@ -17,7 +17,7 @@ from memory_p2p import MemoryNetwork, MemoryP2P, make_identity
 
 from diloco.codecs import get_codec
 from diloco.protocol.allreduce.member import AllReduceRunner
-from diloco.protocol.allreduce.routing import AllReduceService
+from diloco.protocol.allreduce.routing import RoundRouter
 from diloco.protocol.core.aggregation import CLIP_FACTOR
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
 from diloco.protocol.core.reducer import RoundKey, RoundResult
@@ -42,8 +42,8 @@ TIMEOUTS = RoundTimeouts(  # 12 members signing and checking in one process on a
 WEIGHTS = tuple(float(3 + i) for i in range(N))
 IDENTITIES = [make_identity(i) for i in range(N)]
 
-Factory = Callable[[int, MemoryP2P, BanList, AllReduceService], RunnerFactory]
-"""``(member, its transport, its bans, its service)`` -> that member's stage runners."""
+Factory = Callable[[int, MemoryP2P, BanList, RoundRouter], RunnerFactory]
+"""``(member, its transport, its bans, its router)`` -> that member's stage runners."""
 
 
 def peers() -> list[PeerID]:
@@ -66,7 +66,7 @@ def runner(
     cls: type[AllReduceRunner],
     transport: MemoryP2P,
     bans: BanList,
-    service: AllReduceService,
+    router: RoundRouter,
     codec: str,
     identity: Identity | None,
     info: GroupInfo,
@@ -74,7 +74,7 @@ def runner(
     cap: float,
 ) -> AllReduceRunner:
     """A stage runner of class ``cls`` for ``info`` at the member of ``transport``, on the
-    timeouts of ``service``, as ``SwarmReducer`` makes one (nobody dropped as silent by time
+    timeouts of ``router``, as ``SwarmReducer`` makes one (nobody dropped as silent by time
     in a stage)."""
     return cls(
         p2p=transport,
@@ -83,12 +83,12 @@ def runner(
         codec=get_codec(codec),
         return_codec=get_codec(codec),
         delta=x,
-        timeouts=service.timeouts,
+        timeouts=router.timeouts,
         max_norm_ratio=100.0,
         max_weight=cap,
         clip_factor=CLIP_FACTOR,
         bans=bans,
-        handlers=service.handlers,
+        handlers=router.handlers,
         identity=identity,
         drop_by_time=False,
     )
@@ -113,25 +113,25 @@ async def run_round(
     for i, peer in enumerate(members):
         transport = network.join(peer)
         bans = BanList()
-        service = AllReduceService(transport, "run-0", DIGEST, timeouts, bans)
-        await service.start()
+        router = RoundRouter(transport, "run-0", DIGEST, timeouts, bans)
+        await router.start()
         staged = StagedRunner(
             group=group,
             plan=plan,
             me=peer,
             delta=values[i],
-            make_runner=factory(i, transport, bans, service),
+            make_runner=factory(i, transport, bans, router),
             timeouts=timeouts,
             max_weight=math.inf,
         )
-        service.expect(KEY).set_result(staged)
-        runs.append((service, staged))
+        router.expect(KEY).set_result(staged)
+        runs.append((router, staged))
 
-    async def one(service: AllReduceService, staged: StagedRunner) -> RoundResult:
+    async def one(router: RoundRouter, staged: StagedRunner) -> RoundResult:
         try:
             return await asyncio.wait_for(staged.run(), 120)
         finally:
-            service.finish(KEY)
+            router.finish(KEY)
 
     tasks = [asyncio.ensure_future(one(*r)) for r in runs]
     try:

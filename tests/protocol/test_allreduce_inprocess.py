@@ -1,6 +1,6 @@
 """``AllReduceRunner`` under faults, M members in one process over in-memory streams.
 
-The runners, services and stream handlers are the production ones; only the transport is
+The runners, routers and stream handlers are the production ones; only the transport is
 ``memory_p2p`` (socketpairs instead of p2pd). Expected values come from
 ``InProcessReducer``, which shares no stream code with the runner.
 """
@@ -83,7 +83,7 @@ def test_client_reduces_nothing_and_every_member_gets_the_in_process_bytes(codec
         round_ = Round(inputs, weights, [AllReduceRunner] * 3, codec, clients=(False, True, False))
         await round_.start()
         client = round_.network.peers[round_.ids[1]]
-        del client.handlers[round_.services[1].part_handler]
+        del client.handlers[round_.routers[1].part_handler]
         return await round_.outcomes()
 
     outcomes = asyncio.run(main())

@@ -1,5 +1,5 @@
 """The verification phase in process: members check each other's parts over in-memory
-streams, with the production runners, services and handlers (``inprocess``).
+streams, with the production runners, routers and handlers (``inprocess``).
 
 Liars are subclasses: a reducer-side ``PartServer`` that scales or edits its average, or
 misreports a norm, and signs it (the same bytes go to everyone, so the REPORT digests

@@ -1,4 +1,4 @@
-"""Routes the streams of the all-reduce to the round they belong to (``AllReduceService``).
+"""Routes the streams of the all-reduce to the round they belong to (``RoundRouter``).
 
 One node serves four handlers per run: PART and REPORT for rounds in flight, CHECK and
 EVIDENCE (the verification phase) for those too and, until every member's dispute is over
@@ -39,7 +39,7 @@ Round = AllReduceRunner | StagedRunner
 
 
 class Clock(Protocol):
-    """When the service stops answering and forgets finished rounds: the running event
+    """When the router stops answering and forgets finished rounds: the running event
     loop's time, or a test's clock that it moves past those deadlines without waiting."""
 
     def time(self) -> float: ...
@@ -47,7 +47,7 @@ class Clock(Protocol):
     def call_at(self, when: float, callback: Callable[..., object], *args: Any) -> object: ...
 
 
-class AllReduceService:
+class RoundRouter:
     """Routes PART, REPORT, CHECK and EVIDENCE streams to the round they belong to.
 
     A round is registered (``expect``) before its node declares itself in matchmaking, so

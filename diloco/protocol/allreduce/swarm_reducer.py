@@ -18,7 +18,7 @@ import torch
 from diloco.codecs import Codec
 from diloco.errors import PriorDiverged, RoundFailed
 from diloco.protocol.allreduce.member import AllReduceRunner
-from diloco.protocol.allreduce.routing import AllReduceService
+from diloco.protocol.allreduce.routing import RoundRouter
 from diloco.protocol.core.adaptive import (
     RECENT_ROUNDS,
     adapted_timeouts,
@@ -120,7 +120,7 @@ class SwarmReducer(Reducer):
             max_weight,
             swarm.closed,
         )
-        self.service = AllReduceService(
+        self.router = RoundRouter(
             swarm.streams, swarm.run_id, swarm.digest, self.timeouts, self.bans
         )
         self.timings: collections.OrderedDict[RoundKey, tuple[float, float]] = (
@@ -136,7 +136,7 @@ class SwarmReducer(Reducer):
 
     async def _start(self) -> None:
         await self.matchmaker.start()
-        await self.service.start()
+        await self.router.start()
 
     def set_target_group_size(self, size: int, live_nodes: int | None = None) -> None:
         """From any thread: end matchmaking as soon as ``size`` peers declared a round (the
@@ -158,7 +158,7 @@ class SwarmReducer(Reducer):
     def close(self) -> None:
         """Stop answering this reducer's streams; rounds in flight fail or finish by their
         deadlines. The swarm itself stays up (``Swarm.shutdown`` ends it)."""
-        for name in (self.matchmaker.handler_name, *self.service.handlers):
+        for name in (self.matchmaker.handler_name, *self.router.handlers):
             try:
                 self.swarm.call(self.swarm.p2p.remove_binary_stream_handler(name), 5.0)
             except Exception as exc:  # the daemon may already be gone at shutdown
@@ -234,7 +234,7 @@ class SwarmReducer(Reducer):
         loop = asyncio.get_running_loop()
         start = loop.time()
         delta = contribution.delta.detach().contiguous()
-        slot = self.service.expect(key)
+        slot = self.router.expect(key)
         reduced, failed = False, False  # a round without a group serves a demotion too
         try:
             group = await self._group_or_alone(key, contribution)
@@ -275,7 +275,7 @@ class SwarmReducer(Reducer):
                 if runner.transfer_seconds is not None:
                     self.transfers.append(runner.transfer_seconds)
         finally:
-            self.service.finish(key)
+            self.router.finish(key)
             self.demotion.record(reduced, failed)
         self.timings[key] = (matched - start, loop.time() - matched)
         while len(self.timings) > 64:
@@ -342,7 +342,7 @@ class SwarmReducer(Reducer):
             max_weight=max_weight,
             clip_factor=self.clip_factor,
             bans=self.bans,
-            handlers=self.service.handlers,
+            handlers=self.router.handlers,
             identity=self.identity,
             drop_by_time=drop_by_time,
         )
