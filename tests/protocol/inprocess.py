@@ -22,6 +22,7 @@ from diloco.errors import RoundFailed
 from diloco.protocol.allreduce.member import AllReduceRunner
 from diloco.protocol.allreduce.routing import Clock, RoundRouter
 from diloco.protocol.core.aggregation import CLIP_FACTOR
+from diloco.protocol.core.budget import RoundBudget
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
 from diloco.protocol.core.reducer import Contribution, InProcessReducer, RoundKey, RoundResult
 from diloco.protocol.trust.bans import BanList
@@ -152,7 +153,7 @@ class Round:
                 codec=self.codec,
                 return_codec=self.return_codec,
                 delta=self.deltas[i],
-                timeouts=self.timeouts,
+                budget=RoundBudget.of(self.timeouts),
                 max_norm_ratio=100.0,
                 max_weight=self.max_weight,
                 clip_factor=self.clip_factor,

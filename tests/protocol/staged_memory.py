@@ -19,6 +19,7 @@ from diloco.codecs import get_codec
 from diloco.protocol.allreduce.member import AllReduceRunner
 from diloco.protocol.allreduce.routing import RoundRouter
 from diloco.protocol.core.aggregation import CLIP_FACTOR
+from diloco.protocol.core.budget import RoundBudget
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
 from diloco.protocol.core.reducer import RoundKey, RoundResult
 from diloco.protocol.staged.grid import GridPlan
@@ -83,7 +84,7 @@ def runner(
         codec=get_codec(codec),
         return_codec=get_codec(codec),
         delta=x,
-        timeouts=router.timeouts,
+        budget=RoundBudget.of(router.timeouts),
         max_norm_ratio=100.0,
         max_weight=cap,
         clip_factor=CLIP_FACTOR,
@@ -121,7 +122,7 @@ async def run_round(
             me=peer,
             delta=values[i],
             make_runner=factory(i, transport, bans, router),
-            timeouts=timeouts,
+            budget=RoundBudget.of(timeouts),
             max_weight=math.inf,
         )
         router.expect(KEY).set_result(staged)

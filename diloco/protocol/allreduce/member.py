@@ -44,9 +44,9 @@ from diloco.protocol.allreduce.silence import StartWatch
 from diloco.protocol.allreduce.substitute import FAILED, Excluded, Substitutes
 from diloco.protocol.core.agreement import decide
 from diloco.protocol.core.assembly import Assembled, Assembly, AveragedPart
-from diloco.protocol.core.budget import Deadlines
+from diloco.protocol.core.budget import Deadlines, RoundBudget
 from diloco.protocol.core.demotion import own_part_missing
-from diloco.protocol.core.group import GroupInfo, RoundTimeouts
+from diloco.protocol.core.group import GroupInfo
 from diloco.protocol.core.partition import substitute
 from diloco.protocol.core.reducer import RoundResult
 from diloco.protocol.core.round import PartReducer, RoundPlan, part_digest
@@ -109,7 +109,7 @@ class AllReduceRunner(Contributor):
         codec: Codec,
         return_codec: Codec,
         delta: torch.Tensor,
-        timeouts: RoundTimeouts,
+        budget: RoundBudget,
         max_norm_ratio: float,
         max_weight: float,
         clip_factor: float,
@@ -120,6 +120,7 @@ class AllReduceRunner(Contributor):
     ) -> None:
         if codec.codec_id != group.codec_id or return_codec.codec_id != group.return_codec_id:
             raise ValueError("codecs differ from the group's")
+        timeouts = budget.running
         self.p2p, self.group, self.delta, self.timeouts = p2p, group, delta, timeouts
         self.part_handler, self.report_handler = handlers[:2]
         self.check_handlers = handlers[2:]
@@ -158,7 +159,7 @@ class AllReduceRunner(Contributor):
         self.counter = ByteCounter()
         loop = asyncio.get_running_loop()
         self._t0 = loop.time()
-        self.deadlines = Deadlines.starting(self._t0, timeouts)
+        self.deadlines = budget.deadlines(self._t0)
         self.server = self._part_server(self.index, self.deadlines)
         self.starts = StartWatch(self.server, self._t0, timeouts, bans)
         """Who started sending this member's part: silent ones are dropped early, on

@@ -18,6 +18,7 @@ from hivemind.p2p import PeerID
 from diloco.errors import ProtocolError, RoundFailed
 from diloco.protocol.allreduce.member import AllReduceRunner
 from diloco.protocol.allreduce.silence import StartWatch
+from diloco.protocol.core.budget import RoundBudget
 from diloco.protocol.core.group import RoundTimeouts
 from diloco.protocol.core.reducer import RoundKey
 from diloco.protocol.runtime.streams import (
@@ -65,6 +66,8 @@ class RoundRouter:
         clock: Clock | None = None,
     ) -> None:
         self.p2p, self.digest, self.timeouts, self.bans = p2p, digest, timeouts, bans
+        self.budget = RoundBudget.of(timeouts)
+        """The run's timeouts: what bounds this router's streams (``RoundBudget.streams``)."""
         self.clock = clock
         """None: the running event loop."""
         self.part_handler = f"/diloco/{run_id}/part/1"
@@ -88,18 +91,15 @@ class RoundRouter:
 
     async def start(self) -> None:
         """Register the four handlers on the shared P2P daemon (banned peers refused)."""
-        t = self.timeouts
-        waits = t.connect_timeout + t.matchmaking  # the first frame, then this node's group
-        reply = t.reply_timeout
-        checks = waits + t.allreduce + t.verification
+        bounds = self.budget.streams()
         for handler_name, name, serve, timeout in (
-            (self.part_handler, "PART", self._serve_part, waits + t.allreduce),
-            (self.report_handler, "REPORT", self._serve_report, waits + reply),
-            (self.check_handler, "CHECK", self._serve_check, checks),
-            (self.evidence_handler, "EVIDENCE", self._serve_evidence, checks),
+            (self.part_handler, "PART", self._serve_part, bounds.part),
+            (self.report_handler, "REPORT", self._serve_report, bounds.report),
+            (self.check_handler, "CHECK", self._serve_check, bounds.check),
+            (self.evidence_handler, "EVIDENCE", self._serve_evidence, bounds.check),
         ):
             handler = stream_handler(
-                name, serve, timeout=timeout, reply_timeout=reply, admit=self.bans.admit
+                name, serve, timeout=timeout, reply_timeout=bounds.reply, admit=self.bans.admit
             )
             await self.p2p.add_binary_stream_handler(handler_name, handler)
 
@@ -134,8 +134,7 @@ class RoundRouter:
                 self._finished[key] = served
                 clock = self._clock()
                 for runner in answering:
-                    # others' checks end a matchmaking after ours at most, their disputes too
-                    answered = runner.deadlines.check + self.timeouts.matchmaking
+                    answered = self.budget.answering_until(runner.deadlines)
                     clock.call_at(answered, runner.stop_answering)
                 forget = max(runner.deadlines.forget for runner in answering)
                 clock.call_at(forget, self._finished.pop, key, None)
@@ -185,7 +184,7 @@ class RoundRouter:
         else:
             if future is None:
                 return Reject(RejectCode.UNKNOWN_ROUND, reason="round not in flight here")
-            await asyncio.wait({future}, timeout=self.timeouts.matchmaking)
+            await asyncio.wait({future}, timeout=self.budget.group_wait)
             if not future.done() or future.cancelled() or future.exception() is not None:
                 return Reject(RejectCode.UNKNOWN_ROUND, reason="no group for this round here")
             served = future.result()

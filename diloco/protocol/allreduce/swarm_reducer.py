@@ -19,13 +19,9 @@ from diloco.codecs import Codec
 from diloco.errors import PriorDiverged, RoundFailed
 from diloco.protocol.allreduce.member import AllReduceRunner
 from diloco.protocol.allreduce.routing import RoundRouter
-from diloco.protocol.core.adaptive import (
-    RECENT_ROUNDS,
-    adapted_timeouts,
-    round_trip_estimate,
-    rtt_timeouts,
-)
+from diloco.protocol.core.adaptive import RECENT_ROUNDS, round_trip_estimate
 from diloco.protocol.core.aggregation import CLIP_FACTOR, check_clip_factor, weighted_mean
+from diloco.protocol.core.budget import RoundBudget
 from diloco.protocol.core.demotion import Demotion
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
 from diloco.protocol.core.partition import butterfly_parts
@@ -50,8 +46,8 @@ class SwarmReducer(Reducer):
     """Reduces fragment rounds with the other nodes of the swarm; one per ``Swarm``.
 
     ``reduce`` returns at once; matchmaking and the all-reduce run on the swarm's loop and
-    the future resolves within ``timeouts.total`` seconds (a staged round: one all-reduce and
-    its checks more per further stage, and per stage a few more after a loss). With
+    the future resolves by the round's end (``RoundBudget.round_end``: ``timeouts.total``
+    seconds, a staged round a few all-reduces and their checks more per stage). With
     ``target_group_size`` (e.g. the number of live node records) matchmaking ends as soon as
     that many peers declared, instead of after the whole window. ``max_weight`` caps every
     member's weight (tokens, the run's cap) and ``clip_factor`` is the C of the reducers'
@@ -211,11 +207,12 @@ class SwarmReducer(Reducer):
         return dataclasses.replace(result, round_trips=tuple(path))
 
     async def _reduce(self, key: RoundKey, contribution: Contribution) -> RoundResult:
-        timeouts = rtt_timeouts(self.timeouts, round_trip_estimate(self.rtt_samples))
-        self.matchmaker.timeouts = timeouts  # the rounds in matchmaking now follow it too
+        budget = RoundBudget.of(self.timeouts, round_trip_estimate(self.rtt_samples))
+        self.matchmaker.timeouts = budget.matching  # the rounds in matchmaking now follow it too
+        start = asyncio.get_running_loop().time()
         try:
-            async with asyncio.timeout(timeouts.total) as deadline:
-                return await self._reduce_inner(key, contribution, deadline)
+            async with asyncio.timeout_at(budget.round_end(start)) as deadline:
+                return await self._reduce_inner(key, contribution, budget, start, deadline)
         except RoundFailed as exc:
             logger.debug("%s", exc)  # the caller reports failed rounds
             raise
@@ -229,10 +226,14 @@ class SwarmReducer(Reducer):
             raise RoundFailed(key.fragment, key.round, f"internal error: {exc!r}") from exc
 
     async def _reduce_inner(
-        self, key: RoundKey, contribution: Contribution, deadline: asyncio.Timeout
+        self,
+        key: RoundKey,
+        contribution: Contribution,
+        budget: RoundBudget,
+        start: float,
+        deadline: asyncio.Timeout,
     ) -> RoundResult:
         loop = asyncio.get_running_loop()
-        start = loop.time()
         delta = contribution.delta.detach().contiguous()
         slot = self.router.expect(key)
         reduced, failed = False, False  # a round without a group serves a demotion too
@@ -246,25 +247,25 @@ class SwarmReducer(Reducer):
                 result = await loop.run_in_executor(None, self._alone, delta, names)
             else:
                 grid = grid_for(group, self.max_group_size, self.max_weight)
-                timeouts = self.round_timeouts()
+                net = self.swarm.net
+                budget = budget.adapted(
+                    self.transfers,
+                    factor=net.transfer_timeout_factor,
+                    floor=net.min_transfer_timeout,
+                )
                 if grid is None:
-                    runner = self._runner(group, delta, self.max_weight, timeouts)
+                    runner = self._runner(group, delta, self.max_weight, budget)
                 else:
-                    stage = timeouts.allreduce + timeouts.verification
-                    when = deadline.when()
-                    assert when is not None
-                    # a stage may run its group again as a view (a loss: staged_runner)
-                    extra = StagedRunner.ATTEMPTS * grid.num_stages - 1
-                    deadline.reschedule(when + extra * stage)
+                    deadline.reschedule(budget.round_end(start, grid.num_stages))
                     runner = StagedRunner(
                         group=group,
                         plan=grid,
                         me=self.swarm.peer_id,
                         delta=delta,
                         make_runner=lambda info, x, cap: self._runner(
-                            info, x, cap, timeouts, drop_by_time=False
+                            info, x, cap, budget, drop_by_time=False
                         ),
-                        timeouts=timeouts,
+                        budget=budget,
                         max_weight=self.max_weight,
                     )
                 slot.set_result(runner)
@@ -324,7 +325,7 @@ class SwarmReducer(Reducer):
         group: GroupInfo,
         delta: torch.Tensor,
         max_weight: float,
-        timeouts: RoundTimeouts,
+        budget: RoundBudget,
         drop_by_time: bool = True,
     ) -> AllReduceRunner:
         """The runner of one all-reduce (a flat round, or one stage of a staged one: its
@@ -337,7 +338,7 @@ class SwarmReducer(Reducer):
             codec=self.codec,
             return_codec=self.return_codec,
             delta=delta,
-            timeouts=timeouts,
+            budget=budget,
             max_norm_ratio=self.max_norm_ratio,
             max_weight=max_weight,
             clip_factor=self.clip_factor,
@@ -345,16 +346,6 @@ class SwarmReducer(Reducer):
             handlers=self.router.handlers,
             identity=self.identity,
             drop_by_time=drop_by_time,
-        )
-
-    def round_timeouts(self) -> RoundTimeouts:
-        """This round's timeouts: the part deadlines adapted to recent transfers."""
-        net = self.swarm.net
-        return adapted_timeouts(
-            self.timeouts,
-            self.transfers,
-            factor=net.transfer_timeout_factor,
-            floor=net.min_transfer_timeout,
         )
 
     def _alone(self, delta: torch.Tensor, names: tuple[str, ...]) -> RoundResult:
