@@ -33,7 +33,7 @@ async def _setup_seconds(group: GroupInfo, max_group_size: int) -> float:
         plan=plan,
         me=group.members[0],
         delta=torch.zeros(group.numel),
-        make_runner=lambda info, x, cap: None,  # type: ignore[arg-type,return-value]
+        factory=lambda info, x, cap: None,  # type: ignore[arg-type,return-value]
         budget=RoundBudget.of(RoundTimeouts()),
         max_weight=math.inf,
     )

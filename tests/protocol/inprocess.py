@@ -147,7 +147,7 @@ class Round:
             self.routers.append(router)
         for i, (router, slot) in enumerate(routers):
             runner = self.runner_types[i](
-                p2p=self.network.peers[self.ids[i]],
+                transport=router.transport,
                 group=self.group,
                 digest=DIGEST,
                 codec=self.codec,
@@ -158,7 +158,6 @@ class Round:
                 max_weight=self.max_weight,
                 clip_factor=self.clip_factor,
                 bans=self.bans[i],
-                handlers=router.handlers,
                 identity=self.identities[i] if self.verify else None,
             )
             runner.round = self  # type: ignore[attr-defined]  # faults look at the others

@@ -78,7 +78,7 @@ def runner(
     timeouts of ``router``, as ``SwarmReducer`` makes one (nobody dropped as silent by time
     in a stage)."""
     return cls(
-        p2p=transport,
+        transport=router.transport,
         group=info,
         digest=DIGEST,
         codec=get_codec(codec),
@@ -89,7 +89,6 @@ def runner(
         max_weight=cap,
         clip_factor=CLIP_FACTOR,
         bans=bans,
-        handlers=router.handlers,
         identity=identity,
         drop_by_time=False,
     )
@@ -121,7 +120,7 @@ async def run_round(
             plan=plan,
             me=peer,
             delta=values[i],
-            make_runner=factory(i, transport, bans, router),
+            factory=factory(i, transport, bans, router),
             budget=RoundBudget.of(timeouts),
             max_weight=math.inf,
         )

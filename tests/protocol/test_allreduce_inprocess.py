@@ -83,7 +83,7 @@ def test_client_reduces_nothing_and_every_member_gets_the_in_process_bytes(codec
         round_ = Round(inputs, weights, [AllReduceRunner] * 3, codec, clients=(False, True, False))
         await round_.start()
         client = round_.network.peers[round_.ids[1]]
-        del client.handlers[round_.routers[1].part_handler]
+        del client.handlers[round_.routers[1].transport.part]
         return await round_.outcomes()
 
     outcomes = asyncio.run(main())

@@ -19,7 +19,7 @@ async def _ask(round_: Round, member: int, of: int) -> CheckResponse | Reject:
     """Member ``member`` asks member ``of`` about block 0 of part ``member`` on a stream."""
     p2p = round_.network.peers[round_.ids[member]]
     request = CheckRequest(round_.runners[of].plan.tag, round_.group.group_id, ((member, (0,)),))
-    reader, writer = await open_stream(p2p, round_.ids[of], round_.routers[of].check_handler, 1)
+    reader, writer = await open_stream(p2p, round_.ids[of], round_.routers[of].transport.check, 1)
     try:
         await write_frame(writer, Kind.CHECK_REQ, request.serialize())
         kind, body = await read_frame(reader, (Kind.CHECK_RES,), 1 << 20)

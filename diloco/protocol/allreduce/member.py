@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import random
 
 import torch
@@ -42,6 +43,7 @@ from diloco.protocol.allreduce.part_server import PartServer
 from diloco.protocol.allreduce.reports import STREAM_RETRIES, ReportExchange
 from diloco.protocol.allreduce.silence import StartWatch
 from diloco.protocol.allreduce.substitute import FAILED, Excluded, Substitutes
+from diloco.protocol.allreduce.transport import RoundTransport
 from diloco.protocol.core.agreement import decide
 from diloco.protocol.core.assembly import Assembled, Assembly, AveragedPart
 from diloco.protocol.core.budget import Deadlines, RoundBudget
@@ -61,7 +63,6 @@ from diloco.protocol.core.verification import (
 from diloco.protocol.runtime import round_trips
 from diloco.protocol.runtime.streams import (
     TRANSPORT_ERRORS,
-    StreamTransport,
     open_stream,
     read_body,
     read_frame,
@@ -103,7 +104,7 @@ class AllReduceRunner(Contributor):
     def __init__(
         self,
         *,
-        p2p: StreamTransport,
+        transport: RoundTransport,
         group: GroupInfo,
         digest: bytes,
         codec: Codec,
@@ -114,16 +115,15 @@ class AllReduceRunner(Contributor):
         max_weight: float,
         clip_factor: float,
         bans: BanList,
-        handlers: tuple[str, str, str, str],
         identity: Identity | None = None,
         drop_by_time: bool = True,
     ) -> None:
         if codec.codec_id != group.codec_id or return_codec.codec_id != group.return_codec_id:
             raise ValueError("codecs differ from the group's")
-        timeouts = budget.running
+        p2p, timeouts = transport.p2p, budget.running
         self.p2p, self.group, self.delta, self.timeouts = p2p, group, delta, timeouts
-        self.part_handler, self.report_handler = handlers[:2]
-        self.check_handlers = handlers[2:]
+        self.part_handler, self.report_handler = transport.part, transport.report
+        self.check_handlers = transport.check, transport.evidence
         self.identity, self.bans = identity, bans
         self.index = group.index(p2p.peer_id)
         self.num_members = len(group.members)
@@ -181,6 +181,20 @@ class AllReduceRunner(Contributor):
         )
         self.part_missing = True
         """Whether this member's own part failed (``demotion``); True until ``run`` ends."""
+
+    @property
+    def runners(self) -> tuple[AllReduceRunner]:
+        """The all-reduces of this round here: this one (``routing.Routed``)."""
+        return (self,)
+
+    async def runner_for(self, group_id: bytes, sender: PeerID) -> AllReduceRunner:
+        """The runner of every stream for this round: this one (the router checks that
+        ``group_id`` is its group's)."""
+        return self
+
+    def serving_until(self) -> float:
+        """Nothing is served for a flat round once it returned but its checks."""
+        return -math.inf
 
     async def run(self) -> RoundResult:
         """Exchange parts, agree by reports, and return the round's result.

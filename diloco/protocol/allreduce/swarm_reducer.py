@@ -19,6 +19,7 @@ from diloco.codecs import Codec
 from diloco.errors import PriorDiverged, RoundFailed
 from diloco.protocol.allreduce.member import AllReduceRunner
 from diloco.protocol.allreduce.routing import RoundRouter
+from diloco.protocol.allreduce.runners import RoundRunners
 from diloco.protocol.core.adaptive import RECENT_ROUNDS, round_trip_estimate
 from diloco.protocol.core.aggregation import CLIP_FACTOR, check_clip_factor, weighted_mean
 from diloco.protocol.core.budget import RoundBudget
@@ -154,7 +155,7 @@ class SwarmReducer(Reducer):
     def close(self) -> None:
         """Stop answering this reducer's streams; rounds in flight fail or finish by their
         deadlines. The swarm itself stays up (``Swarm.shutdown`` ends it)."""
-        for name in (self.matchmaker.handler_name, *self.router.handlers):
+        for name in (self.matchmaker.handler_name, *self.router.transport.handlers):
             try:
                 self.swarm.call(self.swarm.p2p.remove_binary_stream_handler(name), 5.0)
             except Exception as exc:  # the daemon may already be gone at shutdown
@@ -253,8 +254,9 @@ class SwarmReducer(Reducer):
                     factor=net.transfer_timeout_factor,
                     floor=net.min_transfer_timeout,
                 )
+                runners = self._runners(budget)
                 if grid is None:
-                    runner = self._runner(group, delta, self.max_weight, budget)
+                    runner = runners(group, delta, self.max_weight)
                 else:
                     deadline.reschedule(budget.round_end(start, grid.num_stages))
                     runner = StagedRunner(
@@ -262,9 +264,7 @@ class SwarmReducer(Reducer):
                         plan=grid,
                         me=self.swarm.peer_id,
                         delta=delta,
-                        make_runner=lambda info, x, cap: self._runner(
-                            info, x, cap, budget, drop_by_time=False
-                        ),
+                        factory=runners.in_stages(),
                         budget=budget,
                         max_weight=self.max_weight,
                     )
@@ -320,32 +320,19 @@ class SwarmReducer(Reducer):
                 raise
             return None
 
-    def _runner(
-        self,
-        group: GroupInfo,
-        delta: torch.Tensor,
-        max_weight: float,
-        budget: RoundBudget,
-        drop_by_time: bool = True,
-    ) -> AllReduceRunner:
-        """The runner of one all-reduce (a flat round, or one stage of a staged one: its
-        members start it unevenly, so nobody is dropped as silent by time there, only on
-        evidence, ``silence``)."""
-        return self.runner_type(
-            p2p=self.swarm.streams,
-            group=group,
+    def _runners(self, budget: RoundBudget) -> RoundRunners:
+        """The runners of one round here, on its ``budget``."""
+        return RoundRunners(
+            transport=self.router.transport,
             digest=self.swarm.digest,
             codec=self.codec,
             return_codec=self.return_codec,
-            delta=delta,
             budget=budget,
             max_norm_ratio=self.max_norm_ratio,
-            max_weight=max_weight,
             clip_factor=self.clip_factor,
             bans=self.bans,
-            handlers=self.router.handlers,
             identity=self.identity,
-            drop_by_time=drop_by_time,
+            runner_type=self.runner_type,
         )
 
     def _alone(self, delta: torch.Tensor, names: tuple[str, ...]) -> RoundResult:

@@ -39,8 +39,8 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from hivemind.p2p import PeerID
@@ -63,8 +63,15 @@ from diloco.protocol.staged.views import (
 
 logger = logging.getLogger(__name__)
 
-RunnerFactory = Callable[[GroupInfo, torch.Tensor, float], AllReduceRunner]
-"""``(stage group, input vector, weight cap)`` -> the runner of that stage at this member."""
+
+class RunnerFactory(Protocol):
+    """Builds the runner of one stage group at this member (``allreduce.runners``)."""
+
+    def __call__(
+        self, group: GroupInfo, delta: torch.Tensor, max_weight: float, /
+    ) -> AllReduceRunner:
+        """The runner of ``group`` with input ``delta``, weights capped at ``max_weight``."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,9 +87,10 @@ class _Moved:
 class StagedRunner:
     """One member's side of one staged round: its stage groups' runners, one after another.
 
-    ``make_runner`` builds the runner of one stage (``SwarmReducer`` passes its own, with
-    the round's codecs, bans and identity); ``max_weight`` caps the members' weights in
-    stage 0 only (the plan's carried weights are sums of capped weights).
+    ``factory`` builds the runner of one stage (``SwarmReducer`` passes its round's
+    ``RoundRunners.in_stages``); ``budget`` says how long a stage may take; ``max_weight``
+    caps the members' weights in stage 0 only (the plan's carried weights are sums of
+    capped weights).
     """
 
     transfer_seconds: float | None = None
@@ -95,12 +103,12 @@ class StagedRunner:
         plan: GridPlan,
         me: PeerID,
         delta: torch.Tensor,
-        make_runner: RunnerFactory,
+        factory: RunnerFactory,
         budget: RoundBudget,
         max_weight: float,
     ) -> None:
         self.group, self.plan, self.delta = group, plan, delta
-        self.make_runner, self.budget, self.max_weight = make_runner, budget, max_weight
+        self.factory, self.budget, self.max_weight = factory, budget, max_weight
         self.index = index = group.index(me)
         self._capped = cap_weights(group.weights, max_weight)
         infos = stage_infos(group, plan)
@@ -207,7 +215,7 @@ class StagedRunner:
         self, group_id: bytes, view: SlotView, info: GroupInfo, value: torch.Tensor
     ) -> AllReduceRunner:
         if group_id not in self._stood_in:
-            runner = self.make_runner(info, value, math.inf)
+            runner = self.factory(info, value, math.inf)
             self._stood_in[group_id] = runner
             task = asyncio.create_task(self._serve_stand_in(view.stage, runner))
             self._tasks.add(task)
@@ -248,7 +256,7 @@ class StagedRunner:
         """Run ``info`` here: its result, or where the group moved, the run then cancelled:
         a member of ``watch``'s slot (None: any; -1: none) refused it as not its group, or
         a member streamed under a view of it not tried yet (``_pull``)."""
-        runner = self.make_runner(info, held, self.max_weight if s == 0 else math.inf)
+        runner = self.factory(info, held, self.max_weight if s == 0 else math.inf)
         self.runners.append(runner)
         self._slots[info.group_id][1].set_result(runner)
         self._tried.add(info.group_id)
