@@ -14,6 +14,7 @@ import math
 from collections.abc import Sequence
 
 import torch
+from faults import Member, injected
 from hivemind.p2p import PeerID
 from memory_p2p import MemoryNetwork, make_identity
 
@@ -21,6 +22,7 @@ from diloco.codecs import get_codec
 from diloco.errors import RoundFailed
 from diloco.protocol.allreduce.member import AllReduceRunner
 from diloco.protocol.allreduce.routing import Clock, RoundRouter
+from diloco.protocol.allreduce.runners import RoundRunners
 from diloco.protocol.core.aggregation import CLIP_FACTOR
 from diloco.protocol.core.budget import RoundBudget
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
@@ -93,13 +95,14 @@ class RecordingBans(BanList):
 
 
 class Round:
-    """One round of ``M`` runners on one in-memory network, as ``SwarmReducer`` sets it up."""
+    """One round of ``M`` runners on one in-memory network, as ``SwarmReducer`` sets it up
+    (``runner_types``: what each member runs, through the production fault hook)."""
 
     def __init__(
         self,
         inputs: Sequence[torch.Tensor],
         weights: Sequence[float],
-        runner_types: Sequence[type[AllReduceRunner]],
+        runner_types: Sequence[Member],
         codec: str = "none",
         timeouts: RoundTimeouts = TIMEOUTS,
         verify: bool = True,
@@ -146,20 +149,19 @@ class Round:
             routers.append((router, router.expect(KEY)))
             self.routers.append(router)
         for i, (router, slot) in enumerate(routers):
-            runner = self.runner_types[i](
+            runners = RoundRunners(
                 transport=router.transport,
-                group=self.group,
                 digest=DIGEST,
                 codec=self.codec,
                 return_codec=self.return_codec,
-                delta=self.deltas[i],
                 budget=RoundBudget.of(self.timeouts),
                 max_norm_ratio=100.0,
-                max_weight=self.max_weight,
                 clip_factor=self.clip_factor,
                 bans=self.bans[i],
                 identity=self.identities[i] if self.verify else None,
+                faults=injected(self.runner_types[i]),
             )
+            runner = runners(self.group, self.deltas[i], self.max_weight)
             runner.round = self  # type: ignore[attr-defined]  # faults look at the others
             slot.set_result(runner)
             self.runners.append(runner)
@@ -178,7 +180,7 @@ class Round:
 def run_round(
     inputs: Sequence[torch.Tensor],
     weights: Sequence[float],
-    runner_types: Sequence[type[AllReduceRunner]],
+    runner_types: Sequence[Member],
     codec: str = "none",
     verify: bool = True,
     bans: Sequence[BanList] | None = None,

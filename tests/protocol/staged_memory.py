@@ -12,12 +12,14 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from faults import Member, injected
 from hivemind.p2p import PeerID
 from memory_p2p import MemoryNetwork, MemoryP2P, make_identity
 
 from diloco.codecs import get_codec
 from diloco.protocol.allreduce.member import AllReduceRunner
 from diloco.protocol.allreduce.routing import RoundRouter
+from diloco.protocol.allreduce.runners import RoundRunners
 from diloco.protocol.core.aggregation import CLIP_FACTOR
 from diloco.protocol.core.budget import RoundBudget
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
@@ -64,7 +66,7 @@ def deltas() -> list[torch.Tensor]:
 
 
 def runner(
-    cls: type[AllReduceRunner],
+    cls: Member,
     transport: MemoryP2P,
     bans: BanList,
     router: RoundRouter,
@@ -74,24 +76,22 @@ def runner(
     x: torch.Tensor,
     cap: float,
 ) -> AllReduceRunner:
-    """A stage runner of class ``cls`` for ``info`` at the member of ``transport``, on the
-    timeouts of ``router``, as ``SwarmReducer`` makes one (nobody dropped as silent by time
-    in a stage)."""
-    return cls(
+    """A stage runner of ``cls`` (a runner class or injected faults) for ``info`` at the
+    member of ``transport``, on the timeouts of ``router``, as ``SwarmReducer`` makes one
+    (``RoundRunners.in_stages``: nobody dropped as silent by time in a stage)."""
+    runners = RoundRunners(
         transport=router.transport,
-        group=info,
         digest=DIGEST,
         codec=get_codec(codec),
         return_codec=get_codec(codec),
-        delta=x,
         budget=RoundBudget.of(router.timeouts),
         max_norm_ratio=100.0,
-        max_weight=cap,
         clip_factor=CLIP_FACTOR,
         bans=bans,
         identity=identity,
-        drop_by_time=False,
+        faults=injected(cls),
     )
+    return runners.in_stages()(info, x, cap)
 
 
 async def run_round(

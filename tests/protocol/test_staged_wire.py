@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from faults import Injected
 from memory_p2p import MemoryP2P
 from staged_memory import (
     KEY,
@@ -85,7 +86,7 @@ def _factory(
     return make
 
 
-def _delivering_once(transport: MemoryP2P) -> type[AllReduceRunner]:
+def _delivering_once(transport: MemoryP2P) -> Injected:
     """A runner whose part server delivers its averaged part to the first member that
     asks, holds the others, then dies: one member holds the part, the others never will."""
 
@@ -99,10 +100,7 @@ def _delivering_once(transport: MemoryP2P) -> type[AllReduceRunner]:
             await super()._send_averages(j, writer)
             transport.kill()
 
-    class DeliveringOnce(AllReduceRunner):
-        server_type = Server
-
-    return DeliveringOnce
+    return Injected(server=Server)
 
 
 async def _forever() -> RoundResult:

@@ -92,12 +92,11 @@ class AllReduceRunner(Contributor):
 
     It moves bytes and keeps time; what the bytes mean is decided by ``AveragedPart``,
     ``self.assembly`` and ``agreement.decide``; ``self.server`` serves its own part.
-    ``server_type`` is the class that does (tests substitute faulty subclasses). Without
+    ``server_type`` is the class that does (a test's ``Faults`` may pick another). Without
     an ``identity`` nothing is signed or checked (for measurements: every member of a
     group must then run without). ``rng`` picks the blocks checked: private randomness.
     """
 
-    server_type: type[PartServer] = PartServer
     samples: int = SAMPLES_PER_PART
     rng: random.Random = random.SystemRandom()
 
@@ -117,6 +116,7 @@ class AllReduceRunner(Contributor):
         bans: BanList,
         identity: Identity | None = None,
         drop_by_time: bool = True,
+        server_type: type[PartServer] = PartServer,
     ) -> None:
         if codec.codec_id != group.codec_id or return_codec.codec_id != group.return_codec_id:
             raise ValueError("codecs differ from the group's")
@@ -124,7 +124,7 @@ class AllReduceRunner(Contributor):
         self.p2p, self.group, self.delta, self.timeouts = p2p, group, delta, timeouts
         self.part_handler, self.report_handler = transport.part, transport.report
         self.check_handlers = transport.check, transport.evidence
-        self.identity, self.bans = identity, bans
+        self.identity, self.bans, self.server_type = identity, bans, server_type
         self.index = group.index(p2p.peer_id)
         self.num_members = len(group.members)
         self.plan = RoundPlan.build(

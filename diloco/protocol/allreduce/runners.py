@@ -5,22 +5,40 @@ round on the runner it builds; a staged round gets it (``in_stages``) to build t
 of each stage group (``staged.runner.RunnerFactory``), so the staged runner never calls
 back into the reducer. Every runner it builds shares the round's codecs, budget, bans,
 identity and the router's transport.
+
+``Faults`` is the one way to put a faulty part into a node's rounds: the classes that run
+its side of a group. Tests pass faulty subclasses (a member that lies, stalls or dies); a
+node passes none and runs ``AllReduceRunner`` and ``PartServer``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from diloco.codecs import Codec
 from diloco.protocol.allreduce.member import AllReduceRunner
+from diloco.protocol.allreduce.part_server import PartServer
 from diloco.protocol.allreduce.transport import RoundTransport
 from diloco.protocol.core.budget import RoundBudget
 from diloco.protocol.core.group import GroupInfo
 from diloco.protocol.trust.bans import BanList
 from diloco.protocol.trust.identity import Identity
+
+
+class Faults(Protocol):
+    """Fault injection: which classes run this node's side of ``group`` (module docstring)."""
+
+    def runner_type(self, group: GroupInfo) -> type[AllReduceRunner]:
+        """The class of this member's runner (its streams, reports and checks)."""
+        ...
+
+    def server_type(self, group: GroupInfo) -> type[PartServer]:
+        """The class that serves the parts this member reduces (its own, re-reduced ones)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -38,12 +56,15 @@ class RoundRunners:
     identity: Identity | None
     drop_by_time: bool = True
     """Whether a member silent at a part's start is dropped by time (``silence``)."""
-    runner_type: type[AllReduceRunner] = AllReduceRunner
+    faults: Faults | None = None
+    """None: the honest classes."""
 
     def __call__(self, group: GroupInfo, delta: torch.Tensor, max_weight: float) -> AllReduceRunner:
         """The runner of ``group``'s all-reduce of ``delta`` here, weights capped at
         ``max_weight``."""
-        return self.runner_type(
+        faults = self.faults
+        runner_type = AllReduceRunner if faults is None else faults.runner_type(group)
+        return runner_type(
             transport=self.transport,
             group=group,
             digest=self.digest,
@@ -57,6 +78,7 @@ class RoundRunners:
             bans=self.bans,
             identity=self.identity,
             drop_by_time=self.drop_by_time,
+            server_type=PartServer if faults is None else faults.server_type(group),
         )
 
     def in_stages(self) -> RoundRunners:

@@ -19,7 +19,7 @@ from diloco.codecs import Codec
 from diloco.errors import PriorDiverged, RoundFailed
 from diloco.protocol.allreduce.member import AllReduceRunner
 from diloco.protocol.allreduce.routing import RoundRouter
-from diloco.protocol.allreduce.runners import RoundRunners
+from diloco.protocol.allreduce.runners import Faults, RoundRunners
 from diloco.protocol.core.adaptive import RECENT_ROUNDS, round_trip_estimate
 from diloco.protocol.core.aggregation import CLIP_FACTOR, check_clip_factor, weighted_mean
 from diloco.protocol.core.budget import RoundBudget
@@ -52,8 +52,8 @@ class SwarmReducer(Reducer):
     ``target_group_size`` (e.g. the number of live node records) matchmaking ends as soon as
     that many peers declared, instead of after the whole window. ``max_weight`` caps every
     member's weight (tokens, the run's cap) and ``clip_factor`` is the C of the reducers'
-    norm clipping (``aggregation``; 0: off). ``bans`` is the swarm's. ``runner_type`` is the
-    class that runs one all-reduce (tests substitute faulty subclasses).
+    norm clipping (``aggregation``; 0: off). ``bans`` is the swarm's. ``faults`` picks the
+    classes that run this node's side of a round (``runners.Faults``; tests only).
 
     With ``verify`` (the default) every chunk is signed with the node's identity and every
     member checks the others' averages (``verification``): a reducer caught lying fails the
@@ -67,8 +67,6 @@ class SwarmReducer(Reducer):
     With ``rounds_of_one`` (a node's choice) a node alone in the run applies its own outer
     gradient when no group forms (``_group_or_alone``); without, such a round fails.
     """
-
-    runner_type: type[AllReduceRunner] = AllReduceRunner
 
     def __init__(
         self,
@@ -87,6 +85,7 @@ class SwarmReducer(Reducer):
         demotion: Demotion | None = None,
         max_group_size: int | None = None,
         rounds_of_one: bool = False,
+        faults: Faults | None = None,
     ) -> None:
         if not max_norm_ratio > 1:
             raise ValueError(f"max_norm_ratio must be > 1, got {max_norm_ratio}")
@@ -103,7 +102,7 @@ class SwarmReducer(Reducer):
                 self.return_codec,
             )
         self.client, self.max_group_size = client, max_group_size
-        self.rounds_of_one = rounds_of_one
+        self.rounds_of_one, self.faults = rounds_of_one, faults
         self.demotion = demotion or Demotion()
         self.matchmaker = Matchmaker(
             swarm.streams,
@@ -332,7 +331,7 @@ class SwarmReducer(Reducer):
             clip_factor=self.clip_factor,
             bans=self.bans,
             identity=self.identity,
-            runner_type=self.runner_type,
+            faults=self.faults,
         )
 
     def _alone(self, delta: torch.Tensor, names: tuple[str, ...]) -> RoundResult:
