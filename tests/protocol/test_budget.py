@@ -40,3 +40,8 @@ def test_the_routers_streams_and_answers_keep_to_the_runs_timeouts() -> None:
     assert budget.group_wait == 8.0
     checks_due = RoundBudget.of(RUN).deadlines(0.0).check  # 10 + 10 + 10 + 3 + 5
     assert budget.answering_until(RoundBudget.of(RUN).deadlines(0.0)) == checks_due + 8.0 == 46.0
+
+
+def test_a_join_stream_is_bounded_for_the_widest_window_the_round_trip_may_set() -> None:
+    # window and join stretched four times (8 s each): matchmaking 8 + 3 * 8, one join more
+    assert RoundBudget.of(RUN).join_stream() == 8.0 + 3 * 8.0 + 8.0

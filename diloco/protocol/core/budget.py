@@ -5,14 +5,16 @@ of its matchmaking (the window and the joins stretched to the measured round tri
 ``adaptive.rtt_timeouts``) and those of its all-reduce (the part deadlines adapted to recent
 transfers, ``adaptive.adapted_timeouts``). From them it computes what anybody waits for:
 the round's end (flat or staged), a stage's length, the phases of an all-reduce
-(``Deadlines``), the bounds of the router's streams and how long a finished round answers
-checks. The reducer, the matchmaker, the router, the runners and the staged runner ask it
-rather than adding timeouts up themselves.
+(``Deadlines``), the bounds of the router's and the matchmaker's streams and how long a
+finished round answers checks. The reducer, the router, the runners and the staged runner
+ask it rather than adding timeouts up themselves; the matchmaker waits on its ``matching``
+timeouts.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -134,6 +136,12 @@ class RoundBudget:
             check=waits + t.allreduce + t.verification,
             reply=t.reply_timeout,
         )
+
+    def join_stream(self) -> float:
+        """Bound of a JOIN stream at its leader, registered once per run: it must hold with
+        the widest window and joins the round trip may set (``adaptive.MAX_STRETCH``)."""
+        t = rtt_timeouts(self.configured, math.inf)
+        return t.matchmaking + t.join_timeout
 
     @property
     def group_wait(self) -> float:
