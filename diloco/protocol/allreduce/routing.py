@@ -121,7 +121,7 @@ class RoundRouter:
         return self.clock if self.clock is not None else asyncio.get_running_loop()
 
     def expect(self, key: RoundKey) -> asyncio.Future[Routed]:
-        """Open the slot of round ``key``; resolve it with the runner once the group is known."""
+        """Open the slot of round ``key``; resolve it with the round once its group is known."""
         if key in self._rounds or key in self._finished:
             raise RoundFailed(key.fragment, key.round, "this round is already in flight")
         future: asyncio.Future[Routed] = asyncio.get_running_loop().create_future()
