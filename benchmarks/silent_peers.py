@@ -44,11 +44,12 @@ from typing import Any
 FAULTS = ("none", "silent-leader", "silent-member")
 
 
-def _hostile_types() -> tuple[type[Any], type[Any]]:
-    """The silent leader's matchmaker and the silent member's runner (built in the peer
-    process, from the tree measured)."""
+def _hostile_types() -> tuple[type[Any], Any]:
+    """The silent leader's matchmaker and the silent member's faults (``runners.Faults``;
+    built in the peer process, from the tree measured)."""
     from diloco.errors import RoundFailed
     from diloco.protocol.allreduce.member import AllReduceRunner
+    from diloco.protocol.allreduce.part_server import PartServer
     from diloco.protocol.matchmaking.matchmaker import Matchmaker
 
     class SilentLeader(Matchmaker):
@@ -60,7 +61,14 @@ def _hostile_types() -> tuple[type[Any], type[Any]]:
         async def _exchange(self, j: int) -> None:
             return None  # no PART to any reducer
 
-    return SilentLeader, SilentSender
+    class SilentFaults:
+        def runner_type(self, group: Any) -> type[AllReduceRunner]:
+            return SilentSender
+
+        def server_type(self, group: Any) -> type[PartServer]:
+            return PartServer
+
+    return SilentLeader, SilentFaults()
 
 
 def _peer(conn: Connection, index: int, fault: str, peers: int, initial: list[str]) -> None:
@@ -85,15 +93,17 @@ def _peer(conn: Connection, index: int, fault: str, peers: int, initial: list[st
         make_run_id("silent-peers", {"peers": peers}),
         NetworkOptions(initial_peers=tuple(initial), host_maddrs=(host,)),
     )
+    leader, sender = _hostile_types()
+    hostile = index == 0 and fault != "none"
     reducer = SwarmReducer(
-        swarm, get_codec("e3m0"), timeouts=RoundOptions().timeouts(), target_group_size=peers
+        swarm,
+        get_codec("e3m0"),
+        timeouts=RoundOptions().timeouts(),
+        target_group_size=peers,
+        faults=sender if hostile and fault == "silent-member" else None,
     )
-    if index == 0 and fault != "none":
-        leader, sender = _hostile_types()
-        if fault == "silent-leader":
-            reducer.matchmaker.__class__ = leader
-        else:
-            reducer.runner_type = sender
+    if hostile and fault == "silent-leader":
+        reducer.matchmaker.__class__ = leader
     conn.send({"maddrs": swarm.maddrs, "peer_id": swarm.peer_id.to_base58()})
     try:
         while True:

@@ -41,7 +41,7 @@ from staged_memory import N, deltas, run_round, runner
 
 from diloco.codecs import get_codec
 from diloco.protocol.allreduce.member import AllReduceRunner
-from diloco.protocol.allreduce.routing import AllReduceService
+from diloco.protocol.allreduce.routing import RoundRouter
 from diloco.protocol.core.group import GroupInfo
 from diloco.protocol.core.reducer import RoundResult
 from diloco.protocol.staged.reference import staged_mean
@@ -78,13 +78,11 @@ async def _round(
     """The plan and every member's result (or exception) of one round."""
     rng = random.Random(seed)
 
-    def factory(
-        i: int, transport: MemoryP2P, bans: BanList, service: AllReduceService
-    ) -> RunnerFactory:
+    def factory(i: int, transport: MemoryP2P, bans: BanList, router: RoundRouter) -> RunnerFactory:
         started = [0]
 
         def make(info: GroupInfo, x: torch.Tensor, cap: float) -> AllReduceRunner:
-            made = runner(AllReduceRunner, transport, bans, service, "none", None, info, x, cap)
+            made = runner(AllReduceRunner, transport, bans, router, "none", None, info, x, cap)
             dying = i == victim and started[0] == stage
             started[0] += 1
             if dying and die == "at-random":

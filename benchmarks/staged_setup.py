@@ -16,6 +16,7 @@ import time
 import torch
 from hivemind.p2p import PeerID
 
+from diloco.protocol.core.budget import RoundBudget
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
 from diloco.protocol.core.reducer import RoundKey
 from diloco.protocol.staged.groups import grid_for
@@ -32,8 +33,8 @@ async def _setup_seconds(group: GroupInfo, max_group_size: int) -> float:
         plan=plan,
         me=group.members[0],
         delta=torch.zeros(group.numel),
-        make_runner=lambda info, x, cap: None,  # type: ignore[arg-type,return-value]
-        timeouts=RoundTimeouts(),
+        factory=lambda info, x, cap: None,  # type: ignore[arg-type,return-value]
+        budget=RoundBudget.of(RoundTimeouts()),
         max_weight=math.inf,
     )
     return time.perf_counter() - start

@@ -35,6 +35,7 @@ import torch
 
 from diloco.bench import netns
 from diloco.errors import ConfigError, RoundFailed
+from diloco.protocol.core.budget import RoundBudget
 from diloco.protocol.core.group import RoundTimeouts
 from diloco.protocol.runtime.processes import end_with_parent
 from diloco.protocol.staged.grid import num_stages
@@ -173,12 +174,13 @@ def round_timeouts(config: BenchConfig) -> RoundTimeouts:
 
 
 def _round_wait(config: BenchConfig) -> float:
-    """Seconds the driver waits for a peer's round: the peer's own bound (``SwarmReducer``:
-    one all-reduce and its checks more per further stage), and a minute. Waiting
-    ``round_timeout`` only gave up on a flat 48-peer round that was still in its checks."""
-    t = round_timeouts(config)
-    stages = 1 if config.max_group_size is None else num_stages(config.peers, config.max_group_size)
-    return t.total + (stages - 1) * (t.allreduce + t.verification) + 60
+    """Seconds the driver waits for a peer's round: the peer's own bound
+    (``RoundBudget.round_end``), and a minute. Waiting ``round_timeout`` only gave up on a
+    flat 48-peer round that was still in its checks."""
+    budget = RoundBudget.of(round_timeouts(config))
+    size = config.max_group_size
+    stages = None if size is None else num_stages(config.peers, size)
+    return budget.round_end(0.0, stages) + 60
 
 
 _SOCKETS = "/tmp/hivemind-*.sock"

@@ -11,7 +11,8 @@ subpackage's ``__init__`` maps its modules. Read them in this order::
                   round declarations, metrics; RUN_INFO for a joiner
     matchmaking/  who meets in a fragment round: declarations read, a leader, its GROUP
     allreduce/    one round over streams: member and reducer sides, reports, checks,
-                  re-reduction, the router, and ``SwarmReducer`` (the trainer's view)
+                  re-reduction, the router and transport, the runner factory and its
+                  fault hook, and ``SwarmReducer`` (the trainer's view)
     staged/       bounded groups: the grid, its stages over the wire, views with members lost
     state/        a fragment's outer state, its hash, and serving / fetching it
     runtime/      the node's swarm handle: DHT + p2pd processes, event loop, streams, dial-back

@@ -2,7 +2,8 @@
 
 Shared by the real-process tests (``swarm_peers``) and the in-process ones: the sender
 faults corrupt only what a member *sends* as contributions, so a faulty member still reduces
-its own part honestly; ``LyingReducer`` is honest everywhere except in its own part.
+its own part honestly; ``LYING_REDUCER`` is honest everywhere except in its own part. The
+faulty classes reach a round through the production hook (``runners.Faults``): ``Injected``.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import asyncio
 import dataclasses
 import enum
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,12 +22,36 @@ from diloco.errors import RoundFailed
 from diloco.protocol.allreduce.member import AllReduceRunner
 from diloco.protocol.allreduce.part_server import PartServer
 from diloco.protocol.core.assembly import Assembled
+from diloco.protocol.core.group import GroupInfo
 from diloco.protocol.core.reducer import RoundKey
 from diloco.protocol.matchmaking.matchmaker import Matchmaker
 from diloco.protocol.runtime.streams import write_frame
 from diloco.protocol.wire.check import Seal
 from diloco.protocol.wire.frames import Kind, RoundTag
 from diloco.protocol.wire.part import Averaged, PartHead
+
+
+@dataclass(frozen=True)
+class Injected:
+    """The classes one member runs in every group (a ``runners.Faults``)."""
+
+    runner: type[AllReduceRunner] = AllReduceRunner
+    server: type[PartServer] = PartServer
+
+    def runner_type(self, group: GroupInfo) -> type[AllReduceRunner]:
+        return self.runner
+
+    def server_type(self, group: GroupInfo) -> type[PartServer]:
+        return self.server
+
+
+Member = type[AllReduceRunner] | Injected
+"""What a test says a member runs: a runner class, or the classes a fault injects."""
+
+
+def injected(member: Member) -> Injected:
+    """``member`` as the production fault hook takes it."""
+    return member if isinstance(member, Injected) else Injected(runner=member)
 
 
 class Fault(enum.Enum):
@@ -145,10 +171,8 @@ class ScalingServer(PartServer):
         return msg, codec.decode(msg.payload), clipped
 
 
-class LyingReducer(AllReduceRunner):
-    """Honest member, lying reducer: its part is -30 times the true mean."""
-
-    server_type = ScalingServer
+LYING_REDUCER = Injected(server=ScalingServer)
+"""Honest member, lying reducer: its part is -30 times the true mean."""
 
 
 class LyingReporter(AllReduceRunner):

@@ -14,14 +14,17 @@ import math
 from collections.abc import Sequence
 
 import torch
+from faults import Member, injected
 from hivemind.p2p import PeerID
 from memory_p2p import MemoryNetwork, make_identity
 
 from diloco.codecs import get_codec
 from diloco.errors import RoundFailed
 from diloco.protocol.allreduce.member import AllReduceRunner
-from diloco.protocol.allreduce.routing import AllReduceService, Clock
+from diloco.protocol.allreduce.routing import Clock, RoundRouter
+from diloco.protocol.allreduce.runners import RoundRunners
 from diloco.protocol.core.aggregation import CLIP_FACTOR
+from diloco.protocol.core.budget import RoundBudget
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
 from diloco.protocol.core.reducer import Contribution, InProcessReducer, RoundKey, RoundResult
 from diloco.protocol.trust.bans import BanList
@@ -92,13 +95,14 @@ class RecordingBans(BanList):
 
 
 class Round:
-    """One round of ``M`` runners on one in-memory network, as ``SwarmReducer`` sets it up."""
+    """One round of ``M`` runners on one in-memory network, as ``SwarmReducer`` sets it up
+    (``runner_types``: what each member runs, through the production fault hook)."""
 
     def __init__(
         self,
         inputs: Sequence[torch.Tensor],
         weights: Sequence[float],
-        runner_types: Sequence[type[AllReduceRunner]],
+        runner_types: Sequence[Member],
         codec: str = "none",
         timeouts: RoundTimeouts = TIMEOUTS,
         verify: bool = True,
@@ -129,7 +133,7 @@ class Round:
         self.runners: list[AllReduceRunner] = []
         self.tasks: list[asyncio.Task[RoundResult]] = []
         self.bans = list(bans) if bans is not None else [RecordingBans(self.ids) for _ in inputs]
-        self.services: list[AllReduceService] = []
+        self.routers: list[RoundRouter] = []
 
     @property
     def offences(self) -> list[list[tuple[int, str]]]:
@@ -137,29 +141,27 @@ class Round:
         return [bans.log if isinstance(bans, RecordingBans) else [] for bans in self.bans]
 
     async def start(self) -> None:
-        services = []
+        routers = []
         for peer, bans in zip(self.ids, self.bans, strict=True):
             p2p = self.network.join(peer)
-            service = AllReduceService(p2p, RUN_ID, DIGEST, self.timeouts, bans, self.clock)
-            await service.start()
-            services.append((service, service.expect(KEY)))
-            self.services.append(service)
-        for i, (service, slot) in enumerate(services):
-            runner = self.runner_types[i](
-                p2p=self.network.peers[self.ids[i]],
-                group=self.group,
+            router = RoundRouter(p2p, RUN_ID, DIGEST, self.timeouts, bans, self.clock)
+            await router.start()
+            routers.append((router, router.expect(KEY)))
+            self.routers.append(router)
+        for i, (router, slot) in enumerate(routers):
+            runners = RoundRunners(
+                transport=router.transport,
                 digest=DIGEST,
                 codec=self.codec,
                 return_codec=self.return_codec,
-                delta=self.deltas[i],
-                timeouts=self.timeouts,
+                budget=RoundBudget.of(self.timeouts),
                 max_norm_ratio=100.0,
-                max_weight=self.max_weight,
                 clip_factor=self.clip_factor,
                 bans=self.bans[i],
-                handlers=service.handlers,
                 identity=self.identities[i] if self.verify else None,
+                faults=injected(self.runner_types[i]),
             )
+            runner = runners(self.group, self.deltas[i], self.max_weight)
             runner.round = self  # type: ignore[attr-defined]  # faults look at the others
             slot.set_result(runner)
             self.runners.append(runner)
@@ -178,7 +180,7 @@ class Round:
 def run_round(
     inputs: Sequence[torch.Tensor],
     weights: Sequence[float],
-    runner_types: Sequence[type[AllReduceRunner]],
+    runner_types: Sequence[Member],
     codec: str = "none",
     verify: bool = True,
     bans: Sequence[BanList] | None = None,

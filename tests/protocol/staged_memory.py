@@ -1,5 +1,5 @@
 """One staged round among 12 members of one process over in-memory streams (``memory_p2p``),
-the wire code unchanged (``StagedRunner``, ``AllReduceService`` routing, one
+the wire code unchanged (``StagedRunner``, ``RoundRouter`` routing, one
 ``AllReduceRunner`` per stage): what ``test_staged_wire.py`` and
 ``benchmarks/staged_losses.py`` share."""
 
@@ -12,13 +12,16 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from faults import Member, injected
 from hivemind.p2p import PeerID
 from memory_p2p import MemoryNetwork, MemoryP2P, make_identity
 
 from diloco.codecs import get_codec
 from diloco.protocol.allreduce.member import AllReduceRunner
-from diloco.protocol.allreduce.routing import AllReduceService
+from diloco.protocol.allreduce.routing import RoundRouter
+from diloco.protocol.allreduce.runners import RoundRunners
 from diloco.protocol.core.aggregation import CLIP_FACTOR
+from diloco.protocol.core.budget import RoundBudget
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
 from diloco.protocol.core.reducer import RoundKey, RoundResult
 from diloco.protocol.staged.grid import GridPlan
@@ -42,8 +45,8 @@ TIMEOUTS = RoundTimeouts(  # 12 members signing and checking in one process on a
 WEIGHTS = tuple(float(3 + i) for i in range(N))
 IDENTITIES = [make_identity(i) for i in range(N)]
 
-Factory = Callable[[int, MemoryP2P, BanList, AllReduceService], RunnerFactory]
-"""``(member, its transport, its bans, its service)`` -> that member's stage runners."""
+Factory = Callable[[int, MemoryP2P, BanList, RoundRouter], RunnerFactory]
+"""``(member, its transport, its bans, its router)`` -> that member's stage runners."""
 
 
 def peers() -> list[PeerID]:
@@ -63,35 +66,32 @@ def deltas() -> list[torch.Tensor]:
 
 
 def runner(
-    cls: type[AllReduceRunner],
+    cls: Member,
     transport: MemoryP2P,
     bans: BanList,
-    service: AllReduceService,
+    router: RoundRouter,
     codec: str,
     identity: Identity | None,
     info: GroupInfo,
     x: torch.Tensor,
     cap: float,
 ) -> AllReduceRunner:
-    """A stage runner of class ``cls`` for ``info`` at the member of ``transport``, on the
-    timeouts of ``service``, as ``SwarmReducer`` makes one (nobody dropped as silent by time
-    in a stage)."""
-    return cls(
-        p2p=transport,
-        group=info,
+    """A stage runner of ``cls`` (a runner class or injected faults) for ``info`` at the
+    member of ``transport``, on the timeouts of ``router``, as ``SwarmReducer`` makes one
+    (``RoundRunners.in_stages``: nobody dropped as silent by time in a stage)."""
+    runners = RoundRunners(
+        transport=router.transport,
         digest=DIGEST,
         codec=get_codec(codec),
         return_codec=get_codec(codec),
-        delta=x,
-        timeouts=service.timeouts,
+        budget=RoundBudget.of(router.timeouts),
         max_norm_ratio=100.0,
-        max_weight=cap,
         clip_factor=CLIP_FACTOR,
         bans=bans,
-        handlers=service.handlers,
         identity=identity,
-        drop_by_time=False,
+        faults=injected(cls),
     )
+    return runners.in_stages()(info, x, cap)
 
 
 async def run_round(
@@ -113,25 +113,25 @@ async def run_round(
     for i, peer in enumerate(members):
         transport = network.join(peer)
         bans = BanList()
-        service = AllReduceService(transport, "run-0", DIGEST, timeouts, bans)
-        await service.start()
+        router = RoundRouter(transport, "run-0", DIGEST, timeouts, bans)
+        await router.start()
         staged = StagedRunner(
             group=group,
             plan=plan,
             me=peer,
             delta=values[i],
-            make_runner=factory(i, transport, bans, service),
-            timeouts=timeouts,
+            factory=factory(i, transport, bans, router),
+            budget=RoundBudget.of(timeouts),
             max_weight=math.inf,
         )
-        service.expect(KEY).set_result(staged)
-        runs.append((service, staged))
+        router.expect(KEY).set_result(staged)
+        runs.append((router, staged))
 
-    async def one(service: AllReduceService, staged: StagedRunner) -> RoundResult:
+    async def one(router: RoundRouter, staged: StagedRunner) -> RoundResult:
         try:
             return await asyncio.wait_for(staged.run(), 120)
         finally:
-            service.finish(KEY)
+            router.finish(KEY)
 
     tasks = [asyncio.ensure_future(one(*r)) for r in runs]
     try:

@@ -2,8 +2,9 @@
 
 Each peer is a ``spawn``-context process in its own session (so SIGKILL of its process
 group takes its DHT process and p2pd along, like a machine that dies). Faults are
-``AllReduceRunner`` and ``Matchmaker`` subclasses chosen by the ``Fault`` enum (``faults``
-holds those the in-process tests share).
+``AllReduceRunner``, ``PartServer`` and ``Matchmaker`` subclasses chosen by the ``Fault``
+enum (``faults`` holds those the in-process tests share); the runner's and server's reach
+the peer's rounds through the reducer's fault hook (``SwitchedFaults``).
 """
 
 from __future__ import annotations
@@ -22,14 +23,17 @@ from typing import Any
 
 import torch
 from faults import (
+    LYING_REDUCER,
     CutPartStreams,
     Fault,
-    LyingReducer,
+    Injected,
     LyingReporter,
+    Member,
     ScaledContribution,
     SilentLeader,
     SilentSender,
     corrupt_sender,
+    injected,
 )
 from hivemind.p2p import PeerID
 
@@ -39,7 +43,7 @@ from diloco.protocol.allreduce.member import AllReduceRunner
 from diloco.protocol.allreduce.part_server import PartServer
 from diloco.protocol.allreduce.swarm_reducer import SwarmReducer
 from diloco.protocol.core.demotion import Demotion
-from diloco.protocol.core.group import RoundTimeouts
+from diloco.protocol.core.group import GroupInfo, RoundTimeouts
 from diloco.protocol.core.reducer import Contribution, RoundKey
 from diloco.protocol.matchmaking.lobby import leader_rank
 from diloco.protocol.matchmaking.matchmaker import Matchmaker
@@ -96,10 +100,8 @@ class _StallingServer(PartServer):
         await asyncio.sleep(1e6)
 
 
-class StallReducer(AllReduceRunner):
-    """Sends its contributions, receives everyone's part, then never averages its own."""
-
-    server_type = _StallingServer
+STALL_REDUCER = Injected(server=_StallingServer)
+"""Sends its contributions, receives everyone's part, then never averages its own."""
 
 
 class StallMember(AllReduceRunner):
@@ -197,7 +199,21 @@ def write_leading_identity(path: str, others: list[str], key: str) -> str:
     return PeerID(peer_id).to_base58()
 
 
-def runner_type(fault: Fault) -> type[AllReduceRunner]:
+class SwitchedFaults:
+    """A test peer's fault hook (``runners.Faults``): what it runs now, switched between
+    rounds by the test's commands."""
+
+    def __init__(self) -> None:
+        self.now = Injected()
+
+    def runner_type(self, group: GroupInfo) -> type[AllReduceRunner]:
+        return self.now.runner_type(group)
+
+    def server_type(self, group: GroupInfo) -> type[PartServer]:
+        return self.now.server_type(group)
+
+
+def member_fault(fault: Fault) -> Member:
     if fault in (Fault.NONE, Fault.DIE_AS_LEADER, Fault.CUT_FIRST_JOIN, Fault.SILENT_LEADER):
         return AllReduceRunner
     if fault == Fault.SILENT_SENDER:
@@ -205,13 +221,13 @@ def runner_type(fault: Fault) -> type[AllReduceRunner]:
     if fault == Fault.STALL_SENDER:
         return StallSender
     if fault == Fault.STALL_REDUCER:
-        return StallReducer
+        return STALL_REDUCER
     if fault == Fault.STALL_MEMBER:
         return StallMember
     if fault == Fault.CUT_PART_STREAMS:
         return CutPartStreams
     if fault == Fault.LYING_REDUCER:
-        return LyingReducer
+        return LYING_REDUCER
     if fault == Fault.LIE_IN_REPORT:
         return LyingReporter
     if fault == Fault.SCALED_CONTRIBUTION:
@@ -278,7 +294,8 @@ def peer_main(
     )
     swarm = Swarm(run_id, net)
     sockets = [str(swarm.p2p._client_listen_maddr), *swarm.dht.run_coroutine(_daemon_sockets)]
-    reducer = SwarmReducer(swarm, get_codec(codec), timeouts=TIMEOUTS)
+    faults = SwitchedFaults()
+    reducer = SwarmReducer(swarm, get_codec(codec), timeouts=TIMEOUTS, faults=faults)
     _notify(("ready", swarm.peer_id.to_base58(), swarm.maddrs, sockets))
     served: list[OuterState] = []
     try:
@@ -291,7 +308,7 @@ def peer_main(
                 reducer.codec, reducer.return_codec = get_codec(send), get_codec(back or send)
                 _notify(("ok",))
             elif command == "fault":
-                reducer.runner_type = runner_type(Fault(args))
+                faults.now = injected(member_fault(Fault(args)))
                 reducer.matchmaker.__class__ = matchmaker_type(Fault(args))
                 _notify(("ok",))
             elif command == "cap":  # the run's weight cap (a hostile peer ignores it: inf)
@@ -307,7 +324,7 @@ def peer_main(
                 reducer.max_group_size, target, verify, die = args
                 reducer.matchmaker.target_group_size = target
                 reducer.identity = swarm.dht.identity if verify else None
-                reducer.runner_type = AllReduceRunner if die is None else dying_in_stage(die)
+                faults.now = Injected() if die is None else Injected(dying_in_stage(die))
                 _notify(("ok",))
             elif command == "log":  # the level of diloco's log: "INFO" for a round to read
                 logging.getLogger("diloco").setLevel(args)

@@ -1,6 +1,6 @@
 """``AllReduceRunner`` under faults, M members in one process over in-memory streams.
 
-The runners, services and stream handlers are the production ones; only the transport is
+The runners, routers and stream handlers are the production ones; only the transport is
 ``memory_p2p`` (socketpairs instead of p2pd). Expected values come from
 ``InProcessReducer``, which shares no stream code with the runner.
 """
@@ -14,7 +14,15 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 import torch
-from faults import GARBAGE, CutPartStreams, Fault, LyingReporter, corrupt_sender
+from faults import (
+    GARBAGE,
+    CutPartStreams,
+    Fault,
+    Injected,
+    LyingReporter,
+    Member,
+    corrupt_sender,
+)
 from inprocess import (
     KEY,
     TIMEOUTS,
@@ -83,7 +91,7 @@ def test_client_reduces_nothing_and_every_member_gets_the_in_process_bytes(codec
         round_ = Round(inputs, weights, [AllReduceRunner] * 3, codec, clients=(False, True, False))
         await round_.start()
         client = round_.network.peers[round_.ids[1]]
-        del client.handlers[round_.services[1].part_handler]
+        del client.handlers[round_.routers[1].transport.part]
         return await round_.outcomes()
 
     outcomes = asyncio.run(main())
@@ -294,8 +302,7 @@ class _DyingServer(PartServer):
         await asyncio.Event().wait()
 
 
-class _DyingReducer(AllReduceRunner):
-    server_type = _DyingServer
+_DYING_REDUCER = Injected(server=_DyingServer)
 
 
 async def _kill_once_counted(round_: Round, victims: Sequence[int]) -> None:
@@ -317,8 +324,8 @@ def test_reducer_dying_mid_round_its_part_is_rereduced_among_survivors() -> None
     alive = _survivors(4, victim)
 
     async def main() -> list[Outcome]:
-        types: list[type[AllReduceRunner]] = [AllReduceRunner] * 4
-        types[victim] = _DyingReducer
+        types: list[Member] = [AllReduceRunner] * 4
+        types[victim] = _DYING_REDUCER
         round_ = Round(inputs, weights, types, timeouts=TIMEOUTS.scaled(0.5), clip_factor=0)
         await round_.start()
         await _kill_once_counted(round_, [victim])
@@ -340,9 +347,9 @@ def test_reducer_and_its_substitute_dying_fail_the_round_for_every_survivor() ->
     victims = [0, 1]  # member 1 re-reduces part 0
 
     async def main() -> list[Outcome]:
-        types: list[type[AllReduceRunner]] = [AllReduceRunner] * 4
+        types: list[Member] = [AllReduceRunner] * 4
         for victim in victims:
-            types[victim] = _DyingReducer
+            types[victim] = _DYING_REDUCER
         round_ = Round(deltas(5_000, 4), [1.0] * 4, types, timeouts=TIMEOUTS.scaled(0.5))
         await round_.start()
         await _kill_once_counted(round_, victims)
@@ -362,14 +369,13 @@ class _StallingServer(PartServer):
         self._touch()
 
 
-class _StallingReducer(AllReduceRunner):
-    server_type = _StallingServer
+_STALLING_REDUCER = Injected(server=_StallingServer)
 
 
 def test_stalled_reducer_part_rereduced_with_everyone_counted() -> None:
     inputs, weights, stalled = deltas(5_000, 4), [1.0, 2.0, 1.0, 3.0], 1
-    types: list[type[AllReduceRunner]] = [AllReduceRunner] * 4
-    types[stalled] = _StallingReducer
+    types: list[Member] = [AllReduceRunner] * 4
+    types[stalled] = _STALLING_REDUCER
 
     async def main() -> list[Outcome]:
         round_ = Round(inputs, weights, types, timeouts=TIMEOUTS.scaled(0.5), clip_factor=0)

@@ -1,5 +1,5 @@
 """The verification phase in process: members check each other's parts over in-memory
-streams, with the production runners, services and handlers (``inprocess``).
+streams, with the production runners, routers and handlers (``inprocess``).
 
 Liars are subclasses: a reducer-side ``PartServer`` that scales or edits its average, or
 misreports a norm, and signs it (the same bytes go to everyone, so the REPORT digests
@@ -13,7 +13,7 @@ import random
 from collections.abc import Sequence
 
 import torch
-from faults import LyingReducer, ScalingServer
+from faults import LYING_REDUCER, Injected, Member, ScalingServer
 from hivemind.p2p import PeerID
 from inprocess import delta_of, deltas, expected, member_id, names, run_round
 
@@ -36,8 +36,7 @@ class _OneBlockServer(ScalingServer):
     blocks = (5,)
 
 
-class _OneBlockReducer(AllReduceRunner):
-    server_type = _OneBlockServer
+_ONE_BLOCK_REDUCER = Injected(server=_OneBlockServer)
 
 
 class _NormServer(PartServer):
@@ -50,8 +49,7 @@ class _NormServer(PartServer):
         return dataclasses.replace(msg, norms=tuple(norms)), mean, clipped
 
 
-class _NormReducer(AllReduceRunner):
-    server_type = _NormServer
+_NORM_REDUCER = Injected(server=_NormServer)
 
 
 class _LyingAnswers(AllReduceRunner):
@@ -87,8 +85,8 @@ class _CountingAnswers(AllReduceRunner):
         return answer
 
 
-def _with(liar: type[AllReduceRunner], base: type[AllReduceRunner] = AllReduceRunner) -> list:
-    types: list[type[AllReduceRunner]] = [base] * 4
+def _with(liar: Member, base: type[AllReduceRunner] = AllReduceRunner) -> list[Member]:
+    types: list[Member] = [base] * 4
     types[LIAR] = liar
     return types
 
@@ -124,7 +122,7 @@ def test_unchecked_round_for_measurements_gives_the_same_bytes() -> None:
 
 
 def test_reducer_sending_minus_30_times_the_mean_fails_the_round_for_every_honest_member() -> None:
-    outcomes, round_ = run_round(deltas(NUMEL, 4), WEIGHTS, _with(LyingReducer), "e3m0")
+    outcomes, round_ = run_round(deltas(NUMEL, 4), WEIGHTS, _with(LYING_REDUCER), "e3m0")
     for i in _honest(range(4)):
         _fails_naming(outcomes[i], LIAR, LIAR, "is not the average of the signed chunks")
         assert [who for who, _ in round_.offences[i]] == [LIAR]
@@ -146,7 +144,7 @@ class _TwoBlocks(AllReduceRunner):
 
 def test_reducer_lying_on_one_block_caught_by_members_that_sample_it() -> None:
     assert 5 not in random.Random(0).sample(range(16), 2)
-    types = _with(_OneBlockReducer, base=_AllBlocks)
+    types = _with(_ONE_BLOCK_REDUCER, base=_AllBlocks)
     types[3] = _TwoBlocks
     inputs = deltas(NUMEL, 4)
     outcomes, round_ = run_round(inputs, WEIGHTS, types, "e3m0")
@@ -165,7 +163,7 @@ def test_reducer_lying_on_one_block_caught_by_members_that_sample_it() -> None:
 
 
 def test_reducer_misreporting_a_norm_fails_the_round_for_every_honest_member() -> None:
-    outcomes, round_ = run_round(deltas(NUMEL, 4), WEIGHTS, _with(_NormReducer), "e3m0")
+    outcomes, round_ = run_round(deltas(NUMEL, 4), WEIGHTS, _with(_NORM_REDUCER), "e3m0")
     for i in _honest(range(4)):
         _fails_naming(outcomes[i], LIAR, LIAR, "of member 3's chunk 0")
         assert [who for who, _ in round_.offences[i]] == [LIAR]

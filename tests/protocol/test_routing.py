@@ -19,7 +19,7 @@ async def _ask(round_: Round, member: int, of: int) -> CheckResponse | Reject:
     """Member ``member`` asks member ``of`` about block 0 of part ``member`` on a stream."""
     p2p = round_.network.peers[round_.ids[member]]
     request = CheckRequest(round_.runners[of].plan.tag, round_.group.group_id, ((member, (0,)),))
-    reader, writer = await open_stream(p2p, round_.ids[of], round_.services[of].check_handler, 1)
+    reader, writer = await open_stream(p2p, round_.ids[of], round_.routers[of].transport.check, 1)
     try:
         await write_frame(writer, Kind.CHECK_REQ, request.serialize())
         kind, body = await read_frame(reader, (Kind.CHECK_RES,), 1 << 20)
@@ -29,7 +29,7 @@ async def _ask(round_: Round, member: int, of: int) -> CheckResponse | Reject:
 
 
 class SteppedClock:
-    """The service's clock, moved by the test: past a deadline at once, without sleeping
+    """The router's clock, moved by the test: past a deadline at once, without sleeping
     until it."""
 
     def __init__(self) -> None:
@@ -58,8 +58,8 @@ def test_finished_round_answers_checks_until_they_are_over_then_forgets() -> Non
         round_ = Round(deltas(6_144, 3), [1.0] * 3, runners, timeouts=timeouts, clock=clock)
         await round_.start()
         assert all(isinstance(o, RoundResult) for o in await round_.outcomes())
-        runner, service = round_.runners[0], round_.services[0]
-        service.finish(KEY)  # the round returned here; member 1 may still be checking
+        runner, router = round_.runners[0], round_.routers[0]
+        router.finish(KEY)  # the round returned here; member 1 may still be checking
         first = await _ask(round_, 1, 0)  # member 1's second ask (once after a cut stream)
         assert isinstance(first, CheckResponse) and [e.part for e in first.entries] == [1]
         clock.advance(runner.deadlines.check + timeouts.matchmaking - 0.01)

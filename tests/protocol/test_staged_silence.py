@@ -14,7 +14,7 @@ from staged_memory import KEY, WEIGHTS, N, deltas, peers, run_round, runner
 
 from diloco.codecs import get_codec
 from diloco.protocol.allreduce.member import AllReduceRunner
-from diloco.protocol.allreduce.routing import AllReduceService
+from diloco.protocol.allreduce.routing import RoundRouter
 from diloco.protocol.core.group import GroupInfo
 from diloco.protocol.core.reducer import RoundResult
 from diloco.protocol.staged.grid import plan_grid
@@ -28,13 +28,11 @@ VICTIM = 3
 def test_member_silent_in_stage_0_dropped_on_evidence_by_its_cell() -> None:
     made: list[list[AllReduceRunner]] = [[] for _ in range(N)]
 
-    def factory(
-        i: int, transport: MemoryP2P, bans: BanList, service: AllReduceService
-    ) -> RunnerFactory:
+    def factory(i: int, transport: MemoryP2P, bans: BanList, router: RoundRouter) -> RunnerFactory:
         def make(info: GroupInfo, x: torch.Tensor, cap: float) -> AllReduceRunner:
             silent = i == VICTIM and not made[i]
             cls = SilentSender if silent else AllReduceRunner
-            made[i].append(runner(cls, transport, bans, service, "none", None, info, x, cap))
+            made[i].append(runner(cls, transport, bans, router, "none", None, info, x, cap))
             return made[i][-1]
 
         return make

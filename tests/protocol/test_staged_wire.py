@@ -1,4 +1,4 @@
-"""The staged all-reduce's wire code (``StagedRunner``, ``AllReduceService`` routing by stage
+"""The staged all-reduce's wire code (``StagedRunner``, ``RoundRouter`` routing by stage
 group id, ``AllReduceRunner`` per stage) with 12 members in one process over socket pairs
 (``memory_p2p``): against the in-process staged reducer, and with a member lost."""
 
@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from faults import Injected
 from memory_p2p import MemoryP2P
 from staged_memory import (
     KEY,
@@ -26,7 +27,7 @@ from staged_memory import (
 from diloco.codecs import get_codec
 from diloco.protocol.allreduce.member import AllReduceRunner
 from diloco.protocol.allreduce.part_server import PartServer
-from diloco.protocol.allreduce.routing import AllReduceService
+from diloco.protocol.allreduce.routing import RoundRouter
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
 from diloco.protocol.core.reducer import RoundResult
 from diloco.protocol.staged.grid import GridPlan, plan_grid
@@ -50,12 +51,10 @@ async def _round(
     averaged part of that stage to one member; with ``verify`` chunks are signed and
     checked."""
 
-    def factory(
-        i: int, transport: MemoryP2P, bans: BanList, service: AllReduceService
-    ) -> RunnerFactory:
+    def factory(i: int, transport: MemoryP2P, bans: BanList, router: RoundRouter) -> RunnerFactory:
         identity = identity_of(transport.peer_id) if verify else None
         dies_in = die_in if i == victim else None
-        return _factory(transport, bans, service, codec, identity, dies_in, delivering)
+        return _factory(transport, bans, router, codec, identity, dies_in, delivering)
 
     _, results = await run_round(codec, factory, victim, timeouts=timeouts)
     return results
@@ -64,7 +63,7 @@ async def _round(
 def _factory(
     transport: MemoryP2P,
     bans: BanList,
-    service: AllReduceService,
+    router: RoundRouter,
     codec: str,
     identity: Identity | None,
     dies_in: int | None,
@@ -77,7 +76,7 @@ def _factory(
     def make(info: GroupInfo, x: torch.Tensor, cap: float) -> AllReduceRunner:
         dying = delivering and started[0] == dies_in
         cls = _delivering_once(transport) if dying else AllReduceRunner
-        made = runner(cls, transport, bans, service, codec, identity, info, x, cap)
+        made = runner(cls, transport, bans, router, codec, identity, info, x, cap)
         if started[0] == dies_in and not delivering:
             transport.kill()
             made.run = _forever  # type: ignore[method-assign]
@@ -87,7 +86,7 @@ def _factory(
     return make
 
 
-def _delivering_once(transport: MemoryP2P) -> type[AllReduceRunner]:
+def _delivering_once(transport: MemoryP2P) -> Injected:
     """A runner whose part server delivers its averaged part to the first member that
     asks, holds the others, then dies: one member holds the part, the others never will."""
 
@@ -101,10 +100,7 @@ def _delivering_once(transport: MemoryP2P) -> type[AllReduceRunner]:
             await super()._send_averages(j, writer)
             transport.kill()
 
-    class DeliveringOnce(AllReduceRunner):
-        server_type = Server
-
-    return DeliveringOnce
+    return Injected(server=Server)
 
 
 async def _forever() -> RoundResult:

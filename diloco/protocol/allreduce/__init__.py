@@ -7,6 +7,9 @@ reports        the REPORT exchange
 checking       the verification phase: checks, answers, disputes, blame
 substitute     a failed reducer's part re-reduced by its substitute
 silence        members that send a reducer nothing: dropped early, charged
-routing        PART / REPORT / CHECK / EVIDENCE streams to their round
-swarm_reducer  SwarmReducer: the trainer's Reducer over the swarm
+transport      RoundTransport: the node's streams and the handler names runners open
+routing        RoundRouter: the rounds in flight, their four handlers, streams routed to
+               a round by the Routed interface (flat and staged runners implement it)
+runners        RoundRunners: the runner factory of one round (flat, or each stage)
+swarm_reducer  SwarmReducer: the trainer's Reducer over the swarm, owner of each round
 """

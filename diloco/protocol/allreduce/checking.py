@@ -20,8 +20,8 @@ import logging
 from collections.abc import Callable, Mapping
 
 from diloco.errors import ProtocolError
-from diloco.protocol.allreduce.part_server import Deadlines
 from diloco.protocol.core.agreement import ANOTHER_RESULT
+from diloco.protocol.core.budget import Deadlines
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
 from diloco.protocol.core.norms import num_blocks
 from diloco.protocol.core.round import RoundPlan

@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import random
 
 import torch
@@ -38,14 +39,16 @@ from diloco.codecs import Codec
 from diloco.errors import ProtocolError, RoundFailed
 from diloco.protocol.allreduce.checking import Checker, answer_check, blame, convict
 from diloco.protocol.allreduce.contribution import Contributor
-from diloco.protocol.allreduce.part_server import Deadlines, PartServer
+from diloco.protocol.allreduce.part_server import PartServer
 from diloco.protocol.allreduce.reports import STREAM_RETRIES, ReportExchange
 from diloco.protocol.allreduce.silence import StartWatch
 from diloco.protocol.allreduce.substitute import FAILED, Excluded, Substitutes
+from diloco.protocol.allreduce.transport import RoundTransport
 from diloco.protocol.core.agreement import decide
 from diloco.protocol.core.assembly import Assembled, Assembly, AveragedPart
+from diloco.protocol.core.budget import Deadlines, RoundBudget
 from diloco.protocol.core.demotion import own_part_missing
-from diloco.protocol.core.group import GroupInfo, RoundTimeouts
+from diloco.protocol.core.group import GroupInfo
 from diloco.protocol.core.partition import substitute
 from diloco.protocol.core.reducer import RoundResult
 from diloco.protocol.core.round import PartReducer, RoundPlan, part_digest
@@ -60,7 +63,6 @@ from diloco.protocol.core.verification import (
 from diloco.protocol.runtime import round_trips
 from diloco.protocol.runtime.streams import (
     TRANSPORT_ERRORS,
-    StreamTransport,
     open_stream,
     read_body,
     read_frame,
@@ -90,39 +92,39 @@ class AllReduceRunner(Contributor):
 
     It moves bytes and keeps time; what the bytes mean is decided by ``AveragedPart``,
     ``self.assembly`` and ``agreement.decide``; ``self.server`` serves its own part.
-    ``server_type`` is the class that does (tests substitute faulty subclasses). Without
+    ``server_type`` is the class that does (a test's ``Faults`` may pick another). Without
     an ``identity`` nothing is signed or checked (for measurements: every member of a
     group must then run without). ``rng`` picks the blocks checked: private randomness.
     """
 
-    server_type: type[PartServer] = PartServer
     samples: int = SAMPLES_PER_PART
     rng: random.Random = random.SystemRandom()
 
     def __init__(
         self,
         *,
-        p2p: StreamTransport,
+        transport: RoundTransport,
         group: GroupInfo,
         digest: bytes,
         codec: Codec,
         return_codec: Codec,
         delta: torch.Tensor,
-        timeouts: RoundTimeouts,
+        budget: RoundBudget,
         max_norm_ratio: float,
         max_weight: float,
         clip_factor: float,
         bans: BanList,
-        handlers: tuple[str, str, str, str],
         identity: Identity | None = None,
         drop_by_time: bool = True,
+        server_type: type[PartServer] = PartServer,
     ) -> None:
         if codec.codec_id != group.codec_id or return_codec.codec_id != group.return_codec_id:
             raise ValueError("codecs differ from the group's")
+        p2p, timeouts = transport.p2p, budget.running
         self.p2p, self.group, self.delta, self.timeouts = p2p, group, delta, timeouts
-        self.part_handler, self.report_handler = handlers[:2]
-        self.check_handlers = handlers[2:]
-        self.identity, self.bans = identity, bans
+        self.part_handler, self.report_handler = transport.part, transport.report
+        self.check_handlers = transport.check, transport.evidence
+        self.identity, self.bans, self.server_type = identity, bans, server_type
         self.index = group.index(p2p.peer_id)
         self.num_members = len(group.members)
         self.plan = RoundPlan.build(
@@ -157,7 +159,7 @@ class AllReduceRunner(Contributor):
         self.counter = ByteCounter()
         loop = asyncio.get_running_loop()
         self._t0 = loop.time()
-        self.deadlines = Deadlines.starting(self._t0, timeouts)
+        self.deadlines = budget.deadlines(self._t0)
         self.server = self._part_server(self.index, self.deadlines)
         self.starts = StartWatch(self.server, self._t0, timeouts, bans)
         """Who started sending this member's part: silent ones are dropped early, on
@@ -179,6 +181,20 @@ class AllReduceRunner(Contributor):
         )
         self.part_missing = True
         """Whether this member's own part failed (``demotion``); True until ``run`` ends."""
+
+    @property
+    def runners(self) -> tuple[AllReduceRunner]:
+        """The all-reduces of this round here: this one (``routing.Routed``)."""
+        return (self,)
+
+    async def runner_for(self, group_id: bytes, sender: PeerID) -> AllReduceRunner:
+        """The runner of every stream for this round: this one (the router checks that
+        ``group_id`` is its group's)."""
+        return self
+
+    def serving_until(self) -> float:
+        """Nothing is served for a flat round once it returned but its checks."""
+        return -math.inf
 
     async def run(self) -> RoundResult:
         """Exchange parts, agree by reports, and return the round's result.

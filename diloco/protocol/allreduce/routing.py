@@ -1,16 +1,17 @@
-"""Routes the streams of the all-reduce to the round they belong to (``AllReduceService``).
+"""Routes the streams of the all-reduce to the round they belong to (``RoundRouter``).
 
 One node serves four handlers per run: PART and REPORT for rounds in flight, CHECK and
 EVIDENCE (the verification phase) for those too and, until every member's dispute is over
 (``Deadlines.forget``), for rounds this node has finished: another member may still be
-checking a part after this node's round returned. A staged round (``staged_runner``) has
-one runner per stage, found by the stage group's id.
+checking a part after this node's round returned. The router knows a round only as a
+``Routed``: the runner of a flat round is its own, a staged round (``staged.runner``)
+finds the runner of a stage by the stage group's id.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from hivemind.p2p import PeerID
@@ -18,6 +19,8 @@ from hivemind.p2p import PeerID
 from diloco.errors import ProtocolError, RoundFailed
 from diloco.protocol.allreduce.member import AllReduceRunner
 from diloco.protocol.allreduce.silence import StartWatch
+from diloco.protocol.allreduce.transport import RoundTransport
+from diloco.protocol.core.budget import RoundBudget
 from diloco.protocol.core.group import RoundTimeouts
 from diloco.protocol.core.reducer import RoundKey
 from diloco.protocol.runtime.streams import (
@@ -28,18 +31,37 @@ from diloco.protocol.runtime.streams import (
     stream_handler,
     write_frame,
 )
-from diloco.protocol.staged.runner import StagedRunner
 from diloco.protocol.trust.bans import BanList
 from diloco.protocol.wire.check import CheckRequest, EvidenceRequest
 from diloco.protocol.wire.frames import MAX_GROUP_SIZE, Kind, Reject, RejectCode, RoundTag
 from diloco.protocol.wire.part import PartHead, Report
 
-Round = AllReduceRunner | StagedRunner
-"""What serves one round here: a flat round's runner, or a staged round's stages."""
+
+class Routed(Protocol):
+    """What the router needs of a round in flight here (``AllReduceRunner``, ``StagedRunner``)."""
+
+    @property
+    def runners(self) -> Sequence[AllReduceRunner]:
+        """The all-reduces this round started here: their checks outlive the round."""
+        ...
+
+    async def runner_for(self, group_id: bytes, sender: PeerID) -> AllReduceRunner | None:
+        """The all-reduce of ``sender``'s stream for group ``group_id``, once it runs here;
+        None when this node runs no such group."""
+        ...
+
+    def exclude(self, peer: PeerID, reason: str) -> None:
+        """Stop waiting for ``peer`` in the all-reduce running now (it broke the protocol)."""
+        ...
+
+    def serving_until(self) -> float:
+        """Loop time until which streams for the round must stay routed after it returned
+        (a staged round's stand-ins), besides its checks."""
+        ...
 
 
 class Clock(Protocol):
-    """When the service stops answering and forgets finished rounds: the running event
+    """When the router stops answering and forgets finished rounds: the running event
     loop's time, or a test's clock that it moves past those deadlines without waiting."""
 
     def time(self) -> float: ...
@@ -47,7 +69,7 @@ class Clock(Protocol):
     def call_at(self, when: float, callback: Callable[..., object], *args: Any) -> object: ...
 
 
-class AllReduceService:
+class RoundRouter:
     """Routes PART, REPORT, CHECK and EVIDENCE streams to the round they belong to.
 
     A round is registered (``expect``) before its node declares itself in matchmaking, so
@@ -64,53 +86,45 @@ class AllReduceService:
         bans: BanList,
         clock: Clock | None = None,
     ) -> None:
-        self.p2p, self.digest, self.timeouts, self.bans = p2p, digest, timeouts, bans
+        self.digest, self.timeouts, self.bans = digest, timeouts, bans
+        self.transport = RoundTransport.of(p2p, run_id)
+        """What every runner of this node's rounds opens its streams with."""
+        self.budget = RoundBudget.of(timeouts)
+        """The run's timeouts: what bounds this router's streams (``RoundBudget.streams``)."""
         self.clock = clock
         """None: the running event loop."""
-        self.part_handler = f"/diloco/{run_id}/part/1"
-        self.report_handler = f"/diloco/{run_id}/report/1"
-        self.check_handler = f"/diloco/{run_id}/check/1"
-        self.evidence_handler = f"/diloco/{run_id}/evidence/1"
-        self._rounds: dict[RoundKey, asyncio.Future[Round]] = {}
-        self._finished: dict[RoundKey, Round] = {}
+        self._rounds: dict[RoundKey, asyncio.Future[Routed]] = {}
+        self._finished: dict[RoundKey, Routed] = {}
         """Rounds that returned here, kept for others' checks until ``Deadlines.forget``."""
         self._watching: dict[bytes, StartWatch] = {}
         """By group id: rounds that returned here with members dropped as silent, whose
         late streams must still be noted until the sender deadline (``silence``)."""
-        self._standing: dict[RoundKey, StagedRunner] = {}
-        """Staged rounds that returned here and may still stand in for a lost member of
-        another stage group (``StagedRunner.serving_until``)."""
-
-    @property
-    def handlers(self) -> tuple[str, str, str, str]:
-        """PART, REPORT, CHECK and EVIDENCE handler names, as ``AllReduceRunner`` takes them."""
-        return self.part_handler, self.report_handler, self.check_handler, self.evidence_handler
+        self._standing: dict[RoundKey, Routed] = {}
+        """Rounds that returned here and may still serve streams (``Routed.serving_until``:
+        a staged round standing in for a lost member of another stage group)."""
 
     async def start(self) -> None:
         """Register the four handlers on the shared P2P daemon (banned peers refused)."""
-        t = self.timeouts
-        waits = t.connect_timeout + t.matchmaking  # the first frame, then this node's group
-        reply = t.reply_timeout
-        checks = waits + t.allreduce + t.verification
+        bounds, names = self.budget.streams(), self.transport
         for handler_name, name, serve, timeout in (
-            (self.part_handler, "PART", self._serve_part, waits + t.allreduce),
-            (self.report_handler, "REPORT", self._serve_report, waits + reply),
-            (self.check_handler, "CHECK", self._serve_check, checks),
-            (self.evidence_handler, "EVIDENCE", self._serve_evidence, checks),
+            (names.part, "PART", self._serve_part, bounds.part),
+            (names.report, "REPORT", self._serve_report, bounds.report),
+            (names.check, "CHECK", self._serve_check, bounds.check),
+            (names.evidence, "EVIDENCE", self._serve_evidence, bounds.check),
         ):
             handler = stream_handler(
-                name, serve, timeout=timeout, reply_timeout=reply, admit=self.bans.admit
+                name, serve, timeout=timeout, reply_timeout=bounds.reply, admit=self.bans.admit
             )
-            await self.p2p.add_binary_stream_handler(handler_name, handler)
+            await self.transport.p2p.add_binary_stream_handler(handler_name, handler)
 
     def _clock(self) -> Clock:
         return self.clock if self.clock is not None else asyncio.get_running_loop()
 
-    def expect(self, key: RoundKey) -> asyncio.Future[Round]:
-        """Open the slot of round ``key``; resolve it with the runner once the group is known."""
+    def expect(self, key: RoundKey) -> asyncio.Future[Routed]:
+        """Open the slot of round ``key``; resolve it with the round once its group is known."""
         if key in self._rounds or key in self._finished:
             raise RoundFailed(key.fragment, key.round, "this round is already in flight")
-        future: asyncio.Future[Round] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Routed] = asyncio.get_running_loop().create_future()
         self._rounds[key] = future
         return future
 
@@ -124,23 +138,20 @@ class AllReduceService:
             future.cancel()
         elif not future.cancelled() and future.exception() is None:
             served = future.result()
-            if isinstance(served, StagedRunner):
-                self._standing[key] = served
-                self._stop_standing(key)
-            runners = served.runners if isinstance(served, StagedRunner) else [served]
-            self._watch(runners)
-            answering = [runner for runner in runners if runner.own is not None]
+            self._standing[key] = served
+            self._stop_standing(key)
+            self._watch(served.runners)
+            answering = [runner for runner in served.runners if runner.own is not None]
             if answering:
                 self._finished[key] = served
                 clock = self._clock()
                 for runner in answering:
-                    # others' checks end a matchmaking after ours at most, their disputes too
-                    answered = runner.deadlines.check + self.timeouts.matchmaking
+                    answered = self.budget.answering_until(runner.deadlines)
                     clock.call_at(answered, runner.stop_answering)
                 forget = max(runner.deadlines.forget for runner in answering)
                 clock.call_at(forget, self._finished.pop, key, None)
 
-    def _watch(self, runners: list[AllReduceRunner]) -> None:
+    def _watch(self, runners: Sequence[AllReduceRunner]) -> None:
         """Keep noting the PART streams of members these runners dropped as silent, until
         their sender deadlines (a stream after that is charged anyway)."""
         clock = self._clock()
@@ -151,8 +162,8 @@ class AllReduceService:
                 clock.call_at(starts.gather, self._watching.pop, runner.group.group_id, None)
 
     def _stop_standing(self, key: RoundKey) -> None:
-        """Drop staged round ``key`` once it may no longer stand in (checked again then:
-        a retry it started keeps it routed until that retry's evidence is dropped)."""
+        """Drop round ``key`` once it may no longer serve streams (checked again then: a
+        staged round's retry keeps it routed until that retry's evidence is dropped)."""
         served = self._standing.get(key)
         if served is None:
             return
@@ -177,7 +188,7 @@ class AllReduceService:
             ):
                 future.result().exclude(sender, "message of another run")
             return Reject(RejectCode.WRONG_RUN, reason="different run configuration")
-        served: Round
+        served: Routed
         if finished and key in self._finished:
             served = self._finished[key]
         elif future is None and key in self._standing:
@@ -185,15 +196,11 @@ class AllReduceService:
         else:
             if future is None:
                 return Reject(RejectCode.UNKNOWN_ROUND, reason="round not in flight here")
-            await asyncio.wait({future}, timeout=self.timeouts.matchmaking)
+            await asyncio.wait({future}, timeout=self.budget.group_wait)
             if not future.done() or future.cancelled() or future.exception() is not None:
                 return Reject(RejectCode.UNKNOWN_ROUND, reason="no group for this round here")
             served = future.result()
-        runner = (
-            await served.runner_for(group_id, sender)
-            if isinstance(served, StagedRunner)
-            else served
-        )
+        runner = await served.runner_for(group_id, sender)
         if runner is None or runner.group.group_id != group_id:
             return Reject(RejectCode.NOT_MEMBER, reason="another group")
         return runner

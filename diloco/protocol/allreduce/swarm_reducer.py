@@ -18,14 +18,11 @@ import torch
 from diloco.codecs import Codec
 from diloco.errors import PriorDiverged, RoundFailed
 from diloco.protocol.allreduce.member import AllReduceRunner
-from diloco.protocol.allreduce.routing import AllReduceService
-from diloco.protocol.core.adaptive import (
-    RECENT_ROUNDS,
-    adapted_timeouts,
-    round_trip_estimate,
-    rtt_timeouts,
-)
+from diloco.protocol.allreduce.routing import RoundRouter
+from diloco.protocol.allreduce.runners import Faults, RoundRunners
+from diloco.protocol.core.adaptive import RECENT_ROUNDS, round_trip_estimate
 from diloco.protocol.core.aggregation import CLIP_FACTOR, check_clip_factor, weighted_mean
+from diloco.protocol.core.budget import RoundBudget
 from diloco.protocol.core.demotion import Demotion
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
 from diloco.protocol.core.partition import butterfly_parts
@@ -50,13 +47,13 @@ class SwarmReducer(Reducer):
     """Reduces fragment rounds with the other nodes of the swarm; one per ``Swarm``.
 
     ``reduce`` returns at once; matchmaking and the all-reduce run on the swarm's loop and
-    the future resolves within ``timeouts.total`` seconds (a staged round: one all-reduce and
-    its checks more per further stage, and per stage a few more after a loss). With
+    the future resolves by the round's end (``RoundBudget.round_end``: ``timeouts.total``
+    seconds, a staged round a few all-reduces and their checks more per stage). With
     ``target_group_size`` (e.g. the number of live node records) matchmaking ends as soon as
     that many peers declared, instead of after the whole window. ``max_weight`` caps every
     member's weight (tokens, the run's cap) and ``clip_factor`` is the C of the reducers'
-    norm clipping (``aggregation``; 0: off). ``bans`` is the swarm's. ``runner_type`` is the
-    class that runs one all-reduce (tests substitute faulty subclasses).
+    norm clipping (``aggregation``; 0: off). ``bans`` is the swarm's. ``faults`` picks the
+    classes that run this node's side of a round (``runners.Faults``; tests only).
 
     With ``verify`` (the default) every chunk is signed with the node's identity and every
     member checks the others' averages (``verification``): a reducer caught lying fails the
@@ -70,8 +67,6 @@ class SwarmReducer(Reducer):
     With ``rounds_of_one`` (a node's choice) a node alone in the run applies its own outer
     gradient when no group forms (``_group_or_alone``); without, such a round fails.
     """
-
-    runner_type: type[AllReduceRunner] = AllReduceRunner
 
     def __init__(
         self,
@@ -90,6 +85,7 @@ class SwarmReducer(Reducer):
         demotion: Demotion | None = None,
         max_group_size: int | None = None,
         rounds_of_one: bool = False,
+        faults: Faults | None = None,
     ) -> None:
         if not max_norm_ratio > 1:
             raise ValueError(f"max_norm_ratio must be > 1, got {max_norm_ratio}")
@@ -106,7 +102,7 @@ class SwarmReducer(Reducer):
                 self.return_codec,
             )
         self.client, self.max_group_size = client, max_group_size
-        self.rounds_of_one = rounds_of_one
+        self.rounds_of_one, self.faults = rounds_of_one, faults
         self.demotion = demotion or Demotion()
         self.matchmaker = Matchmaker(
             swarm.streams,
@@ -120,7 +116,7 @@ class SwarmReducer(Reducer):
             max_weight,
             swarm.closed,
         )
-        self.service = AllReduceService(
+        self.router = RoundRouter(
             swarm.streams, swarm.run_id, swarm.digest, self.timeouts, self.bans
         )
         self.timings: collections.OrderedDict[RoundKey, tuple[float, float]] = (
@@ -136,7 +132,7 @@ class SwarmReducer(Reducer):
 
     async def _start(self) -> None:
         await self.matchmaker.start()
-        await self.service.start()
+        await self.router.start()
 
     def set_target_group_size(self, size: int, live_nodes: int | None = None) -> None:
         """From any thread: end matchmaking as soon as ``size`` peers declared a round (the
@@ -158,7 +154,7 @@ class SwarmReducer(Reducer):
     def close(self) -> None:
         """Stop answering this reducer's streams; rounds in flight fail or finish by their
         deadlines. The swarm itself stays up (``Swarm.shutdown`` ends it)."""
-        for name in (self.matchmaker.handler_name, *self.service.handlers):
+        for name in (self.matchmaker.handler_name, *self.router.transport.handlers):
             try:
                 self.swarm.call(self.swarm.p2p.remove_binary_stream_handler(name), 5.0)
             except Exception as exc:  # the daemon may already be gone at shutdown
@@ -211,11 +207,12 @@ class SwarmReducer(Reducer):
         return dataclasses.replace(result, round_trips=tuple(path))
 
     async def _reduce(self, key: RoundKey, contribution: Contribution) -> RoundResult:
-        timeouts = rtt_timeouts(self.timeouts, round_trip_estimate(self.rtt_samples))
-        self.matchmaker.timeouts = timeouts  # the rounds in matchmaking now follow it too
+        budget = RoundBudget.of(self.timeouts, round_trip_estimate(self.rtt_samples))
+        self.matchmaker.timeouts = budget.matching  # the rounds in matchmaking now follow it too
+        start = asyncio.get_running_loop().time()
         try:
-            async with asyncio.timeout(timeouts.total) as deadline:
-                return await self._reduce_inner(key, contribution, deadline)
+            async with asyncio.timeout_at(budget.round_end(start)) as deadline:
+                return await self._reduce_inner(key, contribution, budget, start, deadline)
         except RoundFailed as exc:
             logger.debug("%s", exc)  # the caller reports failed rounds
             raise
@@ -229,12 +226,16 @@ class SwarmReducer(Reducer):
             raise RoundFailed(key.fragment, key.round, f"internal error: {exc!r}") from exc
 
     async def _reduce_inner(
-        self, key: RoundKey, contribution: Contribution, deadline: asyncio.Timeout
+        self,
+        key: RoundKey,
+        contribution: Contribution,
+        budget: RoundBudget,
+        start: float,
+        deadline: asyncio.Timeout,
     ) -> RoundResult:
         loop = asyncio.get_running_loop()
-        start = loop.time()
         delta = contribution.delta.detach().contiguous()
-        slot = self.service.expect(key)
+        slot = self.router.expect(key)
         reduced, failed = False, False  # a round without a group serves a demotion too
         try:
             group = await self._group_or_alone(key, contribution)
@@ -246,25 +247,24 @@ class SwarmReducer(Reducer):
                 result = await loop.run_in_executor(None, self._alone, delta, names)
             else:
                 grid = grid_for(group, self.max_group_size, self.max_weight)
-                timeouts = self.round_timeouts()
+                net = self.swarm.net
+                budget = budget.adapted(
+                    self.transfers,
+                    factor=net.transfer_timeout_factor,
+                    floor=net.min_transfer_timeout,
+                )
+                runners = self._runners(budget)
                 if grid is None:
-                    runner = self._runner(group, delta, self.max_weight, timeouts)
+                    runner = runners(group, delta, self.max_weight)
                 else:
-                    stage = timeouts.allreduce + timeouts.verification
-                    when = deadline.when()
-                    assert when is not None
-                    # a stage may run its group again as a view (a loss: staged_runner)
-                    extra = StagedRunner.ATTEMPTS * grid.num_stages - 1
-                    deadline.reschedule(when + extra * stage)
+                    deadline.reschedule(budget.round_end(start, grid.num_stages))
                     runner = StagedRunner(
                         group=group,
                         plan=grid,
                         me=self.swarm.peer_id,
                         delta=delta,
-                        make_runner=lambda info, x, cap: self._runner(
-                            info, x, cap, timeouts, drop_by_time=False
-                        ),
-                        timeouts=timeouts,
+                        factory=runners.in_stages(),
+                        budget=budget,
                         max_weight=self.max_weight,
                     )
                 slot.set_result(runner)
@@ -275,7 +275,7 @@ class SwarmReducer(Reducer):
                 if runner.transfer_seconds is not None:
                     self.transfers.append(runner.transfer_seconds)
         finally:
-            self.service.finish(key)
+            self.router.finish(key)
             self.demotion.record(reduced, failed)
         self.timings[key] = (matched - start, loop.time() - matched)
         while len(self.timings) > 64:
@@ -319,42 +319,19 @@ class SwarmReducer(Reducer):
                 raise
             return None
 
-    def _runner(
-        self,
-        group: GroupInfo,
-        delta: torch.Tensor,
-        max_weight: float,
-        timeouts: RoundTimeouts,
-        drop_by_time: bool = True,
-    ) -> AllReduceRunner:
-        """The runner of one all-reduce (a flat round, or one stage of a staged one: its
-        members start it unevenly, so nobody is dropped as silent by time there, only on
-        evidence, ``silence``)."""
-        return self.runner_type(
-            p2p=self.swarm.streams,
-            group=group,
+    def _runners(self, budget: RoundBudget) -> RoundRunners:
+        """The runners of one round here, on its ``budget``."""
+        return RoundRunners(
+            transport=self.router.transport,
             digest=self.swarm.digest,
             codec=self.codec,
             return_codec=self.return_codec,
-            delta=delta,
-            timeouts=timeouts,
+            budget=budget,
             max_norm_ratio=self.max_norm_ratio,
-            max_weight=max_weight,
             clip_factor=self.clip_factor,
             bans=self.bans,
-            handlers=self.service.handlers,
             identity=self.identity,
-            drop_by_time=drop_by_time,
-        )
-
-    def round_timeouts(self) -> RoundTimeouts:
-        """This round's timeouts: the part deadlines adapted to recent transfers."""
-        net = self.swarm.net
-        return adapted_timeouts(
-            self.timeouts,
-            self.transfers,
-            factor=net.transfer_timeout_factor,
-            floor=net.min_transfer_timeout,
+            faults=self.faults,
         )
 
     def _alone(self, delta: torch.Tensor, names: tuple[str, ...]) -> RoundResult:

@@ -14,5 +14,6 @@ transports share one algorithm. Nothing here imports hivemind beyond ``PeerID``:
     verification  sampled checks of reducers' parts, who lied in a dispute
     group         GroupInfo (matchmaking -> all-reduce) and RoundTimeouts
     adaptive      part deadlines from recent rounds' transfer times, bounded
+    budget        every deadline of a round: the loop times its phases end
     demotion      a node whose reducer part keeps failing asks for none a while
 """

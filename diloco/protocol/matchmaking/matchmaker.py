@@ -78,7 +78,7 @@ from hivemind import DHT
 from hivemind.p2p import PeerID
 
 from diloco.errors import PriorDiverged, ProtocolError, RoundFailed
-from diloco.protocol.core.adaptive import rtt_timeouts
+from diloco.protocol.core.budget import RoundBudget
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
 from diloco.protocol.core.reducer import RoundKey
 from diloco.protocol.matchmaking.ahead import Ahead
@@ -140,13 +140,12 @@ class Matchmaker(Ahead):
 
     async def start(self) -> None:
         """Register the JOIN handler on the shared P2P daemon; its bound holds with the
-        widest window the round trip time may set (``adaptive.rtt_timeouts``)."""
-        t = rtt_timeouts(self.timeouts, math.inf)
+        widest window the round trip time may set (``RoundBudget.join_stream``)."""
         handler = streams.stream_handler(
             "JOIN",
             self._serve_join,
-            timeout=t.matchmaking + t.join_timeout,
-            reply_timeout=t.reply_timeout,
+            timeout=RoundBudget.of(self.timeouts).join_stream(),
+            reply_timeout=self.timeouts.reply_timeout,
             admit=self.bans.admit,
         )
         await self.p2p.add_binary_stream_handler(self.handler_name, handler)

@@ -39,8 +39,8 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from hivemind.p2p import PeerID
@@ -48,7 +48,8 @@ from hivemind.p2p import PeerID
 from diloco.errors import RoundFailed
 from diloco.protocol.allreduce.member import AllReduceRunner
 from diloco.protocol.core.aggregation import cap_weights
-from diloco.protocol.core.group import GroupInfo, RoundTimeouts
+from diloco.protocol.core.budget import STAGE_ATTEMPTS, RoundBudget
+from diloco.protocol.core.group import GroupInfo
 from diloco.protocol.core.reducer import RoundResult, StageMetrics
 from diloco.protocol.staged.grid import GridPlan
 from diloco.protocol.staged.groups import stage_infos
@@ -62,8 +63,15 @@ from diloco.protocol.staged.views import (
 
 logger = logging.getLogger(__name__)
 
-RunnerFactory = Callable[[GroupInfo, torch.Tensor, float], AllReduceRunner]
-"""``(stage group, input vector, weight cap)`` -> the runner of that stage at this member."""
+
+class RunnerFactory(Protocol):
+    """Builds the runner of one stage group at this member (``allreduce.runners``)."""
+
+    def __call__(
+        self, group: GroupInfo, delta: torch.Tensor, max_weight: float, /
+    ) -> AllReduceRunner:
+        """The runner of ``group`` with input ``delta``, weights capped at ``max_weight``."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,17 +87,14 @@ class _Moved:
 class StagedRunner:
     """One member's side of one staged round: its stage groups' runners, one after another.
 
-    ``make_runner`` builds the runner of one stage (``SwarmReducer`` passes its own, with
-    the round's codecs, bans and identity); ``max_weight`` caps the members' weights in
-    stage 0 only (the plan's carried weights are sums of capped weights).
+    ``factory`` builds the runner of one stage (``SwarmReducer`` passes its round's
+    ``RoundRunners.in_stages``); ``budget`` says how long a stage may take; ``max_weight``
+    caps the members' weights in stage 0 only (the plan's carried weights are sums of
+    capped weights).
     """
 
     transfer_seconds: float | None = None
     """Not measured for staged rounds (``adaptive`` learns from flat ones)."""
-
-    ATTEMPTS = 5
-    """Stage lengths one stage may take here: the plan's group, a view, another view after
-    waiting for its first stream."""
 
     def __init__(
         self,
@@ -98,12 +103,12 @@ class StagedRunner:
         plan: GridPlan,
         me: PeerID,
         delta: torch.Tensor,
-        make_runner: RunnerFactory,
-        timeouts: RoundTimeouts,
+        factory: RunnerFactory,
+        budget: RoundBudget,
         max_weight: float,
     ) -> None:
         self.group, self.plan, self.delta = group, plan, delta
-        self.make_runner, self.timeouts, self.max_weight = make_runner, timeouts, max_weight
+        self.factory, self.budget, self.max_weight = factory, budget, max_weight
         self.index = index = group.index(me)
         self._capped = cap_weights(group.weights, max_weight)
         infos = stage_infos(group, plan)
@@ -125,11 +130,11 @@ class StagedRunner:
         first first: the group runs as that view (``_run_stage`` joins it)."""
         self._pulled = [asyncio.Event() for _ in plan.stages]
         for s, info in enumerate(self.mine):
-            self._slots[info.group_id] = (self.ATTEMPTS * s, loop.create_future())
+            self._slots[info.group_id] = (STAGE_ATTEMPTS * s, loop.create_future())
             for view in candidate_views(plan, s, index):
                 group_id = view_id(group, info, view)
                 self._views[group_id] = (view, info)
-                self._slots[group_id] = (self.ATTEMPTS * s + 1, loop.create_future())
+                self._slots[group_id] = (STAGE_ATTEMPTS * s + 1, loop.create_future())
         self._inputs: list[asyncio.Future[tuple[torch.Tensor, tuple[int, ...]]]] = [
             loop.create_future() for _ in plan.stages
         ]
@@ -157,10 +162,6 @@ class StagedRunner:
         seen = view_info(self.group, self.plan, self._capped, info, view)
         return seen.group_id, (view, seen)
 
-    def _stage_wait(self, stages: float) -> float:
-        t = self.timeouts
-        return t.matchmaking + stages * (t.allreduce + t.verification)
-
     async def runner_for(self, group_id: bytes, sender: PeerID) -> AllReduceRunner | None:
         """The runner of this member's stage group ``group_id`` (or a view of it), once that
         stage started here (an earlier stage may still run: bounded by the stages before
@@ -176,7 +177,7 @@ class StagedRunner:
         if group_id in self._views and sender in self._seen(group_id).members:
             self._pull(group_id)
         stages, future = self._slots[group_id]
-        await asyncio.wait({future}, timeout=self._stage_wait(stages))
+        await asyncio.wait({future}, timeout=self.budget.stage_wait(stages))
         if not future.done() or future.cancelled():
             return None
         return future.result()
@@ -202,7 +203,7 @@ class StagedRunner:
         """Start (once) the view ``group_id`` with this member in a lost member's slot."""
         view, info = self._standing[group_id]
         entering = self._inputs[view.stage]
-        await asyncio.wait({entering}, timeout=self._stage_wait(self.ATTEMPTS * view.stage))
+        await asyncio.wait({entering}, timeout=self.budget.stage_wait(STAGE_ATTEMPTS * view.stage))
         if not entering.done() or entering.cancelled():
             return None
         value, lost = entering.result()
@@ -214,7 +215,7 @@ class StagedRunner:
         self, group_id: bytes, view: SlotView, info: GroupInfo, value: torch.Tensor
     ) -> AllReduceRunner:
         if group_id not in self._stood_in:
-            runner = self.make_runner(info, value, math.inf)
+            runner = self.factory(info, value, math.inf)
             self._stood_in[group_id] = runner
             task = asyncio.create_task(self._serve_stand_in(view.stage, runner))
             self._tasks.add(task)
@@ -255,7 +256,7 @@ class StagedRunner:
         """Run ``info`` here: its result, or where the group moved, the run then cancelled:
         a member of ``watch``'s slot (None: any; -1: none) refused it as not its group, or
         a member streamed under a view of it not tried yet (``_pull``)."""
-        runner = self.make_runner(info, held, self.max_weight if s == 0 else math.inf)
+        runner = self.factory(info, held, self.max_weight if s == 0 else math.inf)
         self.runners.append(runner)
         self._slots[info.group_id][1].set_result(runner)
         self._tried.add(info.group_id)
@@ -326,7 +327,7 @@ class StagedRunner:
             self._slots[info.group_id][1].cancel()
             slot = info.members.index(me)
             own_id, (_, own) = self._view_of(self.index, SlotView(s, slot, self.index, lost))
-            self._slots[own_id] = (self.ATTEMPTS * s, asyncio.get_running_loop().create_future())
+            self._slots[own_id] = (STAGE_ATTEMPTS * s, asyncio.get_running_loop().create_future())
             for other, view in standing_views(self.plan, s, self.index, lost):
                 group_id, (_, theirs) = self._view_of(other, view)
                 self._start_stand_in(group_id, view, theirs, held)
@@ -336,7 +337,7 @@ class StagedRunner:
         current, view = info, SlotView(s, -1, None, ())
         failure: RoundFailed | None = None
         outcome: RoundResult | _Moved
-        for _ in range(self.ATTEMPTS):
+        for _ in range(STAGE_ATTEMPTS):
             try:
                 outcome = await self._run_group(
                     s, current, held, watch=None if current is info else view.slot
@@ -395,7 +396,7 @@ class StagedRunner:
         """A view of this member's stage-``s`` group that others run, waited for a stage
         length (its source may still be in the previous stage)."""
         with contextlib.suppress(asyncio.TimeoutError):
-            async with asyncio.timeout(self._stage_wait(1)):
+            async with asyncio.timeout(self.budget.stage_wait(1)):
                 while (pull := self._next_pull(s)) is None:
                     self._pulled[s].clear()
                     await self._pulled[s].wait()
@@ -448,7 +449,7 @@ class StagedRunner:
                 if not entering.done():
                     entering.cancel()
             # others' views start at most a few stage lengths after ours ended
-            self._window_end = loop.time() + self._stage_wait(self.ATTEMPTS - 1)
+            self._window_end = loop.time() + self.budget.stage_wait(STAGE_ATTEMPTS - 1)
         names = self.group.names
         return RoundResult(
             delta=held,
