@@ -24,10 +24,8 @@ from typing import Any
 import torch
 from faults import (
     LYING_REDUCER,
-    CutPartStreams,
     Fault,
     Injected,
-    LyingReporter,
     Member,
     ScaledContribution,
     SilentLeader,
@@ -79,29 +77,6 @@ def _notify(message: tuple[Any, ...]) -> None:
     assert _conn is not None
     with _notify_lock:
         _conn.send(message)
-
-
-class StallSender(AllReduceRunner):
-    """Delivers its averaged part to everyone, then never sends its own contributions."""
-
-    async def _exchange(self, j: int) -> Any:
-        while self.server.delivered < self.num_members - 1:
-            await asyncio.sleep(0.02)
-        if j == min(i for i in range(self.num_members) if i != self.index):
-            _notify(("stalled", "sender"))
-        await asyncio.sleep(1e6)
-
-
-class _StallingServer(PartServer):
-    async def reduce(self) -> None:
-        while len(self.reducer.received) < self.plan.num_members - 1:
-            await asyncio.sleep(0.02)
-        _notify(("stalled", "reducer"))
-        await asyncio.sleep(1e6)
-
-
-STALL_REDUCER = Injected(server=_StallingServer)
-"""Sends its contributions, receives everyone's part, then never averages its own."""
 
 
 class StallMember(AllReduceRunner):
@@ -218,18 +193,10 @@ def member_fault(fault: Fault) -> Member:
         return AllReduceRunner
     if fault == Fault.SILENT_SENDER:
         return SilentSender
-    if fault == Fault.STALL_SENDER:
-        return StallSender
-    if fault == Fault.STALL_REDUCER:
-        return STALL_REDUCER
     if fault == Fault.STALL_MEMBER:
         return StallMember
-    if fault == Fault.CUT_PART_STREAMS:
-        return CutPartStreams
     if fault == Fault.LYING_REDUCER:
         return LYING_REDUCER
-    if fault == Fault.LIE_IN_REPORT:
-        return LyingReporter
     if fault == Fault.SCALED_CONTRIBUTION:
         return ScaledContribution
     return corrupt_sender(fault)
