@@ -448,7 +448,7 @@ class Healer:
         for key in failed:
             self.suspects[key.fragment] = key.round
         if self.future is not None and self.future.done():
-            self._apply_check(self.future)
+            self.apply_check(self.future)
             self.future = None
         H = self.sync_every
         now, versions = time.monotonic(), self.versions()
@@ -469,7 +469,9 @@ class Healer:
             mine = self.mine()
             self.future = self.worker.submit(self.check_and_fetch, self.checking, mine, t.step)
 
-    def _apply_check(self, future: Future[OuterState | None]) -> None:
+    def apply_check(self, future: Future[OuterState | None]) -> None:
+        """Between steps: adopt what a finished check fetched; the fragments of a check
+        that failed stay diverged (checked again soon)."""
         t = self.trainer
         try:
             state = future.result()
