@@ -31,6 +31,7 @@ from concurrent.futures import wait
 from diloco.errors import ProtocolError
 from diloco.node.evidence.suspects import missed_rounds, version_of
 from diloco.node.model.fragments import sends_at
+from diloco.node.swarm.fetch_groups import by_donor
 from diloco.node.swarm.healing import VOUCH_POLL, Healer, Mine, heal_plan
 from diloco.protocol.state.fragment import FragmentState, OuterState
 
@@ -63,9 +64,8 @@ def fetch_missed(
         plan = heal_plan(view, mine, step, sorted(missed))
         try:
             fetched: dict[int, FragmentState] = {}
-            for p, donors in plan.items():
-                state = healer.fetch_vouched([p], [r.peer_id for r in donors], view)
-                fetched[p] = state.fragments[p]
+            for group, donors in by_donor(plan):
+                fetched.update(healer.fetch_vouched(group, donors, view).fragments)
             if fetched:
                 return OuterState(view.step or 0, fetched)
         except ProtocolError:
