@@ -143,3 +143,15 @@ def test_a_fragment_in_line_is_sent_without_a_check(corpus: Any) -> None:
     healer, events = make_healer(trainer, swarm)
     heal_before_send(healer, WAIT)
     assert swarm.record_reads == 0 and healer.future is None and events == []
+
+
+def test_a_claim_from_a_key_never_seen_working_does_not_hold_the_send(corpus: Any) -> None:
+    """A record claiming round 1 from a peer whose vouches do not count: nothing it says
+    could be adopted, so waiting for it would only slow this node at every send."""
+    trainer = make_trainer(corpus)
+    trainer.step = 11
+    swarm, _ = round_one_applied_elsewhere(trainer)
+    healer, _ = make_healer(trainer, swarm, workers=("y", "z"))  # donor and x: strangers
+    heal_before_send(healer, WAIT)
+    assert swarm.record_reads == 1 and swarm.asked == []
+    assert trainer.sync.states[0].version == 0

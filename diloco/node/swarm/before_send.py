@@ -12,10 +12,10 @@ fetch, next check a second later), and what it fetches lands after the send step
 
 So at the step before ``p``'s send, a node that lacks round ``k`` waits, at most ``wait_s``
 seconds, for a check that fetches ``p``'s newest vouched state: the check in flight, then
-one that reads the records again while a peer claims round ``k`` applied (its vouches may
-come a little later) and until peers vouch for a newer state than ours. When no record
-claims ``k``, it failed for everyone as far as the node can tell: its state is the swarm's,
-and it sends at once. The round is then declared from the healed
+one that reads the records again while a peer whose word counts claims round ``k`` applied
+(its vouches may come a little later) and until peers vouch for a newer state than ours.
+When no such record claims ``k``, it failed for everyone as far as the node can tell, or
+nobody it may follow has it: it sends at once. The round is then declared from the healed
 prior (``ahead`` announces no round of a fragment that lacks its last one: its stale
 declaration would end the peers' wait at once). What is adopted is what every heal adopts:
 a state that peers whose word counts vouch for (docs/design.md "Evidence").
@@ -53,8 +53,9 @@ def fetch_missed(
 ) -> OuterState | None:
     """Worker thread: the fragments of ``missed`` that peers hold newer (or, at our version,
     under the majority's hash), from vouched donors; the records are read again every
-    ``VOUCH_POLL`` seconds while some record claims a missed round (vouched or not: a claim
-    only makes us wait, never adopt) until ``deadline`` (monotonic). None: nothing to fetch.
+    ``VOUCH_POLL`` seconds until ``deadline`` (monotonic) while a peer whose vouches count
+    claims a missed round (its vouches may be on their way; a claim only makes us wait,
+    never adopt, and a key we never saw work cannot hold our sends). None: nothing to fetch.
 
     Raises:
         ProtocolError: donors were found but none delivered a vouched state by ``deadline``.
@@ -71,7 +72,12 @@ def fetch_missed(
         except ProtocolError:
             if time.monotonic() + VOUCH_POLL > deadline:
                 raise
-        claimed = any(version_of(r, p) >= k for r in view.records for p, k in missed.items())
+        voters = healer.evidence().voters()
+        claimed = any(
+            r.peer_id in voters and version_of(r, p) >= k
+            for r in view.records
+            for p, k in missed.items()
+        )
         if not claimed or time.monotonic() + VOUCH_POLL > deadline:
             return None
         time.sleep(VOUCH_POLL)
