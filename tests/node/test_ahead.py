@@ -10,10 +10,12 @@ from concurrent.futures import Future
 import torch
 from torch import nn
 
+from diloco.errors import PriorDiverged
 from diloco.node.model.fragments import send_step
 from diloco.node.swarm.ahead import Announcer
 from diloco.node.training.outer import FragmentSync, OuterConfig
 from diloco.protocol.core.reducer import Contribution, Reducer, RoundKey, RoundResult
+from diloco.protocol.state.fragment import FragmentState
 
 
 class Recording(Reducer):
@@ -86,3 +88,24 @@ def test_a_round_is_announced_again_once_a_heal_changed_its_prior() -> None:
     assert announcer.announce(sync, 3, 100, 10.0, 0.1) == []
     priors = [prior for k, _, _, prior, _ in reducer.prepared if k == key]
     assert priors == [before, sync.states[0].sha256()] and before != priors[1]
+
+
+def test_a_fragment_whose_last_round_failed_is_announced_only_once_healed() -> None:
+    """Its prior is likely stale, and a declaration ends the peers' wait at their send step
+    (every live node declared): the round is announced once a heal brought the state in."""
+    fragments = [[("a", nn.Parameter(torch.zeros(3)))]]
+    config = OuterConfig(sync_every=4, fragment_sync_delay=1, outer_lr=0.7, outer_momentum=0.9)
+    sync = FragmentSync(fragments, config, "me", tau=1)
+    reducer = Recording()
+    announcer = Announcer(reducer)
+    assert announcer.announce(sync, 1, 100, 10.0, 0.1) == [RoundKey(0, 1)]
+    sync.send_due(4, lambda key, c: reducer.reduce(key, [c]))  # round 1, sent at step 4...
+    reducer.sent[RoundKey(0, 1)].set_exception(PriorDiverged(0, 1, "no partner", "ab" * 8))
+    (failed,) = sync.apply_due(5)  # ... failed for us
+    assert not failed.ok and sync.states[0].version == 0
+    assert announcer.announce(sync, 5, 100, 10.0, 0.1) == []
+    assert announcer.announce(sync, 6, 100, 10.0, 0.1) == []
+    healed = FragmentState(torch.full((3,), 0.5), torch.zeros(3), version=1)
+    sync.adopt(0, healed)  # the peers' round 1
+    assert announcer.announce(sync, 6, 100, 10.0, 0.1) == [RoundKey(0, 2)]
+    assert reducer.prepared[-1][3] == healed.sha256()

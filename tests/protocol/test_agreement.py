@@ -91,6 +91,15 @@ def test_decide_late_member_votes_with_the_full_contributors() -> None:
     assert not decide(2, ALL, MINE, full, {0: _report()}).accepted  # 2 of 4
 
 
+def test_decide_no_full_contributor_applies_nothing() -> None:
+    """A pair where a frozen member's contribution reached neither part in time: this
+    member holds every part and nobody contradicts it, but no part counts both, so the
+    result is a mix nobody vouches for; the round fails (its holder would never heal)."""
+    full = (False, False)
+    verdict = decide(0, (True, True), MINE, full, {1: _report((True, True))})
+    assert verdict == Verdict(False, "no member is counted in every part")
+
+
 def test_awaited_reports_are_the_other_full_contributors() -> None:
     assert awaited_reports(1, (True, True, False, True)) == {0, 3}
 

@@ -3,6 +3,8 @@
 - ``node``: ``SwarmNode``, the trainer wired to the swarm (records, rounds, summary).
 - ``publisher``: the node's records kept alive on a thread of their own.
 - ``healing``: checking for divergence and adopting a state, on its own executor.
+- ``before_send``: a fragment that lacks its last round is healed before its next send.
+- ``fetch_groups``: a heal's downloads, one request per donor.
 - ``state_source``: the swarm as healing's source; a leaving node's last record.
 - ``ahead``: which rounds are announced before their send step.
 - ``round_failures``: failed rounds told to a person, by cause.

@@ -7,6 +7,8 @@ reducer may then declare and read the round (``Reducer.prepare``) while the node
 and the send step finds the group's view ready. Healing may still change the prior before
 the send: the round is announced again with the new one (a node that missed a round heals
 right after, and would otherwise declare late at every send step, and miss every round).
+A fragment that lacks its last round is not announced until it is healed: its prior is
+likely not the swarm's (``before_send``).
 """
 
 from __future__ import annotations
@@ -49,6 +51,11 @@ class Announcer:
             send = next_send_step(step + 1, p, h, fragments)
             k = send_round(send, p, h, fragments)
             if p in busy or k is None or send > last_step:
+                continue
+            if sync.states[p].version < k - 1:
+                # Round k - 1 failed for us or we skipped it: our prior is likely stale, and
+                # its declaration would end the peers' wait (they wait for every live node
+                # to declare) before the heal that precedes the send (``before_send``).
                 continue
             prior = sync.state_hash(p)  # again after a heal: the round declares it anew
             if self.announced.get(p) == (k, prior):

@@ -11,7 +11,8 @@ the decisions here are pure functions of that ``SwarmView``, tested on hand-made
 - ``choose_donors``: whom to fetch a fragment from (peers whose vouched state is ahead of
   ours; else the holders of the majority vouched hash at our version, when ours is not it);
 - ``join_donors``: whom a joiner fetches the whole state from;
-- ``heal_plan``: which fragments to fetch, and from whom;
+- ``heal_plan``: which fragments to fetch, and from whom (``fetch_groups``: in as few
+  requests as the donors allow);
 - ``fragments_to_adopt``: which fetched fragments replace ours;
 - ``missed_rounds`` and ``open_suspects`` (``diloco.node.evidence.suspects``): which fragments to
   keep checking.
@@ -48,6 +49,7 @@ from diloco.node.evidence.suspects import (
 )
 from diloco.node.evidence.witness import Witness
 from diloco.node.model.fragments import send_step
+from diloco.node.swarm.fetch_groups import by_donor
 from diloco.node.training.trainer import NodeTrainer
 from diloco.protocol.core.reducer import RoundKey
 from diloco.protocol.records.nodes import NodeRecord, Vouch, divergent_peers
@@ -423,9 +425,8 @@ class Healer:
         step (None when there is nothing to do)."""
         view = self.read_view()
         fetched: dict[int, FragmentState] = {}
-        for p, donors in heal_plan(view, mine, my_step, fragments).items():
-            state = self.fetch_vouched([p], [r.peer_id for r in donors], view)
-            fetched[p] = state.fragments[p]
+        for group, donors in by_donor(heal_plan(view, mine, my_step, fragments)):
+            fetched.update(self.fetch_vouched(group, donors, view).fragments)
         if not fetched and not lagging(view, my_step):
             return None
         return OuterState(view.step or 0, fetched)
@@ -448,7 +449,7 @@ class Healer:
         for key in failed:
             self.suspects[key.fragment] = key.round
         if self.future is not None and self.future.done():
-            self._apply_check(self.future)
+            self.apply_check(self.future)
             self.future = None
         H = self.sync_every
         now, versions = time.monotonic(), self.versions()
@@ -469,7 +470,9 @@ class Healer:
             mine = self.mine()
             self.future = self.worker.submit(self.check_and_fetch, self.checking, mine, t.step)
 
-    def _apply_check(self, future: Future[OuterState | None]) -> None:
+    def apply_check(self, future: Future[OuterState | None]) -> None:
+        """Between steps: adopt what a finished check fetched; the fragments of a check
+        that failed stay diverged (checked again soon)."""
         t = self.trainer
         try:
             state = future.result()

@@ -41,6 +41,7 @@ from diloco.node.evidence.claims import group_target
 from diloco.node.evidence.witness import Witness, WitnessedRound
 from diloco.node.observe.recent_metrics import RecentMetrics
 from diloco.node.observe.traffic import data_parallel_bytes
+from diloco.node.swarm.before_send import heal_before_send
 from diloco.node.swarm.healing import SETTLE_TIMEOUT, Healer
 from diloco.node.swarm.publisher import Publisher
 from diloco.node.swarm.round_failures import FailureLog
@@ -362,13 +363,17 @@ class SwarmNode:
     def _heal(self, applied: list[AppliedRound]) -> None:
         """Hand healing the rounds that failed: those applied now, and those in flight that
         failed already because most of their peers start from another state
-        (``PriorDiverged``): that fragment is checked now, not at the round's receive step."""
+        (``PriorDiverged``): that fragment is checked now, not at the round's receive step.
+        A fragment about to be sent that lacks its last round is healed first
+        (``before_send``)."""
         diverged = self.trainer.sync.diverged()
         for key in diverged.keys() - self.diverged:
             event = {"event": "prior_diverged", "step": self.trainer.step, "prior": diverged[key]}
             self._emit(event | {"fragment": key.fragment, "round": key.round})
         self.diverged = set(diverged)
         self.healer.maybe_heal([r.key for r in applied if not r.ok] + list(diverged))
+        # The peers wait for us a window at their send step: as long may a heal hold ours.
+        heal_before_send(self.healer, self.rounds.matchmaking_window)
 
     def _record_rounds(self, applied: list[AppliedRound]) -> None:
         for round_ in applied:

@@ -17,7 +17,10 @@ none at all is not agreement. So:
   and heals from the vouched state of the majority;
 * with two full contributors no majority exists against a liar: either one's dissent
   fails the round for the other (a pair cannot tell which of them lies);
-* a member excluded for bad input (not a full contributor) has no say in the others' round.
+* a member excluded for bad input (not a full contributor) has no say in the others' round;
+* with no full contributor at all (each part lacks someone: a frozen member in a pair) no
+  member applies the round: its result would be a state nobody vouches for, from which a
+  member never heals back (the chaos run: a pair split on a fragment for the rest of it).
 """
 
 from __future__ import annotations
@@ -82,6 +85,10 @@ def decide(
     if not all(held):
         missing = [j for j, ok in enumerate(held) if not ok]
         return Verdict(False, f"parts {missing} missing here", dissent)
+    if not any(full):
+        # Every part lacks someone: the result mixes partial averages, nobody could vouch
+        # for it, and its holder could never heal back (no vouched state is newer).
+        return Verdict(False, "no member is counted in every part", dissent)
     voters = {i for i, bit in enumerate(full) if bit} | {index}
     agreeing = 1 + sum(1 for i in reports if i in voters and i != index and i not in dissent)
     if 2 * agreeing > len(voters):
