@@ -9,12 +9,6 @@ process (``diloco-node``, its module, or a peer script of the tests) must be mar
 ``swarm``, so ``pytest -m "not swarm"`` stays the fast, in-process tier. Short helper
 processes (``python -c``, the netns tool) are not peers. The guard below
 fails an unmarked test that does, naming what it started.
-
-Two lanes (``scripts/test.sh`` runs ``pytest -n 2 --dist loadgroup``): the swarm tests of
-whole nodes (``tests/node``, ``tests/cli``: each runs several training processes, which
-already fill both cores) run one after another in one worker; every other test, and each
-module of the protocol's swarm tests as one unit (its peer pool is a module fixture), goes
-to whichever worker is free. Without xdist the markers do nothing.
 """
 
 from __future__ import annotations
@@ -29,19 +23,6 @@ from hivemind import DHT
 from hivemind.p2p import P2P
 
 torch.set_num_threads(1)
-
-NODE_LANE = ("tests/node/", "tests/cli/")
-"""Where the swarm tests that train whole nodes live: one lane for all of them."""
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.get_closest_marker("swarm") is None:
-            continue
-        path = item.nodeid.split("::")[0]
-        group = "nodes" if path.startswith(NODE_LANE) else path
-        item.add_marker(pytest.mark.xdist_group(group))
-
 
 PEER_PROGRAMS = ("diloco-node", "swarm_peers.py", "hostile_peer.py", "hostile_claims.py")
 
