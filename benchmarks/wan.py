@@ -240,6 +240,11 @@ def node_figures(records: list[dict[str, Any]], steady_from: int) -> dict[str, A
     compute = sum(r["step_seconds"] for r in steps)
     blocked = sum(r["blocked_seconds"] for r in rounds + failed)
     trips = [r["round_trips"] for r in rounds if "round_trips" in r]
+    # Where the training thread's wall time went: compute (the steps, sends included),
+    # blocked on rounds, the rest of each step (outer steps, merges, announcing) and the
+    # time between steps (records, eval, healing, checkpoints).
+    wall = sum(r.get("wall_seconds", 0.0) for r in steps)
+    between = sum(r.get("between_seconds", 0.0) for r in steps)
     per_kind: dict[str, list[float]] = collections.defaultdict(list)
     paths = collections.Counter[str]()
     for r in rounds:
@@ -253,6 +258,16 @@ def node_figures(records: list[dict[str, Any]], steady_from: int) -> dict[str, A
     return {
         "steady_steps": len(steps),
         "cu": compute / (compute + blocked) if compute + blocked else None,
+        "cu_wall": compute / (wall + between) if wall + between else None,
+        "thread_seconds": {
+            "compute": compute,
+            "blocked": blocked,
+            "apply_and_announce": wall - compute - blocked,
+            "between_steps": between,
+        },
+        "step_seconds_median": statistics.median(r["step_seconds"] for r in steps)
+        if steps
+        else None,
         "round_seconds_median": statistics.median(r["seconds"] for r in rounds) if rounds else None,
         "matchmaking_seconds_median": (
             statistics.median(r["matchmaking_seconds"] for r in rounds) if rounds else None
