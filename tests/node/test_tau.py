@@ -96,34 +96,37 @@ def test_tau_auto_rises_after_one_round_and_falls_only_every_four() -> None:
     assert change is not None and (change.old, change.new) == (3, 7)
 
 
-def test_tau_auto_hides_the_rounds_where_this_node_waits_for_its_group() -> None:
-    """At 200 ms a node leads some rounds (its peers' JOINs wait for it: matchmaking 0) and
-    follows in others (a JOIN -> GROUP round trip, 0.25 s): the all-reduce is 0.5 s either
-    way. tau must cover the follower's rounds, 0.75 s, not 0.5 s plus the quickest
-    matchmaking, which left every followed round blocking for 0.25 s."""
-    auto = TauAuto(sync_every=30, tau=1)
+def test_tau_auto_counts_a_followers_join_and_not_the_wait_for_later_peers() -> None:
+    """At 200 ms (a round trip measured at 0.25 s) a node leads some rounds (its peers'
+    JOINs wait for it: matchmaking 0) and follows in others (JOIN -> GROUP, a round trip),
+    the all-reduce 0.5 s either way; in two more rounds it waited 1.75 s for a peer behind.
+    tau must hide the followed rounds, 0.75 s (the shortest matchmaking, 0, left each of
+    them blocking for its JOIN), and not the wait (counting it, 2.25 s, would let this node
+    run further ahead and raise tau again)."""
+    auto = TauAuto(sync_every=30, tau=1, round_trip=0.25)
     auto.observe_step(0.125)
-    for seconds, matchmaking in [(0.5, 0.0), (0.75, 0.25)] * 4:
+    rounds = [(0.5, 0.0), (0.75, 0.25), (0.5, 0.0), (0.75, 0.25), (2.25, 1.75)] * 2
+    for seconds, matchmaking in rounds:
         auto.observe_round(seconds, matchmaking_seconds=matchmaking)
+    assert list(auto.latencies) == [0.5, 0.75, 0.75, 0.5, 0.75, 0.5, 0.75, 0.75]
     assert auto.tau == 7  # 0.75 / 0.125 = 6, + 1
-    assert auto.tau * 0.125 >= 0.75
+    assert auto.used == {1, 5, 7}  # 0.5 / 0.125 + 1 after the first round
 
 
 def test_tau_auto_runs_ahead_of_its_peers_at_most_max_ahead() -> None:
-    """Three rounds that waited 2.25 s in matchmaking for peers behind this node, one that
-    formed in 0.5 s (this node came last): the rounds' whole seconds call for 2.5 / 0.125 + 1
+    """Three rounds of 2.5 s, then one of 0.75 s: tau for the slow ones is 2.5 / 0.125 + 1
     = 21 steps, but with tau t the node runs t steps less the network's part of a round
-    (0.25 + 0.5 s at least) ahead of its peers, which must stay within ``max_ahead``."""
+    (0.75 s at least) ahead of its peers, which must stay within ``max_ahead``."""
     auto = TauAuto(sync_every=30, tau=1, max_ahead=0.5)
     auto.observe_step(0.125)
     for _ in range(3):
-        auto.observe_round(2.5, matchmaking_seconds=2.25)
-    assert auto.tau == 15  # one round: its network's part is all of it, 2.5 s
-    auto.observe_round(0.75, matchmaking_seconds=0.5)
+        auto.observe_round(2.5)
+    assert auto.tau == 15  # the network's part so far: 2.5 s, so the bound is H / 2
+    auto.observe_round(0.75)
     assert auto.network == 0.75
     assert auto.tau == 10  # (0.5 + 0.75) / 0.125, down at once: not a fall by the cadence
     auto.max_ahead = None  # no matchmaking: only H / 2
-    assert auto.observe_round(2.5, matchmaking_seconds=2.25) is not None and auto.tau == 15
+    assert auto.observe_round(2.5) is not None and auto.tau == 15
 
 
 def test_tau_auto_starts_within_its_bounds() -> None:

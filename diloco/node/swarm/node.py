@@ -49,6 +49,7 @@ from diloco.node.training.pending import AppliedRound
 from diloco.node.training.tau import MAX_AHEAD_SHARE
 from diloco.node.training.trainer import NodeTrainer
 from diloco.protocol.allreduce.swarm_reducer import SwarmReducer
+from diloco.protocol.core.adaptive import round_trip_estimate
 from diloco.protocol.core.reducer import RoundKey
 from diloco.protocol.records.nodes import MAX_VOUCH_ROUNDS, FragmentVersion, NodeRecord, Vouch
 from diloco.protocol.records.run_configs import SignedRunConfig
@@ -354,12 +355,15 @@ class SwarmNode:
         return self._finish(time.perf_counter() - start)
 
     def _bound_tau(self) -> None:
-        """tau auto: never so far ahead of the peers that matchmaking misses them; the
-        window is the one this node's rounds use now, which follows the measured round
-        trip (a window of 2.4 s at 300 ms, not the configured 2 s)."""
-        if self.trainer.tau_auto is not None:
+        """tau auto: the measured round trip (what a round's matchmaking costs the network,
+        the rest is waiting for later peers), and never so far ahead of the peers that
+        matchmaking misses them: half the window this node's rounds use now, which follows
+        the round trip (2.4 s at 300 ms, not the configured 2 s)."""
+        auto = self.trainer.tau_auto
+        if auto is not None:
+            auto.round_trip = round_trip_estimate(tuple(self.reducer.rtt_samples)) or 0.0
             window = self.reducer.matchmaker.timeouts.matchmaking_window
-            self.trainer.tau_auto.max_ahead = window * MAX_AHEAD_SHARE
+            auto.max_ahead = window * MAX_AHEAD_SHARE
 
     def _hear_claims(self) -> None:
         """The others' pace claims the publisher read last, counted only as far as their

@@ -11,17 +11,23 @@ calls for it and lowers it once per few rounds. tau is local to the node: a chan
 to rounds sent after it (each pending round keeps its receive step), and since ``tau < H``
 a fragment's rounds still apply in order.
 
-The latency counted is the whole round as this node waits for it, from its send to the
-result: what blocks it is that, whatever part of it is the network's and whatever part the
-wait in matchmaking for peers that reach the send step later (counting only the network's
-part, with the shortest matchmaking of recent rounds, left every round that waited for a
-peer to block its node: at 200 ms a leader's matchmaking is often 0, a follower's a round
-trip). What keeps a node ahead of its peers from raising tau for ever on its own waiting is
-the bound: with tau ``t`` a node blocks on a round at most ``t`` steps after its send, and
-the round cannot end before the last member sent plus the network's part, so the node runs
-at most ``t * step - network`` seconds ahead of its slowest peer; ``target_tau`` keeps that
-within ``max_ahead`` (what matchmaking waits for a peer), with the network's part at its
-least over the recent rounds (each one's all-reduce plus the shortest matchmaking).
+A round's seconds include its matchmaking, and matchmaking both costs the network a round
+trip (a follower's JOIN -> GROUP; a leader's peers JOIN before it reaches its send step)
+and waits for peers that reach the send step later. That wait is not the network's: a node
+ahead of its peers would see it grow with its own tau (a larger tau lets it run further
+ahead), raise tau for it, run further ahead, and merge ever staler rounds (counting whole
+rounds drove two nodes of three to tau 12-15 on loopback, their rounds waiting a second
+for the third). So the
+latency counted is each round's all-reduce seconds plus its matchmaking up to one measured
+round trip: the network's part, whichever role the node had. (Counting the shortest
+matchmaking of the recent rounds instead, often a leader's 0, left every followed round
+blocking for its JOIN's round trip: tau 3 at 200 ms for rounds of 4 steps.)
+
+The bound: with tau ``t`` a node blocks on a round at most ``t`` steps after its send, and
+the round cannot end before its last member sent plus the network's part, so the node runs
+at most ``t * step - network`` seconds ahead of its slowest peer; ``tau_ceiling`` keeps
+that within ``max_ahead`` (what matchmaking waits for a peer), with the network's part at
+its least over the recent rounds.
 """
 
 from __future__ import annotations
@@ -124,7 +130,7 @@ class TauChange:
     old: int
     new: int
     latency: float
-    """The latency quantile, seconds (send to result, the wait for later peers included)."""
+    """The latency quantile, seconds (without the wait for later peers)."""
     step_seconds: float
     """The median step's compute, seconds."""
 
@@ -136,16 +142,16 @@ class TauAuto:
     sync_every: int
     tau: int
     latencies: deque[float] = field(default_factory=lambda: deque(maxlen=ROUNDS_WINDOW))
-    """Recent rounds' seconds from the send to the result (module docstring)."""
-    exchanges: deque[float] = field(default_factory=lambda: deque(maxlen=ROUNDS_WINDOW))
-    """Recent rounds' seconds after their group formed (the all-reduce and its checks)."""
-    matchmaking: deque[float] = field(default_factory=lambda: deque(maxlen=ROUNDS_WINDOW))
-    """Recent rounds' matchmaking seconds (waiting for later peers included)."""
+    """Recent rounds' network part: all-reduce seconds plus matchmaking up to ``round_trip``
+    (module docstring)."""
     step_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=STEPS_WINDOW))
     rounds_since: int = 0
     """Rounds observed since the last decision that could lower tau."""
     used: set[int] = field(default_factory=set)
     """Every tau this node used (the summary's range)."""
+    round_trip: float = 0.0
+    """The measured round trip to the peers, seconds (the node sets it from its reducer; 0:
+    a transport whose matchmaking costs no network)."""
     max_ahead: float | None = None
     """Seconds a node may run ahead of its peers (``target_tau``); None: no bound but H/2
     (a transport without matchmaking). The node sets it from its matchmaking window, which
@@ -161,18 +167,15 @@ class TauAuto:
 
     @property
     def network(self) -> float:
-        """The network's part of a round, at its least over the recent rounds: the shortest
-        all-reduce plus the shortest matchmaking (a round where this node came last)."""
-        return min(self.exchanges, default=0.0) + min(self.matchmaking, default=0.0)
+        """The network's part of a round, at its least over the recent rounds."""
+        return min(self.latencies, default=0.0)
 
     def observe_round(self, seconds: float, matchmaking_seconds: float = 0.0) -> TauChange | None:
         """Count one applied round (``seconds`` from send to result, ``matchmaking_seconds``
         of them forming its group); a new tau if the figures call for one: a rise after any
         round, a fall only every ``ROUNDS_BETWEEN`` rounds."""
         matchmaking = min(max(0.0, matchmaking_seconds), seconds)
-        self.latencies.append(seconds)
-        self.exchanges.append(seconds - matchmaking)
-        self.matchmaking.append(matchmaking)
+        self.latencies.append(seconds - matchmaking + min(matchmaking, self.round_trip))
         self.rounds_since += 1
         if not self.step_seconds:
             return None
