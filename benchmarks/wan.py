@@ -23,8 +23,12 @@ creator fail alone come before it, and ``startup_failed`` counts them), from its
 ``--metrics-out`` records: CU (compute / (compute + blocked),
 as the trainer counts it), round seconds (median), failed / attempted rounds, heals, the
 round trips on each round's critical path (median, and the median seconds of each kind of
-exchange on it), and the eval loss of the outer weights at the end. Writes a JSON with the
-git commit and prints a table. ``docs/design.md "Across the internet"`` has the figures.
+exchange on it), and the eval loss of the outer weights at the end (node X reads data stream
+X, ``--data-seed X``, in every run, so losses at two RTTs differ by the network alone); in
+the JSON also where the training thread's time went (``thread_seconds``: compute, blocked on
+rounds, the rest of each step, between steps) and ``cu_wall``, compute over all of it.
+Writes a JSON with the git commit and prints a table. ``docs/design.md "Across the
+internet"`` has the figures.
 
     flock /tmp/diloco-heavy.lock python benchmarks/wan.py --rtt-ms 0 100 200 --steps 250
 """
@@ -173,7 +177,10 @@ def run_swarm(
             own = f"/ip4/{hosts[i]}/tcp/{listen[i]}"
             shown = f"/ip4/{hosts[i]}/tcp/{proxies.ports[i]}"
             ckpt = str(folder / f"ckpt{i}")
-            return ["--listen", own, "--announce", shown, "--checkpoint-dir", ckpt]
+            # Node i reads data stream i in every run: eval losses at two RTTs compare the
+            # network's effect, not two draws of the data.
+            seed = ["--data-seed", str(i)]
+            return ["--listen", own, "--announce", shown, "--checkpoint-dir", ckpt, *seed]
 
         creator = ["start", "--name", "wan", "--preset", args.preset, "--steps", str(args.steps)]
         first = [*creator, *common, *addresses(0), *args.node_args]
