@@ -292,6 +292,7 @@ def node_figures(records: list[dict[str, Any]], steady_from: int) -> dict[str, A
         "eval_loss": summary.get("eval_loss"),
         "summary_cu": summary.get("cu"),
         "tau_range": summary.get("tau_range"),
+        "tau_median": statistics.median_low(r["tau"] for r in steps) if steps else None,
         "final_step": summary.get("step"),
     }
 
@@ -346,17 +347,20 @@ def reread(out: Path, warmup: int) -> None:
     print(table(result["points"]))
 
 
-def predictions(points: list[dict[str, Any]]) -> list[str]:
+def predictions(
+    points: list[dict[str, Any]], baseline: list[dict[str, Any]] | None = None
+) -> list[str]:
     """Each point at an RTT above 0 against what the simulators predict for it: the CU
     predictor (``diloco.sim.round_costs``) from the same swarm's run at RTT 0 with the round
-    trips added, and the protocol simulator's (``diloco.sim.protocol_sim``) matchmaking and
+    trips added, at the tau each node used most in the point's steady state, and the
+    protocol simulator's (``diloco.sim.protocol_sim``) matchmaking and
     all-reduce seconds for N peers RTT apart on fast links. Stored in the points too."""
     lines = [
         "| RTT ms | CU measured | CU predicted from RTT 0 | round s measured (median) | "
         "protocol sim: matchmaking + all-reduce s |",
         "|" + " --- |" * 5,
     ]
-    base = next((p for p in points if p["rtt_ms"] == 0), None)
+    base = next((p for p in [*points, *(baseline or [])] if p["rtt_ms"] == 0), None)
     for point in points:
         if point["rtt_ms"] == 0:
             continue
@@ -370,7 +374,8 @@ def predictions(points: list[dict[str, Any]]) -> list[str]:
             predicted = []
             for i in range(len(point["nodes"])):
                 metrics = (Path(base["folder"]) / f"node{i}.jsonl").read_text().splitlines()
-                predicted.append(predict_cu(metrics, rtt_seconds=rtt).steady)
+                tau = point["nodes"][i].get("tau_median")
+                predicted.append(predict_cu(metrics, rtt_seconds=rtt, tau=tau).steady)
             point["predicted_cu_from_rtt0"] = predicted
         measured = [node["cu"] for node in point["nodes"]]
         rounds = [node["round_seconds_median"] for node in point["nodes"]]
@@ -387,6 +392,14 @@ def _span(values: list[float | None], spec: str) -> str:
     if not known:
         return "-"
     return f"{min(known):{spec}}-{max(known):{spec}}"
+
+
+def baseline(args: argparse.Namespace) -> list[dict[str, Any]] | None:
+    """The points of ``--baseline`` (a results file with a run at RTT 0), if given."""
+    if args.baseline is None:
+        return None
+    points: list[dict[str, Any]] = json.loads(args.baseline.read_text())["points"]
+    return points
 
 
 def git_commit() -> str:
@@ -423,12 +436,20 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=HERE / "results" / "wan.json")
     parser.add_argument("--workdir", type=Path, default=None, help="keep logs and metrics here")
     parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="a results file whose RTT 0 run the predictions start from (its metrics kept)",
+    )
+    parser.add_argument(
         "node_args", nargs="*", help="more flags for the creator's start (after --)"
     )
     args = parser.parse_args()
     if args.reread:
         reread(args.out, args.warmup_steps)
-        print("\n".join(predictions(json.loads(args.out.read_text())["points"])))
+        result = json.loads(args.out.read_text())
+        print("\n".join(predictions(result["points"], baseline(args))))
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
         return
     commit = git_commit()  # before the runs: the code they ran
     base = args.workdir or Path(tempfile.mkdtemp(prefix="diloco-wan-"))
@@ -449,7 +470,7 @@ def main() -> None:
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "points": points,
     }
-    compared = predictions(points)
+    compared = predictions(points, baseline(args))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(table(points))
