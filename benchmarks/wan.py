@@ -242,8 +242,13 @@ def figures(records: list[list[dict[str, Any]]], warmup: int) -> dict[str, Any]:
 def node_figures(records: list[dict[str, Any]], steady_from: int) -> dict[str, Any]:
     """One node's steady-state figures from its metrics records."""
     steps = [r for r in records if r["event"] == "step" and r["step"] > steady_from]
-    rounds = [r for r in records if r["event"] == "round" and r["step"] > steady_from]
-    failed = [r for r in records if r["event"] == "round_failed" and r["step"] > steady_from]
+    # The rounds the run's end waits for before their receive steps (``final``) are the
+    # end's, not the steady state's: reported apart.
+    kinds = ("round", "round_failed")
+    late = [r for r in records if r["event"] in kinds and r["step"] > steady_from]
+    final = [r for r in late if r.get("final")]
+    rounds = [r for r in late if r["event"] == "round" and not r.get("final")]
+    failed = [r for r in late if r["event"] == "round_failed" and not r.get("final")]
     compute = sum(r["step_seconds"] for r in steps)
     blocked = sum(r["blocked_seconds"] for r in rounds + failed)
     trips = [r["round_trips"] for r in rounds if "round_trips" in r]
@@ -266,6 +271,7 @@ def node_figures(records: list[dict[str, Any]], steady_from: int) -> dict[str, A
         "steady_steps": len(steps),
         "cu": compute / (compute + blocked) if compute + blocked else None,
         "cu_wall": compute / (wall + between) if wall + between else None,
+        "final_blocked_seconds": sum(r["blocked_seconds"] for r in final),
         "thread_seconds": {
             "compute": compute,
             "blocked": blocked,

@@ -258,9 +258,13 @@ class SwarmNode:
             self.metrics.flush()
         self.on_event(record)
 
-    def _round_record(self, applied: AppliedRound) -> dict[str, Any]:
+    def _round_record(self, applied: AppliedRound, final: bool = False) -> dict[str, Any]:
+        """A round's metrics record; ``final``: applied at the run's end, before its receive
+        step (its wait is the end's, not a step's)."""
         key = applied.key
         head = {"step": self.trainer.step, "fragment": key.fragment, "round": key.round}
+        if final:
+            head["final"] = True
         if not applied.ok:
             failed = {"blocked_seconds": applied.blocked_seconds, "error": applied.error}
             return {"event": "round_failed", **head, **failed}
@@ -350,7 +354,7 @@ class SwarmNode:
         if not self.stop_event.is_set():
             # The run's end (not Ctrl-C): the rounds of the last tau steps count too.
             finished = t.finish_rounds()
-            self._record_rounds(finished)
+            self._record_rounds(finished, final=True)
             self._refresh_snapshot([r.key.fragment for r in finished if r.ok])
         return self._finish(time.perf_counter() - start)
 
@@ -384,9 +388,9 @@ class SwarmNode:
         self.diverged = set(diverged)
         self.healer.maybe_heal([r.key for r in applied if not r.ok] + list(diverged))
 
-    def _record_rounds(self, applied: list[AppliedRound]) -> None:
+    def _record_rounds(self, applied: list[AppliedRound], final: bool = False) -> None:
         for round_ in applied:
-            self._emit(self._round_record(round_))
+            self._emit(self._round_record(round_, final))
             self.failed_rounds += not round_.ok
             if round_.ok:
                 self.failures.succeeded(len(round_.members))
