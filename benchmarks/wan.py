@@ -252,6 +252,7 @@ def node_figures(records: list[dict[str, Any]], steady_from: int) -> dict[str, A
     compute = sum(r["step_seconds"] for r in steps)
     blocked = sum(r["blocked_seconds"] for r in rounds + failed)
     trips = [r["round_trips"] for r in rounds if "round_trips" in r]
+    taus = [r["tau"] for r in steps if "tau" in r]
     # Where the training thread's wall time went: compute (the steps, sends included),
     # blocked on rounds, the rest of each step (outer steps, merges, announcing) and the
     # time between steps (records, eval, healing, checkpoints).
@@ -298,7 +299,7 @@ def node_figures(records: list[dict[str, Any]], steady_from: int) -> dict[str, A
         "eval_loss": summary.get("eval_loss"),
         "summary_cu": summary.get("cu"),
         "tau_range": summary.get("tau_range"),
-        "tau_median": statistics.median_low(r["tau"] for r in steps) if steps else None,
+        "tau_median": statistics.median_low(taus) if taus else None,
         "final_step": summary.get("step"),
     }
 
