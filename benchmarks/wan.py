@@ -23,8 +23,12 @@ creator fail alone come before it, and ``startup_failed`` counts them), from its
 ``--metrics-out`` records: CU (compute / (compute + blocked),
 as the trainer counts it), round seconds (median), failed / attempted rounds, heals, the
 round trips on each round's critical path (median, and the median seconds of each kind of
-exchange on it), and the eval loss of the outer weights at the end. Writes a JSON with the
-git commit and prints a table. ``docs/design.md "Across the internet"`` has the figures.
+exchange on it), and the eval loss of the outer weights at the end (node X reads data stream
+X, ``--data-seed X``, in every run, so losses at two RTTs differ by the network alone); in
+the JSON also where the training thread's time went (``thread_seconds``: compute, blocked on
+rounds, the rest of each step, between steps) and ``cu_wall``, compute over all of it.
+Writes a JSON with the git commit and prints a table. ``docs/design.md "Across the
+internet"`` has the figures.
 
     flock /tmp/diloco-heavy.lock python benchmarks/wan.py --rtt-ms 0 100 200 --steps 250
 """
@@ -173,7 +177,10 @@ def run_swarm(
             own = f"/ip4/{hosts[i]}/tcp/{listen[i]}"
             shown = f"/ip4/{hosts[i]}/tcp/{proxies.ports[i]}"
             ckpt = str(folder / f"ckpt{i}")
-            return ["--listen", own, "--announce", shown, "--checkpoint-dir", ckpt]
+            # Node i reads data stream i in every run: eval losses at two RTTs compare the
+            # network's effect, not two draws of the data.
+            seed = ["--data-seed", str(i)]
+            return ["--listen", own, "--announce", shown, "--checkpoint-dir", ckpt, *seed]
 
         creator = ["start", "--name", "wan", "--preset", args.preset, "--steps", str(args.steps)]
         first = [*creator, *common, *addresses(0), *args.node_args]
@@ -235,11 +242,22 @@ def figures(records: list[list[dict[str, Any]]], warmup: int) -> dict[str, Any]:
 def node_figures(records: list[dict[str, Any]], steady_from: int) -> dict[str, Any]:
     """One node's steady-state figures from its metrics records."""
     steps = [r for r in records if r["event"] == "step" and r["step"] > steady_from]
-    rounds = [r for r in records if r["event"] == "round" and r["step"] > steady_from]
-    failed = [r for r in records if r["event"] == "round_failed" and r["step"] > steady_from]
+    # The rounds the run's end waits for before their receive steps (``final``) are the
+    # end's, not the steady state's: reported apart.
+    kinds = ("round", "round_failed")
+    late = [r for r in records if r["event"] in kinds and r["step"] > steady_from]
+    final = [r for r in late if r.get("final")]
+    rounds = [r for r in late if r["event"] == "round" and not r.get("final")]
+    failed = [r for r in late if r["event"] == "round_failed" and not r.get("final")]
     compute = sum(r["step_seconds"] for r in steps)
     blocked = sum(r["blocked_seconds"] for r in rounds + failed)
     trips = [r["round_trips"] for r in rounds if "round_trips" in r]
+    taus = [r["tau"] for r in steps if "tau" in r]
+    # Where the training thread's wall time went: compute (the steps, sends included),
+    # blocked on rounds, the rest of each step (outer steps, merges, announcing) and the
+    # time between steps (records, eval, healing, checkpoints).
+    wall = sum(r.get("wall_seconds", 0.0) for r in steps)
+    between = sum(r.get("between_seconds", 0.0) for r in steps)
     per_kind: dict[str, list[float]] = collections.defaultdict(list)
     paths = collections.Counter[str]()
     for r in rounds:
@@ -253,6 +271,17 @@ def node_figures(records: list[dict[str, Any]], steady_from: int) -> dict[str, A
     return {
         "steady_steps": len(steps),
         "cu": compute / (compute + blocked) if compute + blocked else None,
+        "cu_wall": compute / (wall + between) if wall + between else None,
+        "final_blocked_seconds": sum(r["blocked_seconds"] for r in final),
+        "thread_seconds": {
+            "compute": compute,
+            "blocked": blocked,
+            "apply_and_announce": wall - compute - blocked,
+            "between_steps": between,
+        },
+        "step_seconds_median": statistics.median(r["step_seconds"] for r in steps)
+        if steps
+        else None,
         "round_seconds_median": statistics.median(r["seconds"] for r in rounds) if rounds else None,
         "matchmaking_seconds_median": (
             statistics.median(r["matchmaking_seconds"] for r in rounds) if rounds else None
@@ -270,6 +299,7 @@ def node_figures(records: list[dict[str, Any]], steady_from: int) -> dict[str, A
         "eval_loss": summary.get("eval_loss"),
         "summary_cu": summary.get("cu"),
         "tau_range": summary.get("tau_range"),
+        "tau_median": statistics.median_low(taus) if taus else None,
         "final_step": summary.get("step"),
     }
 
@@ -324,17 +354,20 @@ def reread(out: Path, warmup: int) -> None:
     print(table(result["points"]))
 
 
-def predictions(points: list[dict[str, Any]]) -> list[str]:
+def predictions(
+    points: list[dict[str, Any]], baseline: list[dict[str, Any]] | None = None
+) -> list[str]:
     """Each point at an RTT above 0 against what the simulators predict for it: the CU
     predictor (``diloco.sim.round_costs``) from the same swarm's run at RTT 0 with the round
-    trips added, and the protocol simulator's (``diloco.sim.protocol_sim``) matchmaking and
+    trips added, at the tau each node used most in the point's steady state, and the
+    protocol simulator's (``diloco.sim.protocol_sim``) matchmaking and
     all-reduce seconds for N peers RTT apart on fast links. Stored in the points too."""
     lines = [
         "| RTT ms | CU measured | CU predicted from RTT 0 | round s measured (median) | "
         "protocol sim: matchmaking + all-reduce s |",
         "|" + " --- |" * 5,
     ]
-    base = next((p for p in points if p["rtt_ms"] == 0), None)
+    base = next((p for p in [*points, *(baseline or [])] if p["rtt_ms"] == 0), None)
     for point in points:
         if point["rtt_ms"] == 0:
             continue
@@ -348,7 +381,8 @@ def predictions(points: list[dict[str, Any]]) -> list[str]:
             predicted = []
             for i in range(len(point["nodes"])):
                 metrics = (Path(base["folder"]) / f"node{i}.jsonl").read_text().splitlines()
-                predicted.append(predict_cu(metrics, rtt_seconds=rtt).steady)
+                tau = point["nodes"][i].get("tau_median")
+                predicted.append(predict_cu(metrics, rtt_seconds=rtt, tau=tau).steady)
             point["predicted_cu_from_rtt0"] = predicted
         measured = [node["cu"] for node in point["nodes"]]
         rounds = [node["round_seconds_median"] for node in point["nodes"]]
@@ -365,6 +399,14 @@ def _span(values: list[float | None], spec: str) -> str:
     if not known:
         return "-"
     return f"{min(known):{spec}}-{max(known):{spec}}"
+
+
+def baseline(args: argparse.Namespace) -> list[dict[str, Any]] | None:
+    """The points of ``--baseline`` (a results file with a run at RTT 0), if given."""
+    if args.baseline is None:
+        return None
+    points: list[dict[str, Any]] = json.loads(args.baseline.read_text())["points"]
+    return points
 
 
 def git_commit() -> str:
@@ -401,12 +443,20 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=HERE / "results" / "wan.json")
     parser.add_argument("--workdir", type=Path, default=None, help="keep logs and metrics here")
     parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="a results file whose RTT 0 run the predictions start from (its metrics kept)",
+    )
+    parser.add_argument(
         "node_args", nargs="*", help="more flags for the creator's start (after --)"
     )
     args = parser.parse_args()
     if args.reread:
         reread(args.out, args.warmup_steps)
-        print("\n".join(predictions(json.loads(args.out.read_text())["points"])))
+        result = json.loads(args.out.read_text())
+        print("\n".join(predictions(result["points"], baseline(args))))
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
         return
     commit = git_commit()  # before the runs: the code they ran
     base = args.workdir or Path(tempfile.mkdtemp(prefix="diloco-wan-"))
@@ -427,7 +477,7 @@ def main() -> None:
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "points": points,
     }
-    compared = predictions(points)
+    compared = predictions(points, baseline(args))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(table(points))

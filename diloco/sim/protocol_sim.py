@@ -44,8 +44,9 @@ the all-reduce (``inf``: nobody dies). A peer that dies stops sending at once.
   bytes, since every successful group of a cell counts the same sub-cells.
 
 Matchmaking is the same for flat and staged rounds and reported apart: the window, the DHT's
-round trips at a median peer's latency (``dht_round_trips``: declaring takes 2, reading the
-view 1, docs/design.md "Across the internet"), a round trip to the leader, and the leader's
+round trips at a median peer's latency (``dht_round_trips``: none by default, as a node
+declares and reads the round before its send step; 3 before that, declaring 2 and reading
+the view 1, docs/design.md "Across the internet"), a round trip to the leader, and the leader's
 uplink sending every member the member list (``GROUP``: ``GROUP_BYTES_PER_MEMBER`` per
 member), which grows as ``N ** 2``.
 """
@@ -106,8 +107,9 @@ class SwarmSpec:
     """Stage budget over a median peer's nominal time; the slowest of a thousand log-normal
     links (sigma 0.7) is about 10 times slower than the median."""
     matchmaking_window_s: float = 2.0
-    dht_round_trips: float = 3.0
-    """Round trips to the DHT before the JOIN (declare 2, read the view 1)."""
+    dht_round_trips: float = 0.0
+    """Round trips to the DHT between the send step and the JOIN: none, since matchmaking
+    declares and reads ahead of the send step (3 without that: declare 2, read the view 1)."""
     links: LinkModel = field(default_factory=LinkModel)
 
     def __post_init__(self) -> None:

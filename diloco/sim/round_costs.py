@@ -31,14 +31,17 @@ per round plus the failed rounds' own, and the compute is the window's measured 
 
 **At another round-trip time** (``rtt_seconds``, e.g. a loopback run predicted across the
 internet): each round also waits ``round_trips * rtt_seconds`` off the link, the request /
-response exchanges on its critical path (docs/design.md "Across the internet": 4 round trips
-to form the group, 2 for the all-reduce and its checks, measured at 100-300 ms). The
-measured run's own round trips cost what its network charged (nothing on loopback), so the
-prediction is meant from a run at a lower RTT than the one predicted.
+response exchanges on its critical path (docs/design.md "Across the internet": with
+matchmaking ahead of the send step, a follower's JOIN -> GROUP, then the all-reduce and its
+checks, 3 measured at 0-300 ms). The measured run's own round trips cost what its network
+charged (nothing on loopback), so the prediction is meant from a run at a lower RTT than the
+one predicted. ``tau`` predicts at another overlap than the run's (a node with ``--tau
+auto`` picks its own at each RTT).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -48,8 +51,9 @@ from dataclasses import dataclass
 from diloco.sim.dag import StepCompute, SyncPlan, compute_utilisation
 from diloco.sim.metrics import measured_schedule, parse_metrics
 
-ROUND_TRIPS = 6.0
-"""Round trips on a round's critical path (docs/design.md "Across the internet")."""
+ROUND_TRIPS = 3.0
+"""Round trips on a round's critical path: a follower's ``join part check``, the median
+measured by ``benchmarks/wan.py`` (docs/design.md "Across the internet")."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,10 +269,14 @@ def predict_cu(
     bandwidth_gbps: float | None = None,
     rtt_seconds: float = 0.0,
     round_trips: float = ROUND_TRIPS,
+    tau: int | None = None,
 ) -> WindowCU:
     """Predicted CU over the whole run and in steady state, from the node's own metrics
-    (at ``rtt_seconds`` more round-trip time than the run had)."""
+    (at ``rtt_seconds`` more round-trip time than the run had, and at ``tau``; None: the
+    run's)."""
     compute, plan = measured_schedule(parse_metrics(lines))
+    if tau is not None:
+        plan = dataclasses.replace(plan, tau=tau)
     whole, steady, start = read_windows(lines)
     at = (bandwidth_gbps, rtt_seconds, round_trips)
     return WindowCU(

@@ -44,6 +44,8 @@ def test_steady_state_starts_when_all_met_and_counts_what_follows() -> None:
         _round(14, 3, 2.0, ["declare", "read", "part", "check"]),
         _round(18, 3, 3.0, ["declare", "read", "read", "part", "check"]),
         {"event": "round_failed", "step": 19, "blocked_seconds": 1.5, "error": "late"},
+        # The run's end waits for a round before its receive step: not the steady state's.
+        {**_round(20, 3, 1.0, ["join", "part", "check"]), "blocked_seconds": 4.0, "final": True},
         {"event": "healed", "step": 3},
         {"event": "summary", "eval_loss": 2.5, "cu": 0.7, "step": 20},
     ]
@@ -59,6 +61,7 @@ def test_steady_state_starts_when_all_met_and_counts_what_follows() -> None:
     assert node["steady_steps"] == 8  # steps 13..20
     # compute 8 s; blocked: two rounds (0.5 s each) and the failed one (1.5 s)
     assert node["cu"] == 8.0 / (8.0 + 2.5)
+    assert node["final_blocked_seconds"] == 4.0
     assert (node["rounds_ok"], node["rounds_failed"], node["startup_failed"]) == (2, 1, 1)
     assert node["round_seconds_median"] == 2.5
     assert node["round_trips_median"] == 4.5 and node["round_trips_range"] == [4, 5]

@@ -18,7 +18,14 @@ from diloco.node.data.corpus import load_corpus
 from diloco.node.model.fragments import sends_at
 from diloco.node.training.local import LocalConfig, LocalTrainer
 from diloco.node.training.outer import FragmentSync, OuterConfig
-from diloco.node.training.tau import TauAuto, nearest_rank, next_tau, target_tau, tau_bounds
+from diloco.node.training.tau import (
+    TauAuto,
+    nearest_rank,
+    next_tau,
+    target_tau,
+    tau_bounds,
+    tau_ceiling,
+)
 from diloco.node.training.trainer import NodeTrainer
 from diloco.protocol.core.reducer import (
     Contribution,
@@ -55,6 +62,11 @@ def test_target_tau_by_hand() -> None:
     # At most max_ahead seconds of steps: 1.0 / 0.125 = 8 steps ahead of the peers.
     assert target_tau(latencies, steps, sync_every=30, max_ahead=1.0) == 8
     assert target_tau(latencies, steps, sync_every=30, max_ahead=0.0625) == 1  # still >= 1
+    # Ahead by at most tau steps less the network's part of a round: (0.5 + 0.5) / 0.125.
+    assert target_tau(latencies, steps, sync_every=30, max_ahead=0.5, network=0.5) == 8
+    assert target_tau(latencies, steps, sync_every=30, max_ahead=1.0, network=0.5) == 11
+    assert tau_ceiling(steps, 30, max_ahead=1.0, network=0.5) == 12
+    assert tau_ceiling(steps, 30) == 15 and tau_ceiling(steps, 30, 0.0, 0.0) == 1
 
 
 def test_next_tau_rises_at_once_and_falls_by_a_clear_margin() -> None:
@@ -64,38 +76,57 @@ def test_next_tau_rises_at_once_and_falls_by_a_clear_margin() -> None:
     assert next_tau(5, 3) == 3
 
 
-def test_tau_auto_decides_every_four_rounds_from_a_robust_window() -> None:
+def test_tau_auto_rises_after_one_round_and_falls_only_every_four() -> None:
     auto = TauAuto(sync_every=30, tau=1)
     for _ in range(3):
         auto.observe_step(0.125)
-    assert [auto.observe_round(1.0) for _ in range(3)] == [None] * 3  # not every round
-    change = auto.observe_round(1.0)  # 1.0 / 0.125 = 8, + 1
+    change = auto.observe_round(1.0)  # the first slow round: 1.0 / 0.125 = 8, + 1, at once
     assert change is not None and (change.old, change.new) == (1, 9)
     assert (change.latency, change.step_seconds) == (1.0, 0.125)
-    # Four fast rounds: the window [1, 1, 1, 1, .25, .25, .25, .25] still has 1.0 at its
-    # 80th percentile (7th of 8), so tau stays.
-    assert [auto.observe_round(0.25) for _ in range(4)] == [None] * 4
-    # Eight fast rounds: 0.25 / 0.125 = 2, + 1 = 3, at least 2 below 9.
+    # Fast rounds: [1, .25, .25, .25] has 1.0 at its 80th percentile (4th of 4); then
+    # [1, .25, .25, .25, .25] has .25 (4th of 5): 0.25 / 0.125 = 2, + 1 = 3, at least 2 below
+    # 9, decided at the fourth round after the last decision, not before.
     assert [auto.observe_round(0.25) for _ in range(3)] == [None] * 3
     change = auto.observe_round(0.25)
     assert change is not None and (change.old, change.new) == (9, 3)
     assert auto.tau == 3 and auto.used == {1, 9, 3}
+    # A slower round raises it again at once: [1, .25 x 4, .75] has .75 at its 80th
+    # percentile (5th of 6): 6 steps, + 1.
+    change = auto.observe_round(0.75)
+    assert change is not None and (change.old, change.new) == (3, 7)
 
 
-def test_tau_auto_leaves_out_the_wait_for_later_peers() -> None:
-    """Three rounds that waited 2.25 s in matchmaking for peers behind this node, one that
-    formed in 0.5 s (this node came last): the latency counted is each round's all-reduce
-    seconds plus the quickest matchmaking, not the wait."""
-    auto = TauAuto(sync_every=30, tau=1)
+def test_tau_auto_counts_a_followers_join_and_not_the_wait_for_later_peers() -> None:
+    """At 200 ms (a round trip measured at 0.25 s) a node leads some rounds (its peers'
+    JOINs wait for it: matchmaking 0) and follows in others (JOIN -> GROUP, a round trip),
+    the all-reduce 0.5 s either way; in two more rounds it waited 1.75 s for a peer behind.
+    tau must hide the followed rounds, 0.75 s (the shortest matchmaking, 0, left each of
+    them blocking for its JOIN), and not the wait (counting it, 2.25 s, would let this node
+    run further ahead and raise tau again)."""
+    auto = TauAuto(sync_every=30, tau=1, round_trip=0.25)
+    auto.observe_step(0.125)
+    rounds = [(0.5, 0.0), (0.75, 0.25), (0.5, 0.0), (0.75, 0.25), (2.25, 1.75)] * 2
+    for seconds, matchmaking in rounds:
+        auto.observe_round(seconds, matchmaking_seconds=matchmaking)
+    assert list(auto.latencies) == [0.5, 0.75, 0.75, 0.5, 0.75, 0.5, 0.75, 0.75]
+    assert auto.tau == 7  # 0.75 / 0.125 = 6, + 1
+    assert auto.used == {1, 5, 7}  # 0.5 / 0.125 + 1 after the first round
+
+
+def test_tau_auto_runs_ahead_of_its_peers_at_most_max_ahead() -> None:
+    """Three rounds of 2.5 s, then one of 0.75 s: tau for the slow ones is 2.5 / 0.125 + 1
+    = 21 steps, but with tau t the node runs t steps less the network's part of a round
+    (0.75 s at least) ahead of its peers, which must stay within ``max_ahead``."""
+    auto = TauAuto(sync_every=30, tau=1, max_ahead=0.5)
     auto.observe_step(0.125)
     for _ in range(3):
-        assert auto.observe_round(2.5, matchmaking_seconds=2.25) is None
-    change = auto.observe_round(0.75, matchmaking_seconds=0.5)
-    # Latencies 0.25 + 0.5 (three times) and 0.25 + 0.5; 80th percentile 0.75 s: 6 steps + 1.
-    assert auto.latencies == [0.75] * 4
-    assert change is not None and (change.old, change.new, change.latency) == (1, 7, 0.75)
-    # Counting the wait, it would have been 2.5 / 0.125 + 1 = 21, bounded to H / 2 = 15.
-    assert target_tau([2.5] * 4, [0.125], sync_every=30) == 15
+        auto.observe_round(2.5)
+    assert auto.tau == 15  # the network's part so far: 2.5 s, so the bound is H / 2
+    auto.observe_round(0.75)
+    assert auto.network == 0.75
+    assert auto.tau == 10  # (0.5 + 0.75) / 0.125, down at once: not a fall by the cadence
+    auto.max_ahead = None  # no matchmaking: only H / 2
+    assert auto.observe_round(2.5) is not None and auto.tau == 15
 
 
 def test_tau_auto_starts_within_its_bounds() -> None:
@@ -224,7 +255,7 @@ def test_node_with_tau_auto_raises_tau_for_slow_rounds_and_logs_why(corpus, capl
     assert trainer.sync.tau == 3  # a day per round: H / 2
     assert trainer.tau_range == (2, 3)
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("tau ")]
-    assert line.startswith("tau 2 -> 3: 80% of the last 4 rounds took <= 86400.00 s")
+    assert line.startswith("tau 2 -> 3: 80% of the last 1 round(s) took <= 86400.00 s")
     assert all(s.version >= 1 for s in trainer.sync.states) and trainer.sync.pending == []
 
 

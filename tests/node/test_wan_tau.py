@@ -109,6 +109,13 @@ def test_tau_auto_by_default_rises_over_a_slow_network_and_nodes_still_agree(
     assert sum(count >= 2 for count in shared.values()) >= 3
     assert all(len(hashes[key]) == 1 for key, count in shared.items() if count >= 2), hashes
 
+    # Rounds the run's end applied before their receive steps are marked as the end's, at
+    # the last step, after every other round.
+    for name, rs in records.items():
+        kinds = [r.get("final", False) for r in rs if r["event"] in ("round", "round_failed")]
+        assert kinds == sorted(kinds), name
+        assert all(r["step"] == STEPS for r in rs if r.get("final")), name
+
     # Each node chose its own tau above the run's 1, within H / 2, and reported its range.
     for node in everyone:
         low, high = node.summary()["tau_range"]

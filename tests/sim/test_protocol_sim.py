@@ -43,11 +43,12 @@ def test_run_round_two_peers_duration_by_hand() -> None:
 
 
 def test_matchmaking_two_peers_by_hand() -> None:
-    # Window 2 s, 3 DHT round trips of 0.08 s, a round trip to the leader 0.08 s, GROUP of
-    # 2 x 48 bytes to 2 peers.
-    assert matchmaking_seconds(_spec(2), _peers(2)) == pytest.approx(2.32 + 4 * 48 / 1e6)
-    no_dht = _spec(2, dht_round_trips=0)
-    assert matchmaking_seconds(no_dht, _peers(2)) == pytest.approx(2.08 + 4 * 48 / 1e6)
+    # Window 2 s, no DHT round trip after the send step (declared ahead), a round trip to
+    # the leader 0.08 s, GROUP of 2 x 48 bytes to 2 peers.
+    assert matchmaking_seconds(_spec(2), _peers(2)) == pytest.approx(2.08 + 4 * 48 / 1e6)
+    # Declaring at the send step: 3 DHT round trips of 0.08 s more.
+    at_send = _spec(2, dht_round_trips=3)
+    assert matchmaking_seconds(at_send, _peers(2)) == pytest.approx(2.32 + 4 * 48 / 1e6)
 
 
 def test_run_round_four_in_twos_two_stages_by_hand() -> None:

@@ -133,8 +133,8 @@ def test_predicted_cu_at_a_round_trip_time_waits_its_round_trips() -> None:
     # 0.5 s: 4.5 s blocked per 4 s of compute (tau 0).
     cu = predict_cu(_diloco_run(), rtt_seconds=0.5, round_trips=3)
     assert cu.steady == pytest.approx(4 / 8.5)
-    # By default 6 round trips (of 0.25 s: 1.5 s more blocked).
-    assert predict_cu(_diloco_run(), rtt_seconds=0.25).steady == pytest.approx(4 / 8.5)
+    # By default 3 round trips (join part check).
+    assert predict_cu(_diloco_run(), rtt_seconds=0.5).steady == pytest.approx(4 / 8.5)
     with pytest.raises(ValueError, match="rtt"):
         predict_cu(_diloco_run(), rtt_seconds=-1.0)
 

@@ -50,6 +50,7 @@ from diloco.node.training.pending import AppliedRound
 from diloco.node.training.tau import MAX_AHEAD_SHARE
 from diloco.node.training.trainer import NodeTrainer
 from diloco.protocol.allreduce.swarm_reducer import SwarmReducer
+from diloco.protocol.core.adaptive import round_trip_estimate
 from diloco.protocol.core.reducer import RoundKey
 from diloco.protocol.records.nodes import MAX_VOUCH_ROUNDS, FragmentVersion, NodeRecord, Vouch
 from diloco.protocol.records.run_configs import SignedRunConfig
@@ -135,9 +136,6 @@ class SwarmNode:
             }
             """Fragment -> this node's last applied rounds of it, as it vouches for them."""
             self.trainer.round_timeout = rounds.exit_timeout
-            if self.trainer.tau_auto is not None:
-                # tau auto: never so far ahead of the peers that matchmaking misses them.
-                self.trainer.tau_auto.max_ahead = rounds.matchmaking_window * MAX_AHEAD_SHARE
             self.trainer.sync.should_abandon = self.stop_event.is_set
             self.healing = concurrent.futures.ThreadPoolExecutor(1, "diloco-node-heal")
             """Healing's checks and downloads, one at a time (``Healer``)."""
@@ -261,9 +259,13 @@ class SwarmNode:
             self.metrics.flush()
         self.on_event(record)
 
-    def _round_record(self, applied: AppliedRound) -> dict[str, Any]:
+    def _round_record(self, applied: AppliedRound, final: bool = False) -> dict[str, Any]:
+        """A round's metrics record; ``final``: applied at the run's end, before its receive
+        step (its wait is the end's, not a step's)."""
         key = applied.key
         head = {"step": self.trainer.step, "fragment": key.fragment, "round": key.round}
+        if final:
+            head["final"] = True
         if not applied.ok:
             failed = {"blocked_seconds": applied.blocked_seconds, "error": applied.error}
             return {"event": "round_failed", **head, **failed}
@@ -309,11 +311,15 @@ class SwarmNode:
         )
         start, start_rows, start_step = time.perf_counter(), t.rows_trained, t.step
         losses: list[float] = []
+        step_end = time.perf_counter()
         while t.step < self.run.steps and not self.stop_event.is_set():
             step_start = time.perf_counter()
+            between = step_start - step_end  # the last step's records, eval, heal, checkpoint
             compute_before = t.compute_seconds
             rows = t.pacer.rows
+            self._bound_tau()
             loss, applied = t.train_step()
+            step_end = time.perf_counter()
             losses.append(loss)
             self._emit(
                 {
@@ -322,7 +328,8 @@ class SwarmNode:
                     "loss": loss,
                     "rows": rows,
                     "step_seconds": t.compute_seconds - compute_before,
-                    "wall_seconds": time.perf_counter() - step_start,
+                    "wall_seconds": step_end - step_start,
+                    "between_seconds": between,
                     "tau": t.sync.tau,
                 }
             )
@@ -348,9 +355,20 @@ class SwarmNode:
         if not self.stop_event.is_set():
             # The run's end (not Ctrl-C): the rounds of the last tau steps count too.
             finished = t.finish_rounds()
-            self._record_rounds(finished)
+            self._record_rounds(finished, final=True)
             self._refresh_snapshot([r.key.fragment for r in finished if r.ok])
         return self._finish(time.perf_counter() - start)
+
+    def _bound_tau(self) -> None:
+        """tau auto: the measured round trip (what a round's matchmaking costs the network,
+        the rest is waiting for later peers), and never so far ahead of the peers that
+        matchmaking misses them: half the window this node's rounds use now, which follows
+        the round trip (2.4 s at 300 ms, not the configured 2 s)."""
+        auto = self.trainer.tau_auto
+        if auto is not None:
+            auto.round_trip = round_trip_estimate(tuple(self.reducer.rtt_samples)) or 0.0
+            window = self.reducer.matchmaker.timeouts.matchmaking_window
+            auto.max_ahead = window * MAX_AHEAD_SHARE
 
     def _hear_claims(self) -> None:
         """The others' pace claims the publisher read last, counted only as far as their
@@ -375,9 +393,9 @@ class SwarmNode:
         # The peers wait for us a window at their send step: as long may a heal hold ours.
         heal_before_send(self.healer, self.rounds.matchmaking_window)
 
-    def _record_rounds(self, applied: list[AppliedRound]) -> None:
+    def _record_rounds(self, applied: list[AppliedRound], final: bool = False) -> None:
         for round_ in applied:
-            self._emit(self._round_record(round_))
+            self._emit(self._round_record(round_, final))
             self.failed_rounds += not round_.ok
             if round_.ok:
                 self.failures.succeeded(len(round_.members))

@@ -6,15 +6,28 @@ came back within ``tau`` steps of compute. So the tau that hides a round is its 
 steps, ``ceil(latency / step_seconds)``, plus a step of margin. ``target_tau`` is that figure
 from a robust view of recent rounds (a high quantile of latencies, the median step time),
 bounded to ``[1, H/2]`` and to what matchmaking tolerates; ``next_tau`` moves toward it
-with hysteresis; ``TauAuto`` keeps the recent figures and decides once per few rounds. tau
-is local to the node: a change applies to rounds sent after it (each pending round keeps its
-receive step), and since ``tau < H`` a fragment's rounds still apply in order.
+with hysteresis; ``TauAuto`` keeps the recent figures, raises tau after any round that
+calls for it and lowers it once per few rounds. tau is local to the node: a change applies
+to rounds sent after it (each pending round keeps its receive step), and since ``tau < H``
+a fragment's rounds still apply in order.
 
-A round's seconds include the wait in matchmaking for peers that reach the send step later.
-That wait is not the network's: a node ahead of its peers would see it grow with its own tau
-(a larger tau lets it run further ahead) and push tau up for ever. So the latency counted is
-the round's all-reduce seconds plus the shortest matchmaking among the recent rounds (one
-where this node came last, or nearly: the network's part alone).
+A round's seconds include its matchmaking, and matchmaking both costs the network a round
+trip (a follower's JOIN -> GROUP; a leader's peers JOIN before it reaches its send step)
+and waits for peers that reach the send step later. That wait is not the network's: a node
+ahead of its peers would see it grow with its own tau (a larger tau lets it run further
+ahead), raise tau for it, run further ahead, and merge ever staler rounds (counting whole
+rounds drove two nodes of three to tau 12-15 on loopback, their rounds waiting a second
+for the third). So the
+latency counted is each round's all-reduce seconds plus its matchmaking up to one measured
+round trip: the network's part, whichever role the node had. (Counting the shortest
+matchmaking of the recent rounds instead, often a leader's 0, left every followed round
+blocking for its JOIN's round trip: tau 3 at 200 ms for rounds of 4 steps.)
+
+The bound: with tau ``t`` a node blocks on a round at most ``t`` steps after its send, and
+the round cannot end before its last member sent plus the network's part, so the node runs
+at most ``t * step - network`` seconds ahead of its slowest peer; ``tau_ceiling`` keeps
+that within ``max_ahead`` (what matchmaking waits for a peer), with the network's part at
+its least over the recent rounds.
 """
 
 from __future__ import annotations
@@ -35,7 +48,8 @@ ROUNDS_WINDOW = 8
 STEPS_WINDOW = 32
 """Recent inner steps whose compute seconds count."""
 ROUNDS_BETWEEN = 4
-"""Rounds observed since the last decision before the next one (not every round)."""
+"""Rounds observed since the last decision before the next fall of tau (a rise may come
+after any round: a tau too small blocks every round until it rises)."""
 MAX_AHEAD_SHARE = 0.5
 """Share of the matchmaking window a node's tau may let it run ahead of its peers (the rest
 is for the matchmaking exchanges themselves)."""
@@ -60,6 +74,30 @@ def tau_bounds(sync_every: int) -> tuple[int, int]:
     return 1, max(1, sync_every // 2)
 
 
+def tau_ceiling(
+    step_seconds: Sequence[float],
+    sync_every: int,
+    max_ahead: float | None = None,
+    network: float = 0.0,
+) -> int:
+    """The largest tau auto may pick: H/2, and at most ``(max_ahead + network) / step``
+    steps (median step seconds).
+
+    A node blocks on a round only at its receive step, and the round ends no sooner than
+    ``network`` seconds (the network's part of a round, at its least) after its last member
+    sent, so with tau t a node may run up to ``t * step - network`` seconds ahead of its
+    peers and meet them at a send step that much earlier; ``max_ahead`` (seconds) keeps that
+    within what matchmaking waits for peers. Without it the round's seconds, which include
+    waiting for the others, grow with the gap and push tau to its bound, the nodes drift
+    apart beyond the window and every round fails.
+    """
+    low, high = tau_bounds(sync_every)
+    if max_ahead is None:
+        return high
+    step = max(nearest_rank(step_seconds, 0.5), 1e-9)
+    return max(low, min(high, math.floor((max_ahead + max(0.0, network)) / step)))
+
+
 def target_tau(
     latencies: Sequence[float],
     step_seconds: Sequence[float],
@@ -67,20 +105,12 @@ def target_tau(
     max_ahead: float | None = None,
     quantile: float = LATENCY_QUANTILE,
     margin: int = MARGIN_STEPS,
+    network: float = 0.0,
 ) -> int:
-    """``clamp(ceil(latency quantile / median step seconds) + margin, 1, H/2)``, and at most
-    ``max_ahead / step seconds`` steps.
-
-    A node blocks on a round only at its receive step, so with tau t it may run up to t
-    steps ahead of its peers and meet them at a send step that much earlier; ``max_ahead``
-    (seconds) keeps that within what matchmaking waits for peers. Without it the round's
-    seconds, which include waiting for the others, grow with the gap and push tau to its
-    bound, the nodes drift apart beyond the window and every round fails.
-    """
-    low, high = tau_bounds(sync_every)
+    """``clamp(ceil(latency quantile / median step seconds) + margin, 1, tau_ceiling)``."""
+    low = tau_bounds(sync_every)[0]
+    high = tau_ceiling(step_seconds, sync_every, max_ahead, network)
     step = max(nearest_rank(step_seconds, 0.5), 1e-9)
-    if max_ahead is not None:
-        high = max(low, min(high, math.floor(max_ahead / step)))
     steps = math.ceil(nearest_rank(latencies, quantile) / step) + margin
     return max(low, min(high, steps))
 
@@ -111,18 +141,21 @@ class TauAuto:
 
     sync_every: int
     tau: int
-    exchanges: deque[float] = field(default_factory=lambda: deque(maxlen=ROUNDS_WINDOW))
-    """Recent rounds' seconds after their group formed (the all-reduce and its checks)."""
-    matchmaking: deque[float] = field(default_factory=lambda: deque(maxlen=ROUNDS_WINDOW))
-    """Recent rounds' matchmaking seconds (waiting for later peers included)."""
+    latencies: deque[float] = field(default_factory=lambda: deque(maxlen=ROUNDS_WINDOW))
+    """Recent rounds' network part: all-reduce seconds plus matchmaking up to ``round_trip``
+    (module docstring)."""
     step_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=STEPS_WINDOW))
     rounds_since: int = 0
-    """Rounds observed since the last decision."""
+    """Rounds observed since the last decision that could lower tau."""
     used: set[int] = field(default_factory=set)
     """Every tau this node used (the summary's range)."""
+    round_trip: float = 0.0
+    """The measured round trip to the peers, seconds (the node sets it from its reducer; 0:
+    a transport whose matchmaking costs no network)."""
     max_ahead: float | None = None
-    """Seconds of steps a node may run ahead of its peers (``target_tau``); None: no bound
-    but H/2 (a transport without matchmaking)."""
+    """Seconds a node may run ahead of its peers (``target_tau``); None: no bound but H/2
+    (a transport without matchmaking). The node sets it from its matchmaking window, which
+    follows the measured round trip."""
 
     def __post_init__(self) -> None:
         low, high = tau_bounds(self.sync_every)
@@ -133,25 +166,32 @@ class TauAuto:
         self.step_seconds.append(seconds)
 
     @property
-    def latencies(self) -> list[float]:
-        """The recent rounds' latencies without the wait for later peers: each one's
-        all-reduce seconds plus the shortest recent matchmaking (module docstring)."""
-        quickest = min(self.matchmaking, default=0.0)
-        return [seconds + quickest for seconds in self.exchanges]
+    def network(self) -> float:
+        """The network's part of a round, at its least over the recent rounds."""
+        return min(self.latencies, default=0.0)
 
     def observe_round(self, seconds: float, matchmaking_seconds: float = 0.0) -> TauChange | None:
         """Count one applied round (``seconds`` from send to result, ``matchmaking_seconds``
-        of them forming its group); every ``ROUNDS_BETWEEN`` rounds, a new tau if the figures
-        call for one."""
+        of them forming its group); a new tau if the figures call for one: a rise after any
+        round, a fall only every ``ROUNDS_BETWEEN`` rounds."""
         matchmaking = min(max(0.0, matchmaking_seconds), seconds)
-        self.exchanges.append(seconds - matchmaking)
-        self.matchmaking.append(matchmaking)
+        self.latencies.append(seconds - matchmaking + min(matchmaking, self.round_trip))
         self.rounds_since += 1
-        if self.rounds_since < ROUNDS_BETWEEN or not self.step_seconds:
+        if not self.step_seconds:
             return None
-        self.rounds_since = 0
-        target = target_tau(self.latencies, self.step_seconds, self.sync_every, self.max_ahead)
-        new = next_tau(self.tau, target)
+        ceiling = tau_ceiling(self.step_seconds, self.sync_every, self.max_ahead, self.network)
+        target = target_tau(
+            self.latencies,
+            self.step_seconds,
+            self.sync_every,
+            self.max_ahead,
+            network=self.network,
+        )
+        new = self.tau
+        if target > self.tau or self.rounds_since >= ROUNDS_BETWEEN:
+            new = next_tau(self.tau, target)
+            self.rounds_since = 0
+        new = min(new, ceiling)  # the bound on running ahead holds at once
         if new == self.tau:
             return None
         change = TauChange(

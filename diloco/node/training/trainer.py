@@ -178,7 +178,7 @@ class NodeTrainer:
             change = self.tau_auto.observe_round(round_.seconds, round_.matchmaking_seconds)
             if change is not None:
                 logger.info(
-                    "tau %d -> %d: %d%% of the last %d rounds took <= %.2f s (not waiting for "
+                    "tau %d -> %d: %d%% of the last %d round(s) took <= %.2f s (not waiting for "
                     "later peers), a step %.3f s (median)",
                     change.old,
                     change.new,
