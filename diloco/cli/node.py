@@ -34,6 +34,7 @@ from diloco.node.model.transformer import preset
 from diloco.node.training.outer import check_tau
 from diloco.protocol.records.run_id import check_run_id
 from diloco.protocol.runtime.network import NetworkOptions
+from diloco.protocol.runtime.processes import quiet_helper_disconnects
 from diloco.protocol.trust.admission import read_admitted
 from diloco.protocol.trust.swarm_key import SwarmKey, load_swarm_key
 
@@ -289,6 +290,7 @@ def _run_node(
         click.echo("stopping: finishing rounds in flight, saving, leaving the swarm...", err=True)
         node.stop_event.set()
 
+    quiet_helper_disconnects()  # a stop by SIGTERM to the group prints no thread traceback
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         click.echo(f"run {node.run_id}, peer {node.swarm.peer_id.to_base58()}")

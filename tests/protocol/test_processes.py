@@ -25,7 +25,12 @@ from pathlib import Path
 import pytest
 from hivemind.utils.mpfuture import MPFuture
 
-from diloco.protocol.runtime.processes import HelperEnded, TiedDHT, WholeMessages
+from diloco.protocol.runtime.processes import (
+    HelperEnded,
+    TiedDHT,
+    WholeMessages,
+    quiet_helper_disconnects,
+)
 
 GONE_BOUND_S = 30.0
 """Generous bound for a process to end once its owner is gone (typically about 1 s)."""
@@ -388,3 +393,23 @@ def test_calls_after_the_pipe_closed_fail_as_helper_ended(tied_dht: TiedDHT) -> 
     ):
         with pytest.raises(HelperEnded, match="takes no more calls"):
             call()
+
+
+def test_a_thread_cut_off_from_a_killed_helper_prints_no_traceback(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """multiprocessing's resource sharer thread raised ConnectionResetError when the DHT
+    process died with the node (SIGTERM to the group): a traceback on a clean stop."""
+    monkeypatch.setattr(threading, "excepthook", threading.__excepthook__)
+    quiet_helper_disconnects()
+
+    def fail(error: BaseException) -> None:
+        raise error
+
+    for error in (ConnectionResetError(104, "Connection reset by peer"), KeyError("a bug")):
+        thread = threading.Thread(target=fail, args=(error,), name="resource-sharer")
+        thread.start()
+        thread.join()
+    err = capsys.readouterr().err
+    assert "ConnectionResetError" not in err
+    assert "KeyError: 'a bug'" in err  # anything else is printed as before

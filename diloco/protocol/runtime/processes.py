@@ -55,6 +55,24 @@ ALIVE_POLL_INTERVAL = 0.2
 """Seconds between two looks at whether the DHT process still runs, during a call."""
 
 
+def quiet_helper_disconnects() -> None:
+    """Threads of this process that serve its helper processes (multiprocessing's resource
+    sharer: file descriptors of shared tensors) raise ``ConnectionError`` or ``EOFError``
+    when a helper is killed with the node, e.g. by SIGTERM to the whole process group;
+    Python would print each as a traceback while the node stops cleanly. Such endings are
+    logged at debug; any other exception of a thread is printed as before."""
+    default = threading.excepthook
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if isinstance(args.exc_value, (ConnectionError, EOFError)):
+            name = args.thread.name if args.thread is not None else "a thread"
+            logger.debug("%s ended: %r", name, args.exc_value)
+            return
+        default(args)
+
+    threading.excepthook = hook
+
+
 class HelperEnded(RuntimeError):
     """The DHT process ended (or stalled) while the node waited for its answer."""
 
