@@ -18,6 +18,7 @@ import click
 
 from diloco.cli.node_checks import check_checkpoints, check_peer_addresses, check_ports
 from diloco.cli.node_lines import progress_line, startup_lines, summary_line
+from diloco.cli.node_observe import serve_prometheus, trackers
 from diloco.cli.options import JoinCommand, flag_options, typed_flags
 from diloco.errors import CheckpointError, ConfigError, DilocoError
 from diloco.node.config import NodeOptions, RoundOptions, RunConfig, resolve_vocab
@@ -41,9 +42,7 @@ from diloco.protocol.trust.swarm_key import SwarmKey, load_swarm_key
 if TYPE_CHECKING:
     from hivemind import DHT
 
-    from diloco.node.observe.metrics_exporter import NodeMetrics
     from diloco.node.observe.trackers import Tracker
-    from diloco.node.swarm.node import SwarmNode
     from diloco.protocol.records.run_configs import SignedRunConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -271,9 +270,9 @@ def _run_node(
         )
     except (DilocoError, ValueError) as error:
         raise click.ClickException(str(error)) from error
-    exporter = _serve_prometheus(node, params["prometheus_host"], params["prometheus_port"])
+    exporter = serve_prometheus(node, params["prometheus_host"], params["prometheus_port"])
     watchers: list[Tracker] = [] if exporter is None else [exporter]
-    watchers += _trackers(node, run, params)
+    watchers += trackers(node, run, params)
 
     def on_event(record: dict[str, Any]) -> None:
         _echo_node_event(record)
@@ -332,44 +331,6 @@ def _run_node(
     if stopped_by:
         # Saved and left; the exit status a shell gives a process that this signal ended.
         raise SystemExit(STOPPED_EXIT + stopped_by[0])
-
-
-def _serve_prometheus(node: SwarmNode, host: str, port: int | None) -> NodeMetrics | None:
-    """With ``--prometheus-port``: a metrics endpoint fed by the node's events."""
-    if port is None:
-        return None
-    from diloco.node.observe.metrics_exporter import NodeMetrics
-
-    exporter = NodeMetrics()
-    try:
-        bound = exporter.serve(port, host)
-    except OSError as error:
-        node.close()
-        raise click.ClickException(f"cannot serve metrics on {host}:{port}: {error}") from error
-    click.echo(f"Prometheus metrics at http://{host}:{bound}/metrics")
-    return exporter
-
-
-def _trackers(node: SwarmNode, run: RunConfig, params: dict[str, Any]) -> list[Tracker]:
-    """With ``--wandb-project`` / ``--tensorboard-dir``: the node's curves there."""
-    from diloco.node.observe.trackers import TensorboardTracker, WandbTracker
-
-    peer_id = node.swarm.peer_id.to_base58()
-    made: list[Tracker] = []
-    try:
-        if params["wandb_project"]:
-            config = run.to_dict() | {"batch_size": node.options.batch_size}
-            made.append(WandbTracker(params["wandb_project"], node.run_id, peer_id, config))
-        if params["tensorboard_dir"]:
-            board = TensorboardTracker(params["tensorboard_dir"], peer_id)
-            made.append(board)
-            click.echo(f"TensorBoard curves in {board.log_dir}")
-    except Exception as error:  # a missing package or W&B refusing: one line, no node left
-        for tracker in made:
-            tracker.close()
-        node.close()
-        raise click.ClickException(str(error)) from error
-    return made
 
 
 def _echo_node_event(record: dict[str, Any]) -> None:
