@@ -20,12 +20,14 @@ dry=()
 if [ "${1:-}" = "--dry-run" ]; then dry=(--dry-run); fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export CUBLAS_WORKSPACE_CONFIG=:4096:8  # deterministic cuBLAS for the correctness section
-if ! "$py" -c "import torch, numpy, click, safetensors" 2>/dev/null; then
+# One interpreter start for both checks (importing torch takes seconds): prints torch's
+# version and whether it sees a CUDA device.
+if ! probe=$("$py" -c "import numpy, click, safetensors, torch; print(torch.__version__, torch.cuda.is_available())" 2>/dev/null); then
   echo "gpu_check: $py lacks torch, numpy, click or safetensors; set PYTHON to one that has them" >&2
   exit 2
 fi
-if [ ${#dry[@]} -eq 0 ] && ! "$py" -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
-  echo "gpu_check: torch $("$py" -c 'import torch; print(torch.__version__)') sees no CUDA device;" \
+if [ ${#dry[@]} -eq 0 ] && [ "${probe##* }" != "True" ]; then
+  echo "gpu_check: torch ${probe% *} sees no CUDA device;" \
     "this check needs one GPU (use --dry-run to test the script on a CPU)" >&2
   exit 3
 fi

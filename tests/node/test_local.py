@@ -289,17 +289,17 @@ def test_cli_local_smoke_run_learns(tmp_path) -> None:
         [
             "local",
             "--steps",
-            "80",
+            "40",
             "--batch-size",
             "8",
             "--seq-len",
             "64",
             "--warmup",
-            "10",
+            "5",
             "--inner-lr",
-            "2e-3",
+            "4e-3",
             "--H",
-            "20",
+            "10",
             "--eval-batches",
             "4",
             "--log-every",
@@ -309,7 +309,7 @@ def test_cli_local_smoke_run_learns(tmp_path) -> None:
         ],
     )
     assert result.exit_code == 0, result.output
-    assert "step 20/80 (25%)" in result.output
+    assert "step 20/40 (50%)" in result.output
     assert "rounds pending at end: 0" in result.output
     records = [json.loads(line) for line in out.read_text().splitlines()]
     summary = records[-1]
