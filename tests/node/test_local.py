@@ -330,13 +330,16 @@ def test_cli_local_bad_tau_is_usage_error() -> None:
     assert result.exit_code == 2 and "tau" in result.output
 
 
-def test_local_trainer_imports_no_hivemind() -> None:
-    """The in-process trainer runs without the swarm's dependencies."""
+def test_trainers_import_no_hivemind() -> None:
+    """The in-process trainer runs without the swarm's dependencies, and the GPU check
+    trains a NodeTrainer where hivemind is not installed (one interpreter for both: each
+    start imports torch)."""
     import subprocess
     import sys
 
     code = (
-        "import diloco.node.training.local, sys; assert 'hivemind' not in sys.modules, 'hivemind'"
+        "import diloco.node.training.local, diloco.node.training.trainer, sys; "
+        "assert 'hivemind' not in sys.modules, 'hivemind'"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
