@@ -39,8 +39,8 @@ def fragment() -> int:
 
 @pytest.fixture
 def honest(pool: list[PeerProcess]) -> Iterator[list[PeerProcess]]:
-    """The pool with codec ``none``, no fault and no weight cap, restored after the test,
-    when every peer also forgets the offences it saw."""
+    """The pool with codec ``none``, no fault, no weight cap and the usual timeouts,
+    restored after the test, when every peer also forgets the offences it saw."""
     command(pool, "codec", "none")
     command(pool, "fault", Fault.NONE.value)
     command(pool, "forgive", None)  # the pool's first round may have failed a part
@@ -49,4 +49,5 @@ def honest(pool: list[PeerProcess]) -> Iterator[list[PeerProcess]]:
     command(pool, "fault", Fault.NONE.value)
     command(pool, "cap", math.inf)
     command(pool, "role", "reducer")
+    command(pool, "timeouts", TIMEOUTS)
     command(pool, "forgive", None)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from faults import Member, injected
@@ -20,8 +21,9 @@ from memory_p2p import MemoryNetwork, make_identity
 
 from diloco.codecs import get_codec
 from diloco.errors import RoundFailed
+from diloco.protocol.allreduce.clock import Clock
 from diloco.protocol.allreduce.member import AllReduceRunner
-from diloco.protocol.allreduce.routing import Clock, RoundRouter
+from diloco.protocol.allreduce.routing import RoundRouter
 from diloco.protocol.allreduce.runners import RoundRunners
 from diloco.protocol.core.aggregation import CLIP_FACTOR
 from diloco.protocol.core.budget import RoundBudget
@@ -94,6 +96,29 @@ class RecordingBans(BanList):
         super().ban(peer, reason)
 
 
+class SteppedClock:
+    """A round's timers (``Clock``: routers and runners), moved by the test: past a
+    deadline at once, without sleeping until it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.due: list[tuple[float, Callable[..., object], tuple[Any, ...]]] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def call_at(self, when: float, callback: Callable[..., object], *args: Any) -> None:
+        self.due.append((when, callback, args))
+
+    def advance(self, to: float) -> None:
+        """Move to ``to``, running (in time order) what was due by then."""
+        self.now = max(self.now, to)
+        ready = sorted((c for c in self.due if c[0] <= to), key=lambda c: c[0])
+        self.due = [c for c in self.due if c[0] > to]
+        for _, callback, args in ready:
+            callback(*args)
+
+
 class Round:
     """One round of ``M`` runners on one in-memory network, as ``SwarmReducer`` sets it up
     (``runner_types``: what each member runs, through the production fault hook)."""
@@ -160,6 +185,7 @@ class Round:
                 bans=self.bans[i],
                 identity=self.identities[i] if self.verify else None,
                 faults=injected(self.runner_types[i]),
+                clock=self.clock,
             )
             runner = runners(self.group, self.deltas[i], self.max_weight)
             runner.round = self  # type: ignore[attr-defined]  # faults look at the others

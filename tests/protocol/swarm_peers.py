@@ -1,6 +1,6 @@
 """Real peer processes for the swarm tests: spawn, command, fault-inject, kill, clean up.
 
-Each peer is a ``spawn``-context process in its own session (so SIGKILL of its process
+Each peer is a ``forkserver``-context process in its own session (so SIGKILL of its process
 group takes its DHT process and p2pd along, like a machine that dies). Faults are
 ``AllReduceRunner``, ``PartServer`` and ``Matchmaker`` subclasses chosen by the ``Fault``
 enum (``faults`` holds those the in-process tests share); the runner's and server's reach
@@ -34,6 +34,7 @@ from faults import (
     injected,
 )
 from hivemind.p2p import PeerID
+from hivemind.utils.mpfuture import MPFuture
 
 from diloco.codecs import get_codec
 from diloco.errors import ProtocolError, RoundFailed
@@ -245,6 +246,10 @@ def peer_main(
     global _conn
     os.setsid()
     mp.set_start_method("fork", force=True)  # the DHT process forks, as in a real node
+    # hivemind's MPFuture locks were made when the fork server imported it, so every peer
+    # forked from it shares them: a peer killed holding one would stall the others. Its
+    # own, as a spawned peer had.
+    MPFuture.reset_backend()
     _conn = conn
     logging.basicConfig(
         level=logging.WARNING,
@@ -292,6 +297,9 @@ def peer_main(
                 reducer.matchmaker.target_group_size = target
                 reducer.identity = swarm.dht.identity if verify else None
                 faults.now = Injected() if die is None else Injected(dying_in_stage(die))
+                _notify(("ok",))
+            elif command == "timeouts":  # the rounds' timeouts from the next one on (alike on all)
+                reducer.timeouts = args
                 _notify(("ok",))
             elif command == "log":  # the level of diloco's log: "INFO" for a round to read
                 logging.getLogger("diloco").setLevel(args)
@@ -389,6 +397,22 @@ class PeerProcess:
         self.process.join(10)
 
 
+PRELOAD = ["diloco.protocol.allreduce.swarm_reducer", "diloco.protocol.runtime.swarm"]
+"""What the peers' fork server imports once (torch and hivemind with them); by module
+name, from the server's own path (Python 3.11's fork server ignores the test's)."""
+
+
+def _context() -> mp.context.ForkServerContext:
+    """Peers fork from a server process that imported torch, hivemind and the protocol
+    once (``PRELOAD``): a spawned peer imported them itself, more than a second of CPU
+    each, and exited through the interpreter's full finalization, seconds for a swarm on
+    two cores. The server is a single-threaded interpreter that has run nothing else, so
+    forking it is as safe as spawning."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
 def start_peer(
     initial_peers: list[str],
     codec: str = "none",
@@ -396,7 +420,7 @@ def start_peer(
     run_id: str = RUN_ID,
     identity_path: str | None = None,
 ) -> PeerProcess:
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     parent, child = ctx.Pipe()
     process = ctx.Process(
         target=peer_main, args=(child, initial_peers, codec, run_id, identity_path), daemon=False
@@ -414,7 +438,7 @@ def start_swarm(num_peers: int, codec: str = "none") -> list[PeerProcess]:
 
 
 def _start_async(initial_peers: list[str], codec: str) -> Any:
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     parent, child = ctx.Pipe()
     process = ctx.Process(target=peer_main, args=(child, initial_peers, codec), daemon=False)
     process.start()

@@ -3,6 +3,7 @@ dead leader is replaced."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from swarm_expected import in_process_delta, in_process_sha, leader_order, sha
 from swarm_peers import (
     RUN_ID,
     TIMEOUTS,
+    UNIT,
     Fault,
     PeerProcess,
     command,
@@ -164,15 +166,19 @@ def test_silent_leader_charged_next_in_line_leads_then_banned(
     it is first in line to lead, the others take over each time it is silent, and after
     ``BAN_OFFENCES`` (3) of them they ban it and no longer follow it (docs/design.md
     "Liveness"). The one real-process check of this; the in-process replay with exact
-    offence counts is in test_matchmaking_liveness.py."""
+    offence counts is in test_matchmaking_liveness.py. A round here lasts the silent
+    leader's matchmaking bound (a window and three join timeouts, which it holds the JOINs
+    for): the three peers run these rounds with half the usual window and join timeout."""
     peers = honest[:3]
     ids = [p.peer_id for p in peers]
+    short = dataclasses.replace(TIMEOUTS, matchmaking_window=0.5 * UNIT, join_timeout=1.0 * UNIT)
+    command(peers, "timeouts", short)
     command(peers[2:], "fault", Fault.SILENT_LEADER.value)
     rounds = [k for k in range(1, 200) if leader_order(ids, RUN_ID, RoundKey(fragment, k))[0] == 2]
     formed = 0
     for k in rounds[:4]:
         specs = [[(fragment, k, 2_000, fragment + i, 1.0)] for i in range(3)]
-        results = [r[0] for r in run_rounds(peers, specs, TIMEOUTS.total + 30)]
+        results = [r[0] for r in run_rounds(peers, specs, short.total + 30)]
         formed += (
             all(r["ok"] for r in results[:2])
             and results[0]["sha256"] == results[1]["sha256"]

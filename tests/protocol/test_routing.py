@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import Any
 
-from inprocess import KEY, TIMEOUTS, Round, deltas
+from inprocess import KEY, TIMEOUTS, Round, SteppedClock, deltas
 
 from diloco.protocol.allreduce.member import AllReduceRunner
 from diloco.protocol.core.reducer import RoundResult
@@ -26,29 +24,6 @@ async def _ask(round_: Round, member: int, of: int) -> CheckResponse | Reject:
     finally:
         writer.close()
     return Reject.parse(body) if kind == Kind.REJECT else CheckResponse.parse(body)
-
-
-class SteppedClock:
-    """The router's clock, moved by the test: past a deadline at once, without sleeping
-    until it."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.due: list[tuple[float, Callable[..., object], tuple[Any, ...]]] = []
-
-    def time(self) -> float:
-        return self.now
-
-    def call_at(self, when: float, callback: Callable[..., object], *args: Any) -> None:
-        self.due.append((when, callback, args))
-
-    def advance(self, to: float) -> None:
-        """Move to ``to``, running (in time order) what was due by then."""
-        self.now = max(self.now, to)
-        ready = sorted((c for c in self.due if c[0] <= to), key=lambda c: c[0])
-        self.due = [c for c in self.due if c[0] > to]
-        for _, callback, args in ready:
-            callback(*args)
 
 
 def test_finished_round_answers_checks_until_they_are_over_then_forgets() -> None:

@@ -20,6 +20,7 @@ from inprocess import (
     Outcome,
     RecordingBans,
     Round,
+    SteppedClock,
     delta_of,
     deltas,
     expected,
@@ -41,7 +42,8 @@ from diloco.protocol.trust.bans import BAN_OFFENCES
 MEMBERS, SILENT = 3, 2
 WEIGHTS = [1.0, 2.0, 1.0]
 FAST = dataclasses.replace(TIMEOUTS, sender_timeout=2.0, connect_timeout=1.0)
-"""A short sender window: the tests wait it out before reading the offences."""
+"""A short sender window: silent members are charged at its end, which the tests' clock
+(``SteppedClock``) passes at once before they read the offences."""
 
 
 class LateSender(AllReduceRunner):
@@ -58,15 +60,15 @@ class LateSender(AllReduceRunner):
 def _round(
     inputs: list[torch.Tensor], types: list[type[AllReduceRunner]], bans: list[RecordingBans]
 ) -> tuple[list[Outcome], Round]:
-    """One round, and then its sender window waited out (offences are charged then)."""
+    """One round, and then its clock moved past its sender window (offences are charged
+    then)."""
 
     async def main() -> tuple[list[Outcome], Round]:
-        round_ = Round(inputs, WEIGHTS, types, timeouts=FAST, bans=bans, clip_factor=0)
+        clock = SteppedClock()
+        round_ = Round(inputs, WEIGHTS, types, timeouts=FAST, bans=bans, clip_factor=0, clock=clock)
         await round_.start()
         outcomes = await round_.outcomes()
-        loop = asyncio.get_running_loop()
-        gather = max(r.deadlines.gather for r in round_.runners)
-        await asyncio.sleep(max(0.0, gather - loop.time()) + 0.05)
+        clock.advance(max(r.deadlines.gather for r in round_.runners))
         return outcomes, round_
 
     return asyncio.run(main())
@@ -173,6 +175,7 @@ def test_silent_member_of_two_dropped_once_it_served_its_part_and_charged() -> N
     bans = [RecordingBans(ids) for _ in range(2)]
 
     async def main() -> tuple[list[Outcome], Round]:
+        clock = SteppedClock()
         round_ = Round(
             inputs,
             weights,
@@ -180,11 +183,11 @@ def test_silent_member_of_two_dropped_once_it_served_its_part_and_charged() -> N
             timeouts=FAST,
             bans=bans,
             clip_factor=0,
+            clock=clock,
         )
         await round_.start()
         outcomes = await round_.outcomes()
-        gather = round_.runners[0].deadlines.gather
-        await asyncio.sleep(max(0.0, gather - asyncio.get_running_loop().time()) + 0.05)
+        clock.advance(round_.runners[0].deadlines.gather)
         return outcomes, round_
 
     (outcome, silent), round_ = asyncio.run(main())

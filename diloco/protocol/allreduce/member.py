@@ -38,6 +38,7 @@ from hivemind.p2p import PeerID
 from diloco.codecs import Codec
 from diloco.errors import ProtocolError, RoundFailed
 from diloco.protocol.allreduce.checking import Checker, answer_check, blame, convict
+from diloco.protocol.allreduce.clock import Clock
 from diloco.protocol.allreduce.contribution import Contributor
 from diloco.protocol.allreduce.part_server import PartServer
 from diloco.protocol.allreduce.reports import STREAM_RETRIES, ReportExchange
@@ -95,6 +96,7 @@ class AllReduceRunner(Contributor):
     ``server_type`` is the class that does (a test's ``Faults`` may pick another). Without
     an ``identity`` nothing is signed or checked (for measurements: every member of a
     group must then run without). ``rng`` picks the blocks checked: private randomness.
+    ``clock`` runs its timers (``clock``; None: the running event loop).
     """
 
     samples: int = SAMPLES_PER_PART
@@ -117,6 +119,7 @@ class AllReduceRunner(Contributor):
         identity: Identity | None = None,
         drop_by_time: bool = True,
         server_type: type[PartServer] = PartServer,
+        clock: Clock | None = None,
     ) -> None:
         if codec.codec_id != group.codec_id or return_codec.codec_id != group.return_codec_id:
             raise ValueError("codecs differ from the group's")
@@ -161,7 +164,7 @@ class AllReduceRunner(Contributor):
         self._t0 = loop.time()
         self.deadlines = budget.deadlines(self._t0)
         self.server = self._part_server(self.index, self.deadlines)
-        self.starts = StartWatch(self.server, self._t0, timeouts, bans)
+        self.starts = StartWatch(self.server, self._t0, timeouts, bans, clock)
         """Who started sending this member's part: silent ones are dropped early, on
         evidence, and by time unless ``drop_by_time`` is off (a stage of a staged round:
         its members start it as their previous stages end, not together)."""

@@ -11,12 +11,13 @@ finds the runner of a stage by the stage group's id.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Protocol
 
 from hivemind.p2p import PeerID
 
 from diloco.errors import ProtocolError, RoundFailed
+from diloco.protocol.allreduce.clock import Clock
 from diloco.protocol.allreduce.member import AllReduceRunner
 from diloco.protocol.allreduce.silence import StartWatch
 from diloco.protocol.allreduce.transport import RoundTransport
@@ -58,15 +59,6 @@ class Routed(Protocol):
         """Loop time until which streams for the round must stay routed after it returned
         (a staged round's stand-ins), besides its checks."""
         ...
-
-
-class Clock(Protocol):
-    """When the router stops answering and forgets finished rounds: the running event
-    loop's time, or a test's clock that it moves past those deadlines without waiting."""
-
-    def time(self) -> float: ...
-
-    def call_at(self, when: float, callback: Callable[..., object], *args: Any) -> object: ...
 
 
 class RoundRouter:

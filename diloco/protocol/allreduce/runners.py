@@ -20,6 +20,7 @@ from typing import Protocol
 import torch
 
 from diloco.codecs import Codec
+from diloco.protocol.allreduce.clock import Clock
 from diloco.protocol.allreduce.member import AllReduceRunner
 from diloco.protocol.allreduce.part_server import PartServer
 from diloco.protocol.allreduce.transport import RoundTransport
@@ -58,6 +59,8 @@ class RoundRunners:
     """Whether a member silent at a part's start is dropped by time (``silence``)."""
     faults: Faults | None = None
     """None: the honest classes."""
+    clock: Clock | None = None
+    """What the runners' timers run on (``clock``); None: the running event loop."""
 
     def __call__(self, group: GroupInfo, delta: torch.Tensor, max_weight: float) -> AllReduceRunner:
         """The runner of ``group``'s all-reduce of ``delta`` here, weights capped at
@@ -79,6 +82,7 @@ class RoundRunners:
             identity=self.identity,
             drop_by_time=self.drop_by_time,
             server_type=PartServer if faults is None else faults.server_type(group),
+            clock=self.clock,
         )
 
     def in_stages(self) -> RoundRunners:

@@ -37,6 +37,7 @@ import contextlib
 
 from hivemind.p2p import PeerID
 
+from diloco.protocol.allreduce.clock import Clock
 from diloco.protocol.allreduce.part_server import PartServer
 from diloco.protocol.core.adaptive import start_bound
 from diloco.protocol.core.group import RoundTimeouts
@@ -62,8 +63,11 @@ class StartWatch:
         t0: float,
         timeouts: RoundTimeouts,
         bans: BanList,
+        clock: Clock | None = None,
     ) -> None:
         self.server, self.t0, self.timeouts, self.bans = server, t0, timeouts, bans
+        self.clock = clock
+        """What charges at the sender deadline run on; None: the running event loop."""
         self.group, self.me = server.group, server.me
         self.gather = server.deadlines.gather
         """The sender deadline (loop time): silent until then is an offence."""
@@ -161,7 +165,7 @@ class StartWatch:
         self.dropped.add(j)
         self._why[j] = why
         self.server.exclude(j, f"no PART within {loop.time() - self.t0:.2f} s ({why})")
-        loop.call_at(self.gather, self._charge, j)
+        (loop if self.clock is None else self.clock).call_at(self.gather, self._charge, j)
 
     def _charge(self, j: int) -> None:
         """The sender deadline passed: charge member ``j`` if it is still silent."""
