@@ -2,8 +2,11 @@
 
 The swarm: ``diloco-node start`` (node ``a``) and ``nodes - 1`` joiners on loopback, each
 with its own checkpoint folder, data seed and loopback address. After every node has made
-its first checkpoint, the controller runs ``cycles`` fault cycles (all choices from one
-seeded ``random.Random``):
+its first checkpoint and the creator has applied a round with each joiner, the controller
+runs ``cycles`` fault cycles (all choices from one seeded ``random.Random``). The faults
+hit a swarm that has worked together: a node that has seen nobody work cannot tell the
+joiners from paper keys, so it cannot heal to their state (docs/design.md "Healing and
+joining"), and the run's first node works alone until the joiners are up.
 
 1. *freeze*: SIGSTOP a random node's whole session (node, DHT process, p2pd: a machine
    that stalls) for ``freeze_s``, longer than a round's deadline (matchmaking window plus
@@ -139,6 +142,22 @@ class Swarm:
             if time.monotonic() > deadline or self.crashed:
                 raise TimeoutError(f"nodes not ready: {[(n.name, n.step()) for n in self.nodes]}")
             time.sleep(0.5)
+
+    def worked_with_creator(self, node: NodeProcess) -> bool:
+        """Whether ``node`` and the creator applied a round together: one (fragment, round)
+        that both applied with several members and left at the same outer state."""
+        if node is self.nodes[0]:
+            return True
+        creator, joiner = (self.applied_together(n) for n in (self.nodes[0], node))
+        return bool(creator & joiner)
+
+    @staticmethod
+    def applied_together(node: NodeProcess) -> set[tuple[int, int, str]]:
+        return {
+            (r["fragment"], r["round"], r["outer_sha256"])
+            for r in node.records()
+            if r.get("event") == "round" and r.get("members", 1) >= 2
+        }
 
     def send_steps(self, node: NodeProcess) -> set[int]:
         """The steps at which some fragment sends (docs/design.md "Algorithm and schedule": t_p +
@@ -354,6 +373,8 @@ def run_chaos(config: ChaosConfig, folder: Path, timeout: float = 3600.0) -> dic
         swarm.launch()
         first = config.checkpoint_every + 1
         swarm.wait_all(lambda n: n.step() >= first, timeout=timeout / 4)
+        if config.faults:
+            swarm.wait_all(swarm.worked_with_creator, timeout=timeout / 4)
         n = 0
         while config.faults and n < config.cycles:
             if max(x.step() for x in swarm.nodes) > config.faults_until * config.steps:

@@ -193,7 +193,7 @@ def join(
 
     e.g. `diloco-node join --initial-peers /ip4/1.2.3.4/tcp/31337/p2p/12D3KooW...`
     """
-    from diloco.node.swarm.pinned_run import discover_run
+    from diloco.node.swarm.pinned_run import discover_run, kept_identity
 
     toml, given = ctx.params["config_file"], typed_flags(ctx, RUN_FLAGS)
     try:
@@ -208,6 +208,7 @@ def join(
         check_checkpoints(options.checkpoint_dir, ctx.params["resume"], None, "")
     except (ConfigError, CheckpointError) as error:
         raise click.UsageError(str(error)) from error
+    net = kept_identity(net, options.checkpoint_dir)
     try:
         run, signed, dht = discover_run(net, run_id)
     except ConfigError as error:

@@ -252,8 +252,9 @@ NETWORK_FLAGS = Flags(
         Flag(
             "--identity",
             ("identity_path",),
-            "Private key file for a stable peer id (created if missing) [default for "
-            "`start`: CHECKPOINT_DIR/identity.key, so a resumed run keeps its creator].",
+            "Private key file for a stable peer id (created if missing) [default: "
+            "CHECKPOINT_DIR/identity.key, so a resumed node keeps its peer id, and a resumed "
+            "run its creator].",
             kind="file",
         ),
         Flag(

@@ -288,6 +288,30 @@ def test_start_with_a_short_key_file_exits_2(started: list[dict[str, Any]], tmp_
     assert started == []
 
 
+def test_join_keeps_its_identity_in_its_checkpoint_dir(
+    started: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A joiner that resumes comes back as the peer it was: its peers count the vouches of
+    the peers they saw work, by peer id (a restarted joiner with a new one left the run's
+    creator one counting partner, and it never healed after a freeze: the chaos run)."""
+    import diloco.node.swarm.pinned_run
+
+    asked: list[NetworkOptions] = []
+
+    def discover(net: NetworkOptions, run_id: str | None) -> tuple[RunConfig, object, FakeDHT]:
+        asked.append(net)
+        return RunConfig(name="t"), SIGNED, FakeDHT()
+
+    monkeypatch.setattr(diloco.node.swarm.pinned_run, "discover_run", discover)
+    ckpt, own = tmp_path / "ckpt", tmp_path / "own.key"
+    assert invoke("join", *PEERS, "--checkpoint-dir", str(ckpt))[0] == 0
+    assert invoke("join", *PEERS)[0] == 0
+    assert invoke("join", *PEERS, "--checkpoint-dir", str(ckpt), "--identity", str(own))[0] == 0
+    kept, fresh, chosen = (net.identity_path for net in asked)
+    assert (kept, fresh, chosen) == (str(ckpt / "identity.key"), None, str(own))
+    assert [call["net"] for call in started] == asked
+
+
 def test_join_pins_the_run_id_it_is_given(
     started: list[dict[str, Any]], swarm_run: tuple[RunConfig, FakeDHT]
 ) -> None:

@@ -34,7 +34,22 @@ logger = logging.getLogger(__name__)
 DISCOVERY_ATTEMPTS = 3
 """Tries to reach the bootstrap peers before ``join`` gives up (p2pd's first dial can fail)."""
 IDENTITY_FILE = "identity.key"
-"""Where ``start`` keeps its identity in its checkpoint dir (unless ``--identity`` says)."""
+"""Where a node keeps its identity in its checkpoint dir (unless ``--identity`` says)."""
+
+
+def kept_identity(net: NetworkOptions, checkpoint_dir: str | None) -> NetworkOptions:
+    """``net`` with the identity a node keeps in ``checkpoint_dir`` (``IDENTITY_FILE``,
+    created on the first start) when ``--identity`` names none; unchanged without a
+    checkpoint dir (a new peer id each start).
+
+    A node that resumes must come back as the peer it was: its peers count the vouches and
+    steps of the peers they saw work, by peer id (docs/design.md "Healing and joining"), and
+    the creator's run id belongs to its key.
+    """
+    if net.identity_path is not None or checkpoint_dir is None:
+        return net
+    Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
+    return dataclasses.replace(net, identity_path=str(Path(checkpoint_dir) / IDENTITY_FILE))
 
 
 def start_run(
@@ -45,16 +60,13 @@ def start_run(
     keeps (shut it down if the node is not built).
 
     The creator must keep its identity for the run id to survive a restart: without
-    ``--identity`` it lives in ``checkpoint_dir`` (``IDENTITY_FILE``, created on the first
-    start), and without a checkpoint dir each start creates a new run.
+    ``--identity`` it lives in ``checkpoint_dir`` (``kept_identity``), and without a
+    checkpoint dir each start creates a new run.
 
     Raises:
         ConfigError: a bad identity file, or a run configuration that names another creator.
     """
-    if net.identity_path is None and checkpoint_dir is not None:
-        Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
-        net = dataclasses.replace(net, identity_path=str(Path(checkpoint_dir) / IDENTITY_FILE))
-    dht = make_dht(net)
+    dht = make_dht(kept_identity(net, checkpoint_dir))
     try:
         identity = signer(dht)
         if run.creator not in (None, identity.peer_id):
