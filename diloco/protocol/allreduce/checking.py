@@ -8,7 +8,8 @@ side: ``answer_check`` answers a CHECK_REQ from what this member sent, signed; t
 side of a dispute is ``PartServer.serve_evidence``. Answers are due by ``Deadlines.check``
 and evidence by ``Deadlines.dispute``; what has not come by then is missing, which
 ``verification`` weighs (a silent reducer is convicted, a silent sender's chunks are taken
-from the evidence). Checking and decoding run in the default executor.
+from the evidence). Checking and decoding of a few sampled blocks run on the event loop;
+of disputed evidence, in the default executor (``offload``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from diloco.errors import ProtocolError
 from diloco.protocol.core.agreement import ANOTHER_RESULT
 from diloco.protocol.core.budget import Deadlines
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
-from diloco.protocol.core.norms import num_blocks
+from diloco.protocol.core.norms import BLOCK_VALUES, num_blocks
 from diloco.protocol.core.round import RoundPlan
 from diloco.protocol.core.verification import (
     RAW,
@@ -39,6 +40,7 @@ from diloco.protocol.core.verification import (
     wanted_evidence,
 )
 from diloco.protocol.runtime import round_trips
+from diloco.protocol.runtime.offload import offload
 from diloco.protocol.runtime.streams import (
     TRANSPORT_ERRORS,
     StreamTransport,
@@ -132,7 +134,8 @@ class Checker:
         try:
             mine = [(j, s.blocks) for j, s in sorted(samples.items()) if s.claims.mask[me]]
             if mine:  # while the others answer
-                own = await loop.run_in_executor(None, own_answers, self.own, mine)
+                size = sum(samples[j].size(self.plan) for j, _ in mine)
+                own = await offload(size, own_answers, self.own, mine)
                 for j, answer in own.items():
                     self.answers[j][me] = answer
             await asyncio.wait(asks, timeout=max(0.0, self.deadlines.check - loop.time()))
@@ -141,9 +144,8 @@ class Checker:
                 task.cancel()
         findings: dict[int, Findings] = {}
         for j, sample in samples.items():
-            findings[j] = await loop.run_in_executor(
-                None, check_part, self.plan, sample, self.answers[j]
-            )
+            size = sample.size(self.plan) * len(sample.claims.counted)
+            findings[j] = await offload(size, check_part, self.plan, sample, self.answers[j])
         disputes: dict[int, asyncio.Task[Judgement]] = {
             j: asyncio.create_task(self._dispute(samples[j], findings[j]))
             for j in samples
@@ -165,7 +167,6 @@ class Checker:
         """Ask member ``i`` about ``samples``; keep its answers if they check out."""
         if not samples:
             return
-        loop = asyncio.get_running_loop()
         parts = tuple((j, samples[j].blocks) for j in sorted(samples))
         request = CheckRequest(self.plan.tag, self.group.group_id, parts)
         sizes = [CheckEntry.size(len(xs), len(self.plan.chunks[j])) for j, xs in parts]
@@ -184,7 +185,7 @@ class Checker:
                     writer.close()
                 if kind == Kind.REJECT:
                     raise ProtocolError(f"refused: {Reject.parse(body).reason}")
-                answers = await loop.run_in_executor(None, self._read_answers, i, request, body)
+                answers = await offload(n, self._read_answers, i, request, body)
                 for j, answer in answers.items():
                     self.answers[j][i] = answer
                 return
@@ -302,7 +303,8 @@ async def answer_check(
             return Reject(RejectCode.MISMATCH, reason=f"member {sender} asked for unsent parts")
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(event.wait(), deadline - loop.time())
-    return await loop.run_in_executor(None, _answer, request, own, identity)
+    size = BLOCK_VALUES * sum(len(blocks) for _, blocks in request.parts)  # at most
+    return await offload(size, _answer, request, own, identity)
 
 
 def _answer(request: CheckRequest, own: OwnContribution, identity: Identity) -> CheckResponse:

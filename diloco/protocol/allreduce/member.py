@@ -20,7 +20,8 @@ with an ``identity`` parts are sealed and checked (``checking``, ``verification`
 
 This module (member side) and ``part_server`` (reducer side) move the bytes and keep the
 deadlines; what the bytes mean is decided by the pure ``reduction`` and ``agreement``.
-Encoding and decoding run in the default executor so the event loop keeps serving streams.
+Encoding and decoding of large chunks run in the default executor so the event loop keeps
+serving streams; small ones, and signatures, run on the loop (``offload``).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from diloco.protocol.core.verification import (
     slices_alone,
 )
 from diloco.protocol.runtime import round_trips
+from diloco.protocol.runtime.offload import offload
 from diloco.protocol.runtime.streams import (
     TRANSPORT_ERRORS,
     open_stream,
@@ -213,8 +215,10 @@ class AllReduceRunner(Contributor):
             if j != self.index and not self.group.is_client(j)
         ]
         try:
+            await asyncio.sleep(0)  # the exchanges open their streams before any encoding
+            own_spans = self.plan.chunks[self.index]
             for c, future in enumerate(self._own_chunks):
-                own = await loop.run_in_executor(None, self._own_chunk, c)
+                own = await offload(_span_len(own_spans[c]), self._own_chunk, c)
                 self._touch_recorded()
                 future.set_result(own)
             encoded = loop.time()
@@ -386,7 +390,7 @@ class AllReduceRunner(Contributor):
 
         async def send() -> None:
             for c in range(len(self.plan.chunks[j])):
-                frame = await loop.run_in_executor(None, self._part_frame, j, c)
+                frame = await offload(_span_len(self.plan.chunks[j][c]), self._part_frame, j, c)
                 await write_frame(writer, Kind.PART, *frame, counter=self.counter)
             await write_frame(writer, Kind.SEAL, self._seal(j), counter=self.counter)
             self._record_part(j)
@@ -414,7 +418,8 @@ class AllReduceRunner(Contributor):
                 part.check(c, msg)
                 if j == r:  # it runs the round: its own stream here is due (``silence``)
                     self.starts.serving(r)
-                values = await loop.run_in_executor(None, part.decode, c, msg.payload)
+                size = _span_len(self.plan.chunks[j][c])
+                values = await offload(size, part.decode, c, msg.payload)
                 part.add(c, msg, values, body)
             _, body = await read_frame(reader, (Kind.SEAL,), Seal.SIZE, self.counter)
             seal = Seal.parse(body)
@@ -422,7 +427,7 @@ class AllReduceRunner(Contributor):
                 raise ProtocolError("SEAL of another part")
             if self.identity is not None:
                 args = (self.group.names[r], seal.head, part.digest(), seal.signature)
-                await loop.run_in_executor(None, verify_averaged, *args)
+                verify_averaged(*args)  # one signature: less than a hop to the executor
             return part
         finally:
             stop_sending(sending)
@@ -475,3 +480,8 @@ class AllReduceRunner(Contributor):
         """Send my report to everyone; wait for the full contributors' reports (bounded)."""
         report = Report(self.plan.tag, self.group.group_id, assembled.held, assembled.digest)
         await self.reports.exchange(report, assembled.full, self.deadlines.report)
+
+
+def _span_len(span: tuple[int, int]) -> int:
+    """Values in ``[a, b)``: the size of a chunk's CPU work (``offload``)."""
+    return span[1] - span[0]
