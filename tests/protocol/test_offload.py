@@ -8,6 +8,7 @@ from typing import ClassVar
 
 import pytest
 import torch
+from faults import Injected
 from inprocess import Round, deltas
 
 from diloco.protocol.allreduce.member import AllReduceRunner
@@ -78,8 +79,6 @@ class _WatchedServer(PartServer):
 
 
 class _WatchedRunner(AllReduceRunner):
-    server_type = _WatchedServer
-
     def _own_chunk(self, c: int) -> torch.Tensor:
         _Seen.note("own chunk")
         return super()._own_chunk(c)
@@ -96,7 +95,8 @@ def _codec_threads(numel: int) -> tuple[int, dict[str, set[int]]]:
     inputs = deltas(numel, 2)
 
     async def main() -> int:
-        round_ = Round(inputs, [1.0, 2.0], [_WatchedRunner] * 2, "e3m0")
+        member = Injected(runner=_WatchedRunner, server=_WatchedServer)
+        round_ = Round(inputs, [1.0, 2.0], [member] * 2, "e3m0")
         await round_.start()
         for outcome in await round_.outcomes():
             assert isinstance(outcome, RoundResult), outcome
