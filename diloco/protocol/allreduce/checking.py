@@ -2,7 +2,8 @@
 
 ``verification`` decides what the bytes mean; this module moves them. Member side
 (``Checker``): once it holds every part, a member asks every other member (CHECK_REQ) for
-its contribution at the sampled blocks of the parts that member is counted in, checks every
+its contribution at the sampled blocks of the parts that member is counted in (on the
+stream that member's own part came on, ``channel``, else on a CHECK stream), checks every
 part, and in a dispute asks the part's reducer for its evidence (EVIDENCE_REQ). Serving
 side: ``answer_check`` answers a CHECK_REQ from what this member sent, signed; the reducer
 side of a dispute is ``PartServer.serve_evidence``. Answers are due by ``Deadlines.check``
@@ -20,7 +21,10 @@ import hashlib
 import logging
 from collections.abc import Callable, Mapping
 
+from hivemind.p2p import PeerID
+
 from diloco.errors import ProtocolError
+from diloco.protocol.allreduce.channel import PartChannel
 from diloco.protocol.core.agreement import ANOTHER_RESULT
 from diloco.protocol.core.budget import Deadlines
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
@@ -108,10 +112,13 @@ class Checker:
         timeouts: RoundTimeouts,
         handlers: tuple[str, str],
         counter: ByteCounter,
+        channels: Mapping[int, PartChannel],
     ) -> None:
         self.p2p, self.group, self.plan, self.own = p2p, group, plan, own
         self.deadlines, self.timeouts, self.counter = deadlines, timeouts, counter
         self.check_handler, self.evidence_handler = handlers
+        self.channels = channels
+        """By member: the PART stream its part came on (``channel``)."""
         self.answers: dict[int, dict[int, Answer]] = {}
 
     async def run(
@@ -173,16 +180,15 @@ class Checker:
         n = sum(s.size(self.plan) for s in samples.values())
         limit = CheckResponse.size(sizes, max(self.plan.codec.encoded_size(n), RAW.encoded_size(n)))
         peer = self.group.members[i]
+        channel = self.channels.get(i)
         for attempt in range(2):
             try:
-                reader, writer = await open_stream(
-                    self.p2p, peer, self.check_handler, self.timeouts.connect_timeout
-                )
-                try:
-                    await write_frame(writer, Kind.CHECK_REQ, request.serialize())
-                    kind, body = await read_frame(reader, (Kind.CHECK_RES,), limit, self.counter)
-                finally:
-                    writer.close()
+                if attempt == 0 and channel is not None and not channel.broken:
+                    kind, body = await channel.ask(
+                        Kind.CHECK_REQ, request.serialize(), (Kind.CHECK_RES,), limit
+                    )
+                else:
+                    kind, body = await self._ask_on_stream(peer, request, limit)
                 if kind == Kind.REJECT:
                     raise ProtocolError(f"refused: {Reject.parse(body).reason}")
                 answers = await offload(n, self._read_answers, i, request, body)
@@ -195,6 +201,19 @@ class Checker:
             except TRANSPORT_ERRORS as exc:
                 if attempt:
                     logger.info("round %s: check stream to %s: %r", self.group.key, peer, exc)
+
+    async def _ask_on_stream(
+        self, peer: PeerID, request: CheckRequest, limit: int
+    ) -> tuple[Kind, bytearray]:
+        """Send ``request`` on a CHECK stream of its own to ``peer``; its answer."""
+        reader, writer = await open_stream(
+            self.p2p, peer, self.check_handler, self.timeouts.connect_timeout
+        )
+        try:
+            await write_frame(writer, Kind.CHECK_REQ, request.serialize())
+            return await read_frame(reader, (Kind.CHECK_RES,), limit, self.counter)
+        finally:
+            writer.close()
 
     def _read_answers(self, i: int, request: CheckRequest, body: bytearray) -> dict[int, Answer]:
         """Member ``i``'s answers from its CHECK_RES, checked against the request."""

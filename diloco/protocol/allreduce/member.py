@@ -3,7 +3,8 @@
 Member ``j`` of a group of ``M`` reduces part ``j`` of the vector (``butterfly_parts``).
 Every member opens one stream per other reducer and streams its part there as consecutive
 chunks (``chunk_spans``), each encoded on its own (PART); on the same stream it reads back
-the reducer's averaged chunks (AVERAGED). A reducer decodes every contribution, combines
+the reducer's averaged chunks (AVERAGED), and later sends that reducer its REPORT and
+CHECK_REQ (``channel``). A reducer decodes every contribution, combines
 them (``aggregation.robust_mean``: capped weights, clipped norms, FP32 in group order, as
 ``InProcessReducer``), encodes each averaged chunk once with the return codec and sends
 the same bytes, with the mask of members it counted and their norms, to every member; it
@@ -38,6 +39,7 @@ from hivemind.p2p import PeerID
 
 from diloco.codecs import Codec
 from diloco.errors import ProtocolError, RoundFailed
+from diloco.protocol.allreduce.channel import PartChannel
 from diloco.protocol.allreduce.checking import Checker, answer_check, blame, convict
 from diloco.protocol.allreduce.contribution import Contributor
 from diloco.protocol.allreduce.part_server import PartServer
@@ -178,8 +180,16 @@ class AllReduceRunner(Contributor):
         self.not_member = asyncio.Event()
         """Set whenever a member joins ``not_members``."""
         self.transfer_seconds: float | None = None  # all parts held, first try (``adaptive``)
+        self.channels: dict[int, PartChannel] = {}
+        """By reducer: the PART stream its part came on, kept for the REPORT and CHECK_REQ
+        to it (``channel``); closed as ``run`` ends."""
         self.reports = ReportExchange(
-            p2p=p2p, group=group, index=self.index, handler=self.report_handler, timeouts=timeouts
+            p2p=p2p,
+            group=group,
+            index=self.index,
+            handler=self.report_handler,
+            timeouts=timeouts,
+            channels=self.channels,
         )
         self.part_missing = True
         """Whether this member's own part failed (``demotion``); True until ``run`` ends."""
@@ -205,6 +215,13 @@ class AllReduceRunner(Contributor):
             RoundFailed: a part is missing here or at a member that reported, or results
                 differ; the caller must then leave its outer state unchanged.
         """
+        try:
+            return await self._run()
+        finally:
+            for channel in self.channels.values():
+                channel.close()
+
+    async def _run(self) -> RoundResult:
         loop = asyncio.get_running_loop()
         key = self.group.key
         client = self.group.is_client(self.index)
@@ -396,6 +413,7 @@ class AllReduceRunner(Contributor):
             self._record_part(j)
 
         sending = asyncio.create_task(send())
+        kept = False
         try:
             part = AveragedPart(self.plan, j, r)
             for c in range(len(part.chunks)):
@@ -428,10 +446,14 @@ class AllReduceRunner(Contributor):
             if self.identity is not None:
                 args = (self.group.names[r], seal.head, part.digest(), seal.signature)
                 verify_averaged(*args)  # one signature: less than a hop to the executor
+            if j == r:  # its reducer serves the stream on (``channel``)
+                self.channels[r] = PartChannel(reader, writer, self.counter)
+                kept = True
             return part
         finally:
             stop_sending(sending)
-            writer.close()
+            if not kept:
+                writer.close()
 
     def _start_checks(self, assembled: Assembled) -> asyncio.Task[dict[int, Judgement]] | None:
         """Start checking the parts of the other reducers, once all are held (``checking``)."""
@@ -448,6 +470,7 @@ class AllReduceRunner(Contributor):
             timeouts=self.timeouts,
             handlers=self.check_handlers,
             counter=self.counter,
+            channels=self.channels,
         )
         return asyncio.create_task(checker.run(samples, self._recording))
 

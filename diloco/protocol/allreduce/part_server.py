@@ -97,8 +97,9 @@ class PartServer:
         self.idle = asyncio.Event()
         """Set while no PART stream is being served."""
         self.idle.set()
-        self.delivered = 0
-        """Members this reducer wrote its whole averaged part to so far."""
+        self.sealed: set[int] = set()
+        """Members this reducer wrote its whole averaged part and its seal to: their PART
+        streams go on with their REPORT and CHECK_REQ (``channel``)."""
         self._evidence_served: set[int] = set()
 
     def _touch(self) -> None:
@@ -324,7 +325,7 @@ class PartServer:
             return  # the member sees the part missing
         seal = Seal(self.plan.seal_head(reducer.part), reducer.seal)
         await write_frame(writer, Kind.SEAL, seal.serialize(), counter=self.counter)
-        self.delivered += 1
+        self.sealed.add(j)
 
     async def serve_evidence(
         self, sender: PeerID, request: EvidenceRequest, writer: asyncio.StreamWriter
