@@ -40,11 +40,13 @@ def _opens(monkeypatch: pytest.MonkeyPatch) -> Opens:
     return opened
 
 
-def _round(members: list[Any], numel: int = 3 * 4_096) -> tuple[list[Any], Round]:
+def _round(
+    members: list[Any], clients: tuple[bool, ...] = (), numel: int = 3 * 4_096
+) -> tuple[list[Any], Round]:
     inputs = deltas(numel, len(members))
 
     async def main() -> tuple[list[Any], Round]:
-        round_ = Round(inputs, [1.0] * len(members), members, "e3m0")
+        round_ = Round(inputs, [1.0] * len(members), members, "e3m0", clients=clients)
         await round_.start()
         return await round_.outcomes(), round_
 
@@ -66,6 +68,22 @@ def test_a_verified_round_opens_only_its_part_streams(
     for runner in round_.runners:  # every member's checks were answered, on those streams
         assert runner.channels.keys() == set(range(m)) - {runner.index}
         assert all(channel.broken for channel in runner.channels.values())  # closed
+
+
+def test_a_client_is_reported_to_and_asked_on_streams_of_their_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    opened = _opens(monkeypatch)
+    clients = (False, False, True)
+    outcomes, round_ = _round([AllReduceRunner] * 3, clients)
+    want = expected(round_.deltas, [1.0] * 3, "e3m0", clients)
+    for outcome in outcomes:
+        assert isinstance(outcome, RoundResult), outcome
+        assert torch.equal(outcome.delta, want)
+    # the client reduces no part: nobody has a part stream to it, so the two reducers'
+    # reports to it and their checks of its contribution go on streams of their own
+    assert opened == {"part": 4, "report": 2, "check": 2}
+    assert [sorted(runner.channels) for runner in round_.runners] == [[1], [0], [0, 1]]
 
 
 def test_a_lying_reducer_is_still_caught_with_the_checks_on_its_part_stream(
