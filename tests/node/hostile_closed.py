@@ -116,7 +116,7 @@ async def requests(swarm: Swarm, honest: PeerID, run_id: str) -> dict[str, str]:
             _ask(swarm.streams, honest, f"/diloco/{run_id}/join/1", Kind.JOIN, join)
         ),
         "part": await _attempt(
-            _ask(swarm.streams, honest, f"/diloco/{run_id}/part/1", Kind.PART, head)
+            _ask(swarm.streams, honest, f"/diloco/{run_id}/part/2", Kind.PART, head)
         ),
     }
 

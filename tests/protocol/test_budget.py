@@ -35,8 +35,9 @@ def test_a_staged_round_has_five_stage_lengths_per_stage_on_the_adapted_timeouts
 
 def test_the_routers_streams_and_answers_keep_to_the_runs_timeouts() -> None:
     budget = RoundBudget.of(RUN, rtt=0.5).adapted([1.0] * 3, factor=2.0, floor=0.5)
-    # the first frame (5) and a matchmaking (8) before each stream's phase
-    assert budget.streams() == StreamBounds(part=46.0, report=18.0, check=56.0, reply=5.0)
+    # the first frame (5) and a matchmaking (8) before each stream's phase; a PART stream's
+    # goes on to the checks asked on it (10 + 10 + 10 + 3, then 5)
+    assert budget.streams() == StreamBounds(part=51.0, report=18.0, check=56.0, reply=5.0)
     assert budget.group_wait == 8.0
     checks_due = RoundBudget.of(RUN).deadlines(0.0).check  # 10 + 10 + 10 + 3 + 5
     assert budget.answering_until(RoundBudget.of(RUN).deadlines(0.0)) == checks_due + 8.0 == 46.0

@@ -2,13 +2,15 @@
 
 ``verification`` decides what the bytes mean; this module moves them. Member side
 (``Checker``): once it holds every part, a member asks every other member (CHECK_REQ) for
-its contribution at the sampled blocks of the parts that member is counted in, checks every
+its contribution at the sampled blocks of the parts that member is counted in (on the
+stream that member's own part came on, ``channel``, else on a CHECK stream), checks every
 part, and in a dispute asks the part's reducer for its evidence (EVIDENCE_REQ). Serving
 side: ``answer_check`` answers a CHECK_REQ from what this member sent, signed; the reducer
 side of a dispute is ``PartServer.serve_evidence``. Answers are due by ``Deadlines.check``
 and evidence by ``Deadlines.dispute``; what has not come by then is missing, which
 ``verification`` weighs (a silent reducer is convicted, a silent sender's chunks are taken
-from the evidence). Checking and decoding run in the default executor.
+from the evidence). Checking and decoding of a few sampled blocks run on the event loop;
+of disputed evidence, in the default executor (``offload``).
 """
 
 from __future__ import annotations
@@ -19,11 +21,14 @@ import hashlib
 import logging
 from collections.abc import Callable, Mapping
 
+from hivemind.p2p import PeerID
+
 from diloco.errors import ProtocolError
+from diloco.protocol.allreduce.channel import PartChannel
 from diloco.protocol.core.agreement import ANOTHER_RESULT
 from diloco.protocol.core.budget import Deadlines
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
-from diloco.protocol.core.norms import num_blocks
+from diloco.protocol.core.norms import BLOCK_VALUES, num_blocks
 from diloco.protocol.core.round import RoundPlan
 from diloco.protocol.core.verification import (
     RAW,
@@ -39,6 +44,7 @@ from diloco.protocol.core.verification import (
     wanted_evidence,
 )
 from diloco.protocol.runtime import round_trips
+from diloco.protocol.runtime.offload import offload
 from diloco.protocol.runtime.streams import (
     TRANSPORT_ERRORS,
     StreamTransport,
@@ -106,10 +112,13 @@ class Checker:
         timeouts: RoundTimeouts,
         handlers: tuple[str, str],
         counter: ByteCounter,
+        channels: Mapping[int, PartChannel],
     ) -> None:
         self.p2p, self.group, self.plan, self.own = p2p, group, plan, own
         self.deadlines, self.timeouts, self.counter = deadlines, timeouts, counter
         self.check_handler, self.evidence_handler = handlers
+        self.channels = channels
+        """By member: the PART stream its part came on (``channel``)."""
         self.answers: dict[int, dict[int, Answer]] = {}
 
     async def run(
@@ -132,7 +141,8 @@ class Checker:
         try:
             mine = [(j, s.blocks) for j, s in sorted(samples.items()) if s.claims.mask[me]]
             if mine:  # while the others answer
-                own = await loop.run_in_executor(None, own_answers, self.own, mine)
+                size = sum(samples[j].size(self.plan) for j, _ in mine)
+                own = await offload(size, own_answers, self.own, mine)
                 for j, answer in own.items():
                     self.answers[j][me] = answer
             await asyncio.wait(asks, timeout=max(0.0, self.deadlines.check - loop.time()))
@@ -141,9 +151,8 @@ class Checker:
                 task.cancel()
         findings: dict[int, Findings] = {}
         for j, sample in samples.items():
-            findings[j] = await loop.run_in_executor(
-                None, check_part, self.plan, sample, self.answers[j]
-            )
+            size = sample.size(self.plan) * len(sample.claims.counted)
+            findings[j] = await offload(size, check_part, self.plan, sample, self.answers[j])
         disputes: dict[int, asyncio.Task[Judgement]] = {
             j: asyncio.create_task(self._dispute(samples[j], findings[j]))
             for j in samples
@@ -165,26 +174,24 @@ class Checker:
         """Ask member ``i`` about ``samples``; keep its answers if they check out."""
         if not samples:
             return
-        loop = asyncio.get_running_loop()
         parts = tuple((j, samples[j].blocks) for j in sorted(samples))
         request = CheckRequest(self.plan.tag, self.group.group_id, parts)
         sizes = [CheckEntry.size(len(xs), len(self.plan.chunks[j])) for j, xs in parts]
         n = sum(s.size(self.plan) for s in samples.values())
         limit = CheckResponse.size(sizes, max(self.plan.codec.encoded_size(n), RAW.encoded_size(n)))
         peer = self.group.members[i]
+        channel = self.channels.get(i)
         for attempt in range(2):
             try:
-                reader, writer = await open_stream(
-                    self.p2p, peer, self.check_handler, self.timeouts.connect_timeout
-                )
-                try:
-                    await write_frame(writer, Kind.CHECK_REQ, request.serialize())
-                    kind, body = await read_frame(reader, (Kind.CHECK_RES,), limit, self.counter)
-                finally:
-                    writer.close()
+                if attempt == 0 and channel is not None and not channel.broken:
+                    kind, body = await channel.ask(
+                        Kind.CHECK_REQ, request.serialize(), (Kind.CHECK_RES,), limit
+                    )
+                else:
+                    kind, body = await self._ask_on_stream(peer, request, limit)
                 if kind == Kind.REJECT:
                     raise ProtocolError(f"refused: {Reject.parse(body).reason}")
-                answers = await loop.run_in_executor(None, self._read_answers, i, request, body)
+                answers = await offload(n, self._read_answers, i, request, body)
                 for j, answer in answers.items():
                     self.answers[j][i] = answer
                 return
@@ -194,6 +201,19 @@ class Checker:
             except TRANSPORT_ERRORS as exc:
                 if attempt:
                     logger.info("round %s: check stream to %s: %r", self.group.key, peer, exc)
+
+    async def _ask_on_stream(
+        self, peer: PeerID, request: CheckRequest, limit: int
+    ) -> tuple[Kind, bytearray]:
+        """Send ``request`` on a CHECK stream of its own to ``peer``; its answer."""
+        reader, writer = await open_stream(
+            self.p2p, peer, self.check_handler, self.timeouts.connect_timeout
+        )
+        try:
+            await write_frame(writer, Kind.CHECK_REQ, request.serialize())
+            return await read_frame(reader, (Kind.CHECK_RES,), limit, self.counter)
+        finally:
+            writer.close()
 
     def _read_answers(self, i: int, request: CheckRequest, body: bytearray) -> dict[int, Answer]:
         """Member ``i``'s answers from its CHECK_RES, checked against the request."""
@@ -302,7 +322,8 @@ async def answer_check(
             return Reject(RejectCode.MISMATCH, reason=f"member {sender} asked for unsent parts")
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(event.wait(), deadline - loop.time())
-    return await loop.run_in_executor(None, _answer, request, own, identity)
+    size = BLOCK_VALUES * sum(len(blocks) for _, blocks in request.parts)  # at most
+    return await offload(size, _answer, request, own, identity)
 
 
 def _answer(request: CheckRequest, own: OwnContribution, identity: Identity) -> CheckResponse:

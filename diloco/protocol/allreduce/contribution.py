@@ -16,6 +16,7 @@ import torch
 
 from diloco.protocol.core.round import RoundPlan
 from diloco.protocol.core.verification import OwnContribution
+from diloco.protocol.runtime.offload import offload
 from diloco.protocol.trust.identity import Identity
 from diloco.protocol.trust.round_signatures import sign_part
 from diloco.protocol.wire.check import Seal
@@ -58,11 +59,13 @@ class Contributor:
         return self._part_head(j, c).serialize(), self._sent[(j, c)][0]
 
     def _record_part(self, j: int) -> None:
-        """Record this member's chunks of part ``j`` for the checks (their norms, in an
-        executor) once all are sent: while the averaged parts are awaited, not after."""
+        """Record this member's chunks of part ``j`` for the checks (their norms; a large
+        part's in an executor, ``offload``) once all are sent: while the averaged parts
+        are awaited, not after."""
         if self.own is not None and j not in self._part_records:
             chunks = [(j, c, self._sent[(j, c)][0]) for c in range(len(self.plan.chunks[j]))]
-            job = asyncio.get_running_loop().run_in_executor(None, self.own.record_all, chunks)
+            lo, hi = self.plan.spans[j]
+            job = asyncio.ensure_future(offload(hi - lo, self.own.record_all, chunks))
             job.add_done_callback(lambda _: self._touch_recorded())
             self._part_records[j] = job
 

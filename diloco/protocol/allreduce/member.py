@@ -3,7 +3,8 @@
 Member ``j`` of a group of ``M`` reduces part ``j`` of the vector (``butterfly_parts``).
 Every member opens one stream per other reducer and streams its part there as consecutive
 chunks (``chunk_spans``), each encoded on its own (PART); on the same stream it reads back
-the reducer's averaged chunks (AVERAGED). A reducer decodes every contribution, combines
+the reducer's averaged chunks (AVERAGED), and later sends that reducer its REPORT and
+CHECK_REQ (``channel``). A reducer decodes every contribution, combines
 them (``aggregation.robust_mean``: capped weights, clipped norms, FP32 in group order, as
 ``InProcessReducer``), encodes each averaged chunk once with the return codec and sends
 the same bytes, with the mask of members it counted and their norms, to every member; it
@@ -20,7 +21,8 @@ with an ``identity`` parts are sealed and checked (``checking``, ``verification`
 
 This module (member side) and ``part_server`` (reducer side) move the bytes and keep the
 deadlines; what the bytes mean is decided by the pure ``reduction`` and ``agreement``.
-Encoding and decoding run in the default executor so the event loop keeps serving streams.
+Encoding and decoding of large chunks run in the default executor so the event loop keeps
+serving streams; small ones, and signatures, run on the loop (``offload``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from hivemind.p2p import PeerID
 
 from diloco.codecs import Codec
 from diloco.errors import ProtocolError, RoundFailed
+from diloco.protocol.allreduce.channel import PartChannel
 from diloco.protocol.allreduce.checking import Checker, answer_check, blame, convict
 from diloco.protocol.allreduce.clock import Clock
 from diloco.protocol.allreduce.contribution import Contributor
@@ -62,6 +65,7 @@ from diloco.protocol.core.verification import (
     slices_alone,
 )
 from diloco.protocol.runtime import round_trips
+from diloco.protocol.runtime.offload import offload
 from diloco.protocol.runtime.streams import (
     TRANSPORT_ERRORS,
     open_stream,
@@ -179,8 +183,16 @@ class AllReduceRunner(Contributor):
         self.not_member = asyncio.Event()
         """Set whenever a member joins ``not_members``."""
         self.transfer_seconds: float | None = None  # all parts held, first try (``adaptive``)
+        self.channels: dict[int, PartChannel] = {}
+        """By reducer: the PART stream its part came on, kept for the REPORT and CHECK_REQ
+        to it (``channel``); closed as ``run`` ends."""
         self.reports = ReportExchange(
-            p2p=p2p, group=group, index=self.index, handler=self.report_handler, timeouts=timeouts
+            p2p=p2p,
+            group=group,
+            index=self.index,
+            handler=self.report_handler,
+            timeouts=timeouts,
+            channels=self.channels,
         )
         self.part_missing = True
         """Whether this member's own part failed (``demotion``); True until ``run`` ends."""
@@ -206,6 +218,13 @@ class AllReduceRunner(Contributor):
             RoundFailed: a part is missing here or at a member that reported, or results
                 differ; the caller must then leave its outer state unchanged.
         """
+        try:
+            return await self._run()
+        finally:
+            for channel in self.channels.values():
+                channel.close()
+
+    async def _run(self) -> RoundResult:
         loop = asyncio.get_running_loop()
         key = self.group.key
         client = self.group.is_client(self.index)
@@ -216,8 +235,10 @@ class AllReduceRunner(Contributor):
             if j != self.index and not self.group.is_client(j)
         ]
         try:
+            await asyncio.sleep(0)  # the exchanges open their streams before any encoding
+            own_spans = self.plan.chunks[self.index]
             for c, future in enumerate(self._own_chunks):
-                own = await loop.run_in_executor(None, self._own_chunk, c)
+                own = await offload(_span_len(own_spans[c]), self._own_chunk, c)
                 self._touch_recorded()
                 future.set_result(own)
             encoded = loop.time()
@@ -389,12 +410,13 @@ class AllReduceRunner(Contributor):
 
         async def send() -> None:
             for c in range(len(self.plan.chunks[j])):
-                frame = await loop.run_in_executor(None, self._part_frame, j, c)
+                frame = await offload(_span_len(self.plan.chunks[j][c]), self._part_frame, j, c)
                 await write_frame(writer, Kind.PART, *frame, counter=self.counter)
             await write_frame(writer, Kind.SEAL, self._seal(j), counter=self.counter)
             self._record_part(j)
 
         sending = asyncio.create_task(send())
+        kept = False
         try:
             part = AveragedPart(self.plan, j, r)
             for c in range(len(part.chunks)):
@@ -417,7 +439,8 @@ class AllReduceRunner(Contributor):
                 part.check(c, msg)
                 if j == r:  # it runs the round: its own stream here is due (``silence``)
                     self.starts.serving(r)
-                values = await loop.run_in_executor(None, part.decode, c, msg.payload)
+                size = _span_len(self.plan.chunks[j][c])
+                values = await offload(size, part.decode, c, msg.payload)
                 part.add(c, msg, values, body)
             _, body = await read_frame(reader, (Kind.SEAL,), Seal.SIZE, self.counter)
             seal = Seal.parse(body)
@@ -425,11 +448,15 @@ class AllReduceRunner(Contributor):
                 raise ProtocolError("SEAL of another part")
             if self.identity is not None:
                 args = (self.group.names[r], seal.head, part.digest(), seal.signature)
-                await loop.run_in_executor(None, verify_averaged, *args)
+                verify_averaged(*args)  # one signature: less than a hop to the executor
+            if j == r:  # its reducer serves the stream on (``channel``)
+                self.channels[r] = PartChannel(reader, writer, self.counter)
+                kept = True
             return part
         finally:
             stop_sending(sending)
-            writer.close()
+            if not kept:
+                writer.close()
 
     def _start_checks(self, assembled: Assembled) -> asyncio.Task[dict[int, Judgement]] | None:
         """Start checking the parts of the other reducers, once all are held (``checking``)."""
@@ -446,6 +473,7 @@ class AllReduceRunner(Contributor):
             timeouts=self.timeouts,
             handlers=self.check_handlers,
             counter=self.counter,
+            channels=self.channels,
         )
         return asyncio.create_task(checker.run(samples, self._recording))
 
@@ -478,3 +506,8 @@ class AllReduceRunner(Contributor):
         """Send my report to everyone; wait for the full contributors' reports (bounded)."""
         report = Report(self.plan.tag, self.group.group_id, assembled.held, assembled.digest)
         await self.reports.exchange(report, assembled.full, self.deadlines.report)
+
+
+def _span_len(span: tuple[int, int]) -> int:
+    """Values in ``[a, b)``: the size of a chunk's CPU work (``offload``)."""
+    return span[1] - span[0]

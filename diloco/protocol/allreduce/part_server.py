@@ -3,8 +3,9 @@
 Member ``j`` reduces part ``j``: every other member opens a PART stream to it, sends its
 chunks of the part and reads the averaged chunks back on the same stream. ``PartServer``
 serves those streams for one round: it reads chunks by their deadlines into the
-``PartReducer`` (which decides what counts), closes the gather, averages chunk by chunk in
-an executor, and streams every averaged chunk, with the counted mask, to every member.
+``PartReducer`` (which decides what counts), closes the gather, averages chunk by chunk
+(large chunks in an executor: ``offload``), and streams every averaged chunk, with the
+counted mask, to every member.
 A stream cut in transport is not an offence: the member may open it again, and the
 chunks it already delivered are skipped. An invalid or late chunk excludes its sender,
 which is told so (REJECT BAD_PART) and, for invalid input (not for being late), commits
@@ -37,6 +38,7 @@ from diloco.protocol.core.assembly import Assembly
 from diloco.protocol.core.budget import Deadlines
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
 from diloco.protocol.core.round import Chunk, PartReducer
+from diloco.protocol.runtime.offload import offload
 from diloco.protocol.runtime.streams import (
     TRANSPORT_ERRORS,
     read_body,
@@ -95,8 +97,9 @@ class PartServer:
         self.idle = asyncio.Event()
         """Set while no PART stream is being served."""
         self.idle.set()
-        self.delivered = 0
-        """Members this reducer wrote its whole averaged part to so far."""
+        self.sealed: set[int] = set()
+        """Members this reducer wrote its whole averaged part and its seal to: their PART
+        streams go on with their REPORT and CHECK_REQ (``channel``)."""
         self._evidence_served: set[int] = set()
 
     def _touch(self) -> None:
@@ -119,7 +122,6 @@ class PartServer:
         """Fix who counts once chunk 0 is in from all (or the deadline), then average and
         publish chunk by chunk; the part joins the assembly unless a counted member
         stopped mid-part."""
-        loop = asyncio.get_running_loop()
         reducer, key, index = self.reducer, self.group.key, self.reducer.part
         await self._wait(reducer.gather_complete, self.deadlines.gather)
         for j, reason in reducer.exclude_oversized().items():
@@ -145,7 +147,8 @@ class PartServer:
                 logger.warning("round %s part %d failed: %s", key, index, reducer.failed)
                 return
             own = await self.own_chunks[c]
-            msg, mean, clipped = await loop.run_in_executor(None, self.average_chunk, c, own)
+            # sized by the chunk: encoding the mean once costs more than adding the inputs
+            msg, mean, clipped = await offload(own.numel(), self.average_chunk, c, own)
             if clipped:
                 logger.info("round %s part %d chunk %d: clipped members %s", key, index, c, clipped)
             reducer.release(c)
@@ -276,7 +279,7 @@ class PartServer:
             )
             if not counting or not reducer.wants(j, c):
                 continue  # late, or sent again after a cut: read to keep the stream flowing
-            chunk = await loop.run_in_executor(None, reducer.check_chunk, c, payload)
+            chunk = await offload(b - a, reducer.check_chunk, c, payload)
             if c == reducer.num_chunks - 1:
                 last = chunk
             elif reducer.add_chunk(j, c, chunk):
@@ -292,9 +295,7 @@ class PartServer:
             if self.identity is not None:
                 hashes = [*reducer.hashes(j), last.sha256]
                 sender = self.group.names[j]
-                await loop.run_in_executor(
-                    None, verify_part, sender, seal.head, hashes, seal.signature
-                )
+                verify_part(sender, seal.head, hashes, seal.signature)  # less than a hop
                 reducer.seals[j] = seal.signature
             if reducer.add_chunk(j, reducer.num_chunks - 1, last):
                 self._touch()
@@ -324,7 +325,7 @@ class PartServer:
             return  # the member sees the part missing
         seal = Seal(self.plan.seal_head(reducer.part), reducer.seal)
         await write_frame(writer, Kind.SEAL, seal.serialize(), counter=self.counter)
-        self.delivered += 1
+        self.sealed.add(j)
 
     async def serve_evidence(
         self, sender: PeerID, request: EvidenceRequest, writer: asyncio.StreamWriter

@@ -1,8 +1,10 @@
 """The REPORT exchange of one round over streams (``agreement`` decides what they mean).
 
 Every member sends its REPORT to every other member and waits, up to the round's report
-deadline, for the reports of the full contributors (``agreement.awaited_reports``). A
-report stream cut in transport is opened once more; a report not delivered is logged.
+deadline, for the reports of the full contributors (``agreement.awaited_reports``). To a
+reducer whose part it holds the report goes on that part's stream (``channel``), to the
+others (and when that stream broke) on a REPORT stream of its own. A report stream cut in
+transport is opened once more; a report not delivered is logged.
 """
 
 from __future__ import annotations
@@ -10,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Mapping
 
 from hivemind.p2p import PeerID
 
 from diloco.errors import ProtocolError
+from diloco.protocol.allreduce.channel import PartChannel
 from diloco.protocol.core.agreement import awaited_reports, check_report
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
 from diloco.protocol.runtime import round_trips
@@ -44,9 +48,12 @@ class ReportExchange:
         index: int,
         handler: str,
         timeouts: RoundTimeouts,
+        channels: Mapping[int, PartChannel],
     ) -> None:
         self.p2p, self.group, self.index = p2p, group, index
         self.handler, self.timeouts = handler, timeouts
+        self.channels = channels
+        """By member: the PART stream its part came on, once held (``channel``)."""
         self.received: dict[int, Report] = {}
         """Each member's first report, by group index."""
         self._arrived = asyncio.Event()
@@ -57,10 +64,9 @@ class ReportExchange:
         (``full``) until ``deadline`` (loop time)."""
         loop = asyncio.get_running_loop()
         message = report.serialize()
-        members = self.group.members
         sends = [
-            asyncio.create_task(self._send(members[i], message))
-            for i in range(len(members))
+            asyncio.create_task(self._send(i, message))
+            for i in range(len(self.group.members))
             if i != self.index
         ]
         awaited = awaited_reports(self.index, full)
@@ -79,8 +85,20 @@ class ReportExchange:
             for task in sends:
                 task.cancel()
 
-    async def _send(self, peer: PeerID, message: bytes) -> None:
-        """Deliver a report to ``peer``; a stream cut in transport is opened once more."""
+    async def _send(self, i: int, message: bytes) -> None:
+        """Deliver a report to member ``i``: on its part's stream if there is one, else (or
+        when that broke) on a stream of its own, opened once more if cut in transport."""
+        peer = self.group.members[i]
+        channel = self.channels.get(i)
+        if channel is not None:
+            try:
+                await channel.ask(Kind.REPORT, message, (Kind.ACK,))
+                return
+            except ProtocolError as exc:
+                logger.debug("round %s: report to %s not delivered: %r", self.group.key, peer, exc)
+                return
+            except TRANSPORT_ERRORS as exc:  # cut or given up: on a stream of its own
+                logger.debug("round %s: part stream to %s: %r", self.group.key, peer, exc)
         for attempt in range(1 + STREAM_RETRIES):
             try:
                 reader, writer = await open_stream(

@@ -5,7 +5,10 @@ EVIDENCE (the verification phase) for those too and, until every member's disput
 (``Deadlines.forget``), for rounds this node has finished: another member may still be
 checking a part after this node's round returned. The router knows a round only as a
 ``Routed``: the runner of a flat round is its own, a staged round (``staged.runner``)
-finds the runner of a stage by the stage group's id.
+finds the runner of a stage by the stage group's id. A member's PART stream to a reducer
+goes on, once its whole part went out, with the member's REPORT and CHECK_REQ to that
+reducer (``channel``); the REPORT and CHECK handlers serve the members it has no such
+stream with.
 """
 
 from __future__ import annotations
@@ -34,7 +37,14 @@ from diloco.protocol.runtime.streams import (
 )
 from diloco.protocol.trust.bans import BanList
 from diloco.protocol.wire.check import CheckRequest, EvidenceRequest
-from diloco.protocol.wire.frames import MAX_GROUP_SIZE, Kind, Reject, RejectCode, RoundTag
+from diloco.protocol.wire.frames import (
+    MAX_GROUP_SIZE,
+    MAX_SMALL_BODY,
+    Kind,
+    Reject,
+    RejectCode,
+    RoundTag,
+)
 from diloco.protocol.wire.part import PartHead, Report
 
 
@@ -213,9 +223,49 @@ class RoundRouter:
             return runner
         if head.part == runner.index:
             runner.starts.start(peer)
-            return await runner.server.accept_part(peer, frame, head, reader, writer)
+            server = runner.server
+            refusal = await server.accept_part(peer, frame, head, reader, writer)
+            if refusal is not None or runner.group.index(peer) not in server.sealed:
+                return refusal
+            return await self._serve_after_part(runner, peer, reader, writer)
         deadline = runner.deadlines.rereduce
         return await runner.substitutes.accept_part(peer, frame, head, reader, writer, deadline)
+
+    async def _serve_after_part(
+        self,
+        runner: AllReduceRunner,
+        peer: PeerID,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> Reject | None:
+        """Answer a member's REPORT and CHECK_REQ on the PART stream its whole part went out
+        on (``channel``), each in turn as on their own streams, until it closes the
+        stream or its checks are due."""
+        loop = asyncio.get_running_loop()
+        limit = max(MAX_SMALL_BODY, CheckRequest.max_size(MAX_GROUP_SIZE))
+        reply = self.timeouts.reply_timeout
+        while True:
+            remaining = max(0.0, runner.deadlines.check - loop.time())
+            try:
+                kind, body = await asyncio.wait_for(
+                    read_frame(reader, (Kind.REPORT, Kind.CHECK_REQ), limit), remaining
+                )
+            except asyncio.IncompleteReadError:
+                return None  # the member closed the stream: it asked all it had to
+            if kind == Kind.REPORT:
+                report = Report.parse(body)
+                if (report.tag, report.group_id) != (runner.plan.tag, runner.group.group_id):
+                    raise ProtocolError("REPORT of another round on a PART stream")
+                runner.reports.accept(peer, report)
+                await asyncio.wait_for(write_frame(writer, Kind.ACK), reply)
+            elif kind == Kind.CHECK_REQ:
+                answer = await runner.answer_check(peer, CheckRequest.parse(body))
+                if isinstance(answer, Reject):
+                    return answer
+                sent = write_frame(writer, Kind.CHECK_RES, answer, counter=runner.counter)
+                await asyncio.wait_for(sent, reply)
+            else:  # a REJECT: the member gives the stream up
+                return None
 
     async def _serve_report(
         self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter

@@ -33,7 +33,7 @@ class RoundTransport:
         served by one daemon never mix their streams."""
         return cls(
             p2p,
-            part=f"/diloco/{run_id}/part/1",
+            part=f"/diloco/{run_id}/part/2",  # 2: REPORT and CHECK_REQ follow the part
             report=f"/diloco/{run_id}/report/1",
             check=f"/diloco/{run_id}/check/1",
             evidence=f"/diloco/{run_id}/evidence/1",

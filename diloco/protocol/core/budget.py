@@ -127,11 +127,12 @@ class RoundBudget:
 
     def streams(self) -> StreamBounds:
         """Bounds of the router's streams: the first frame, up to a matchmaking for this
-        node's group to be known, then that stream's phase."""
+        node's group to be known, then that stream's phase (a PART stream's goes on to the
+        checks asked on it: ``allreduce.channel``)."""
         t = self.configured
         waits = t.connect_timeout + t.matchmaking
         return StreamBounds(
-            part=waits + t.allreduce,
+            part=waits + t.allreduce + t.verify_timeout,
             report=waits + t.reply_timeout,
             check=waits + t.allreduce + t.verification,
             reply=t.reply_timeout,

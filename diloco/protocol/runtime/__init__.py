@@ -7,4 +7,5 @@ event_loop    uvloop where installed, else asyncio's
 streams       frames over p2pd streams, transport errors, the handler wrapper
 reachability  dial-back check: a node nobody can dial becomes a client
 round_trips   the exchanges on a round's critical path, counted per round
+offload       a round's CPU work: on the loop when small, else in the executor
 """
