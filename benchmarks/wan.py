@@ -182,12 +182,13 @@ def run_swarm(
             seed = ["--data-seed", str(i)]
             return ["--listen", own, "--announce", shown, "--checkpoint-dir", ckpt, *seed]
 
+        verbose = ["-v"] if args.verbose else []  # timestamped matchmaking lines in the logs
         creator = ["start", "--name", "wan", "--preset", args.preset, "--steps", str(args.steps)]
-        first = [*creator, *common, *addresses(0), *args.node_args]
+        first = [*verbose, *creator, *common, *addresses(0), *args.node_args]
         nodes.append(NodeProcess("node0", first, folder, namespaces[0]))
         address = nodes[0].address()
         for i in range(1, n):
-            join = ["join", "--initial-peers", address, *common, *addresses(i)]
+            join = [*verbose, "join", "--initial-peers", address, *common, *addresses(i)]
             nodes.append(NodeProcess(f"node{i}", join, folder, namespaces[i]))
         deadline = start + args.timeout
         while any(node.alive() for node in nodes) and time.monotonic() < deadline:
@@ -442,6 +443,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "wan.json")
     parser.add_argument("--workdir", type=Path, default=None, help="keep logs and metrics here")
+    parser.add_argument("--verbose", action="store_true", help="every node with -v (info logs)")
     parser.add_argument(
         "--baseline",
         type=Path,
