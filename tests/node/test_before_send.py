@@ -109,6 +109,7 @@ def test_a_fragment_that_missed_its_round_is_healed_before_it_is_sent_again(
     assert {"event": "healed", "step": 11, "fragments": [0]} in events
     held = [e for e in events if e["event"] == "send_held"]
     assert len(held) == 1 and held[0]["fragments"] == [0] and held[0]["still_missing"] == []
+    assert trainer.blocked_seconds == held[0]["seconds"]  # the hold is no compute
     assert trainer.step == 11  # the send step itself is still to come
 
 

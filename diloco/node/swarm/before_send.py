@@ -120,6 +120,7 @@ def heal_before_send(healer: Healer, wait_s: float) -> None:
             await_check(healer, deadline)
     left = missed_before_send(t.step, healer.versions(), busy, healer.sync_every)
     seconds = time.monotonic() - start
+    t.blocked_seconds += seconds  # waiting on the network: not compute (its CU says so)
     healer.emit(
         {"event": "send_held", "step": t.step, "fragments": sorted(held), "seconds": seconds}
         | {"still_missing": sorted(left)}
