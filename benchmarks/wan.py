@@ -20,13 +20,14 @@ delay. ``--jitter-ms`` adds a uniform delay per chunk (in order) on top of ``RTT
 Per node, over the steady state (from the first step by which every node has been in a
 round with all N, plus ``--warmup-steps``; the rounds a joiner's slow first steps make the
 creator fail alone come before it, and ``startup_failed`` counts them), from its
-``--metrics-out`` records: CU (compute / (compute + blocked),
-as the trainer counts it), round seconds (median), failed / attempted rounds, heals, the
-round trips on each round's critical path (median, and the median seconds of each kind of
-exchange on it), and the eval loss of the outer weights at the end (node X reads data stream
-X, ``--data-seed X``, in every run, so losses at two RTTs differ by the network alone); in
-the JSON also where the training thread's time went (``thread_seconds``: compute, blocked on
-rounds, the rest of each step, between steps) and ``cu_wall``, compute over all of it.
+``--metrics-out`` records: CU (compute / (compute + blocked), as the trainer counts it:
+blocked on rounds and on sends held for a heal), round seconds (median), failed / attempted
+rounds, heals, the round trips on each round's critical path (median, and the median
+seconds of each kind of exchange on it), and the eval loss of the outer weights at the end
+(node X reads data stream X, ``--data-seed X``, in every run, so losses at two RTTs differ
+by the network alone); in the JSON also where the training thread's time went
+(``thread_seconds``: compute, blocked on rounds, held for a heal, the rest of each step,
+between steps) and ``cu_wall``, compute over all of it.
 Writes a JSON with the git commit and prints a table. ``docs/design.md "Across the
 internet"`` has the figures.
 
@@ -182,12 +183,13 @@ def run_swarm(
             seed = ["--data-seed", str(i)]
             return ["--listen", own, "--announce", shown, "--checkpoint-dir", ckpt, *seed]
 
+        verbose = ["-v"] if args.verbose else []  # timestamped matchmaking lines in the logs
         creator = ["start", "--name", "wan", "--preset", args.preset, "--steps", str(args.steps)]
-        first = [*creator, *common, *addresses(0), *args.node_args]
+        first = [*verbose, *creator, *common, *addresses(0), *args.node_args]
         nodes.append(NodeProcess("node0", first, folder, namespaces[0]))
         address = nodes[0].address()
         for i in range(1, n):
-            join = ["join", "--initial-peers", address, *common, *addresses(i)]
+            join = [*verbose, "join", "--initial-peers", address, *common, *addresses(i)]
             nodes.append(NodeProcess(f"node{i}", join, folder, namespaces[i]))
         deadline = start + args.timeout
         while any(node.alive() for node in nodes) and time.monotonic() < deadline:
@@ -250,7 +252,11 @@ def node_figures(records: list[dict[str, Any]], steady_from: int) -> dict[str, A
     rounds = [r for r in late if r["event"] == "round" and not r.get("final")]
     failed = [r for r in late if r["event"] == "round_failed" and not r.get("final")]
     compute = sum(r["step_seconds"] for r in steps)
-    blocked = sum(r["blocked_seconds"] for r in rounds + failed)
+    # A send held for a heal (``send_held``, between two steps) waits on the network too.
+    held = sum(
+        r["seconds"] for r in records if r["event"] == "send_held" and r["step"] >= steady_from
+    )
+    blocked = sum(r["blocked_seconds"] for r in rounds + failed) + held
     trips = [r["round_trips"] for r in rounds if "round_trips" in r]
     taus = [r["tau"] for r in steps if "tau" in r]
     # Where the training thread's wall time went: compute (the steps, sends included),
@@ -276,8 +282,9 @@ def node_figures(records: list[dict[str, Any]], steady_from: int) -> dict[str, A
         "thread_seconds": {
             "compute": compute,
             "blocked": blocked,
-            "apply_and_announce": wall - compute - blocked,
-            "between_steps": between,
+            "held_for_heal": held,
+            "apply_and_announce": wall - compute - (blocked - held),
+            "between_steps": between - held,
         },
         "step_seconds_median": statistics.median(r["step_seconds"] for r in steps)
         if steps
@@ -442,6 +449,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "wan.json")
     parser.add_argument("--workdir", type=Path, default=None, help="keep logs and metrics here")
+    parser.add_argument("--verbose", action="store_true", help="every node with -v (info logs)")
     parser.add_argument(
         "--baseline",
         type=Path,

@@ -10,6 +10,7 @@ it waits for the vouched state of round 1 and the round starts from it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import pytest
@@ -24,10 +25,12 @@ from test_healing import (
     vouches_for,
 )
 
+from diloco.errors import RoundFailed
 from diloco.node.data.corpus import load_corpus
-from diloco.node.swarm.before_send import heal_before_send, missed_before_send
+from diloco.node.swarm.before_send import heal_before_send, hold_seconds, missed_before_send
+from diloco.node.training.pending import PendingRound
 from diloco.node.training.trainer import NodeTrainer
-from diloco.protocol.core.reducer import RoundKey
+from diloco.protocol.core.reducer import RoundKey, RoundResult
 from diloco.protocol.records.nodes import NodeRecord, Vouch
 from diloco.protocol.state.fragment import OuterState
 
@@ -106,6 +109,7 @@ def test_a_fragment_that_missed_its_round_is_healed_before_it_is_sent_again(
     assert {"event": "healed", "step": 11, "fragments": [0]} in events
     held = [e for e in events if e["event"] == "send_held"]
     assert len(held) == 1 and held[0]["fragments"] == [0] and held[0]["still_missing"] == []
+    assert trainer.blocked_seconds == held[0]["seconds"]  # the hold is no compute
     assert trainer.step == 11  # the send step itself is still to come
 
 
@@ -155,3 +159,36 @@ def test_a_claim_from_a_key_never_seen_working_does_not_hold_the_send(corpus: An
     heal_before_send(healer, WAIT)
     assert swarm.record_reads == 1 and swarm.asked == []
     assert trainer.sync.states[0].version == 0
+
+
+def test_a_hold_leaves_the_round_trips_the_node_still_needs_within_the_peers_window() -> None:
+    """After a hold the node declares (2 round trips), reads (1) and JOINs (1): at 300 ms
+    with a 2.4 s window, a hold of the whole window (as before) made its JOIN come after the
+    peers' leader had closed the group, and its next fragments' rounds too."""
+    assert hold_seconds(2.4, 0.3) == pytest.approx(1.2)
+    assert hold_seconds(2.0, 0.2) == pytest.approx(1.2)
+    assert hold_seconds(2.0, 0.0) == pytest.approx(2.0)  # loopback: the whole window
+    assert hold_seconds(1.0, 0.3) == 0.0  # no time left: send at once
+
+
+def test_a_round_refused_in_flight_is_healed_before_its_receive_step(corpus: Any) -> None:
+    """Round 1 of fragment 0 (sent at step 6) was refused by its leader at once, its receive
+    step is still 2 steps away, and the peers that formed it applied and vouch for it: the
+    node checks now rather than at the receive step, so the heal lands sooner before the
+    fragment's next send (at 300 ms it landed at that send step, held it, and the node went
+    on missing rounds)."""
+    trainer = make_trainer(corpus)
+    trainer.step = 9
+    refused: Future[RoundResult] = Future()
+    refused.set_exception(RoundFailed(0, 1, "leader refused: GROUP_CLOSED group already formed"))
+    trainer.sync.pending.append(PendingRound(RoundKey(0, 1), refused, receive_step=11, weight=8))
+    swarm, vouched = round_one_applied_elsewhere(trainer)
+    healer, events = make_healer(trainer, swarm, workers=("donor", "x"))
+    healer.maybe_heal([])  # nothing applied at this step
+    assert healer.future is not None and healer.checking == [0]
+    healer.future.result(timeout=30)
+    healer.maybe_heal([])
+    state = trainer.sync.states[0]
+    assert state.version == 1 and state.sha256() == vouched
+    assert {"event": "healed", "step": 9, "fragments": [0]} in events
+    assert trainer.sync.pending[0].weight == 0.0  # the adopted state holds that round

@@ -37,6 +37,20 @@ from diloco.protocol.state.fragment import FragmentState, OuterState
 
 logger = logging.getLogger(__name__)
 
+ROUND_TRIPS_AFTER_HOLD = 4
+"""Round trips a held node still needs after its heal before its JOIN reaches the round's
+leader: declaring the round (2; a fragment that lacked its last round was not announced
+ahead), reading it (1) and the JOIN itself (1)."""
+
+
+def hold_seconds(window: float, round_trip: float) -> float:
+    """How long a heal may hold the send: the peers wait for this node at most ``window``
+    (the matchmaking window their rounds use now) from their send step, and after the hold
+    it still needs ``ROUND_TRIPS_AFTER_HOLD`` round trips to JOIN. A longer hold makes it
+    miss the round it waited for, and its next fragments' rounds too (docs/design.md
+    "Across the internet")."""
+    return max(0.0, window - ROUND_TRIPS_AFTER_HOLD * round_trip)
+
 
 def missed_before_send(
     step: int, versions: Sequence[int], busy: Collection[int], sync_every: int
@@ -106,6 +120,7 @@ def heal_before_send(healer: Healer, wait_s: float) -> None:
             await_check(healer, deadline)
     left = missed_before_send(t.step, healer.versions(), busy, healer.sync_every)
     seconds = time.monotonic() - start
+    t.blocked_seconds += seconds  # waiting on the network: not compute (its CU says so)
     healer.emit(
         {"event": "send_held", "step": t.step, "fragments": sorted(held), "seconds": seconds}
         | {"still_missing": sorted(left)}

@@ -434,7 +434,8 @@ class Healer:
     def maybe_heal(self, failed: Sequence[RoundKey]) -> None:
         """Between steps: apply a finished check, or start one when there is reason to.
 
-        A fragment whose round failed stays suspect until ``open_suspects`` drops it; every
+        A fragment whose round failed (``failed``, at its receive step, or any round in
+        flight that failed already) stays suspect until ``open_suspects`` drops it; every
         ``H`` steps all fragments are checked. A fragment found out of line whose fetched
         state could not be adopted (its round was in flight, or a round was applied
         meanwhile: a joiner that arrives while a round is in flight misses that round) is
@@ -446,7 +447,11 @@ class Healer:
         different states, all of them "successful".
         """
         t = self.trainer
-        for key in failed:
+        # A round in flight that failed already (refused by its leader, a diverged prior)
+        # is suspect now, not at its receive step: a heal needs the peers' result of it
+        # before this fragment's next send, tau steps fewer away.
+        early = [r.key for r in t.sync.pending if r.failure() is not None]
+        for key in [*failed, *early]:
             self.suspects[key.fragment] = key.round
         if self.future is not None and self.future.done():
             self.apply_check(self.future)

@@ -41,7 +41,7 @@ from diloco.node.evidence.claims import group_target
 from diloco.node.evidence.witness import Witness, WitnessedRound
 from diloco.node.observe.recent_metrics import RecentMetrics
 from diloco.node.observe.traffic import data_parallel_bytes
-from diloco.node.swarm.before_send import heal_before_send
+from diloco.node.swarm.before_send import heal_before_send, hold_seconds
 from diloco.node.swarm.healing import SETTLE_TIMEOUT, Healer
 from diloco.node.swarm.publisher import Publisher
 from diloco.node.swarm.round_failures import FailureLog
@@ -380,18 +380,21 @@ class SwarmNode:
 
     def _heal(self, applied: list[AppliedRound]) -> None:
         """Hand healing the rounds that failed: those applied now, and those in flight that
-        failed already because most of their peers start from another state
-        (``PriorDiverged``): that fragment is checked now, not at the round's receive step.
-        A fragment about to be sent that lacks its last round is healed first
-        (``before_send``)."""
+        failed already (refused by their leader, or most of their peers start from another
+        state: ``PriorDiverged``, logged): that fragment is checked now, not at the round's
+        receive step (``Healer.maybe_heal``). A fragment about to be sent that lacks its
+        last round is healed first (``before_send``), held no longer than the peers can
+        still take it (``hold_seconds``)."""
         diverged = self.trainer.sync.diverged()
         for key in diverged.keys() - self.diverged:
             event = {"event": "prior_diverged", "step": self.trainer.step, "prior": diverged[key]}
             self._emit(event | {"fragment": key.fragment, "round": key.round})
         self.diverged = set(diverged)
-        self.healer.maybe_heal([r.key for r in applied if not r.ok] + list(diverged))
-        # The peers wait for us a window at their send step: as long may a heal hold ours.
-        heal_before_send(self.healer, self.rounds.matchmaking_window)
+        self.healer.maybe_heal([r.key for r in applied if not r.ok])  # and those in flight
+        # The peers wait for us a window from their send step, less what we still need then.
+        window = self.reducer.matchmaker.timeouts.matchmaking_window
+        round_trip = round_trip_estimate(tuple(self.reducer.rtt_samples)) or 0.0
+        heal_before_send(self.healer, hold_seconds(window, round_trip))
 
     def _record_rounds(self, applied: list[AppliedRound], final: bool = False) -> None:
         for round_ in applied:
