@@ -44,7 +44,10 @@ from warm_node import WarmNode
 pytestmark = pytest.mark.swarm
 
 HOSTILE = Path(__file__).with_name("hostile_claims.py")
-STEPS = 200
+STEPS = 180
+"""A multiple of H (the default 30): the last step sends a round, applied at the run's end.
+b joins before half of it (once the hostile peers are ready), c soon after a third, while
+more than 2H steps are left (so a claim of the last step runs ahead of its pace)."""
 TIMEOUT = 900.0
 ROUNDS = ["--matchmaking-window", "1"]
 """The window at 1 s (default 2 s): the paper peers' keys count as live nodes in one round
