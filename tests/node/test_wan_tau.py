@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 from test_swarm_node import Node, nodes  # noqa: F401  (the fixture)
-from warm_node import WarmNode
 
 from diloco.bench.wan_proxy import LOOPBACK, DelayProxy
 
@@ -62,7 +61,6 @@ def proxies() -> Iterator[tuple[list[int], list[int]]]:
 def test_tau_auto_by_default_rises_over_a_slow_network_and_nodes_still_agree(
     nodes,  # noqa: F811
     proxies: tuple[list[int], list[int]],
-    tmp_path,
 ) -> None:
     listen, ports = proxies
 
@@ -73,19 +71,15 @@ def test_tau_auto_by_default_rises_over_a_slow_network_and_nodes_still_agree(
     a = nodes(
         "a", ["start", "--name", "wan", "--steps", str(STEPS), "--H", str(H), *FAST, *addresses(0)]
     )
-    # The joiners' processes start with a (their nodes once a printed its address).
-    joiners = [WarmNode(name, tmp_path) for name in "bc"]
-    try:
-        address = a.address()
-        assert f"/tcp/{ports[0]}/" in address  # peers learn the proxied address only
-        for i, joiner in enumerate(joiners, 1):
-            joiner.go(["join", "--initial-peers", address, *FAST, *addresses(i)])
-        everyone: list[Node] = [a, *joiners]
-        for node in everyone:
-            assert node.process.wait(300) == 0, node.output()
-    finally:
-        for joiner in joiners:
-            joiner.stop()
+    address = a.address()
+    assert f"/tcp/{ports[0]}/" in address  # peers learn the proxied address only
+    joiners = [
+        nodes(name, ["join", "--initial-peers", address, *FAST, *addresses(i)])
+        for i, name in ((1, "b"), (2, "c"))
+    ]
+    everyone: list[Node] = [a, *joiners]
+    for node in everyone:
+        assert node.process.wait(300) == 0, node.output()
     records = {node.name: node.records() for node in everyone}
 
     # From the first round any node had with all three, every node is in most rounds, and
