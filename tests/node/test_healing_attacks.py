@@ -44,10 +44,11 @@ from warm_node import WarmNode
 pytestmark = pytest.mark.swarm
 
 HOSTILE = Path(__file__).with_name("hostile_claims.py")
-STEPS = 180
-"""A multiple of H (the default 30): the last step sends a round, applied at the run's end.
-b joins before half of it (once the hostile peers are ready), c soon after a third, while
-more than 2H steps are left (so a claim of the last step runs ahead of its pace)."""
+STEPS = 240
+"""Not fewer: a joiner can be left out of the rounds until the next round open to every
+record's author (one in four, docs/design.md "Evidence"), from b's join (about step 60) up to
+round 4 (steps 121-145); 240 leaves b 20 rounds after it, and the last step sends fragment
+0's round 8, open to all (c's way in, should it be left out as well)."""
 TIMEOUT = 900.0
 ROUNDS = ["--matchmaking-window", "1"]
 """The window at 1 s (default 2 s): the paper peers' keys count as live nodes in one round
