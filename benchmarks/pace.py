@@ -11,6 +11,11 @@ from its step records: compute / wall), rows per step, tokens trained and tokens
 its applied rounds, rounds with three members, where a round's time went (matchmaking,
 blocked), and node a's outer eval loss at equal wall time (the shorter run's).
 
+The blocked share of the fast nodes a and b once all three are present (1 - their CU
+there: wall time not spent in an inner step) is the pace's speed target, a figure and not
+a test (docs/design.md "Pace"): lock-step (``fixed``) blocks them about 2/3 of their time;
+``adaptive`` should keep it under half (``BLOCKED_BOUND``), and each run says whether it did.
+
     flock /tmp/diloco-heavy.lock python benchmarks/pace.py --repeats 2 \\
         --out benchmarks/results/pace_rows.json
 """
@@ -35,6 +40,8 @@ COMMON = [
     "--log-every", "50", "--eval-every", "25",
 ]  # fmt: skip
 SLOW_DOWN = "3"
+BLOCKED_BOUND = 0.5
+"""The fast nodes' blocked share ``adaptive`` should stay under (lock-step: about 2/3)."""
 
 
 def records(path: Path) -> list[dict[str, Any]]:
@@ -120,6 +127,7 @@ def node_figures(recs: list[dict[str, Any]], steps: int) -> dict[str, Any]:
     return {
         "cu": summary["cu"],
         "cu_together": sum(r["step_seconds"] for r in both) / wall if wall else None,
+        "blocked_share_together": 1 - sum(r["step_seconds"] for r in both) / wall if wall else None,
         "rows_median_together": median([r["rows"] for r in both]),
         "tokens_trained": summary["tokens_trained"],
         # Each fragment's rounds count every token once: per fragment.
@@ -135,6 +143,13 @@ def node_figures(recs: list[dict[str, Any]], steps: int) -> dict[str, Any]:
         "eval_loss": summary["eval_loss"],
         "evals": eval_curve(recs),
     }
+
+
+def below(nodes: list[dict[str, Any]]) -> bool:
+    """Whether both fast nodes (a, b) were blocked for under ``BLOCKED_BOUND`` of their wall
+    time once all three were present."""
+    shares = [n["blocked_share_together"] for n in nodes[:2]]
+    return all(s is not None and s < BLOCKED_BOUND for s in shares)
 
 
 def median(values: list[float]) -> float | None:
@@ -173,6 +188,7 @@ def main() -> None:
         for row in rows:
             found = [records(Path(row["folder"]) / f"{n}.jsonl") for n in "abc"]
             row["nodes"] = [node_figures(r, args.steps) for r in found]
+            row["fast_blocked_below_bound"] = below(row["nodes"])
     else:
         rows = []
         for repeat in range(args.repeats):
@@ -181,7 +197,7 @@ def main() -> None:
                 found = run_swarm(folder, args.steps, mode, args.tau, args.timeout)
                 nodes = [node_figures(r, args.steps) for r in found]
                 row = {"mode": mode, "tau": args.tau, "repeat": repeat, "folder": str(folder)}
-                rows.append(row | {"nodes": nodes})
+                rows.append(row | {"nodes": nodes, "fast_blocked_below_bound": below(nodes)})
                 print(mode, repeat, table(rows[-1:]), flush=True)
     for row in rows:  # node a's eval loss at the end of the same repeat's shortest run
         wall = min(r["nodes"][0]["step_wall_s"] for r in rows if r["repeat"] == row["repeat"])
@@ -196,8 +212,9 @@ def table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| pace | rep | CU a / b / c whole run | CU a / b / c all 3 present | c rows (median) "
         "| c tokens in rounds / trained | rounds with 3 (a) | failed a/b/c | matchmaking a / b "
-        "/ c, round a (s, median) | eval a at equal wall | final eval a (wall s) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "/ c, round a (s, median) | eval a at equal wall | final eval a (wall s) "
+        f"| blocked a / b all 3 present (< {BLOCKED_BOUND:g}?) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         a, b, c = r["nodes"]
@@ -214,7 +231,10 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{_num(c['matchmaking_median_together'], '.2f')}, "
             f"{_num(a['round_seconds_median_together'], '.2f')} | "
             f"{_num(r.get('eval_loss_at_equal_wall'), '.4f')} (at "
-            f"{r.get('equal_wall_s', 0):.0f} s) | {a['eval_loss']:.4f} ({a['step_wall_s']:.0f}) |"
+            f"{r.get('equal_wall_s', 0):.0f} s) | {a['eval_loss']:.4f} ({a['step_wall_s']:.0f}) | "
+            f"{_num(a.get('blocked_share_together'), '.2f')} / "
+            f"{_num(b.get('blocked_share_together'), '.2f')} "
+            f"({'yes' if r.get('fast_blocked_below_bound') else 'no'}) |"
         )
     return "\n".join(lines)
 

@@ -15,6 +15,10 @@ Honest nodes train their full batch of 8 rows per step; hostile processes
   joins every round with its true tokens, so its claim passes the token check; under the
   former rule it alone sets the pace (the lower of two) and the honest node drops to 1 row;
   the upper median keeps the honest node's own figure, and its 8 rows.
+
+The two swarms run at once (a module fixture; separate runs, each node on its own loopback
+address): each test reads its own. They cannot be one swarm: a third worker would make the
+liar's figure the lowest of three, which the former rule's lower median ignores too.
 """
 
 from __future__ import annotations
@@ -26,11 +30,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_swarm_node import listen, nodes  # noqa: F401  (the fixture)
+from test_swarm_node import Node, listen
+from warm_node import WarmNode
 
 pytestmark = pytest.mark.swarm
 
@@ -80,21 +87,57 @@ class Hostile:
             self.process.wait(10)
 
 
-def test_paper_keys_claiming_to_be_fast_change_no_honest_rows(nodes, tmp_path) -> None:  # noqa: F811
-    run = ["--name", "pace-attack", "--steps", str(STEPS), "--H", str(H)]
-    # -v: the node logs (once per peer, at info) each claim it ignores
-    a = nodes("a", ["-v", "start", *run, *COMMON, *listen(2), "--data-seed", "0"])
-    where = ["--initial-peers", a.address(), "--listen", "/ip4/127.0.0.5/tcp/0"]
-    hostile = Hostile("hostile-pace", ["paper", str(K), *where], tmp_path)
+@dataclass
+class Runs:
+    """Both finished swarms."""
+
+    a: Node
+    b: Node
+    sybils: list[str]
+    """The paper keys of the first swarm."""
+    pair: Node
+    """The honest node of the second swarm, paired with the working liar."""
+    liar_metrics: Path
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
+    folder = tmp_path_factory.mktemp("pace-attack")
+    started: list[Node | Hostile] = []
     try:
+        # -v: the node logs (once per peer, at info) each claim it ignores
+        paper_run = ["--name", "pace-attack", "--steps", str(STEPS), "--H", str(H)]
+        a = Node("a", ["-v", "start", *paper_run, *COMMON, *listen(2), "--data-seed", "0"], folder)
+        started.append(a)
+        pair_run = ["--name", "pace-pair", "--steps", str(STEPS), "--H", str(H)]
+        pair = Node(
+            "pair", ["-v", "start", *pair_run, *COMMON, *listen(7), "--data-seed", "0"], folder
+        )
+        started.append(pair)
+        b = WarmNode("b", folder)  # b's process starts now, its node once the lies are stored
+        started.append(b)
+        where = ["--initial-peers", a.address(), "--listen", "/ip4/127.0.0.5/tcp/0"]
+        hostile = Hostile("hostile-pace", ["paper", str(K), *where], folder)
+        started.append(hostile)
+        metrics = folder / "liar.jsonl"
+        join = ["join", "--initial-peers", pair.address(), *COMMON, *listen(6), "--data-seed", "1"]
+        liar = Hostile("liar", ["work", *join, "--metrics-out", str(metrics)], folder)
+        started.append(liar)
         sybils = hostile.wait("ready")["sybils"]
         hostile.wait("stored")  # the lies are in the DHT before b starts
         join = ["-v", "join", "--initial-peers", a.address(), *COMMON, *listen(3)]
-        b = nodes("b", [*join, "--data-seed", "1"])
-        for node in (a, b):
+        b.go([*join, "--data-seed", "1"])
+        for node in (a, b, pair):
             assert node.process.wait(600) == 0, node.output()
+        assert liar.process.wait(120) == 0, liar.log.read_text()
+        yield Runs(a, b, sybils, pair, metrics)
     finally:
-        hostile.stop()
+        for process in started:
+            process.stop()
+
+
+def test_paper_keys_claiming_to_be_fast_change_no_honest_rows(runs: Runs) -> None:
+    a, b, sybils = runs.a, runs.b, runs.sybils
     assert len(sybils) == K
     waits: dict[str, list[str]] = {}
     for node in (a, b):
@@ -119,17 +162,8 @@ def test_paper_keys_claiming_to_be_fast_change_no_honest_rows(nodes, tmp_path) -
     assert waits["a"] + waits["b"] and set(waits["a"] + waits["b"]) == {"2"}, waits
 
 
-def test_a_working_liar_cannot_shrink_its_honest_partners_rows(nodes, tmp_path) -> None:  # noqa: F811
-    run = ["--name", "pace-pair", "--steps", str(STEPS), "--H", str(H)]
-    a = nodes("a", ["-v", "start", *run, *COMMON, *listen(2), "--data-seed", "0"])
-    metrics = tmp_path / "liar.jsonl"
-    join = ["join", "--initial-peers", a.address(), *COMMON, *listen(6), "--data-seed", "1"]
-    liar = Hostile("liar", ["work", *join, "--metrics-out", str(metrics)], tmp_path)
-    try:
-        assert a.process.wait(600) == 0, a.output()
-        assert liar.process.wait(120) == 0, liar.log.read_text()
-    finally:
-        liar.stop()
+def test_a_working_liar_cannot_shrink_its_honest_partners_rows(runs: Runs) -> None:
+    a, metrics = runs.pair, runs.liar_metrics
     steps = [r for r in a.records() if r["event"] == "step"]
     assert len(steps) == STEPS
     assert [r["rows"] for r in steps] == [BATCH] * STEPS  # the liar's 1e-6 s set no pace
