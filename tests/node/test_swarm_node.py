@@ -372,7 +372,8 @@ def test_killed_nodes_leave_nothing_running(nodes) -> None:
     quick = ["--matchmaking-window", "0.5", "--round-timeout", "2", *SMALL]
     a = nodes("a", ["start", "--name", "k", "--steps", "100000", *quick, *listen(2)])
     b = nodes("b", ["join", "--initial-peers", a.address(), *quick, *listen(3)])
-    b.wait_step(40, timeout=300)  # past its first round (sync_every 30)
+    b.wait_step(1, timeout=300)  # joined, at the swarm's step
+    b.wait_step(b.step() + 7, timeout=300)  # past its first send step (one every 6)
     for node in (b, a):
         session, others = started_by(node.process.pid)
         assert len(session) == 2, f"expected the DHT process and p2pd, got {session}"
