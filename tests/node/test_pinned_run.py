@@ -23,7 +23,7 @@ from test_swarm_node import SMALL, Node, listen, nodes  # noqa: F401  (the fixtu
 pytestmark = pytest.mark.swarm
 
 HOSTILE = str(Path(__file__).with_name("hostile_peer.py"))
-STEPS = 150
+STEPS = 200
 """a trains alone until b joins (its rounds wait 2 s for peers, about 3 steps a second):
 it outlives the hostile peer's start and the short commands, which run first."""
 
