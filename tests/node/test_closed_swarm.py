@@ -42,7 +42,7 @@ pytestmark = pytest.mark.swarm
 
 HOSTILE = str(Path(__file__).with_name("hostile_closed.py"))
 STEPS = "100000"
-UNTIL = 150
+UNTIL = 100
 """Steps the honest nodes train with the hostile records present (the jump came at ~65)."""
 TIMEOUT = 600.0
 
@@ -145,12 +145,13 @@ def test_outsiders_records_change_nothing_in_a_closed_swarm(nodes, tmp_path) -> 
     ]
     try:
         reports = [outsider.report() for outsider in outsiders]
-        # a joiner without the key, or with another, is refused with a line saying why
+        b = nodes("b", ["join", "--initial-peers", address, *run, *listen(3)])
+        # meanwhile, a joiner without the key, or with another, is refused with a line
+        # saying why
         no_key, wrong_key = diloco_each(
             ["join", "--initial-peers", address, *listen(5)],
             ["join", "--initial-peers", address, "--swarm-key", str(other), *listen(6)],
         )
-        b = nodes("b", ["join", "--initial-peers", address, *run, *listen(3)])
         b.wait_step(UNTIL, TIMEOUT)
         a.wait_step(UNTIL, TIMEOUT)
         interrupt(a, b)

@@ -30,7 +30,7 @@ import pytest
 
 pytestmark = pytest.mark.swarm
 
-STEPS = 150
+STEPS = 120
 SMALL = ["--seq-len", "32", "--batch-size", "4", "--log-every", "20", "--threads", "1"]
 TAG = f"{os.getpid() % 100_000}"
 ROUTER, CLIENT = f"dlnr{TAG}", f"dlnc{TAG}"

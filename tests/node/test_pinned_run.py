@@ -23,6 +23,9 @@ from test_swarm_node import SMALL, Node, listen, nodes  # noqa: F401  (the fixtu
 pytestmark = pytest.mark.swarm
 
 HOSTILE = str(Path(__file__).with_name("hostile_peer.py"))
+STEPS = 200
+"""a trains alone until b joins (its rounds wait 2 s for peers, about 3 steps a second):
+it outlives the hostile peer's start and the short commands, which run first."""
 
 
 def diloco(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
@@ -78,7 +81,7 @@ def peer_of(node: Node) -> str:
 def test_joiner_follows_the_peer_it_was_given_not_a_same_name_run(nodes, tmp_path) -> None:  # noqa: F811
     tripwire = tmp_path / "victims-data"
     os.mkfifo(tripwire)  # opening it to read would block the reader for good
-    a = nodes("a", ["start", "--name", "h", "--steps", "300", *SMALL, *listen(2)])
+    a = nodes("a", ["start", "--name", "h", "--steps", str(STEPS), *SMALL, *listen(2)])
     address = a.address()
     log = tmp_path / "hostile.log"
     attacker = hostile(log, "hijack", address, "/ip4/127.0.0.9/tcp/0", str(tripwire))
@@ -116,6 +119,6 @@ def test_joiner_follows_the_peer_it_was_given_not_a_same_name_run(nodes, tmp_pat
         stop(attacker)
     assert f"run {honest_run}, peer " in b.output()
     assert b.summary()["run_id"] == a.summary()["run_id"] == honest_run
-    assert b.summary()["step"] == 300 and next(r for r in b.records() if r["event"] == "joined")
+    assert b.summary()["step"] == STEPS and next(r for r in b.records() if r["event"] == "joined")
     assert a.summary()["outer_sha256"] == b.summary()["outer_sha256"]
     assert str(tripwire) not in b.output()

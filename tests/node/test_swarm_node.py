@@ -5,6 +5,12 @@ cores): a joiner with a mismatching configuration is refused; a second node join
 a third joins after about a third of the run and catches up; SIGINT stops the second node
 within the bound, with a checkpoint and nothing left behind, while the others train on;
 every (fragment, round) that several nodes applied has one state hash.
+
+A swarm of these small nodes trains faster than a new node process starts (an interpreter,
+its DHT process and p2pd: seconds on two cores, many more under load), so a joiner started
+at a given step could find the run over, and the test waits for no process while the
+swarm trains towards a step it acts at: the late joiner starts with the swarm held
+(``held``), the refused joiner runs beside the others.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +35,7 @@ from safetensors.torch import load_file
 pytestmark = pytest.mark.swarm
 
 STEPS = 300
+H = 30
 EXIT_BOUND_S = 10.0
 """The node abandons rounds at once and waits at most 5 s for those in flight; leaving the
 swarm takes at most about 3 s more (typically 0.1 s), the interpreter's exit about 1-2 s."""
@@ -138,6 +147,14 @@ class Node:
             assert self.process.poll() is None, self.output()
             time.sleep(0.5)
 
+    def wait_dht(self, timeout: float) -> None:
+        """Until this node's DHT process and p2pd run (its interpreter has started)."""
+        deadline = time.monotonic() + timeout
+        while len(started_by(self.process.pid)[0]) < 2:
+            assert time.monotonic() < deadline, f"{self.name} started no DHT"
+            assert self.process.poll() is None, self.output()
+            time.sleep(0.2)
+
     def summary(self) -> dict[str, Any]:
         return next(r for r in self.records() if r["event"] == "summary")
 
@@ -145,6 +162,20 @@ class Node:
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(10)
+
+
+@contextmanager
+def held(*nodes: Node) -> Iterator[None]:
+    """The nodes' training processes stopped (SIGSTOP) meanwhile, then continued: they take
+    no step, while their DHT processes and p2pds (other processes) keep answering the
+    DHT."""
+    for node in nodes:
+        os.kill(node.process.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for node in nodes:
+            os.kill(node.process.pid, signal.SIGCONT)
 
 
 @pytest.fixture
@@ -162,7 +193,8 @@ def nodes(tmp_path):
 
 
 def test_swarm_of_cli_processes_trains_agrees_and_survives(nodes, tmp_path) -> None:
-    a = nodes("a", ["start", "--name", "t", "--steps", str(STEPS), *SMALL, *listen(2)])
+    run = ["--name", "t", "--steps", str(STEPS), "--H", str(H)]
+    a = nodes("a", ["start", *run, *SMALL, *listen(2)])
     address = a.address()
 
     checkpoints = tmp_path / "b_checkpoints"
@@ -179,32 +211,29 @@ def test_swarm_of_cli_processes_trains_agrees_and_survives(nodes, tmp_path) -> N
         ],
     )
 
-    wrong = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "diloco",
-            "join",
-            "--initial-peers",
-            address,
-            "--H",
-            "7",
-            "--steps",
-            "999",
-            *listen(5),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert wrong.returncode != 0
-    assert "differs from the swarm" in wrong.stderr, wrong.stderr
-    assert "--H: the run's 30, yours 7" in wrong.stderr
+    # the refused joiner runs beside the others: waited for here (an interpreter and a DHT
+    # start, seconds, many more under load), it would let the swarm train past c's turn
+    wrong_err = tmp_path / "wrong.err"
+    with wrong_err.open("w") as err:
+        wrong = subprocess.Popen(
+            [sys.executable, "-m", "diloco", "join", "--initial-peers", address,
+             "--H", "7", "--steps", "999", *listen(5)],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )  # fmt: skip
 
     a.wait_step(STEPS // 3, timeout=300)
-    c = nodes("c", ["join", "--initial-peers", address, *SMALL, *listen(4)])
+    # c's interpreter and DHT start while a and b are held; then c asks a for the run, is
+    # dialled back and asks for the state (a's training process answers those), which
+    # takes the swarm about 70 steps on two cores
+    with held(a, b):
+        c = nodes("c", ["join", "--initial-peers", address, *SMALL, *listen(4)])
+        c.wait_dht(timeout=300)
+    assert wrong.wait(120) != 0
+    assert "differs from the swarm" in wrong_err.read_text(), wrong_err.read_text()
+    assert f"--H: the run's {H}, yours 7" in wrong_err.read_text()
     c.wait_step(STEPS // 3 + 40, timeout=300)
-    b.wait_step(STEPS - 60, timeout=300)  # the others train on for 10 rounds after b left
+    b.wait_step(STEPS - H, timeout=300)  # the others train on for 5 rounds after b left
 
     session, others = started_by(b.process.pid)
     assert len(session) == 2, f"expected the DHT process and p2pd, got {session}"
@@ -268,7 +297,7 @@ def test_single_node_resume_equals_uninterrupted_run(nodes, tmp_path) -> None:
         "--steps",
         "60",
         "--matchmaking-window",
-        "0.5",
+        "0.1",
         "--data-seed",
         "3",
         "--checkpoint-every",
@@ -331,9 +360,13 @@ def test_killed_nodes_leave_nothing_running(nodes) -> None:
     """SIGKILL of the node process alone (as the OOM killer sends it), first of a joiner in
     the middle of training, then of the starting node: the DHT process, p2pd and torch's
     manager end too, and the daemon's socket is removed; the survivor trains on."""
-    a = nodes("a", ["start", "--name", "k", "--steps", "100000", *SMALL, *listen(2)])
-    b = nodes("b", ["join", "--initial-peers", a.address(), *SMALL, *listen(3)])
-    b.wait_step(40, timeout=300)  # past its first round (sync_every 30)
+    # rounds wait little for peers and parts: the survivor's round with the killed joiner
+    # fails sooner, and a lone node's rounds take less than the default 2 s
+    quick = ["--matchmaking-window", "0.5", "--round-timeout", "2", *SMALL]
+    a = nodes("a", ["start", "--name", "k", "--steps", "100000", *quick, *listen(2)])
+    b = nodes("b", ["join", "--initial-peers", a.address(), *quick, *listen(3)])
+    b.wait_step(1, timeout=300)  # joined, at the swarm's step
+    b.wait_step(b.step() + 7, timeout=300)  # past its first send step (one every 6)
     for node in (b, a):
         session, others = started_by(node.process.pid)
         assert len(session) == 2, f"expected the DHT process and p2pd, got {session}"
