@@ -20,6 +20,9 @@ import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
+from multiprocessing import resource_sharer
+from multiprocessing.connection import Client
+from multiprocessing.process import current_process
 from pathlib import Path
 
 import pytest
@@ -413,3 +416,39 @@ def test_a_thread_cut_off_from_a_killed_helper_prints_no_traceback(
     err = capsys.readouterr().err
     assert "ConnectionResetError" not in err
     assert "KeyError: 'a bug'" in err  # anything else is printed as before
+
+
+def test_the_resource_sharers_thread_cut_off_from_a_helper_prints_no_traceback(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real thread: multiprocessing's resource sharer catches what its connection
+    raises and reports it through ``sys.excepthook``, living on (a helper that dies while
+    it asks for a file descriptor: here a client that hangs up before asking)."""
+    monkeypatch.setattr(threading, "excepthook", threading.__excepthook__)
+    monkeypatch.setattr(sys, "excepthook", sys.__excepthook__)
+    quiet_helper_disconnects()
+    read, write = os.pipe()
+    try:
+        shared = resource_sharer.DupFd(read)  # starts the sharer's thread
+        address = shared._id[0]  # type: ignore[attr-defined]
+        Client(address, authkey=current_process().authkey).close()  # hangs up before asking
+        received = shared.detach()  # served after the hung-up connection was dealt with
+        os.write(write, b"x")
+        assert os.read(received, 1) == b"x"
+        os.close(received)
+    finally:
+        os.close(read)
+        os.close(write)
+    err = capsys.readouterr().err
+    assert "EOFError" not in err and "Traceback" not in err, err
+
+    def report() -> None:
+        try:
+            raise KeyError("a bug")
+        except KeyError:
+            sys.excepthook(*sys.exc_info())  # type: ignore[arg-type]
+
+    thread = threading.Thread(target=report)
+    thread.start()
+    thread.join()
+    assert "KeyError: 'a bug'" in capsys.readouterr().err  # anything else still printed

@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import TimeoutError as FutureTimeout
 from multiprocessing.connection import Connection
+from types import TracebackType
 from typing import Any
 
 from hivemind import DHT
@@ -60,8 +61,13 @@ def quiet_helper_disconnects() -> None:
     sharer: file descriptors of shared tensors) raise ``ConnectionError`` or ``EOFError``
     when a helper is killed with the node, e.g. by SIGTERM to the whole process group;
     Python would print each as a traceback while the node stops cleanly. Such endings are
-    logged at debug; any other exception of a thread is printed as before."""
+    logged at debug; any other exception of a thread is printed as before.
+
+    Both hooks: a thread that dies of the exception goes through ``threading.excepthook``,
+    but the resource sharer's thread catches it and lives on, reporting it through
+    ``sys.excepthook`` (only the main thread's own errors keep the default there)."""
     default = threading.excepthook
+    default_sys = sys.excepthook
 
     def hook(args: threading.ExceptHookArgs) -> None:
         if isinstance(args.exc_value, (ConnectionError, EOFError)):
@@ -70,7 +76,15 @@ def quiet_helper_disconnects() -> None:
             return
         default(args)
 
+    def sys_hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        thread = threading.current_thread()
+        if isinstance(value, (ConnectionError, EOFError)) and thread is not threading.main_thread():
+            logger.debug("%s cut off: %r", thread.name, value)
+            return
+        default_sys(kind, value, tb)
+
     threading.excepthook = hook
+    sys.excepthook = sys_hook
 
 
 class HelperEnded(RuntimeError):
