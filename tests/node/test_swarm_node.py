@@ -39,9 +39,10 @@ H = 30
 EXIT_BOUND_S = 10.0
 """The node abandons rounds at once and waits at most 5 s for those in flight; leaving the
 swarm takes at most about 3 s more (typically 0.1 s), the interpreter's exit about 1-2 s."""
-CLEANUP_S = 10.0
+CLEANUP_S = 30.0
 """torch's shared-memory manager removes the node's /dev/shm files, then exits, about 2 s
-after the node."""
+after the node (10.05 s once on the loaded machine: the bound is a guard against files
+never removed, not a speed target)."""
 SMALL = [
     "--seq-len", "32", "--batch-size", "4", "--log-every", "20", "--threads", "1", "--tau", "1",
 ]  # fmt: skip
