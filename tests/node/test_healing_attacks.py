@@ -11,10 +11,9 @@ records of its own identities).
   in a round (K = 2 and K = 8, two processes) serves zeros at the run's last step and
   vouches for them under member lists it writes; nobody may adopt them or follow its step.
 
-All attacks run in one swarm (a module fixture; a swarm run costs about a minute on two
+All attacks run in one swarm (a module fixture; a swarm run costs about 100 s on two
 cores): node a starts, the forger, the Sybil peer and the paper peers join, b joins early,
-c late (b's and c's processes start with a, their nodes when the test says: ``warm_node.py``).
-Each test fails without its defence: without the schedule bound and the vouch rule
+c late. Each test fails without its defence: without the schedule bound and the vouch rule
 the early joiner b adopts the zeros at the last step and exits at once; without them the
 late joiner c tries Sybils only and never joins; without the evidence rule (counting any
 vouch a member list makes a majority) a and b adopt the paper peers' zeros at the last
@@ -39,20 +38,12 @@ from typing import Any
 
 import pytest
 from test_swarm_node import SMALL, Node, listen
-from warm_node import WarmNode
 
 pytestmark = pytest.mark.swarm
 
 HOSTILE = Path(__file__).with_name("hostile_claims.py")
 STEPS = 240
-"""Not fewer: a joiner can be left out of the rounds until the next round open to every
-record's author (one in four, docs/design.md "Evidence"), from b's join (about step 60) up to
-round 4 (steps 121-145); 240 leaves b 20 rounds after it, and the last step sends fragment
-0's round 8, open to all (c's way in, should it be left out as well)."""
 TIMEOUT = 900.0
-ROUNDS = ["--matchmaking-window", "1"]
-"""The window at 1 s (default 2 s): the paper peers' keys count as live nodes in one round
-of four, which waits out its whole window (as does a alone before b joins)."""
 PAPER_KEYS = (2, 8)
 """Keys of each paper peer (one process each)."""
 
@@ -110,11 +101,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     folder = tmp_path_factory.mktemp("attacks")
     started: list[Node | Hostile] = []
     try:
-        start = ["start", "--name", "atk", "--steps", str(STEPS)]
-        a = Node("a", [*start, *SMALL, *ROUNDS, *listen(2)], folder)
+        a = Node("a", ["start", "--name", "atk", "--steps", str(STEPS), *SMALL, *listen(2)], folder)
         started.append(a)
-        b, c = WarmNode("b", folder), WarmNode("c", folder)
-        started += [b, c]
         address = a.address()
         forge = Hostile("forge", address, folder, host=6)
         started.append(forge)
@@ -127,9 +115,11 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         started.extend(paper.values())
         forger, sybils = forge.ready()["peer_id"], sybil.ready()["sybils"]
         papers = {k: [(r := p.ready())["peer_id"], *r["sybils"]] for k, p in paper.items()}
-        b.go(["join", "--initial-peers", address, *SMALL, *ROUNDS, *listen(3)])
+        b = Node("b", ["join", "--initial-peers", address, *SMALL, *listen(3)], folder)
+        started.append(b)
         a.wait_step(STEPS // 3, timeout=TIMEOUT)
-        c.go(["join", "--initial-peers", address, *SMALL, *ROUNDS, *listen(4)])
+        c = Node("c", ["join", "--initial-peers", address, *SMALL, *listen(4)], folder)
+        started.append(c)
         for node in (a, b, c):
             assert node.process.wait(TIMEOUT) == 0, node.output()
             summary = node.summary()

@@ -2,8 +2,8 @@
 
 Importing the node (torch, hivemind, the package) takes about 2 s of CPU: several seconds of
 wall time on two loaded cores, spent while the rest of a swarm test waits for the node. A
-test that starts a node later on (a joiner once the first node printed its address, a late
-joiner once the swarm reached a step) starts this program early instead: it imports the
+test that starts a node later on (a joiner once the first node printed its address, or once
+a hostile peer stored its lies) starts this program early instead: it imports the
 node at once, then reads the node's command line from stdin and runs it, as
 ``python -m diloco ARGS`` would. The node still starts when the test says; it just starts
 sooner.
