@@ -33,3 +33,14 @@ def test_rounds_of_one_leave_the_peers_it_worked_with_in_the_ledger() -> None:
         witness.record(WitnessedRound(0, k, ("me",), H))
     assert witness.workers() == {"a", "b"}
     assert [(r.fragment, r.round) for r in witness.rounds()] == [(0, 1), (1, 1)]
+
+
+def test_a_round_restored_from_a_checkpoint_witnesses_nobody() -> None:
+    # A resumed node counts its anchors until its next round (docs/design.md "Evidence"):
+    # the round its checkpoint held in flight, with a partner that may be gone, is no such.
+    witness = Witness("me")
+    witness.restored = frozenset({(0, 2)})
+    witness.record(WitnessedRound(0, 2, ("a", "me"), H))
+    assert witness.workers() == frozenset()
+    witness.record(WitnessedRound(1, 2, ("a", "me"), H))
+    assert witness.workers() == {"a"}

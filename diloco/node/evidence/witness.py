@@ -42,12 +42,22 @@ class Witness:
         self.me = me
         self._rounds: deque[WitnessedRound] = deque(maxlen=horizon)
         self._lock = threading.Lock()
+        self.restored: frozenset[tuple[int, int]] = frozenset()
+        """(fragment, round) of the rounds a resumed node's checkpoint held in flight."""
 
     def record(self, applied: WitnessedRound) -> None:
         """Remember a round this node applied (only rounds it was counted in with a peer: a
         round it sat out proves nothing to it, and a round of one, applied alone in the run,
-        witnesses nobody; keeping it would push the rounds of its peers out of the ledger)."""
+        witnesses nobody; keeping it would push the rounds of its peers out of the ledger).
+
+        A round restored from a checkpoint is not remembered either: the ledger empties on
+        restart, and a resumed node counts its anchors until its next round. Remembering
+        that one round made its members (the creator alone, frozen, in the chaos run) the
+        only peers whose word counted, and the node never healed from its anchor.
+        """
         if self.me not in applied.members or len(applied.members) < 2:
+            return
+        if (applied.fragment, applied.round) in self.restored:
             return
         with self._lock:
             self._rounds.append(applied)

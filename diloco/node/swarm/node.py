@@ -144,6 +144,9 @@ class SwarmNode:
             self.snapshot = self._snapshot()
             self.metrics: TextIO | None = open(metrics_out, "a") if metrics_out else None  # noqa: SIM115
             self.resumed_from = self.trainer.resume_latest() if resume else None
+            self.witness.restored = frozenset(
+                (r.key.fragment, r.key.round) for r in self.trainer.sync.pending
+            )
             self._refresh_snapshot()
             self.healer = Healer(
                 self.trainer,
