@@ -1,8 +1,10 @@
 """A real ``diloco-node start`` stopped the way services are stopped: saves and exits.
 
-Each test starts the node in its own session (so its process group is its own), waits for
-its first round, then signals it as a terminal, ``kill -TERM -PGID`` or systemd
-(every process of the node: its DHT process and p2pd too) would. The node must exit with
+Each test has its own node in its own session (so its process group is its own), waits
+for its first round, then signals it as a terminal, ``kill -TERM -PGID`` or systemd
+(every process of the node: its DHT process and p2pd too) would. The three nodes start at
+once: a node's start is seconds of a single core's work and of waiting for its first
+round, on a machine of two. The node must exit with
 the documented status (128 + the signal: 143, 130) and leave a
 checkpoint. The waits are generous bounds for a loaded machine, not speed claims.
 Whatever a failing test leaves running is SIGKILLed by PID.
@@ -81,17 +83,23 @@ class _Node:
         self.helpers = _descendants(self.process.pid)
 
     def clean_up(self) -> None:
-        for pid in [self.process.pid, *self.helpers]:
+        for pid in [self.process.pid, *(self.helpers or _descendants(self.process.pid))]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         self.process.wait(10)
 
 
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[_Node]:
-    started = _Node(tmp_path)
-    yield started
-    started.clean_up()
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, _Node]]:
+    """One node per test, by the test's name, all started before the first test."""
+    started: dict[str, _Node] = {}
+    try:
+        for name in ("sigterm_group", "sigterm_every", "ctrl_c"):
+            started[name] = _Node(tmp_path_factory.mktemp(name))
+        yield started
+    finally:
+        for node in started.values():
+            node.clean_up()
 
 
 def _stopped(node: _Node, expected_code: int) -> None:
@@ -105,15 +113,17 @@ def _stopped(node: _Node, expected_code: int) -> None:
 
 
 @pytest.mark.swarm
-def test_sigterm_to_the_process_group_saves_and_exits(node: _Node) -> None:
+def test_sigterm_to_the_process_group_saves_and_exits(nodes: dict[str, _Node]) -> None:
+    node = nodes["sigterm_group"]
     node.wait_training()
     os.killpg(node.process.pid, signal.SIGTERM)
     _stopped(node, 143)  # 128 + SIGTERM, as README documents
 
 
 @pytest.mark.swarm
-def test_sigterm_to_every_process_of_the_node_saves_and_exits(node: _Node) -> None:
+def test_sigterm_to_every_process_of_the_node_saves_and_exits(nodes: dict[str, _Node]) -> None:
     """As systemd stops a service: the DHT process and p2pd get SIGTERM too, and die."""
+    node = nodes["sigterm_every"]
     node.wait_training()
     assert node.helpers, "the node has no DHT process"
     for pid in [node.process.pid, *node.helpers]:
@@ -122,10 +132,11 @@ def test_sigterm_to_every_process_of_the_node_saves_and_exits(node: _Node) -> No
 
 
 @pytest.mark.swarm
-def test_ctrl_c_saves_and_exits_130(node: _Node) -> None:
+def test_ctrl_c_saves_and_exits_130(nodes: dict[str, _Node]) -> None:
     """As a terminal's Ctrl-C: SIGINT to the whole foreground process group. The node says
     it stops, then its summary; no helper process prints an error or a warning (p2pd,
     stopped by the node once it left, not by the terminal before)."""
+    node = nodes["ctrl_c"]
     node.wait_training()
     os.killpg(node.process.pid, signal.SIGINT)
     _stopped(node, 130)  # 128 + SIGINT
