@@ -61,6 +61,9 @@ def test_record_round_trip() -> None:
         ({"sps": 1e6}, "step seconds"),
         ({"sps": 2}, "step seconds"),
         ({"sps": "fast"}, "step seconds"),
+        ({"left": 1}, "left flag"),
+        ({"left": "yes"}, "left flag"),
+        ({"left": None}, "left flag"),
     ],
 )
 def test_record_invalid_field_rejected(change: dict[str, object], match: str) -> None:
@@ -75,6 +78,14 @@ def test_record_step_seconds_round_trip_and_absent_when_unknown() -> None:
     assert NodeRecord.from_wire(PEER, record.to_wire()) == record
     assert "sps" not in _record().to_wire()
     assert NodeRecord.from_wire(PEER, _record().to_wire()).step_seconds is None
+
+
+def test_left_record_round_trip_and_regular_wire_form_unchanged() -> None:
+    left = _record().as_left()
+    assert left.to_wire() == {**_record().to_wire(), "left": True}
+    assert NodeRecord.from_wire(PEER, left.to_wire()) == left
+    assert set(_record().to_wire()) == {"v", "addrs", "step", "frags", "tps", "sw"}
+    assert NodeRecord.from_wire(PEER, _record().to_wire()).left is False
 
 
 def test_record_non_mapping_and_bad_peer_rejected() -> None:

@@ -433,6 +433,9 @@ class SwarmNode:
         )
 
     def _finish(self, wall_s: float) -> dict[str, Any]:
+        # First, before the checkpoint and evaluations: the peers stop waiting for this node
+        # in their rounds at once (docs/design.md "The node and its CLI").
+        self.publisher.leave()
         t = self.trainer
         interrupted = self.stop_event.is_set()
         checkpoint = t.save_checkpoint() if t.checkpoints else None

@@ -7,7 +7,9 @@ healing (one heal may try eight donors for half a minute each, far past the TTL)
 training thread (blocked at a round's receive step). The training thread only hands over
 the newest record (``offer``); the thread stores it every ``PUBLISH_EVERY`` seconds, or at
 once when a round was applied, and reads the others' records back: how many nodes are
-alive (``on_records``) and their claimed step times (``take_claims``).
+alive (``on_records``) and their claimed step times (``take_claims``). A leaving node
+replaces its record with one that says so (``leave``): its peers stop counting it at once,
+not a ``RECORD_TTL`` later.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from diloco.node.observe.recent_metrics import RecentMetrics
 from diloco.protocol.records.metrics import publish_metrics
-from diloco.protocol.records.nodes import NodeRecord, Vouch, publish_vouches
+from diloco.protocol.records.nodes import NodeRecord, Vouch, publish_record, publish_vouches
 from diloco.protocol.records.run_configs import SignedRunConfig, publish_run_config
 from diloco.protocol.runtime.swarm import Swarm
 from diloco.protocol.trust.envelopes import MAX_RECORD_TTL
@@ -37,6 +39,13 @@ stays true after its author leaves, and the members left need it to heal a node 
 missed that round (``diloco.node.evidence.claims``)."""
 VOUCH_REFRESH = VOUCH_TTL / 3
 """Seconds after which unchanged vouches are stored again (before they expire)."""
+LEFT_TTL = 2 * RECORD_TTL
+"""Seconds a leaving node's last record (marked left) lives: it expires later than any
+regular store of the node, so it replaces the regular record (the DHT keeps, per subkey,
+the value that expires last) and readers drop the node at once."""
+LEAVE_TIMEOUT = 3.0
+"""Seconds ``leave`` waits for a store in flight, then for its own store: leaving is never
+held up for long."""
 JOIN_WAIT = 5.0
 """Seconds ``stop`` waits for the thread (a store in flight is cancelled by the swarm's
 shutdown)."""
@@ -67,6 +76,10 @@ class Publisher:
         self._claims: dict[str, float] | None = None
         self._wake = threading.Event()
         self._stopping = threading.Event()
+        self._left = threading.Event()
+        self._storing = threading.Lock()
+        """Held while the node record is stored: ``leave`` waits for a regular store in
+        flight, and after it none starts."""
         self._thread = threading.Thread(target=self._run, name="diloco-publisher", daemon=True)
         self.vouches_stored: dict[int, tuple[tuple[Vouch, ...], float]] = {}
         """Fragment -> the vouches last stored and when (publisher thread only)."""
@@ -96,6 +109,29 @@ class Publisher:
         with it, or when the swarm shuts down."""
         self._stopping.set()
         self._wake.set()
+
+    def leave(self) -> None:
+        """Stop, then replace this node's record with its copy marked left, for
+        ``LEFT_TTL`` (docs/design.md "The node and its CLI"). A regular store in flight is
+        done before it (waited for ``LEAVE_TIMEOUT`` at most: if it is stuck, the left record
+        still wins by its later expiration); none starts after. Bounded: a failure is one
+        warning, the node leaves all the same and its record expires after ``RECORD_TTL``."""
+        self.stop()
+        self._left.set()
+        acquired = self._storing.acquire(timeout=LEAVE_TIMEOUT)
+        try:
+            with self._lock:
+                latest = self._latest
+            if latest is None:  # never published: nothing to replace
+                return
+            record = latest[0].as_left()
+            store = publish_record(self.swarm.dht, self.swarm.run_id, record, LEFT_TTL)
+            self.swarm.call(store, timeout=LEAVE_TIMEOUT)
+        except Exception as error:  # the node leaves all the same
+            logger.warning("could not mark this node's record as left: %r", error)
+        finally:
+            if acquired:
+                self._storing.release()
 
     def join(self) -> None:
         """Wait ``JOIN_WAIT`` at most for the thread to end (after ``stop``)."""
@@ -137,7 +173,10 @@ class Publisher:
         if due:
             self.swarm.call(self._store_vouches(due))
             self.vouches_stored.update({v[0].fragment: (v, now) for v in due})
-        self.swarm.publish_record(record, ttl=RECORD_TTL)
+        with self._storing:
+            if self._left.is_set():  # the node left: its left record stays the last
+                return
+            self.swarm.publish_record(record, ttl=RECORD_TTL)
         self.swarm.call(publish_run_config(self.swarm.dht, self.signed, RECORD_TTL))
         records = self.swarm.read_records()
         self.on_records(records)

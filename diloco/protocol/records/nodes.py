@@ -31,7 +31,7 @@ import logging
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hivemind import DHT
@@ -95,7 +95,9 @@ class NodeRecord:
     ``throughput`` is in tokens per second; ``global_step`` counts inner steps;
     ``step_seconds`` is the node's estimate of one inner step with its full batch (None: not
     measured yet), from which the nodes agree on a pace (``diloco.node.training.pace``: counted only
-    from peers seen working, docs/design.md "Pace").
+    from peers seen working, docs/design.md "Pace"). ``left``: the node left the run (its last
+    record, replacing its regular one: readers stop counting it at once instead of when its
+    regular record expires, docs/design.md "Wire formats").
     """
 
     peer_id: str
@@ -105,6 +107,7 @@ class NodeRecord:
     throughput: float
     software_version: str
     step_seconds: float | None = None
+    left: bool = False
 
     def check(self) -> None:
         """Raise ProtocolError unless every field is in range.
@@ -150,10 +153,15 @@ class NodeRecord:
             ),
             f"step seconds {seconds!r}",
         )
+        _require(isinstance(self.left, bool), f"left flag {self.left!r}")
+
+    def as_left(self) -> NodeRecord:
+        """This record marked as its node's last: the node left the run."""
+        return replace(self, left=True)
 
     def to_wire(self) -> dict[str, Any]:
         """The msgpack-able value stored under the node's subkey (``sps`` only when the
-        step seconds are known)."""
+        step seconds are known, ``left`` only when the node left)."""
         self.check()
         wire = {
             "v": RECORD_SCHEMA,
@@ -165,6 +173,8 @@ class NodeRecord:
         }
         if self.step_seconds is not None:
             wire["sps"] = self.step_seconds
+        if self.left:
+            wire["left"] = True
         return wire
 
     @classmethod
@@ -176,7 +186,7 @@ class NodeRecord:
         """
         _require(isinstance(value, Mapping), f"record of type {type(value).__name__}")
         assert isinstance(value, Mapping)
-        _require(set(value) - {"sps"} == _RECORD_KEYS, "record keys")
+        _require(set(value) - {"sps", "left"} == _RECORD_KEYS, "record keys")
         _require(value["v"] == RECORD_SCHEMA, f"record schema {value['v']!r}")
         addrs, frags = value["addrs"], value["frags"]
         _require(isinstance(addrs, list | tuple), "addrs type")
@@ -193,6 +203,7 @@ class NodeRecord:
             throughput=value["tps"],
             software_version=value["sw"],
             step_seconds=value.get("sps"),
+            left=value.get("left", False),
         )
         record.check()
         return record
@@ -230,14 +241,21 @@ async def publish_record(dht: DHT, run_id: str, record: NodeRecord, ttl: float) 
 
 
 async def read_records(dht: DHT, run_id: str) -> list[NodeRecord]:
-    """Every valid, unexpired, correctly signed record of the run, sorted by peer id;
-    invalid ones are logged with the peer id they claim."""
+    """Every valid, unexpired, correctly signed record of the run of a node still in it,
+    sorted by peer id; invalid ones are logged with the peer id they claim. A node whose
+    record says it left is skipped: matchmaking targets, healing donors and ``status`` stop
+    counting it at once (docs/design.md "Wire formats")."""
     records = []
     for peer_id, signed in (await read_signed(dht, nodes_key(run_id))).items():
         try:
-            records.append(NodeRecord.from_payload(peer_id, signed.payload))
+            record = NodeRecord.from_payload(peer_id, signed.payload)
         except ProtocolError as exc:
             logger.warning("ignoring invalid record from %s: %s", peer_id, exc)
+            continue
+        if record.left:
+            logger.debug("%s left the run", peer_id)
+        else:
+            records.append(record)
     return sorted(records, key=lambda r: r.peer_id)
 
 
