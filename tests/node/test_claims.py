@@ -18,7 +18,7 @@ from diloco.node.evidence.claims import (
     vouched_claims,
     vouchers,
 )
-from diloco.node.swarm.healing import choose_donors
+from diloco.node.swarm.donors import choose_donors
 from diloco.protocol.records.nodes import FragmentVersion, NodeRecord, Vouch
 
 # T 300, H 30, 5 fragments: offsets 0, 6, 12, 18, 24; round k of p is sent at 6p + 30k.

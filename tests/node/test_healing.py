@@ -14,20 +14,18 @@ from diloco.codecs import get_codec
 from diloco.errors import ProtocolError
 from diloco.node.data.corpus import load_corpus
 from diloco.node.evidence.claims import Schedule, SwarmView
+from diloco.node.evidence.suspects import failed_everywhere, missed_rounds, open_suspects
 from diloco.node.evidence.witness import Witness, WitnessedRound
-from diloco.node.swarm.healing import (
-    Healer,
+from diloco.node.swarm.donors import (
     catch_up_step,
     choose_donors,
-    failed_everywhere,
     fragments_to_adopt,
     heal_plan,
     join_donors,
     lagging,
     majority_hash,
-    missed_rounds,
-    open_suspects,
 )
+from diloco.node.swarm.healing import Healer
 from diloco.node.training.inner import InnerConfig
 from diloco.node.training.outer import OuterConfig
 from diloco.node.training.trainer import NodeOptions, NodeTrainer, RunConfig

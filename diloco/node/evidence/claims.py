@@ -15,7 +15,7 @@ step rests on counting identities; it rests on ``Evidence``, what the node can c
 **Claims bounded by the schedule** (``schedule_offence``). A record is *plausible* iff its
 global step is at most the run's end ``T`` and every fragment version is at most
 ``last_sent_round(step, p)`` (an honest node applies round ``k`` at its receive step, and
-when it adopts a newer state it moves on to that round's send step: ``healing.catch_up_step``).
+when it adopts a newer state it moves on to that round's send step: ``donors.catch_up_step``).
 A record that breaks the schedule is ignored altogether.
 
 **Adoptable states** (``vouchers``). Only the vouches of *counting* authors count: the

@@ -3,6 +3,7 @@
 - ``node``: ``SwarmNode``, the trainer wired to the swarm (records, rounds, summary).
 - ``publisher``: the node's records kept alive on a thread of their own.
 - ``healing``: checking for divergence and adopting a state, on its own executor.
+- ``donors``: whom a heal fetches which fragment from, and what it adopts (pure).
 - ``before_send``: a fragment that lacks its last round is healed before its next send.
 - ``fetch_groups``: a heal's downloads, one request per donor.
 - ``state_source``: the swarm as healing's source; a leaving node's last record.

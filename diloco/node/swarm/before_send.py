@@ -31,8 +31,9 @@ from concurrent.futures import wait
 from diloco.errors import ProtocolError
 from diloco.node.evidence.suspects import missed_rounds, version_of
 from diloco.node.model.fragments import sends_at
+from diloco.node.swarm.donors import Mine, heal_plan
 from diloco.node.swarm.fetch_groups import by_donor
-from diloco.node.swarm.healing import VOUCH_POLL, Healer, Mine, heal_plan
+from diloco.node.swarm.healing import VOUCH_POLL, Healer
 from diloco.protocol.state.fragment import FragmentState, OuterState
 
 logger = logging.getLogger(__name__)
