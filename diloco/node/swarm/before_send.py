@@ -113,11 +113,8 @@ def heal_before_send(healer: Healer, wait_s: float) -> None:
     if await_check(healer, deadline):
         missed = missed_before_send(t.step, healer.versions(), busy, healer.sync_every)
         if missed:
-            healer.checking, healer.checked_at = sorted(missed), time.monotonic()
             mine = healer.mine()
-            healer.future = healer.worker.submit(
-                fetch_missed, healer, missed, mine, t.step, deadline
-            )
+            healer.start_check(sorted(missed), fetch_missed, healer, missed, mine, t.step, deadline)
             await_check(healer, deadline)
     left = missed_before_send(t.step, healer.versions(), busy, healer.sync_every)
     seconds = time.monotonic() - start

@@ -347,12 +347,19 @@ class Healer:
         due = {p for p, at in self.verify_at.items() if at <= now}
         recheck = set(self.suspects) | self.diverged | due
         if self.future is None and ((recheck and rested) or periodic):
-            self.checked_at = now
-            self.checking = list(range(len(self.numel))) if periodic else sorted(recheck)
-            for p in self.checking:
+            checking = list(range(len(self.numel))) if periodic else sorted(recheck)
+            for p in checking:
                 self.verify_at.pop(p, None)
-            mine = self.mine()
-            self.future = self.worker.submit(self.check_and_fetch, self.checking, mine, t.step)
+            self.start_check(checking, self.check_and_fetch, checking, self.mine(), t.step)
+
+    def start_check(
+        self, fragments: Sequence[int], work: Callable[..., OuterState | None], *args: object
+    ) -> None:
+        """Run ``work(*args)`` on the healing executor as the check of ``fragments``; what
+        it fetches is applied between later steps (``apply_check``)."""
+        self.checked_at = time.monotonic()
+        self.checking = list(fragments)
+        self.future = self.worker.submit(work, *args)
 
     def apply_check(self, future: Future[OuterState | None]) -> None:
         """Between steps: adopt what a finished check fetched; the fragments of a check
