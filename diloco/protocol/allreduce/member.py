@@ -43,10 +43,11 @@ from diloco.protocol.allreduce.channel import PartChannel
 from diloco.protocol.allreduce.checking import Checker, answer_check, blame, convict
 from diloco.protocol.allreduce.clock import Clock
 from diloco.protocol.allreduce.contribution import Contributor
+from diloco.protocol.allreduce.part_reply import read_reply, span_len
 from diloco.protocol.allreduce.part_server import PartServer
 from diloco.protocol.allreduce.reports import STREAM_RETRIES, ReportExchange
 from diloco.protocol.allreduce.silence import StartWatch
-from diloco.protocol.allreduce.substitute import FAILED, Excluded, Substitutes
+from diloco.protocol.allreduce.substitute import Excluded, Substitutes
 from diloco.protocol.allreduce.transport import RoundTransport
 from diloco.protocol.core.agreement import decide
 from diloco.protocol.core.assembly import Assembled, Assembly, AveragedPart
@@ -69,25 +70,20 @@ from diloco.protocol.runtime.offload import offload
 from diloco.protocol.runtime.streams import (
     TRANSPORT_ERRORS,
     open_stream,
-    read_body,
-    read_frame,
-    read_frame_header,
     stop_sending,
     write_frame,
 )
 from diloco.protocol.trust.bans import BanList
 from diloco.protocol.trust.identity import Identity
-from diloco.protocol.trust.round_signatures import verify_averaged
-from diloco.protocol.wire.check import CheckRequest, Seal
+from diloco.protocol.wire.check import CheckRequest
 from diloco.protocol.wire.frames import (
-    MAX_SMALL_BODY,
     ByteCounter,
     Kind,
     Reject,
     RejectCode,
     RoundTag,
 )
-from diloco.protocol.wire.part import Averaged, Report
+from diloco.protocol.wire.part import Report
 
 logger = logging.getLogger(__name__)
 
@@ -238,7 +234,7 @@ class AllReduceRunner(Contributor):
             await asyncio.sleep(0)  # the exchanges open their streams before any encoding
             own_spans = self.plan.chunks[self.index]
             for c, future in enumerate(self._own_chunks):
-                own = await offload(_span_len(own_spans[c]), self._own_chunk, c)
+                own = await offload(span_len(own_spans[c]), self._own_chunk, c)
                 self._touch_recorded()
                 future.set_result(own)
             encoded = loop.time()
@@ -410,7 +406,7 @@ class AllReduceRunner(Contributor):
 
         async def send() -> None:
             for c in range(len(self.plan.chunks[j])):
-                frame = await offload(_span_len(self.plan.chunks[j][c]), self._part_frame, j, c)
+                frame = await offload(span_len(self.plan.chunks[j][c]), self._part_frame, j, c)
                 await write_frame(writer, Kind.PART, *frame, counter=self.counter)
             await write_frame(writer, Kind.SEAL, self._seal(j), counter=self.counter)
             self._record_part(j)
@@ -419,36 +415,25 @@ class AllReduceRunner(Contributor):
         kept = False
         try:
             part = AveragedPart(self.plan, j, r)
-            for c in range(len(part.chunks)):
-                frame = await read_frame_header(reader, self.counter)
-                if frame.kind == Kind.REJECT and frame.body_len <= MAX_SMALL_BODY:
-                    reject = Reject.parse(await read_body(reader, frame.body_len, self.counter))
-                    if reject.code == RejectCode.NOT_MEMBER:
-                        self.not_members.add(r)
-                        self.not_member.set()
-                    failed = reject.code == RejectCode.BAD_PART and reject.reason.startswith(FAILED)
-                    error = ProtocolError if failed else Excluded
-                    raise error(f"rejected: {reject.code.name} {reject.reason}")
-                expected = part.body_size(c)
-                if frame.kind != Kind.AVERAGED or frame.body_len != expected:
-                    raise ProtocolError(
-                        f"{frame.kind.name} of {frame.body_len} bytes, expected {expected}"
-                    )
-                body = await read_body(reader, frame.body_len, self.counter)
-                msg = Averaged.parse(body)
-                part.check(c, msg)
+
+            def serving() -> None:
                 if j == r:  # it runs the round: its own stream here is due (``silence``)
                     self.starts.serving(r)
-                size = _span_len(self.plan.chunks[j][c])
-                values = await offload(size, part.decode, c, msg.payload)
-                part.add(c, msg, values, body)
-            _, body = await read_frame(reader, (Kind.SEAL,), Seal.SIZE, self.counter)
-            seal = Seal.parse(body)
-            if seal.head != self.plan.seal_head(j):
-                raise ProtocolError("SEAL of another part")
-            if self.identity is not None:
-                args = (self.group.names[r], seal.head, part.digest(), seal.signature)
-                verify_averaged(*args)  # one signature: less than a hop to the executor
+
+            def not_member() -> None:
+                self.not_members.add(r)
+                self.not_member.set()
+
+            signer = self.group.names[r] if self.identity is not None else None
+            await read_reply(
+                reader,
+                part,
+                self.plan,
+                self.counter,
+                signer=signer,
+                on_chunk=serving,
+                on_not_member=not_member,
+            )
             if j == r:  # its reducer serves the stream on (``channel``)
                 self.channels[r] = PartChannel(reader, writer, self.counter)
                 kept = True
@@ -506,8 +491,3 @@ class AllReduceRunner(Contributor):
         """Send my report to everyone; wait for the full contributors' reports (bounded)."""
         report = Report(self.plan.tag, self.group.group_id, assembled.held, assembled.digest)
         await self.reports.exchange(report, assembled.full, self.deadlines.report)
-
-
-def _span_len(span: tuple[int, int]) -> int:
-    """Values in ``[a, b)``: the size of a chunk's CPU work (``offload``)."""
-    return span[1] - span[0]
