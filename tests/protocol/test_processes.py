@@ -398,6 +398,53 @@ def test_calls_after_the_pipe_closed_fail_as_helper_ended(tied_dht: TiedDHT) -> 
             call()
 
 
+_CALL_WITHOUT_SHARED_MEMORY = textwrap.dedent(
+    """
+    import os, signal, time
+    from pathlib import Path
+    from hivemind.utils.mpfuture import SharedBytes
+    from diloco.protocol.runtime.processes import HelperEnded, TiedDHT
+
+    dht = TiedDHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+                  nat_port_map=False, auto_nat=False)
+    managers = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_text()
+                parent = (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
+            except OSError:
+                continue
+            program = Path(cmdline.split("\\0")[0]).name
+            if program == "torch_shm_manager" and parent == str(os.getpid()):
+                os.kill(int(entry.name), signal.SIGTERM)  # as systemd stops every process
+                managers.append(int(entry.name))
+    assert managers, "no shared-memory manager to end"
+    time.sleep(1)
+    SharedBytes._buffer = None  # the next call's future needs new shared memory
+    try:
+        dht.get("k", return_future=True)
+    except HelperEnded as error:
+        print("HelperEnded:", error)
+    dht.shutdown()
+    """
+)
+
+
+@pytest.mark.swarm
+def test_a_call_after_the_shared_memory_manager_ended_fails_as_helper_ended() -> None:
+    """systemd's SIGTERM reaches torch's shared-memory manager too; a round calling the DHT
+    after that failed with a RuntimeError ("Broken pipe") and a traceback, not one line."""
+    done = subprocess.run(
+        [sys.executable, "-c", _CALL_WITHOUT_SHARED_MEMORY],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "HelperEnded: no shared memory" in done.stdout, done.stdout + done.stderr
+
+
 def test_a_thread_cut_off_from_a_killed_helper_prints_no_traceback(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -308,6 +308,12 @@ class TiedDHT(DHT):  # type: ignore[misc]  # hivemind ships no type hints
             yield
         except (OSError, EOFError) as exc:
             raise HelperEnded(f"the DHT process {self.pid} takes no more calls ({exc!r})") from exc
+        except RuntimeError as exc:
+            # A call's future lives in shared memory; once torch's shared-memory manager
+            # has ended (systemd's SIGTERM reaches every process of the node), making one
+            # fails with "Broken pipe". Every call sent here returns its future without
+            # waiting, so no error of the call itself can arrive in this block.
+            raise HelperEnded(f"no shared memory for a call to the DHT process ({exc!r})") from exc
 
     def run(self) -> None:
         end_with_parent(self._owner_pid, self._orphaned)
