@@ -207,9 +207,13 @@ class SwarmReducer(Reducer):
         return dataclasses.replace(result, round_trips=tuple(path))
 
     async def _reduce(self, key: RoundKey, contribution: Contribution) -> RoundResult:
-        budget = RoundBudget.of(self.timeouts, round_trip_estimate(self.rtt_samples))
-        self.matchmaker.timeouts = budget.matching  # the rounds in matchmaking now follow it too
         start = asyncio.get_running_loop().time()
+        out_of_step = self.matchmaker.late.out_of_step(start)
+        rtt = round_trip_estimate(self.rtt_samples)
+        budget = RoundBudget.of(self.timeouts, rtt, out_of_step=out_of_step)
+        self.matchmaker.timeouts = budget.matching  # the rounds in matchmaking now follow it too
+        if out_of_step:
+            logger.info("round %s: a peer came after our rounds ended: the widest window", key)
         try:
             async with asyncio.timeout_at(budget.round_end(start)) as deadline:
                 return await self._reduce_inner(key, contribution, budget, start, deadline)

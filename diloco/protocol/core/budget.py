@@ -87,11 +87,16 @@ class RoundBudget:
     """The all-reduce's: the part deadlines adapted to recent transfers (``adapted``)."""
 
     @classmethod
-    def of(cls, configured: RoundTimeouts, rtt: float | None = None) -> RoundBudget:
+    def of(
+        cls, configured: RoundTimeouts, rtt: float | None = None, out_of_step: bool = False
+    ) -> RoundBudget:
         """A round's budget as its matchmaking starts: ``rtt`` (seconds; None: not measured
-        yet) stretches the window and the joins; the all-reduce runs on the configured
-        timeouts until ``adapted``."""
-        return cls(configured, rtt_timeouts(configured, rtt), configured)
+        yet) stretches the window and the joins; a node ``out_of_step`` with a peer (its
+        JOINs came after this node's rounds had ended) gets the widest window and joins any
+        round trip may set, so that the peer arrives within it (docs/design.md "The
+        round"). The all-reduce runs on the configured timeouts until ``adapted``."""
+        matching = rtt_timeouts(configured, math.inf if out_of_step else rtt)
+        return cls(configured, matching, configured)
 
     def adapted(self, transfers: Sequence[float], *, factor: float, floor: float) -> RoundBudget:
         """This budget with the all-reduce's part deadlines following recent ``transfers``

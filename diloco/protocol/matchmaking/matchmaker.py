@@ -82,6 +82,7 @@ from diloco.protocol.core.budget import RoundBudget
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
 from diloco.protocol.core.reducer import RoundKey
 from diloco.protocol.matchmaking.ahead import Ahead
+from diloco.protocol.matchmaking.late import LatePeers
 from diloco.protocol.matchmaking.lobby import (
     Lobby,
     choose_leader,
@@ -137,6 +138,8 @@ class Matchmaker(Ahead):
         self._formed: dict[RoundKey, tuple[frozenset[PeerID], bytes]] = {}
         self._declared_until: dict[RoundKey, float] = {}
         """GROUP messages this node sent as leader, kept for members that ask again."""
+        self.late = LatePeers()
+        """Peers whose JOINs came after this node's rounds ended (``late``)."""
 
     async def start(self) -> None:
         """Register the JOIN handler on the shared P2P daemon; its bound holds with the
@@ -230,11 +233,15 @@ class Matchmaker(Ahead):
             leader = choose_leader(leaders, lobby.dht_key)
             if leader == self.p2p.peer_id:
                 lobby.decided.set()
-                return await self._lead(key, lobby, view, t.join_timeout)
-            lobby.leader = leader
-            lobby.decided.set()
-            return await self._follow(key, lobby, view, leaders, start + t.matchmaking)
+                group = await self._lead(key, lobby, view, t.join_timeout)
+            else:
+                lobby.leader = leader
+                lobby.decided.set()
+                group = await self._follow(key, lobby, view, leaders, start + t.matchmaking)
+            self.late.met(group.members)
+            return group
         finally:
+            self.late.ended(key)
             lobby.closed = True
             lobby.decided.set()
             for reply in lobby.joiners.values():
@@ -414,6 +421,11 @@ class Matchmaker(Ahead):
                 f"leader {target} refused: {reject.code.name} {reject.reason}",
             )
 
+    def _note_late(self, peer: PeerID, key: RoundKey) -> None:
+        """``peer`` JOINed round ``key`` with no open lobby here: late, if this node ended it."""
+        if self.late.came(peer, key, asyncio.get_running_loop().time()):
+            logger.info("round %s: JOIN of %s came after the round ended here", key, peer)
+
     async def _serve_join(
         self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
@@ -445,6 +457,8 @@ class Matchmaker(Ahead):
                 return reject(RejectCode.MISMATCH, "fragment size or codec differs")
             return Kind.GROUP, formed[1]  # a member asking again: its first reply was lost
         lobby = self._lobbies.get(key)
+        if lobby is None:
+            self._note_late(peer, key)
         if lobby is None and formed is not None:  # led and closed: a late peer misses it
             return reject(RejectCode.GROUP_CLOSED, "group already formed")
         if lobby is None:

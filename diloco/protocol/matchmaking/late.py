@@ -1,0 +1,62 @@
+"""Peers whose JOINs come after this node's rounds have ended: nodes out of step with it.
+
+Two nodes whose send steps fall further apart in time than the matchmaking window never
+meet: the earlier one waits its window, fails the round and trains on to the next, and the
+later one finds that round ended. Both lose about a window per round, so the gap stays
+(a joiner starts behind by its state transfer; at 2 s windows it took 40 steps to close
+once). A JOIN for a round this node has ended is the evidence that a peer comes that late;
+while such a peer has not been in a group with this node since, the node waits the
+widest window any round trip may set (``RoundBudget.of``, ``out_of_step``), its peer
+arrives within it, and from that round on both apply at the same step. The wider window
+costs nothing in a round whose peers all come: a round ends as soon as they have. Bounded
+like any peer's word: the peers kept are at most ``MAX_LATE`` and forgotten after
+``LATE_MEMORY`` seconds (docs/design.md "The round").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from hivemind.p2p import PeerID
+
+from diloco.protocol.core.reducer import RoundKey
+
+LATE_MEMORY = 60.0
+"""Seconds a late JOIN keeps this node waiting the widest window (the peer may have left)."""
+MAX_LATE = 64
+"""Late peers kept at most (the oldest go first): JOINs cost their sender nothing."""
+
+
+class LatePeers:
+    """The rounds this node ended and the peers that JOINed them afterwards."""
+
+    def __init__(self) -> None:
+        self._ended: dict[int, int] = {}
+        """Fragment -> the latest round this node ended (formed or failed)."""
+        self._late: dict[PeerID, float] = {}
+        """Peer -> when its last late JOIN came (loop time)."""
+
+    def ended(self, key: RoundKey) -> None:
+        """This node's matchmaking of round ``key`` ended."""
+        self._ended[key.fragment] = max(key.round, self._ended.get(key.fragment, key.round))
+
+    def came(self, peer: PeerID, key: RoundKey, now: float) -> bool:
+        """A JOIN of ``peer`` for round ``key`` found no open lobby here: whether it came
+        after this node ended that round (a round not reached yet is no evidence)."""
+        if key.round > self._ended.get(key.fragment, -1):
+            return False
+        self._late.pop(peer, None)
+        self._late[peer] = now
+        while len(self._late) > MAX_LATE:
+            del self._late[next(iter(self._late))]
+        return True
+
+    def met(self, members: Iterable[PeerID]) -> None:
+        """A group formed with ``members``: they are in step with this node now."""
+        for peer in members:
+            self._late.pop(peer, None)
+
+    def out_of_step(self, now: float) -> bool:
+        """Whether a peer JOINed one of this node's ended rounds in the last
+        ``LATE_MEMORY`` seconds and has not been in a group with it since."""
+        return any(now - when <= LATE_MEMORY for when in self._late.values())

@@ -1,0 +1,134 @@
+"""Nodes out of step: a peer whose send steps come later than this node's window (a joiner
+starts behind by its state transfer) JOINs rounds this node has ended. That JOIN is the
+evidence; this node then waits the widest window, the peer arrives within it and both are
+in one group (docs/design.md "The round"). In one process, ``Matchmaker`` over
+``memory_p2p`` streams and a DHT held in a dict, as the reducer drives it: each round's
+timeouts from ``RoundBudget.of``."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from hivemind.p2p import PeerID
+from memory_dht import MemoryDHT, Table
+from memory_p2p import MemoryNetwork, make_identity
+
+from diloco.errors import RoundFailed
+from diloco.protocol.core.budget import RoundBudget
+from diloco.protocol.core.group import GroupInfo, RoundTimeouts
+from diloco.protocol.core.reducer import RoundKey
+from diloco.protocol.matchmaking.late import LATE_MEMORY, MAX_LATE, LatePeers
+from diloco.protocol.matchmaking.lobby import leader_rank, round_key
+from diloco.protocol.matchmaking.matchmaker import Matchmaker
+from diloco.protocol.trust.bans import BanList
+
+RUN_ID = "late-0123456789abcdef"
+DIGEST = bytes(range(16))
+TIMEOUTS = RoundTimeouts(matchmaking_window=0.5, join_timeout=0.5)
+OFFSET_S = 0.9
+"""How much later than the early node the late one reaches each send step: more than a
+window and a join (0.5 s each), less than the widest window (4 x 0.5 s)."""
+PRIOR = "a" * 64
+NUMEL = 1000
+FIRST, MEET, AGAIN = RoundKey(3, 1), RoundKey(3, 2), RoundKey(3, 3)
+
+
+def peer(n: int) -> PeerID:
+    return PeerID.from_base58(make_identity(n).peer_id)
+
+
+def test_a_join_after_the_round_ended_marks_the_peer_late_until_a_group_with_it() -> None:
+    late = LatePeers()
+    a, b = peer(1), peer(2)
+    assert not late.came(a, FIRST, 0.0)  # a round this node has not reached: no evidence
+    assert not late.out_of_step(0.0)
+    late.ended(FIRST)
+    assert not late.came(a, MEET, 1.0)  # the next round, not reached here yet
+    assert late.came(a, FIRST, 1.0)
+    assert late.out_of_step(1.0) and late.out_of_step(1.0 + LATE_MEMORY)
+    assert not late.out_of_step(1.1 + LATE_MEMORY)  # forgotten: it may have left
+    late.met([b])
+    assert late.out_of_step(2.0)
+    late.met([a, b])
+    assert not late.out_of_step(2.0)
+
+
+def test_late_peers_kept_are_bounded_and_the_oldest_go_first() -> None:
+    late = LatePeers()
+    late.ended(FIRST)
+    peers = [peer(10 + i) for i in range(MAX_LATE + 1)]
+    for i, p in enumerate(peers):
+        late.came(p, FIRST, float(i))
+    late.met(peers[1:])
+    assert not late.out_of_step(float(MAX_LATE))  # the first was dropped to keep the bound
+
+
+def test_out_of_step_budget_waits_the_widest_window_and_joins() -> None:
+    configured = RoundTimeouts(matchmaking_window=2.0, join_timeout=1.5)
+    assert RoundBudget.of(configured).matching.matchmaking_window == 2.0
+    wide = RoundBudget.of(configured, rtt=0.01, out_of_step=True).matching
+    assert (wide.matchmaking_window, wide.join_timeout) == (8.0, 6.0)
+    assert RoundBudget.of(configured, out_of_step=True).join_stream() >= wide.matchmaking
+
+
+def _pair(early_leads_meet: bool) -> tuple[Matchmaker, Matchmaker]:
+    """(early, late): the early node leads the first round (the late one JOINs it after it
+    ended there), and leads the meeting round or not."""
+    for n in range(0, 400, 2):
+        ids = [PeerID.from_base58(make_identity(n + i).peer_id) for i in range(2)]
+
+        def first(key: RoundKey, ids: list[PeerID] = ids) -> PeerID:
+            return min(ids, key=lambda p: leader_rank(round_key(RUN_ID, key), p))
+
+        early = first(FIRST)
+        if (first(MEET) == early) == early_leads_meet:
+            network, table = MemoryNetwork(), Table()
+            made = {}
+            for i, p in enumerate(ids):
+                dht = MemoryDHT(make_identity(n + i), table)
+                made[p] = Matchmaker(
+                    network.join(p), dht, RUN_ID, DIGEST, TIMEOUTS, BanList(), 2, 2
+                )
+            return made[early], made[next(p for p in ids if p != early)]
+    raise AssertionError("no pair of identities found")
+
+
+async def _round(node: Matchmaker, key: RoundKey, delay: float) -> GroupInfo | RoundFailed:
+    """One round as the reducer runs it: the timeouts from the node's budget, then
+    matchmaking, ``delay`` seconds after the other node's."""
+    await asyncio.sleep(delay)
+    now = asyncio.get_running_loop().time()
+    node.timeouts = RoundBudget.of(TIMEOUTS, out_of_step=node.late.out_of_step(now)).matching
+    try:
+        return await node.form_group(key, NUMEL, 0, 0, 1.0, PRIOR)
+    except RoundFailed as failed:
+        return failed
+
+
+@pytest.mark.parametrize("early_leads_meet", [True, False])
+def test_a_late_peer_is_waited_for_after_its_join_came_late(early_leads_meet: bool) -> None:
+    early, late = _pair(early_leads_meet)
+
+    async def main() -> list[tuple[GroupInfo | RoundFailed, GroupInfo | RoundFailed]]:
+        await early.start()
+        await late.start()
+        outcomes = []
+        for key in (FIRST, MEET, AGAIN):
+            both = await asyncio.gather(_round(early, key, 0.0), _round(late, key, OFFSET_S))
+            outcomes.append((both[0], both[1]))
+        return outcomes
+
+    (first_early, first_late), (met_early, met_late), (again_early, _) = asyncio.run(main())
+    # The first round: the early node waited its window in vain; the late one JOINed it
+    # after it had ended there.
+    assert isinstance(first_early, RoundFailed) and isinstance(first_late, RoundFailed)
+    assert "refused" in first_late.reason, first_late.reason
+    # Then: the early node waited the widest window and both are in one group.
+    assert isinstance(met_early, GroupInfo), met_early
+    assert isinstance(met_late, GroupInfo), met_late
+    assert met_early.group_id == met_late.group_id
+    assert set(met_early.members) == {early.p2p.peer_id, late.p2p.peer_id}
+    # In step again, the early node waits its usual window: the same offset misses it,
+    # which is what the wider window made up for.
+    assert isinstance(again_early, RoundFailed), again_early
