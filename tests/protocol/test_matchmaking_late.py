@@ -79,7 +79,8 @@ def _pair(early_leads_meet: bool) -> tuple[Matchmaker, Matchmaker]:
         ids = [PeerID.from_base58(make_identity(n + i).peer_id) for i in range(2)]
 
         def first(key: RoundKey, ids: list[PeerID] = ids) -> PeerID:
-            return min(ids, key=lambda p: leader_rank(round_key(RUN_ID, key), p))
+            ranks = {leader_rank(round_key(RUN_ID, key), member): member for member in ids}
+            return ranks[min(ranks)]
 
         early = first(FIRST)
         if (first(MEET) == early) == early_leads_meet:
