@@ -38,6 +38,7 @@ from typing import Any
 
 import pytest
 from test_swarm_node import SMALL, Node, listen
+from warm_node import WarmNode
 
 pytestmark = pytest.mark.swarm
 
@@ -103,6 +104,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     try:
         a = Node("a", ["start", "--name", "atk", "--steps", str(STEPS), *SMALL, *listen(2)], folder)
         started.append(a)
+        # b's and c's processes import the node meanwhile; they start it when told (``go``)
+        b, c = WarmNode("b", folder), WarmNode("c", folder)
+        started.extend((b, c))
         address = a.address()
         forge = Hostile("forge", address, folder, host=6)
         started.append(forge)
@@ -115,11 +119,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         started.extend(paper.values())
         forger, sybils = forge.ready()["peer_id"], sybil.ready()["sybils"]
         papers = {k: [(r := p.ready())["peer_id"], *r["sybils"]] for k, p in paper.items()}
-        b = Node("b", ["join", "--initial-peers", address, *SMALL, *listen(3)], folder)
-        started.append(b)
+        b.go(["join", "--initial-peers", address, *SMALL, *listen(3)])
         a.wait_step(STEPS // 3, timeout=TIMEOUT)
-        c = Node("c", ["join", "--initial-peers", address, *SMALL, *listen(4)], folder)
-        started.append(c)
+        c.go(["join", "--initial-peers", address, *SMALL, *listen(4)])
         for node in (a, b, c):
             assert node.process.wait(TIMEOUT) == 0, node.output()
             summary = node.summary()
