@@ -234,6 +234,10 @@ class Matchmaker(Ahead):
             lobby.leader = leader
             lobby.decided.set()
             return await self._follow(key, lobby, view, leaders, start + t.matchmaking)
+        except RoundFailed as failure:
+            came = lobby.arrived | lobby.declared.keys() | lobby.knockers.keys()
+            failure.others_declared = len(came - {self.p2p.peer_id})
+            raise
         finally:
             lobby.closed = True
             lobby.decided.set()
