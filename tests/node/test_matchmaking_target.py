@@ -50,12 +50,35 @@ def test_a_witnessed_round_sets_the_target_before_the_next_records_read() -> Non
     assert set_to == [(2, 3)]  # the creator has seen nobody work: itself and one more
     witness.record(WitnessedRound(0, 1, (me, b), "h"))
     target.witnessed()
-    assert set_to[-1] == (2, 3)  # b alone: still two
+    assert set_to == [(2, 3)]  # b alone: still two
     witness.record(WitnessedRound(1, 1, tuple(sorted((me, b, c))), "h"))
     target.witnessed()
     assert set_to[-1] == (3, 3)
     target.heard(records(me, b))  # c's record gone (it left): c is not waited for
     assert set_to[-1] == (2, 2)
+    target.witnessed()  # nothing new: the target stays
+    assert set_to == [(2, 3), (3, 3), (2, 2)]
+
+
+def test_a_witnessed_round_never_lowers_the_target_the_next_read_does() -> None:
+    """A restarted joiner counts its anchor (the third node) and the creator until its first
+    round, which it has with the creator alone: the anchor stays waited for until the
+    records are read again."""
+    me, creator, anchor = (Identity.generate().peer_id for _ in range(3))
+    witness = Witness(me)
+    set_to: list[tuple[int, int]] = []
+    target = MatchmakingTarget(
+        lambda: Evidence(me, witness.workers(), frozenset({anchor}), creator),
+        2,
+        lambda size, live: set_to.append((size, live)),
+    )
+    target.heard(records(me, creator, anchor))
+    assert set_to == [(3, 3)]
+    witness.record(WitnessedRound(0, 1, tuple(sorted((me, creator))), "h"))
+    target.witnessed()
+    assert set_to == [(3, 3)]
+    target.heard(records(me, creator, anchor))
+    assert set_to[-1] == (2, 3)
 
 
 @pytest.mark.swarm
