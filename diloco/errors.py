@@ -37,6 +37,9 @@ class RoundFailed(DilocoError):
         self.fragment = fragment
         self.round = round
         self.reason = reason
+        self.others_declared = 0
+        """Other peers whose declarations of the round its matchmaking read: the round had
+        live peers, so failing it is no reason for a round of one."""
 
 
 class PriorDiverged(RoundFailed):

@@ -7,12 +7,15 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from hivemind.utils import get_dht_time
 
 from diloco.codecs import get_codec
 from diloco.errors import RoundFailed
 from diloco.protocol.allreduce.swarm_reducer import SwarmReducer
 from diloco.protocol.core.group import RoundTimeouts
 from diloco.protocol.core.reducer import Contribution, RoundKey
+from diloco.protocol.matchmaking.lobby import round_key
+from diloco.protocol.records.declarations import declare_round
 from diloco.protocol.records.nodes import FragmentVersion, NodeRecord
 from diloco.protocol.records.run_id import make_run_id
 from diloco.protocol.runtime.network import NetworkOptions
@@ -76,3 +79,27 @@ def test_no_round_of_one_while_the_last_read_of_records_saw_a_peer(lone: Swarm) 
             future.result(60)
     finally:
         reducer.close()
+
+
+def test_no_round_of_one_when_a_peer_declared_the_round_and_left(lone: Swarm) -> None:
+    """A peer declared the round (this node's prior) and then left the run: no record of
+    it is read any more, but the round had it, so a round of one would leave this node at
+    a state of its own (the run's end: peers that finished formed their last round without
+    a late node and left before its matchmaking ended)."""
+    reducer = SwarmReducer(lone, get_codec("e3m0"), timeouts=TIMEOUTS, rounds_of_one=True)
+    net = NetworkOptions(initial_peers=tuple(lone.maddrs), host_maddrs=("/ip4/127.0.0.2/tcp/0",))
+    peer = Swarm(RUN_ID, net)
+    try:
+        key = RoundKey(0, 1)
+        expiration = float(get_dht_time()) + 60.0
+        declared = declare_round(peer.dht, round_key(RUN_ID, key), 1.0, expiration, prior="ab" * 32)
+        assert peer.call(declared, timeout=30)
+        assert lone.read_records() == []  # no live record but its own (none published)
+        me = lone.peer_id.to_base58()
+        future = reducer.reduce(key, [Contribution(me, torch.ones(100), 1.0, prior="ab" * 32)])
+        with pytest.raises(RoundFailed) as failure:
+            future.result(60)
+        assert failure.value.others_declared == 1
+    finally:
+        reducer.close()
+        peer.shutdown()

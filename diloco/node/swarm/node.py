@@ -37,12 +37,12 @@ from hivemind import DHT
 from diloco import __version__
 from diloco.codecs import get_codec
 from diloco.node.config import NodeOptions, RoundOptions, RunConfig, return_codec_for
-from diloco.node.evidence.claims import group_target
 from diloco.node.evidence.witness import Witness, WitnessedRound
 from diloco.node.observe.recent_metrics import RecentMetrics
 from diloco.node.observe.traffic import data_parallel_bytes
 from diloco.node.swarm.before_send import heal_before_send, hold_seconds
 from diloco.node.swarm.healing import SETTLE_TIMEOUT, Healer
+from diloco.node.swarm.matchmaking_target import MatchmakingTarget
 from diloco.node.swarm.publisher import Publisher
 from diloco.node.swarm.round_failures import FailureLog
 from diloco.node.swarm.state_source import SwarmStateSource, publish_last
@@ -159,6 +159,9 @@ class SwarmNode:
                 anchors=[a.rsplit("/p2p/", 1)[1] for a in net.initial_peers if "/p2p/" in a],
                 witness=self.witness,
             )
+            self.target = MatchmakingTarget(
+                self.healer.evidence, rounds.min_group_size, self.reducer.set_target_group_size
+            )
             self.failed_rounds = 0
             self.failures = FailureLog()
             self.diverged: set[RoundKey] = set()
@@ -220,14 +223,12 @@ class SwarmNode:
                     key.fragment, key.round, members, applied.outer_sha256, applied.member_weights
                 )
             )
+            self.target.witnessed()  # before the next send step (``matchmaking_target``)
 
     def _heard(self, records: list[NodeRecord]) -> None:
-        """Publisher thread: the run's live records were read. Matchmaking then ends as
-        soon as every live node declared itself for a round, instead of always waiting
-        out the window. The target counts only nodes with witnessed work, so paper keys
-        cannot make every round wait (docs/design.md "Evidence")."""
-        target = group_target(records, self.healer.evidence(), self.rounds.min_group_size)
-        self.reducer.set_target_group_size(target, live_nodes=len(records))
+        """Publisher thread: the run's live records were read; they set how many
+        declarations a round waits for (``matchmaking_target``, docs/design.md "Evidence")."""
+        self.target.heard(records)
 
     def _vouches(self) -> dict[int, tuple[Vouch, ...]]:
         return {p: tuple(v) for p, v in self.vouches.items()}

@@ -292,12 +292,14 @@ class SwarmReducer(Reducer):
         """The round's group; None when no group formed and the node is alone in the run (a
         round of one: docs/design.md "Algorithm and schedule").
 
-        Alone means that matchmaking failed (not on a diverged prior: that node heals) and
-        that the run holds no live record but this node's, both in a fresh read and in the
-        last one the node's publisher made (``Matchmaker.live_nodes``): one read can come
-        back empty on a slow network. A node that knows of any peer keeps failing such
-        rounds as before: a round of one among peers would leave it at another state than
-        theirs.
+        Alone means that matchmaking failed (not on a diverged prior: that node heals), that
+        no other peer declared the round, and that the run holds no live record but this
+        node's, both in a fresh read and in the last one the node's publisher made
+        (``Matchmaker.live_nodes``): one read can come back empty on a slow network. A node
+        that knows of any peer keeps failing such rounds as before: a round of one among
+        peers would leave it at another state than theirs. Peers that declared the round
+        and formed a group without this node may have left the run since (they finished,
+        docs/design.md "Healing and joining"): their records are gone, their round is not.
         """
         try:
             return await self.matchmaker.form_group(
@@ -312,8 +314,8 @@ class SwarmReducer(Reducer):
             )
         except PriorDiverged:
             raise
-        except RoundFailed:
-            if not self.rounds_of_one:
+        except RoundFailed as failure:
+            if not self.rounds_of_one or failure.others_declared:
                 raise
             if (self.matchmaker.live_nodes or 0) > 1:
                 raise

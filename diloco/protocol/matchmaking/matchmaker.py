@@ -240,6 +240,10 @@ class Matchmaker(Ahead):
                 group = await self._follow(key, lobby, view, leaders, start + t.matchmaking)
             self.late.met(group.members)
             return group
+        except RoundFailed as failure:
+            came = lobby.arrived | lobby.declared.keys() | lobby.knockers.keys()
+            failure.others_declared = len(came - {self.p2p.peer_id})
+            raise
         finally:
             self.late.ended(key)
             lobby.closed = True

@@ -1,0 +1,123 @@
+"""A round applied with new peers raises the group the next round waits for at once, not a
+records read later (docs/design.md "Healing and joining").
+
+Seen in the 100 ms CLI swarm (tests/node/test_wan_tau.py): tau auto rose to about the 12
+steps between two sends, so a round was applied the step before the next fragment's send;
+the creator, which had just worked with the second joiner for the first time, still led
+that send with the count set at its last records read (itself and the first joiner), closed
+the group on those two and refused the second joiner (GROUP_CLOSED), which then lacked the
+round and had to heal."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import pytest
+
+from diloco import __version__
+from diloco.node.config import NodeOptions, RoundOptions, RunConfig
+from diloco.node.evidence.claims import Evidence
+from diloco.node.evidence.witness import Witness, WitnessedRound
+from diloco.node.swarm.matchmaking_target import MatchmakingTarget
+from diloco.node.swarm.node import SwarmNode
+from diloco.node.swarm.pinned_run import start_run
+from diloco.node.training.inner import InnerConfig
+from diloco.node.training.outer import OuterConfig
+from diloco.node.training.pending import AppliedRound
+from diloco.protocol.core.reducer import RoundKey
+from diloco.protocol.records.nodes import NodeRecord
+from diloco.protocol.runtime.network import NetworkOptions
+from diloco.protocol.trust.identity import Identity
+
+
+def records(*peers: str) -> list[NodeRecord]:
+    return [NodeRecord(p, (), 10, (), 0.0, __version__) for p in peers]
+
+
+def test_a_witnessed_round_sets_the_target_before_the_next_records_read() -> None:
+    me, b, c = (Identity.generate().peer_id for _ in range(3))
+    witness = Witness(me)
+    set_to: list[tuple[int, int]] = []
+    target = MatchmakingTarget(
+        lambda: Evidence(me, witness.workers(), creator=me),
+        2,
+        lambda size, live: set_to.append((size, live)),
+    )
+    target.witnessed()  # no records read yet: nothing to count against
+    assert set_to == []
+    target.heard(records(me, b, c))
+    assert set_to == [(2, 3)]  # the creator has seen nobody work: itself and one more
+    witness.record(WitnessedRound(0, 1, (me, b), "h"))
+    target.witnessed()
+    assert set_to == [(2, 3)]  # b alone: still two
+    witness.record(WitnessedRound(1, 1, tuple(sorted((me, b, c))), "h"))
+    target.witnessed()
+    assert set_to[-1] == (3, 3)
+    target.heard(records(me, b))  # c's record gone (it left): c is not waited for
+    assert set_to[-1] == (2, 2)
+    target.witnessed()  # nothing new: the target stays
+    assert set_to == [(2, 3), (3, 3), (2, 2)]
+
+
+def test_a_witnessed_round_never_lowers_the_target_the_next_read_does() -> None:
+    """A restarted joiner counts its anchor (the third node) and the creator until its first
+    round, which it has with the creator alone: the anchor stays waited for until the
+    records are read again."""
+    me, creator, anchor = (Identity.generate().peer_id for _ in range(3))
+    witness = Witness(me)
+    set_to: list[tuple[int, int]] = []
+    target = MatchmakingTarget(
+        lambda: Evidence(me, witness.workers(), frozenset({anchor}), creator),
+        2,
+        lambda size, live: set_to.append((size, live)),
+    )
+    target.heard(records(me, creator, anchor))
+    assert set_to == [(3, 3)]
+    witness.record(WitnessedRound(0, 1, tuple(sorted((me, creator))), "h"))
+    target.witnessed()
+    assert set_to == [(3, 3)]
+    target.heard(records(me, creator, anchor))
+    assert set_to[-1] == (2, 3)
+
+
+@pytest.mark.swarm
+def test_a_node_waits_for_its_new_partner_in_the_round_after_their_first() -> None:
+    """The real node: its records read (two live peers, neither seen working), then a round
+    applied with both; its reducer's target is 3 before any further read."""
+    run = RunConfig(
+        steps=1000,
+        seq_len=16,
+        outer=OuterConfig(sync_every=6),
+        inner=InnerConfig(warmup_steps=5),
+        codec="none",
+    )
+    net = NetworkOptions()
+    run, signed, dht = start_run(run, net, None)
+    options = NodeOptions(batch_size=2, eval_batches=1, threads=1, log_every=10_000)
+    node = SwarmNode(run, options, RoundOptions(), net, signed=signed, dht=dht)
+    try:
+        me = node.swarm.peer_id.to_base58()
+        b, c = (Identity.generate().peer_id for _ in range(2))
+        node._heard(records(me, b, c))
+        assert wait_for(node, lambda size, live: (size, live) == (2, 3))
+        members: Sequence[str] = tuple(sorted((me, b, c)))
+        node._vouch(AppliedRound(RoundKey(0, 1), ok=True, members=members, outer_sha256="h"))
+        assert wait_for(node, lambda size, live: size == 3), (
+            node.reducer.matchmaker.target_group_size
+        )
+    finally:
+        node.close()
+
+
+def wait_for(
+    node: SwarmNode, holds: Callable[[int | None, int | None], bool], timeout: float = 5.0
+) -> bool:
+    """Whether the reducer's target (set on the swarm's loop) comes to satisfy ``holds``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        matchmaker = node.reducer.matchmaker
+        if holds(matchmaker.target_group_size, matchmaker.live_nodes):
+            return True
+        time.sleep(0.05)
+    return False
