@@ -14,7 +14,7 @@ from typing import Any
 
 from hivemind.p2p import PeerID
 from memory_dht import MemoryDHT, Table
-from memory_p2p import MemoryNetwork, make_identity
+from memory_p2p import MemoryNetwork, MemoryP2P, make_identity
 
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
 from diloco.protocol.core.reducer import RoundKey
@@ -129,6 +129,68 @@ def test_a_follower_taking_over_a_dead_leader_waits_for_peers_declared_since() -
     assert all(isinstance(r, GroupInfo) for r in results), results
     pair = {second.p2p.peer_id, third.p2p.peer_id}
     assert all(set(r.members) == pair for r in results), results
+
+
+class DyingLeader(Matchmaker):
+    """Leads, and as soon as the first member has JOINed vanishes like a machine losing
+    power (every stream it holds cut, no new one accepted)."""
+
+    async def _lead(self, key: RoundKey, lobby: Any, view: set[PeerID], wait: float) -> Any:
+        await lobby.changed.wait()
+        assert isinstance(self.p2p, MemoryP2P)
+        self.p2p.kill()
+        await asyncio.Event().wait()  # a dead machine does nothing more
+
+
+def test_followers_of_a_dead_leader_agree_on_its_successor_whatever_they_saw_first() -> None:
+    """Four peers follow a leader that dies once they JOINed it. The third in line chose to
+    follow it as soon as its first read found it (its view then held the two), the others
+    after all five had declared. Each reads the round again when its leader turns out
+    dead, so all four take the same successor, the first live peer in line, and form one
+    group of four. Before, each picked the successor from the view it had followed with:
+    the third led a group of its own, waiting for peers that JOINed the first, and the
+    round split (seen in the swarm test of a dead leader)."""
+    timeouts = RoundTimeouts(matchmaking_window=1.0, join_timeout=0.5)
+    network, table = MemoryNetwork(), Table()
+    identities = sorted(
+        (make_identity(30 + i) for i in range(5)),
+        key=lambda i: leader_rank(DHT_KEY, PeerID.from_base58(i.peer_id)),
+    )
+    leader, *honest = (
+        cls(
+            network.join(PeerID.from_base58(identity.peer_id)),
+            MemoryDHT(identity, table),
+            RUN_ID,
+            DIGEST,
+            timeouts,
+            BanList(),
+        )
+        for cls, identity in zip((DyingLeader, *[Matchmaker] * 4), identities, strict=True)
+    )
+    stale, others = honest[2], [honest[0], honest[1], honest[3]]
+
+    async def main() -> list[GroupInfo | BaseException]:
+        for peer in (leader, *honest):
+            await peer.start()
+        leading = asyncio.create_task(leader.form_group(KEY, 1000, 0, 0, 1.0))
+        while not (KEY in leader._lobbies and leader._lobbies[KEY].reads):
+            await asyncio.sleep(0.01)  # it declared, and waits out its window
+        tasks = {stale: asyncio.create_task(stale.form_group(KEY, 1000, 0, 0, 1.0))}
+        await _until_decided(stale, tasks[stale])  # its view: the leader and itself
+        assert set(stale._lobbies[KEY].seen) == {leader.p2p.peer_id, stale.p2p.peer_id}
+        for peer in others:
+            tasks[peer] = asyncio.create_task(peer.form_group(KEY, 1000, 0, 0, 1.0))
+        for peer in others:
+            await _until_decided(peer, tasks[peer])
+        outcomes = await asyncio.gather(*(tasks[p] for p in honest), return_exceptions=True)
+        leading.cancel()
+        await asyncio.gather(leading, return_exceptions=True)
+        network.close()
+        return outcomes
+
+    outcomes = asyncio.run(main())
+    ids = {peer.p2p.peer_id for peer in honest}
+    assert all(isinstance(r, GroupInfo) and set(r.members) == ids for r in outcomes), outcomes
 
 
 def test_a_join_after_the_leader_formed_its_group_is_told_the_group_closed() -> None:

@@ -44,13 +44,15 @@ Protocol, for every node that reaches the send step of round ``(p, k)``:
    redirect (each peer at most once), so views that disagree at the edge of the window
    still converge on one leader.
 5. A follower whose JOIN fails in transport (stream refused or cut) tries once more; if
-   that fails too the leader counts as dead and the follower turns to the first peer (by
-   ``leader_rank``) of its view that is still reachable and not a client (itself included:
-   then it reads the round once more and leads, waiting for every peer of its prior it
-   knows declared: its view may predate them, it JOINed as soon as it saw a leader).
-   Every follower of a dead leader does the same, so views that agree converge on the same
-   new leader; a peer that still redirects to the dead leader (it has not noticed yet) is
-   asked again shortly.
+   that fails too the leader counts as dead and the follower reads the round once more,
+   then turns to the first peer (by ``leader_rank``) of that fresh view that is still
+   reachable and not a client (itself included: then it leads, waiting for every peer of
+   its prior it knows declared). Its view from before may lack peers the others' hold (it
+   JOINed as soon as it saw a leader): chosen from it, a follower that saw only the dead
+   leader and itself led a group of its own while the others followed the true successor,
+   and the round split. Every follower of a dead leader reads the peers that declared
+   before it died, so they converge on the same new leader; a peer that still redirects
+   to the dead leader (it has not noticed yet) is asked again shortly.
 6. A follower whose leader keeps its JOIN stream open but answers nothing by its due time
    (``group_timeout`` after the leader must have chosen its role: once
    ``target_group_size`` peers declared, else a window after the follower chose its own)
@@ -391,6 +393,15 @@ class Matchmaker(Ahead):
             if reply is None:  # dead, or alive and silent past its due time: the next leads
                 dead.add(target)
                 failures = 0
+                # The view it followed with may predate peers that declared since (it
+                # JOINed as soon as it saw a leader), and another follower's may not: the
+                # successor is chosen from a fresh read, so that every follower of the
+                # dead leader takes the same one, and a successor waits for those too.
+                with contextlib.suppress(asyncio.TimeoutError):
+                    wait = min(self.timeouts.join_timeout, deadline - loop.time())
+                    await asyncio.wait_for(self._read_view(lobby), wait)
+                known = self._known(lobby)
+                view, leaders = view | set(known), leaders | self._may_lead(known, lobby)
                 if not leaders - dead:
                     raise RoundFailed(key.fragment, key.round, "no live peer that may lead")
                 target = choose_leader(leaders - dead, lobby.dht_key)
@@ -398,13 +409,7 @@ class Matchmaker(Ahead):
                 if target == self.p2p.peer_id:
                     logger.warning("round %s: no GROUP from the leader, leading instead", key)
                     lobby.leader = None
-                    # the view it followed with may predate peers that declared since
-                    # (it JOINed as soon as it saw a leader): wait for those too
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        wait = min(self.timeouts.join_timeout, deadline - loop.time())
-                        await asyncio.wait_for(self._read_view(lobby), wait)
-                    alive = (view | set(self._known(lobby))) - dead
-                    return await self._lead(key, lobby, alive, deadline - loop.time())
+                    return await self._lead(key, lobby, view - dead, deadline - loop.time())
                 lobby.leader = target
                 continue
             kind, body = reply
