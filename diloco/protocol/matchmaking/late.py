@@ -15,11 +15,14 @@ like any peer's word: the peers kept are at most ``MAX_LATE`` and forgotten afte
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
 from hivemind.p2p import PeerID
 
 from diloco.protocol.core.reducer import RoundKey
+
+logger = logging.getLogger(__name__)
 
 LATE_MEMORY = 60.0
 """Seconds a late JOIN keeps this node waiting the widest window (the peer may have left)."""
@@ -45,6 +48,7 @@ class LatePeers:
         after this node ended that round (a round not reached yet is no evidence)."""
         if key.round > self._ended.get(key.fragment, -1):
             return False
+        logger.info("round %s: JOIN of %s came after the round ended here", key, peer)
         self._late.pop(peer, None)
         self._late[peer] = now
         while len(self._late) > MAX_LATE:

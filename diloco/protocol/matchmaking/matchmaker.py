@@ -38,21 +38,19 @@ Protocol, for every node that reaches the send step of round ``(p, k)``:
    with a contribution either.
 4. A follower sends JOIN to its leader and waits for GROUP; a GROUP that is invalid (another
    round, size or codec, without it, its weight or client flag changed, any weight over
-   the cap) fails
-   the round for it and is the leader's offence. A node asked to lead that is
-   itself a follower answers NOT_LEADER with its own leader, and the follower follows the
-   redirect (each peer at most once), so views that disagree at the edge of the window
+   the cap) fails the round for it and is the leader's offence. A node asked to lead that
+   is itself a follower answers NOT_LEADER with its own leader, and the follower follows
+   the redirect (each peer at most once), so views that disagree at the edge of the window
    still converge on one leader.
 5. A follower whose JOIN fails in transport (stream refused or cut) tries once more; if
    that fails too the leader counts as dead and the follower reads the round once more,
    then turns to the first peer (by ``leader_rank``) of that fresh view that is still
    reachable and not a client (itself included: then it leads, waiting for every peer of
    its prior it knows declared). Its view from before may lack peers the others' hold (it
-   JOINed as soon as it saw a leader): chosen from it, a follower that saw only the dead
-   leader and itself led a group of its own while the others followed the true successor,
-   and the round split. Every follower of a dead leader reads the peers that declared
-   before it died, so they converge on the same new leader; a peer that still redirects
-   to the dead leader (it has not noticed yet) is asked again shortly.
+   JOINed as soon as it saw a leader): chosen from it, the round split. Every follower of
+   a dead leader reads the peers that declared before it died, so they converge on the
+   same new leader; a peer that still redirects to the dead leader (it has not noticed
+   yet) is asked again shortly.
 6. A follower whose leader keeps its JOIN stream open but answers nothing by its due time
    (``group_timeout`` after the leader must have chosen its role: once
    ``target_group_size`` peers declared, else a window after the follower chose its own)
@@ -430,11 +428,6 @@ class Matchmaker(Ahead):
                 f"leader {target} refused: {reject.code.name} {reject.reason}",
             )
 
-    def _note_late(self, peer: PeerID, key: RoundKey) -> None:
-        """``peer`` JOINed round ``key`` with no open lobby here: late, if this node ended it."""
-        if self.late.came(peer, key, asyncio.get_running_loop().time()):
-            logger.info("round %s: JOIN of %s came after the round ended here", key, peer)
-
     async def _serve_join(
         self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
@@ -466,8 +459,8 @@ class Matchmaker(Ahead):
                 return reject(RejectCode.MISMATCH, "fragment size or codec differs")
             return Kind.GROUP, formed[1]  # a member asking again: its first reply was lost
         lobby = self._lobbies.get(key)
-        if lobby is None:
-            self._note_late(peer, key)
+        if lobby is None:  # late, if this node ended the round (``late``)
+            self.late.came(peer, key, asyncio.get_running_loop().time())
         if lobby is None and formed is not None:  # led and closed: a late peer misses it
             return reject(RejectCode.GROUP_CLOSED, "group already formed")
         if lobby is None:
