@@ -10,17 +10,23 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import torch
 from hivemind.p2p import PeerID
 from memory_dht import MemoryDHT, Table
 from memory_p2p import MemoryNetwork, make_identity
 
+from diloco.codecs import get_codec
 from diloco.errors import RoundFailed
+from diloco.protocol.allreduce.swarm_reducer import SwarmReducer
 from diloco.protocol.core.budget import RoundBudget
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
-from diloco.protocol.core.reducer import RoundKey
+from diloco.protocol.core.reducer import Contribution, RoundKey
 from diloco.protocol.matchmaking.late import LATE_MEMORY, MAX_LATE, LatePeers
 from diloco.protocol.matchmaking.lobby import leader_rank, round_key
 from diloco.protocol.matchmaking.matchmaker import Matchmaker
+from diloco.protocol.records.run_id import make_run_id
+from diloco.protocol.runtime.network import NetworkOptions
+from diloco.protocol.runtime.swarm import Swarm
 from diloco.protocol.trust.bans import BanList
 
 RUN_ID = "late-0123456789abcdef"
@@ -133,3 +139,31 @@ def test_a_late_peer_is_waited_for_after_its_join_came_late(early_leads_meet: bo
     # In step again, the early node waits its usual window: the same offset misses it,
     # which is what the wider window made up for.
     assert isinstance(again_early, RoundFailed), again_early
+
+
+@pytest.mark.swarm
+def test_a_reducer_out_of_step_waits_the_widest_window_and_tells_tau_the_usual_one() -> None:
+    """The wiring, on a real swarm: the reducer's round after a late JOIN runs on the widest
+    window, while ``peers_window`` (what tau auto and the hold before a send go by: the
+    window the peers give this node) stays the usual one."""
+    swarm = Swarm(make_run_id("late", {}), NetworkOptions(host_maddrs=("/ip4/127.0.0.1/tcp/0",)))
+    reducer = SwarmReducer(swarm, get_codec("none"), timeouts=TIMEOUTS)
+    me = swarm.peer_id.to_base58()
+    delta = torch.zeros(NUMEL)
+    try:
+        with pytest.raises(RoundFailed):  # alone: no group
+            reducer.reduce(FIRST, [Contribution(me, delta, 1.0)]).result(60)
+        assert reducer.matchmaker.timeouts.matchmaking_window == TIMEOUTS.matchmaking_window
+
+        async def late_join() -> bool:
+            now = asyncio.get_running_loop().time()
+            return reducer.matchmaker.late.came(peer(7), FIRST, now)
+
+        assert swarm.call(late_join())
+        with pytest.raises(RoundFailed):
+            reducer.reduce(MEET, [Contribution(me, delta, 1.0)]).result(60)
+        assert reducer.matchmaker.timeouts.matchmaking_window == 4 * TIMEOUTS.matchmaking_window
+        assert reducer.peers_window() == TIMEOUTS.matchmaking_window
+    finally:
+        reducer.close()
+        swarm.shutdown()

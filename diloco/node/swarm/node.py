@@ -366,13 +366,12 @@ class SwarmNode:
     def _bound_tau(self) -> None:
         """tau auto: the measured round trip (what a round's matchmaking costs the network,
         the rest is waiting for later peers), and never so far ahead of the peers that
-        matchmaking misses them: half the window this node's rounds use now, which follows
-        the round trip (2.4 s at 300 ms, not the configured 2 s)."""
+        matchmaking misses them: half the window the peers give this node's rounds, which
+        follows the round trip (2.4 s at 300 ms, not the configured 2 s)."""
         auto = self.trainer.tau_auto
         if auto is not None:
             auto.round_trip = round_trip_estimate(tuple(self.reducer.rtt_samples)) or 0.0
-            window = self.reducer.matchmaker.timeouts.matchmaking_window
-            auto.max_ahead = window * MAX_AHEAD_SHARE
+            auto.max_ahead = self.reducer.peers_window() * MAX_AHEAD_SHARE
 
     def _hear_claims(self) -> None:
         """The others' pace claims the publisher read last, counted only as far as their
@@ -396,9 +395,8 @@ class SwarmNode:
         self.diverged = set(diverged)
         self.healer.maybe_heal([r.key for r in applied if not r.ok])  # and those in flight
         # The peers wait for us a window from their send step, less what we still need then.
-        window = self.reducer.matchmaker.timeouts.matchmaking_window
         round_trip = round_trip_estimate(tuple(self.reducer.rtt_samples)) or 0.0
-        heal_before_send(self.healer, hold_seconds(window, round_trip))
+        heal_before_send(self.healer, hold_seconds(self.reducer.peers_window(), round_trip))
 
     def _record_rounds(self, applied: list[AppliedRound], final: bool = False) -> None:
         for round_ in applied:
