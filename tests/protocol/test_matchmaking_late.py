@@ -60,6 +60,16 @@ def test_a_join_after_the_round_ended_marks_the_peer_late_until_a_group_with_it(
     assert not late.out_of_step(2.0)
 
 
+def test_a_round_led_alone_while_counting_more_peers_than_the_minimum_is_out_of_step() -> None:
+    late = LatePeers()
+    late.alone(target=2, min_group_size=2, now=0.0)  # maybe no peer it saw work: no evidence
+    assert not late.out_of_step(0.0)
+    late.alone(target=3, min_group_size=2, now=1.0)  # two peers it saw work are live
+    assert late.out_of_step(1.0) and not late.out_of_step(1.1 + LATE_MEMORY)
+    late.met([peer(1)])  # any group formed: in step again
+    assert not late.out_of_step(1.0)
+
+
 def test_late_peers_kept_are_bounded_and_the_oldest_go_first() -> None:
     late = LatePeers()
     late.ended(FIRST)
@@ -99,6 +109,47 @@ def _pair(early_leads_meet: bool) -> tuple[Matchmaker, Matchmaker]:
                 )
             return made[early], made[next(p for p in ids if p != early)]
     raise AssertionError("no pair of identities found")
+
+
+def _trio() -> tuple[Matchmaker, list[Matchmaker]]:
+    """(early, two late ones), each counting all three as peers it saw work (target 3): the
+    early node is not first in line for the first round, so the late ones form that round
+    without it and never JOIN it late."""
+    for n in range(0, 600, 3):
+        ids = [PeerID.from_base58(make_identity(n + i).peer_id) for i in range(3)]
+        ranks = {leader_rank(round_key(RUN_ID, FIRST), member): member for member in ids}
+        if ranks[min(ranks)] != ids[0]:
+            network, table = MemoryNetwork(), Table()
+            made = []
+            for i, member in enumerate(ids):
+                dht = MemoryDHT(make_identity(n + i), table)
+                p2p = network.join(member)
+                made.append(Matchmaker(p2p, dht, RUN_ID, DIGEST, TIMEOUTS, BanList(), 2, 3))
+            return made[0], made[1:]
+    raise AssertionError("no trio of identities found")
+
+
+def test_an_early_node_that_led_alone_waits_for_the_peers_it_counts() -> None:
+    """The mirror of a late JOIN: the early node's first round finds none of the two peers it
+    counts (they come after its window and form the round without it), so its next round
+    waits the widest window, and all three are in it."""
+    early, later = _trio()
+
+    async def main() -> list[list[GroupInfo | RoundFailed]]:
+        for node in (early, *later):
+            await node.start()
+        outcomes = []
+        for key in (FIRST, MEET, AGAIN):
+            rounds = [_round(early, key, 0.0), *(_round(node, key, OFFSET_S) for node in later)]
+            outcomes.append(list(await asyncio.gather(*rounds)))
+        return outcomes
+
+    first, met, again = asyncio.run(main())
+    assert isinstance(first[0], RoundFailed) and "no group: 1 member" in first[0].reason
+    assert all(isinstance(g, GroupInfo) and len(g.members) == 2 for g in first[1:]), first
+    assert all(isinstance(g, GroupInfo) for g in met), met
+    assert len({g.group_id for g in met if isinstance(g, GroupInfo)}) == 1
+    assert isinstance(again[0], RoundFailed), again  # in step again: the usual window misses
 
 
 async def _round(node: Matchmaker, key: RoundKey, delay: float) -> GroupInfo | RoundFailed:

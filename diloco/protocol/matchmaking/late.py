@@ -7,7 +7,9 @@ later one finds that round ended. Both lose about a window per round, so the gap
 once). A JOIN for a round this node has ended is the evidence that a peer comes that late;
 while such a peer has not been in a group with this node since, the node waits the
 widest window any round trip may set (``RoundBudget.of``, ``out_of_step``), its peer
-arrives within it, and from that round on both apply at the same step. The wider window
+arrives within it, and from that round on both apply at the same step. The early node
+gets no late JOIN when its peers formed the round without it; its evidence is then a round
+it led that found none of the peers it saw work (``alone``). The wider window
 costs nothing in a round whose peers all come: a round ends as soon as they have. Bounded
 like any peer's word: the peers kept are at most ``MAX_LATE`` and forgotten after
 ``LATE_MEMORY`` seconds (docs/design.md "The round").
@@ -38,6 +40,8 @@ class LatePeers:
         """Fragment -> the latest round this node ended (formed or failed)."""
         self._late: dict[PeerID, float] = {}
         """Peer -> when its last late JOIN came (loop time)."""
+        self._alone: float | None = None
+        """When a round this node led last found too few of the peers it saw work."""
 
     def ended(self, key: RoundKey) -> None:
         """This node's matchmaking of round ``key`` ended."""
@@ -55,12 +59,23 @@ class LatePeers:
             del self._late[next(iter(self._late))]
         return True
 
+    def alone(self, target: int, min_group_size: int, now: float) -> None:
+        """A round this node led formed no group. With more than ``min_group_size`` peers
+        counted (``target``: itself and the peers it saw work, which no record or JOIN of a
+        stranger raises), those peers are live and out of step: they reach their send steps
+        after this node's window (an early node gets no late JOIN: it led, alone)."""
+        if target > min_group_size:
+            self._alone = now
+
     def met(self, members: Iterable[PeerID]) -> None:
         """A group formed with ``members``: they are in step with this node now."""
+        self._alone = None
         for peer in members:
             self._late.pop(peer, None)
 
     def out_of_step(self, now: float) -> bool:
-        """Whether a peer JOINed one of this node's ended rounds in the last
-        ``LATE_MEMORY`` seconds and has not been in a group with it since."""
-        return any(now - when <= LATE_MEMORY for when in self._late.values())
+        """Whether, in the last ``LATE_MEMORY`` seconds, a peer JOINed one of this node's
+        ended rounds and has not been in a group with it since, or a round it led found
+        none of the peers it counts and no group formed since."""
+        recent = [*self._late.values(), *([self._alone] if self._alone is not None else [])]
+        return any(now - when <= LATE_MEMORY for when in recent)

@@ -63,8 +63,7 @@ The leader's GROUP message is the agreement step: every member takes the same li
 same bytes. Failure modes: a leader that dies after sending GROUP to some followers but not
 all makes those that got it wait for the others in vain (the all-reduce then fails for all);
 two leaders with disjoint views make two groups, each a valid average of its own members.
-Every await has a deadline derived from ``RoundTimeouts``.
-"""
+Every await has a deadline derived from ``RoundTimeouts``; nodes out of step: ``late``."""
 
 from __future__ import annotations
 
@@ -318,6 +317,7 @@ class Matchmaker(Ahead):
         weights = {**lobby.weights, self.p2p.peer_id: lobby.request.weight}
         if len(members) < self.min_group_size:
             reason = f"{len(members)} member(s) < min_group_size {self.min_group_size}"
+            self.late.alone(self.target_group_size or 0, self.min_group_size, loop.time())
             too_small = Reject(RejectCode.GROUP_TOO_SMALL, reason=reason).serialize()
             for future in lobby.joiners.values():
                 future.set_result((Kind.REJECT, too_small))
