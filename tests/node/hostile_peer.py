@@ -5,8 +5,8 @@ with its own identity and (1) publishes, signed by itself, a second run with the
 run's name whose configuration names PATH as ``data``, (2) stores a copy of the honest
 configuration that names PATH under the honest creator's subkey with a far expiration,
 (3) stores the honest configuration rewritten to name PATH, signed by itself, under its own
-subkey, and (4) answers RUN_INFO with its own run. It prints one JSON line, then its
-address, and stays until killed.
+subkey, and (4) answers RUN_INFO with its own run. It prints its addresses, then one JSON
+line (the report: a reader that sees it has the addresses too), and stays until killed.
 """
 
 from __future__ import annotations
@@ -72,9 +72,9 @@ async def hijack(address: str, listen: str, path: str) -> None:
         "forged_run": make_run_id(name, honest_with_path),
         "peer_id": me.peer_id,
     }
+    for addr in dht.get_visible_maddrs():  # before the report: a test reads both once
+        print(addr, flush=True)  # the report is there
     print(json.dumps(report), flush=True)
-    for addr in dht.get_visible_maddrs():
-        print(addr, flush=True)
     await asyncio.sleep(3600)
 
 
