@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from test_swarm_node import Node, nodes  # noqa: F401  (the fixture)
+from test_swarm_node import Node, held, nodes  # noqa: F401  (the fixture)
 
 from diloco.bench.wan_proxy import LOOPBACK, DelayProxy
 
@@ -73,10 +73,16 @@ def test_tau_auto_by_default_rises_over_a_slow_network_and_nodes_still_agree(
     )
     address = a.address()
     assert f"/tcp/{ports[0]}/" in address  # peers learn the proxied address only
-    joiners = [
-        nodes(name, ["join", "--initial-peers", address, *FAST, *addresses(i)])
-        for i, name in ((1, "b"), (2, "c"))
-    ]
+    # The joiners' interpreters and DHTs start while a is held (seconds, many more under
+    # load): else a trained through its first rounds alone and, once, nearly to the run's end
+    # before a joiner arrived. Their joins (run, state) happen once a trains again.
+    with held(a):
+        joiners = [
+            nodes(name, ["join", "--initial-peers", address, *FAST, *addresses(i)])
+            for i, name in ((1, "b"), (2, "c"))
+        ]
+        for joiner in joiners:
+            joiner.wait_dht(timeout=300)
     everyone: list[Node] = [a, *joiners]
     for node in everyone:
         assert node.process.wait(300) == 0, node.output()
