@@ -214,7 +214,7 @@ def test_a_reducer_out_of_step_waits_the_widest_window_and_tells_tau_the_usual_o
         with pytest.raises(RoundFailed):
             reducer.reduce(MEET, [Contribution(me, delta, 1.0)]).result(60)
         assert reducer.matchmaker.timeouts.matchmaking_window == 4 * TIMEOUTS.matchmaking_window
-        assert reducer.peers_window() == TIMEOUTS.matchmaking_window
+        assert reducer.peers_window(None) == TIMEOUTS.matchmaking_window
     finally:
         reducer.close()
         swarm.shutdown()

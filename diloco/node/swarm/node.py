@@ -371,7 +371,7 @@ class SwarmNode:
         auto = self.trainer.tau_auto
         if auto is not None:
             auto.round_trip = round_trip_estimate(tuple(self.reducer.rtt_samples)) or 0.0
-            auto.max_ahead = self.reducer.peers_window() * MAX_AHEAD_SHARE
+            auto.max_ahead = self.reducer.peers_window(auto.round_trip) * MAX_AHEAD_SHARE
 
     def _hear_claims(self) -> None:
         """The others' pace claims the publisher read last, counted only as far as their
@@ -396,7 +396,8 @@ class SwarmNode:
         self.healer.maybe_heal([r.key for r in applied if not r.ok])  # and those in flight
         # The peers wait for us a window from their send step, less what we still need then.
         round_trip = round_trip_estimate(tuple(self.reducer.rtt_samples)) or 0.0
-        heal_before_send(self.healer, hold_seconds(self.reducer.peers_window(), round_trip))
+        window = self.reducer.peers_window(round_trip)
+        heal_before_send(self.healer, hold_seconds(window, round_trip))
 
     def _record_rounds(self, applied: list[AppliedRound], final: bool = False) -> None:
         for round_ in applied:

@@ -134,11 +134,10 @@ class SwarmReducer(Reducer):
         await self.matchmaker.start()
         await self.router.start()
 
-    def peers_window(self) -> float:
+    def peers_window(self, rtt: float | None) -> float:
         """The matchmaking window the peers give this node's rounds: the run's, stretched to
-        the measured round trip; not the widest one this node itself waits while a peer is
-        out of step with it (``matchmaking.late``)."""
-        rtt = round_trip_estimate(self.rtt_samples)
+        ``rtt`` (the caller's ``round_trip_estimate`` of ``rtt_samples``); not the widest one
+        this node itself waits while a peer is out of step with it (``matchmaking.late``)."""
         return RoundBudget.of(self.timeouts, rtt).matching.matchmaking_window
 
     def set_target_group_size(self, size: int, live_nodes: int | None = None) -> None:
