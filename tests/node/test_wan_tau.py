@@ -27,7 +27,15 @@ H = 60
 """Long enough that the joiners are in before the first round (at step H): a creator alone
 at its first rounds goes its own way until healed (docs/design.md "Across the internet"),
 which is not what this test is about."""
+SLOW_DOWN = "4"
+"""Each inner step takes 4x its compute (it sleeps the rest: ~0.1 s, no more CPU). The tiny
+model's 20-30 ms steps are far shorter than any model a volunteer trains: at 100 ms a round
+took more steps than lie between two sends, and under load the nodes' blocking drifted them
+apart beyond the window (a CI run had no round of all three; 2 of 4 runs beside a CPU
+burner failed). The test is about the rounds at a round trip, not about steps far shorter
+than it."""
 FAST = ["--seq-len", "32", "--batch-size", "4", "--log-every", "50", "--threads", "1"]
+FAST += ["--slow-down", SLOW_DOWN]
 
 
 def free_port() -> int:
