@@ -1,5 +1,6 @@
 """A node alone in the run applies a round of one (its own outer gradient through the
-codecs); as soon as the run holds another live node it fails such a round as before."""
+codecs); as soon as the run holds another live node, or a joiner took its state, it fails
+such a round as before."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from diloco.protocol.records.nodes import FragmentVersion, NodeRecord
 from diloco.protocol.records.run_id import make_run_id
 from diloco.protocol.runtime.network import NetworkOptions
 from diloco.protocol.runtime.swarm import Swarm
+from diloco.protocol.state.fragment import FragmentState, OuterState
 
 pytestmark = pytest.mark.swarm
 
@@ -103,3 +105,25 @@ def test_no_round_of_one_when_a_peer_declared_the_round_and_left(lone: Swarm) ->
     finally:
         reducer.close()
         peer.shutdown()
+
+
+def test_no_round_of_one_after_sending_its_state_to_a_joiner(lone: Swarm) -> None:
+    """A joiner fetched this node's state and has published no record yet (on a slow
+    network it reaches the reads seconds later): it will start from that state and look for
+    this node in its rounds, so a round of one now would leave the two apart."""
+    reducer = SwarmReducer(lone, get_codec("e3m0"), timeouts=TIMEOUTS, rounds_of_one=True)
+    state = FragmentState(torch.zeros(100), torch.zeros(100))
+    lone.serve_state(lambda: OuterState(global_step=7, fragments={0: state}))
+    net = NetworkOptions(initial_peers=tuple(lone.maddrs), host_maddrs=("/ip4/127.0.0.2/tcp/0",))
+    joiner = Swarm(RUN_ID, net)
+    try:
+        fetched = joiner.fetch_state([0], {0: 100}, donors=[lone.peer_id])
+        assert fetched.global_step == 7
+        assert lone.read_records() == []  # no live record but its own (none published)
+        me = lone.peer_id.to_base58()
+        future = reducer.reduce(RoundKey(0, 1), [Contribution(me, torch.ones(100), 1.0)])
+        with pytest.raises(RoundFailed, match="no group: 1 member"):
+            future.result(60)
+    finally:
+        reducer.close()
+        joiner.shutdown()

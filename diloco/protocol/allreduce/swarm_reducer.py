@@ -41,6 +41,11 @@ logger = logging.getLogger(__name__)
 
 RTT_KINDS = ("join", "check")
 """Exchanges a round trip measures: one request and its answer (``round_trips``)."""
+SERVED_MEMORY = 60.0
+"""Seconds after it sent its state to a peer during which a node applies no round of one:
+that peer starts from the state sent and looks for this node in its rounds, and its record
+may reach this node's reads only seconds later (a round of one meanwhile left a creator at a
+state of its own, which its new peers then outvoted: docs/design.md "Healing and joining")."""
 
 
 class SwarmReducer(Reducer):
@@ -301,7 +306,8 @@ class SwarmReducer(Reducer):
         Alone means that matchmaking failed (not on a diverged prior: that node heals), that
         no other peer declared the round, and that the run holds no live record but this
         node's, both in a fresh read and in the last one the node's publisher made
-        (``Matchmaker.live_nodes``): one read can come back empty on a slow network. A node
+        (``Matchmaker.live_nodes``): one read can come back empty on a slow network; nor did
+        it send its state to a peer in the last ``SERVED_MEMORY`` seconds (a joiner). A node
         that knows of any peer keeps failing such rounds as before: a round of one among
         peers would leave it at another state than theirs. Peers that declared the round
         and formed a group without this node may have left the run since (they finished,
@@ -324,6 +330,8 @@ class SwarmReducer(Reducer):
             if not self.rounds_of_one or failure.others_declared:
                 raise
             if (self.matchmaker.live_nodes or 0) > 1:
+                raise
+            if self.swarm.served_state_since(SERVED_MEMORY):
                 raise
             me = self.swarm.peer_id.to_base58()
             records = await read_records(self.swarm.dht, self.swarm.run_id)

@@ -234,6 +234,11 @@ class Swarm:
         self.call(server.start())
         self._state_server = server
 
+    def served_state_since(self, seconds: float) -> bool:
+        """Whether a peer was sent this node's state in the last ``seconds``."""
+        served = self._state_server.last_served if self._state_server is not None else None
+        return served is not None and time.monotonic() - served < seconds
+
     def fetch_state(
         self,
         fragments: Sequence[int] | None = None,

@@ -94,6 +94,9 @@ class StateServer:
         self.hashes = SnapshotHashes()
         self.refused: set[str] = set()
         """Peers already logged for a refusal."""
+        self.last_served: float | None = None
+        """``time.monotonic()`` when a peer was last sent a state: it will start from it and
+        look for this node in its rounds (``SwarmReducer``: no round of one meanwhile)."""
         self._hashing = asyncio.Lock()
 
     async def start(self) -> None:
@@ -123,6 +126,7 @@ class StateServer:
             reject = Reject(RejectCode.BUSY, reason=refusal)
             await streams.send_reject(writer, reject, REJECT_TIMEOUT)
             return None
+        self.last_served = time.monotonic()  # before the snapshot: a round of one may follow
         try:
             return await self._send_state(request, writer)
         finally:
