@@ -146,8 +146,13 @@ class RoundBudget:
     def join_stream(self) -> float:
         """Bound of a JOIN stream at its leader, registered once per run: it must hold with
         the widest window and joins the round trip may set (``adaptive.MAX_STRETCH``)."""
-        t = rtt_timeouts(self.configured, math.inf)
-        return t.matchmaking + t.join_timeout
+        return self.join_answer() + rtt_timeouts(self.configured, math.inf).join_timeout
+
+    def join_answer(self) -> float:
+        """How long a JOIN waits at its leader for the group: the widest matchmaking, since
+        the round it is for may have that window while the next round's budget is narrower
+        (a JOIN cut at the narrower one left its sender out of a group that counted it)."""
+        return rtt_timeouts(self.configured, math.inf).matchmaking
 
     @property
     def group_wait(self) -> float:

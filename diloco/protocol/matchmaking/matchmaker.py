@@ -139,6 +139,7 @@ class Matchmaker(Ahead):
         """GROUP messages this node sent as leader, kept for members that ask again."""
         self.late = LatePeers()
         """Peers whose JOINs came after this node's rounds ended (``late``)."""
+        self._answer_wait = RoundBudget.of(timeouts).join_answer()
 
     async def start(self) -> None:
         """Register the JOIN handler on the shared P2P daemon; its bound holds with the
@@ -310,8 +311,10 @@ class Matchmaker(Ahead):
                 await asyncio.wait_for(lobby.changed.wait(), remaining)
         lobby.closed = True
         banned = Reject(RejectCode.BANNED, reason="banned while the group formed").serialize()
-        for peer in [p for p in lobby.joiners if self.bans.banned(p)]:
-            lobby.joiners.pop(peer).set_result((Kind.REJECT, banned))
+        # Out too: a joiner whose JOIN stream ended (its wait timed out, its reply cancelled).
+        for peer in [p for p, r in lobby.joiners.items() if self.bans.banned(p) or r.done()]:
+            if not (reply := lobby.joiners.pop(peer)).done():
+                reply.set_result((Kind.REJECT, banned))
         assert lobby.may_lead, "a node nobody can dial never leads"
         members = sorted([self.p2p.peer_id, *lobby.joiners], key=lambda peer: peer.to_bytes())
         weights = {**lobby.weights, self.p2p.peer_id: lobby.request.weight}
@@ -432,7 +435,7 @@ class Matchmaker(Ahead):
         self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         """Answer one JOIN with GROUP or a refusal (``streams.stream_handler`` wraps it)."""
-        reply = await asyncio.wait_for(self._answer_join(peer, reader), self.timeouts.matchmaking)
+        reply = await asyncio.wait_for(self._answer_join(peer, reader), self._answer_wait)
         await asyncio.wait_for(streams.write_frame(writer, *reply), self.timeouts.join_timeout)
 
     async def _answer_join(self, peer: PeerID, reader: asyncio.StreamReader) -> tuple[Kind, bytes]:
@@ -466,11 +469,8 @@ class Matchmaker(Ahead):
         if lobby is None:
             return reject(RejectCode.UNKNOWN_ROUND, f"not in round {key}")
         mine = lobby.request
-        if (request.numel, request.codec_id, request.return_codec_id) != (
-            mine.numel,
-            mine.codec_id,
-            mine.return_codec_id,
-        ):
+        shape = (mine.numel, mine.codec_id, mine.return_codec_id)
+        if (request.numel, request.codec_id, request.return_codec_id) != shape:
             return reject(RejectCode.MISMATCH, "fragment size or codec differs")
         if lobby.declared.get(peer) != lobby.prior:  # it declared (anew: it healed): read again
             with contextlib.suppress(asyncio.TimeoutError):
