@@ -25,8 +25,8 @@ RTT_S = 0.1
 STEPS = 150
 H = 60
 """Long enough that the joiners are in before the first round (at step H): a creator alone
-at its first rounds goes its own way until healed (docs/design.md "Across the internet"),
-which is not what this test is about."""
+at its first rounds applies rounds of one (docs/design.md "Algorithm and schedule"), which
+is not what this test is about."""
 SLOW_DOWN = "4"
 """Each inner step takes 4x its compute (it sleeps the rest: ~0.1 s, no more CPU). The tiny
 model's 20-30 ms steps are far shorter than any model a volunteer trains: at 100 ms a round
