@@ -129,6 +129,18 @@ def test_tau_auto_runs_ahead_of_its_peers_at_most_max_ahead() -> None:
     assert auto.observe_round(2.5) is not None and auto.tau == 15
 
 
+def test_tau_auto_tells_when_its_rounds_need_more_than_half_the_period() -> None:
+    """Rounds of 1.75 s at 0.125 s a step need 14 + 1 = 15 steps: H/2 of 30 still hides
+    them; rounds of 2.5 s need 21, beyond what tau may be."""
+    auto = TauAuto(sync_every=30, tau=1)
+    auto.observe_step(0.125)
+    auto.observe_round(1.75)
+    assert not auto.period_short and auto.tau == 15
+    for _ in range(4):
+        auto.observe_round(2.5)
+    assert auto.period_short and auto.tau == 15
+
+
 def test_tau_auto_starts_within_its_bounds() -> None:
     assert TauAuto(sync_every=6, tau=0).tau == 1  # a run of tau 0: auto overlaps at least 1
     assert TauAuto(sync_every=1, tau=0).tau == 0
@@ -256,6 +268,9 @@ def test_node_with_tau_auto_raises_tau_for_slow_rounds_and_logs_why(corpus, capl
     assert trainer.tau_range == (2, 3)
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("tau ")]
     assert line.startswith("tau 2 -> 3: 80% of the last 1 round(s) took <= 86400.00 s")
+    # said once, not at every round
+    (short,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("rounds ")]
+    assert "rounds take 86400.00 s" in short and "(H/2 = 3 of H = 6)" in short
     assert all(s.version >= 1 for s in trainer.sync.states) and trainer.sync.pending == []
 
 

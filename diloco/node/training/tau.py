@@ -156,6 +156,9 @@ class TauAuto:
     """Seconds a node may run ahead of its peers (``target_tau``); None: no bound but H/2
     (a transport without matchmaking). The node sets it from its matchmaking window, which
     follows the measured round trip."""
+    period_short: bool = False
+    """Whether hiding the recent rounds takes more steps than H/2, the most tau may be:
+    the sync period is too short for this network, and rounds block training."""
 
     def __post_init__(self) -> None:
         low, high = tau_bounds(self.sync_every)
@@ -187,6 +190,9 @@ class TauAuto:
             self.max_ahead,
             network=self.network,
         )
+        step = max(nearest_rank(self.step_seconds, 0.5), 1e-9)
+        hiding = math.ceil(nearest_rank(self.latencies, LATENCY_QUANTILE) / step) + MARGIN_STEPS
+        self.period_short = hiding > tau_bounds(self.sync_every)[1]
         new = self.tau
         if target > self.tau or self.rounds_since >= ROUNDS_BETWEEN:
             new = next_tau(self.tau, target)

@@ -43,7 +43,7 @@ from diloco.node.training.inner import build_inner_optimizer, lr_at, sampled_inn
 from diloco.node.training.outer import FragmentSync, check_tau
 from diloco.node.training.pace import PaceController, weigh_claims
 from diloco.node.training.pending import AppliedRound
-from diloco.node.training.tau import LATENCY_QUANTILE, TauAuto
+from diloco.node.training.tau import LATENCY_QUANTILE, TauAuto, nearest_rank, tau_bounds
 from diloco.protocol.core.reducer import Reducer
 from diloco.protocol.state.fragment import FragmentState
 
@@ -74,6 +74,8 @@ class NodeTrainer:
         tau = run.outer.fragment_sync_delay if fixed is None else fixed
         check_tau(tau, run.outer.sync_every)
         self.tau_auto = TauAuto(run.outer.sync_every, tau) if options.tau == "auto" else None
+        self.period_warned = False
+        """Whether the node said that its sync period is too short to hide its rounds."""
         """``--tau auto``: this node's tau from its round latency and step time; None for a
         fixed tau."""
         if self.tau_auto is not None:
@@ -188,6 +190,18 @@ class NodeTrainer:
                     change.step_seconds,
                 )
                 self.sync.set_tau(change.new)
+        if self.tau_auto.period_short and not self.period_warned:
+            self.period_warned = True
+            auto = self.tau_auto
+            logger.warning(
+                "rounds take %.2f s on this network, %.3f s a step: more steps than tau may "
+                "be (H/2 = %d of H = %d), so they block training; a run with a larger --H "
+                "would hide them",
+                nearest_rank(auto.latencies, LATENCY_QUANTILE),
+                nearest_rank(auto.step_seconds, 0.5),
+                tau_bounds(auto.sync_every)[1],
+                auto.sync_every,
+            )
 
     def _pace(self, seconds: float) -> None:
         """Rows for the next step from this one's ``seconds``; warn (rate-limited) when even
