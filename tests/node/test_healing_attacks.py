@@ -11,7 +11,7 @@ records of its own identities).
   in a round (K = 2 and K = 8, two processes) serves zeros at the run's last step and
   vouches for them under member lists it writes; nobody may adopt them or follow its step.
 
-All attacks run in one swarm (a module fixture; a swarm run costs about 100 s on two
+All attacks run in one swarm (a module fixture; a swarm run costs about 50 s on two
 cores): node a starts, the forger, the Sybil peer and the paper peers join, b joins early,
 c late. Each test fails without its defence: without the schedule bound and the vouch rule
 the early joiner b adopts the zeros at the last step and exits at once; without them the
@@ -43,7 +43,7 @@ from warm_node import WarmNode
 pytestmark = pytest.mark.swarm
 
 HOSTILE = Path(__file__).with_name("hostile_claims.py")
-STEPS = 240
+STEPS = 180
 TIMEOUT = 900.0
 PAPER_KEYS = (2, 8)
 """Keys of each paper peer (one process each)."""

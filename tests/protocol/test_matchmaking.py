@@ -168,10 +168,11 @@ def test_silent_leader_charged_next_in_line_leads_then_banned(
     "Liveness"). The one real-process check of this; the in-process replay with exact
     offence counts is in test_matchmaking_liveness.py. A round here lasts the silent
     leader's matchmaking bound (a window and three join timeouts, which it holds the JOINs
-    for): the three peers run these rounds with half the usual window and join timeout."""
+    for): the three peers run these rounds with a quarter of the usual window and join
+    timeout (loopback JOINs answer in milliseconds; the bound waits out the silence)."""
     peers = honest[:3]
     ids = [p.peer_id for p in peers]
-    short = dataclasses.replace(TIMEOUTS, matchmaking_window=0.5 * UNIT, join_timeout=1.0 * UNIT)
+    short = dataclasses.replace(TIMEOUTS, matchmaking_window=0.25 * UNIT, join_timeout=0.5 * UNIT)
     command(peers, "timeouts", short)
     command(peers[2:], "fault", Fault.SILENT_LEADER.value)
     rounds = [k for k in range(1, 200) if leader_order(ids, RUN_ID, RoundKey(fragment, k))[0] == 2]
