@@ -28,15 +28,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from test_swarm_node import SMALL, Node, listen
+from test_swarm_node import SMALL, Node, listen, nodes  # noqa: F401  (the fixture)
 
 from diloco.cli import main
 
@@ -134,111 +132,32 @@ def assert_unmoved(*honest: Node) -> None:
         assert grouped and set(grouped) == {2} and set(members) <= {1, 2}, (node.name, members)
 
 
-@dataclass
-class Outsiders:
-    """The closed swarm with outsiders: its honest pair, the refused joins, the reports."""
-
-    a: Node
-    b: Node
-    no_key: subprocess.CompletedProcess[str]
-    wrong_key: subprocess.CompletedProcess[str]
-    reports: list[dict[str, Any]]
-
-
-@dataclass
-class Leaked:
-    """The swarm with admission: creator, admitted joiner, the stranger, the leak's report."""
-
-    a: Node
-    b: Node
-    c: Node
-    report: dict[str, Any]
-
-
-def outsiders_run(folder: Path, started: list[Node | Hostile]) -> Outsiders:
-    """Outsiders without the key (K = 1 and K = 8) beside a closed pair; joins without the
-    key, or with another, meanwhile."""
-    key, other = folder / "swarm.key", folder / "other.key"
+def test_outsiders_records_change_nothing_in_a_closed_swarm(nodes, tmp_path) -> None:  # noqa: F811
+    key, other = tmp_path / "swarm.key", tmp_path / "other.key"
+    keygen("--swarm-key", str(key))
+    keygen("--swarm-key", str(other))
     run = ["--steps", STEPS, "--swarm-key", str(key), *SMALL]
-    a = Node("a", ["start", "--name", "closed", *run, *listen(2)], folder)
-    started.append(a)
+    a = nodes("a", ["start", "--name", "closed", *run, *listen(2)])
     address = a.address()
     outsiders = [
-        Hostile(folder / "one.log", address, 8, 1),
-        Hostile(folder / "eight.log", address, 9, 8),
+        Hostile(tmp_path / "one.log", address, 8, 1),
+        Hostile(tmp_path / "eight.log", address, 9, 8),
     ]
-    started.extend(outsiders)
-    reports = [outsider.report() for outsider in outsiders]
-    b = Node("b", ["join", "--initial-peers", address, *run, *listen(3)], folder)
-    started.append(b)
-    # meanwhile, a joiner without the key, or with another, is refused with a line saying why
-    no_key, wrong_key = diloco_each(
-        ["join", "--initial-peers", address, *listen(5)],
-        ["join", "--initial-peers", address, "--swarm-key", str(other), *listen(6)],
-    )
-    b.wait_step(UNTIL, TIMEOUT)
-    a.wait_step(UNTIL, TIMEOUT)
-    interrupt(a, b)
-    return Outsiders(a, b, no_key, wrong_key, reports)
-
-
-def leaked_run(folder: Path, started: list[Node | Hostile]) -> Leaked:
-    """A holder of the key whom the creator did not admit (K = 8) beside an admitted pair;
-    a stranger with the key but not admitted joins meanwhile."""
-    key, admit = folder / "swarm.key", folder / "admitted"
-    run = ["--steps", STEPS, "--swarm-key", str(key), *SMALL]
-    a = Node("a", ["start", "--name", "adm", "--admit", str(admit), *run, *listen(12)], folder)
-    started.append(a)
-    address = a.address()
-    leak = Hostile(folder / "leak.log", address, 19, 8, "--swarm-key", str(key))
-    started.append(leak)
-    report = leak.report()
-    identity = ["--identity", str(folder / "b.id")]
-    b = Node("b", ["join", "--initial-peers", address, *run, *identity, *listen(13)], folder)
-    started.append(b)
-    stranger = ["--identity", str(folder / "c.id"), *listen(15)]
-    c = Node("c", ["join", "--initial-peers", address, *run, *stranger], folder)
-    started.append(c)
-    assert c.process.wait(TIMEOUT) == 1, c.output()
-    b.wait_step(UNTIL, TIMEOUT)
-    a.wait_step(UNTIL, TIMEOUT)
-    interrupt(a, b)
-    return Leaked(a, b, c, report)
-
-
-@pytest.fixture(scope="module")
-def runs(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[tuple[Future[Outsiders], Future[Leaked]]]:
-    """Both swarms at once (separate runs, each node on its own loopback address): each
-    waits mostly for its processes' starts and its rounds, which leave the cores room for
-    the other. Each test reads its own run (a failure in one fails that test alone)."""
-    closed, admission = tmp_path_factory.mktemp("closed"), tmp_path_factory.mktemp("admission")
-    # keys and identities in this process (a new interpreter takes seconds), before the
-    # threads start: CliRunner swaps sys.stdout
-    keygen("--swarm-key", str(closed / "swarm.key"))
-    keygen("--swarm-key", str(closed / "other.key"))
-    keygen("--swarm-key", str(admission / "swarm.key"))
-    member = keygen("--identity", str(admission / "b.id"))
-    keygen("--identity", str(admission / "c.id"))
-    (admission / "admitted").write_text(f"# the members of run adm\n{member}\n")
-    started: list[Node | Hostile] = []
     try:
-        with ThreadPoolExecutor(2) as pool:
-            outsiders = pool.submit(outsiders_run, closed, started)
-            leaked = pool.submit(leaked_run, admission, started)
-            wait([outsiders, leaked])
-        yield outsiders, leaked
+        reports = [outsider.report() for outsider in outsiders]
+        b = nodes("b", ["join", "--initial-peers", address, *run, *listen(3)])
+        # meanwhile, a joiner without the key, or with another, is refused with a line
+        # saying why
+        no_key, wrong_key = diloco_each(
+            ["join", "--initial-peers", address, *listen(5)],
+            ["join", "--initial-peers", address, "--swarm-key", str(other), *listen(6)],
+        )
+        b.wait_step(UNTIL, TIMEOUT)
+        a.wait_step(UNTIL, TIMEOUT)
+        interrupt(a, b)
     finally:
-        for process in started:
-            process.stop()
-
-
-def test_outsiders_records_change_nothing_in_a_closed_swarm(
-    runs: tuple[Future[Outsiders], Future[Leaked]],
-) -> None:
-    run = runs[0].result()
-    a, b, no_key, wrong_key, reports = run.a, run.b, run.no_key, run.wrong_key, run.reports
+        for outsider in outsiders:
+            outsider.stop()
     assert no_key.returncode == 1, no_key.stderr
     assert "is a closed swarm" in no_key.stderr and "--swarm-key FILE" in no_key.stderr
     assert wrong_key.returncode == 1 and "is not the key of run" in wrong_key.stderr
@@ -257,11 +176,28 @@ def test_outsiders_records_change_nothing_in_a_closed_swarm(
             assert node.output().count(line) == 1, (node.name, peer)
 
 
-def test_a_leaked_key_without_admission_changes_nothing(
-    runs: tuple[Future[Outsiders], Future[Leaked]],
-) -> None:
-    run = runs[1].result()
-    a, b, c, report = run.a, run.b, run.c, run.report
+def test_a_leaked_key_without_admission_changes_nothing(nodes, tmp_path) -> None:  # noqa: F811
+    key, admit = tmp_path / "swarm.key", tmp_path / "admitted"
+    keygen("--swarm-key", str(key))
+    member = keygen("--identity", str(tmp_path / "b.id"))
+    keygen("--identity", str(tmp_path / "c.id"))
+    admit.write_text(f"# the members of run adm\n{member}\n")
+    run = ["--steps", STEPS, "--swarm-key", str(key), *SMALL]
+    a = nodes("a", ["start", "--name", "adm", "--admit", str(admit), *run, *listen(2)])
+    address = a.address()
+    leak = Hostile(tmp_path / "leak.log", address, 9, 8, "--swarm-key", str(key))
+    try:
+        report = leak.report()
+        identity = ["--identity", str(tmp_path / "b.id")]
+        b = nodes("b", ["join", "--initial-peers", address, *run, *identity, *listen(3)])
+        stranger = ["--identity", str(tmp_path / "c.id"), *listen(5)]
+        c = nodes("c", ["join", "--initial-peers", address, *run, *stranger])
+        assert c.process.wait(TIMEOUT) == 1, c.output()
+        b.wait_step(UNTIL, TIMEOUT)
+        a.wait_step(UNTIL, TIMEOUT)
+        interrupt(a, b)
+    finally:
+        leak.stop()
     assert "is not admitted to run adm-" in c.output() and "Traceback" not in c.output()
     assert_unmoved(a, b)
     assert len(report["ids"]) == 8
