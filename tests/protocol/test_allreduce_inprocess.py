@@ -378,7 +378,7 @@ def test_stalled_reducer_part_rereduced_with_everyone_counted() -> None:
     types[stalled] = _STALLING_REDUCER
 
     async def main() -> list[Outcome]:
-        round_ = Round(inputs, weights, types, timeouts=TIMEOUTS.scaled(0.5), clip_factor=0)
+        round_ = Round(inputs, weights, types, timeouts=TIMEOUTS.scaled(0.25), clip_factor=0)
         await round_.start()
         return await round_.outcomes()
 

@@ -125,7 +125,7 @@ def test_leave_waits_for_a_regular_store_in_flight() -> None:
     assert swarm.held.wait(30), "the regular store never started"
     leaving = threading.Thread(target=publisher.leave)
     leaving.start()
-    leaving.join(LEAVE_TIMEOUT / 3)  # leave would have stored its record by now
+    leaving.join(LEAVE_TIMEOUT / 6)  # leave would have stored its record by now
     swarm.gate.set()
     in_flight.join(30)
     leaving.join(30)

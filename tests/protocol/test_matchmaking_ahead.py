@@ -166,7 +166,7 @@ def test_a_peer_that_announced_nothing_still_has_the_window_from_the_send_step()
     wait for it a window from their send step, as when declaring there: one group of
     three. Counting the window from their early declaration, they would have formed a
     group of two at once and refused the third (GROUP_CLOSED)."""
-    short = RoundTimeouts(matchmaking_window=1.0, join_timeout=1.0)
+    short = RoundTimeouts(matchmaking_window=0.5, join_timeout=0.5)
     *early, late = _peers(40, 3, short)
 
     async def main() -> list[GroupInfo]:
@@ -177,7 +177,7 @@ def test_a_peer_that_announced_nothing_still_has_the_window_from_the_send_step()
         await _until_read(early, 2)
         await asyncio.sleep(short.matchmaking_window * 1.2)  # training meanwhile
         forming = [asyncio.create_task(_form(peer)) for peer in early]
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.1)
         group = await late.form_group(KEY, NUMEL, 0, 0, 1.0, PRIOR)
         return [group, *[(await task)[0] for task in forming]]
 
@@ -188,12 +188,12 @@ def test_a_peer_that_announced_nothing_still_has_the_window_from_the_send_step()
 
 def test_a_leader_still_training_toward_its_send_step_is_not_charged_as_silent() -> None:
     """The follower JOINs a leader that announced the round ahead (with 10 s to go) and
-    reaches its send step 3.4 s later, past the due time a leader that declared at its send
-    step has (a window and two join timeouts: 3 s) but within the follower's matchmaking
-    bound (4 s). The follower waits: one group, no offence. Before, it charged the honest
+    reaches its send step 1.7 s later, past the due time a leader that declared at its send
+    step has (a window and two join timeouts: 1.5 s) but within the follower's matchmaking
+    bound (2 s). The follower waits: one group, no offence. Before, it charged the honest
     leader as silent (three such rounds banned it, as a 200 ms swarm showed at start-up) and
     failed over."""
-    timeouts = RoundTimeouts(matchmaking_window=1.0, join_timeout=1.0)
+    timeouts = RoundTimeouts(matchmaking_window=0.5, join_timeout=0.5)
     leader, follower = _peers(50, 2, timeouts)
 
     async def main() -> tuple[GroupInfo, GroupInfo]:
@@ -202,7 +202,7 @@ def test_a_leader_still_training_toward_its_send_step_is_not_charged_as_silent()
             _open(peer, lead=10.0)
         await _until_read([leader, follower], 2)
         following = asyncio.create_task(follower.form_group(KEY, NUMEL, 0, 0, 1.0, PRIOR))
-        await asyncio.sleep(3.4)
+        await asyncio.sleep(1.7)
         assert not following.done()
         return await leader.form_group(KEY, NUMEL, 0, 0, 1.0, PRIOR), await following
 

@@ -24,7 +24,7 @@ from diloco.protocol.wire.frames import Join, RoundTag
 
 RUN_ID = "liveness-0123456789abcdef"
 DIGEST = bytes(range(16))
-TIMEOUTS = RoundTimeouts(matchmaking_window=0.5, join_timeout=0.5)
+TIMEOUTS = RoundTimeouts(matchmaking_window=0.25, join_timeout=0.25)
 ROUNDS = 6
 
 
@@ -124,7 +124,7 @@ def test_a_leader_that_counts_more_live_nodes_than_its_follower_is_not_charged()
     declared at once) but knows four live records (``live_nodes``): the GROUP is not due
     before the leader's window has ended, and nobody is charged. Counting only its own two,
     the follower charged the honest leader a join timeout before the GROUP came."""
-    timeouts = RoundTimeouts(matchmaking_window=3.0, join_timeout=1.0)
+    timeouts = RoundTimeouts(matchmaking_window=1.5, join_timeout=0.5)
     network, table = MemoryNetwork(), Table()
     identities = [make_identity(60 + i) for i in range(3)]
     bans = [CountingBans() for _ in identities[:2]]

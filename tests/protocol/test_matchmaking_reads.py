@@ -150,7 +150,7 @@ def test_followers_of_a_dead_leader_agree_on_its_successor_whatever_they_saw_fir
     group of four. Before, each picked the successor from the view it had followed with:
     the third led a group of its own, waiting for peers that JOINed the first, and the
     round split (seen in the swarm test of a dead leader)."""
-    timeouts = RoundTimeouts(matchmaking_window=1.0, join_timeout=0.5)
+    timeouts = RoundTimeouts(matchmaking_window=0.5, join_timeout=0.25)
     network, table = MemoryNetwork(), Table()
     identities = sorted(
         (make_identity(30 + i) for i in range(5)),

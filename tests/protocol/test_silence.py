@@ -125,7 +125,7 @@ def test_silent_member_dropped_and_charged_by_every_reducer_then_refused() -> No
             MemoryDHT(make_identity(i), table),
             "silence-0123456789abcdef",
             bytes(range(16)),
-            RoundTimeouts(matchmaking_window=1.0, join_timeout=1.0),
+            RoundTimeouts(matchmaking_window=0.5, join_timeout=0.5),
             bans[i],
             target_group_size=MEMBERS,
         )

@@ -199,10 +199,10 @@ def test_member_dying_as_it_delivers_its_stage_1_part_is_stood_in_for() -> None:
     a part missing). Each then runs the group with the victim's stand-in, which holds the
     victim's cell value: all 11 survivors hold the staged mean of all 12."""
     victim = 3
-    # a quarter of the timeouts: nothing is signed here, and the two failed groups wait
+    # a tenth of the timeouts: nothing is signed here, and the two failed groups wait
     # for the dead member's report until the report deadline (the sum of the all-reduce's
-    # timeouts: 6 s), while a stage of this round takes about 0.05 s
-    fast = TIMEOUTS.scaled(0.25)
+    # timeouts: 2.4 s), while a stage of this round takes about 0.05 s
+    fast = TIMEOUTS.scaled(0.1)
     results = asyncio.run(_round("none", victim, die_in=1, delivering=True, timeouts=fast))
     plan = _plan()
     expected = staged_mean(plan, deltas(), get_codec("none"), lost={victim: 1}).values[0]
