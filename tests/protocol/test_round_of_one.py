@@ -68,6 +68,14 @@ def test_alone_a_round_of_one_then_with_a_peer_no_round(lone: Swarm) -> None:
         peer.shutdown()
 
 
+def fails_alone(reducer: SwarmReducer, lone: Swarm) -> None:
+    """The node's next round fails for want of a group: no round of one."""
+    me = lone.peer_id.to_base58()
+    future = reducer.reduce(RoundKey(0, 1), [Contribution(me, torch.ones(100), 1.0)])
+    with pytest.raises(RoundFailed, match="no group: 1 member"):
+        future.result(60)
+
+
 def test_no_round_of_one_while_the_last_read_of_records_saw_a_peer(lone: Swarm) -> None:
     """A fresh read of the records finds nobody else (it may come back empty on a slow
     network), but the publisher's last read saw a peer: the round fails rather than leave
@@ -75,10 +83,7 @@ def test_no_round_of_one_while_the_last_read_of_records_saw_a_peer(lone: Swarm) 
     reducer = SwarmReducer(lone, get_codec("e3m0"), timeouts=TIMEOUTS, rounds_of_one=True)
     try:
         reducer.set_target_group_size(2, live_nodes=2)
-        me = lone.peer_id.to_base58()
-        future = reducer.reduce(RoundKey(0, 1), [Contribution(me, torch.ones(100), 1.0)])
-        with pytest.raises(RoundFailed, match="no group: 1 member"):
-            future.result(60)
+        fails_alone(reducer, lone)
     finally:
         reducer.close()
 
@@ -120,10 +125,7 @@ def test_no_round_of_one_after_sending_its_state_to_a_joiner(lone: Swarm) -> Non
         fetched = joiner.fetch_state([0], {0: 100}, donors=[lone.peer_id])
         assert fetched.global_step == 7
         assert lone.read_records() == []  # no live record but its own (none published)
-        me = lone.peer_id.to_base58()
-        future = reducer.reduce(RoundKey(0, 1), [Contribution(me, torch.ones(100), 1.0)])
-        with pytest.raises(RoundFailed, match="no group: 1 member"):
-            future.result(60)
+        fails_alone(reducer, lone)
     finally:
         reducer.close()
         joiner.shutdown()
