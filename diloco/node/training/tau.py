@@ -107,12 +107,22 @@ def target_tau(
     margin: int = MARGIN_STEPS,
     network: float = 0.0,
 ) -> int:
-    """``clamp(ceil(latency quantile / median step seconds) + margin, 1, tau_ceiling)``."""
+    """``clamp(steps_to_hide, 1, tau_ceiling)``."""
     low = tau_bounds(sync_every)[0]
     high = tau_ceiling(step_seconds, sync_every, max_ahead, network)
+    return max(low, min(high, steps_to_hide(latencies, step_seconds, quantile, margin)))
+
+
+def steps_to_hide(
+    latencies: Sequence[float],
+    step_seconds: Sequence[float],
+    quantile: float = LATENCY_QUANTILE,
+    margin: int = MARGIN_STEPS,
+) -> int:
+    """``ceil(latency quantile / median step seconds) + margin``: the tau that hides the
+    rounds, unbounded."""
     step = max(nearest_rank(step_seconds, 0.5), 1e-9)
-    steps = math.ceil(nearest_rank(latencies, quantile) / step) + margin
-    return max(low, min(high, steps))
+    return math.ceil(nearest_rank(latencies, quantile) / step) + margin
 
 
 def next_tau(current: int, target: int, lower_by: int = LOWER_BY) -> int:
@@ -190,8 +200,7 @@ class TauAuto:
             self.max_ahead,
             network=self.network,
         )
-        step = max(nearest_rank(self.step_seconds, 0.5), 1e-9)
-        hiding = math.ceil(nearest_rank(self.latencies, LATENCY_QUANTILE) / step) + MARGIN_STEPS
+        hiding = steps_to_hide(self.latencies, self.step_seconds)
         self.period_short = hiding > tau_bounds(self.sync_every)[1]
         new = self.tau
         if target > self.tau or self.rounds_since >= ROUNDS_BETWEEN:

@@ -74,10 +74,10 @@ class NodeTrainer:
         tau = run.outer.fragment_sync_delay if fixed is None else fixed
         check_tau(tau, run.outer.sync_every)
         self.tau_auto = TauAuto(run.outer.sync_every, tau) if options.tau == "auto" else None
-        self.period_warned = False
-        """Whether the node said that its sync period is too short to hide its rounds."""
         """``--tau auto``: this node's tau from its round latency and step time; None for a
         fixed tau."""
+        self.period_warned = False
+        """Whether the node said that its sync period is too short to hide its rounds."""
         if self.tau_auto is not None:
             tau = self.tau_auto.tau
         self.corpus = corpus or load_corpus(options.data)
