@@ -116,15 +116,19 @@ def test_silent_leader_charged_without_a_target_group_size() -> None:
     _check(target_group_size=None)
 
 
-def test_a_leader_that_counts_more_live_nodes_than_its_follower_is_not_charged() -> None:
+def test_a_late_leader_that_counts_more_live_nodes_than_its_follower_is_not_charged() -> None:
     """Each node counts the nodes a round waits for on its own evidence (node/evidence/claims.py
-    ``group_target``), so a leader can wait for more than its follower counts. Here the
-    leader counts a fourth node that never comes, so it waits out its window, then a join
-    timeout for a third peer that declared and never JOINs. Its follower counts two (both
-    declared at once) but knows four live records (``live_nodes``): the GROUP is not due
-    before the leader's window has ended, and nobody is charged. Counting only its own two,
-    the follower charged the honest leader a join timeout before the GROUP came."""
-    timeouts = RoundTimeouts(matchmaking_window=1.5, join_timeout=0.5)
+    ``group_target``), so a leader can wait for more than its follower counts. Here both
+    announced the round ahead for 0.1 s later and reach their send step 1.2 s later (a
+    training thread blocked meanwhile). The leader counts a fourth node that never comes, so
+    it waits out its window from its send step, then a join timeout for a third peer that
+    declared and never JOINs: its GROUP comes 1.5 s after the send step. Its follower counts
+    two (both declared long ago), so by its own count the leader chose its role at once, and
+    the leader's announcement promised that 1.1 s before; but the follower knows four live
+    records (``live_nodes``), so the leader may be waiting for them: the GROUP is due a
+    window after the follower's own choice and two join timeouts (2.0 s after the send step).
+    Counting only its own two, the follower charged the honest leader at 1.0 s."""
+    timeouts = RoundTimeouts(matchmaking_window=1.0, join_timeout=0.5)
     network, table = MemoryNetwork(), Table()
     identities = [make_identity(60 + i) for i in range(3)]
     bans = [CountingBans() for _ in identities[:2]]
@@ -148,10 +152,14 @@ def test_a_leader_that_counts_more_live_nodes_than_its_follower_is_not_charged()
     )
 
     async def main() -> list[GroupInfo | BaseException]:
-        for peer in (leader, follower):
-            await peer.start()
         silent = MemoryDHT(identities[2], table)
         await declare_round(silent, round_key(RUN_ID, key), 1.0, 1e12)
+        for peer in (leader, follower):
+            await peer.start()
+            peer.open_ahead(key, peer.join_request(key, 1000, 0, 0, 1.0, False), "", True, 0.1)
+        while not all(len(p._lobbies[key].arrived) >= 3 for p in (leader, follower)):
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(1.2)  # both blocked on another round: late for the announcement
         tasks = [peer.form_group(key, 1000, 0, 0, 1.0) for peer in (leader, follower)]
         outcomes = await asyncio.gather(*tasks, return_exceptions=True)
         network.close()
