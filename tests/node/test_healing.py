@@ -482,24 +482,53 @@ def test_healer_join_takes_the_robust_step_and_settles_rounds_in_flight(corpus: 
     assert torch.equal(trainer.sync.states[0].outer, landed.fragments[0].outer)
 
 
-def test_healer_join_skips_a_donor_whose_initial_state_is_not_ours(
-    corpus: Any, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_healer_join_downloads_one_fragment_before_the_first_round(corpus: Any) -> None:
+    """Every record holds every fragment at version 0 under the run's initial hash: the
+    joiner built that state itself from the run's seed, so it downloads only the smallest
+    fragment, which tells the donor that a peer starts from its state (before, the
+    creator's upload carried the whole model to every joiner at the run's start), and
+    starts at the records' step."""
     trainer = make_trainer(corpus)
-    honest = OuterState(5, {p: s.clone() for p, s in enumerate(trainer.sync.states)})
-    zeros = donor_state(trainer, 5, 0)  # version 0, but not the run's initial weights
-    entries = initial_entries(trainer)  # both claim the initial hashes
-    swarm = FakeSwarm(
-        [record("forger", 5, *entries), record("honest", 5, *entries)],
-        {"forger": zeros, "honest": honest},
-    )
-    healer, _ = make_healer(trainer, swarm, anchors=["honest"])
-    with caplog.at_level("WARNING"):
-        healer.join(deadline=time.monotonic() + 30)
-    assert [donors for _, donors in swarm.asked] == [["forger"], ["honest"]]
+    initial = OuterState(5, {p: s.clone() for p, s in enumerate(trainer.sync.states)})
+    sizes = [s.outer.numel() for s in trainer.sync.states]
+    entries = initial_entries(trainer)
+    swarm = FakeSwarm([record("creator", 5, *entries)], {"creator": initial})
+    healer, _ = make_healer(trainer, swarm, anchors=["creator"])
+    healer.join(deadline=time.monotonic() + 30)
+    assert swarm.asked == [([sizes.index(min(sizes))], ["creator"])]
+    assert min(sizes) < sum(sizes) / len(sizes)  # a smaller download than before
     assert [s.sha256() for s in trainer.sync.states] == [h for _, _, h in entries]
     assert trainer.step == 5
-    assert "peer forger: download refused: a forged state: fragment 0 at version 0" in caplog.text
+
+
+def test_healer_join_skips_a_donor_whose_state_is_not_the_vouched_one(
+    corpus: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Round 1 of fragment 2 (sent at step 8) was applied: the joiner downloads that
+    fragment alone (the others are at the initial state, its own). The first donor serves
+    it at version 0 and not the run's initial weights: refused and named; the next one's
+    is adopted."""
+    trainer = make_trainer(corpus)
+    landed = donor_state(trainer, 10, 1).fragments[2]
+    honest = OuterState(10, {p: s.clone() for p, s in enumerate(trainer.sync.states)})
+    honest.fragments[2] = landed
+    zeros = donor_state(trainer, 10, 0)  # version 0, but not the run's initial weights
+    h = landed.sha256()
+    entries = [*initial_entries(trainer, skip=2), (2, 1, h)]
+    swarm = FakeSwarm(
+        [record("forger", 10, *entries), record("honest", 10, *entries)],
+        {"forger": zeros, "honest": honest},
+        vouches_for(2, 1, h, "forger", "honest"),
+    )
+    healer, _ = make_healer(trainer, swarm, anchors=["honest"], workers=("forger", "honest"))
+    expected = [h0 for _, _, h0 in initial_entries(trainer)]
+    expected[2] = h
+    with caplog.at_level("WARNING"):
+        healer.join(deadline=time.monotonic() + 30)
+    assert swarm.asked == [([2], ["forger"]), ([2], ["honest"])]
+    assert [s.sha256() for s in trainer.sync.states] == expected
+    assert trainer.step == 10
+    assert "peer forger: download refused: a forged state: fragment 2 at version 0" in caplog.text
 
 
 def test_healer_adopting_a_newer_round_moves_on_to_its_send_step(corpus: Any) -> None:

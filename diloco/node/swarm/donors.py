@@ -100,6 +100,25 @@ def join_donors(view: SwarmView, num_fragments: int) -> list[NodeRecord]:
     return sorted(vouched, key=rank)
 
 
+def beyond_initial(
+    view: SwarmView, fragments: Sequence[int], initial_hashes: Sequence[str]
+) -> list[int]:
+    """The ``fragments`` that some record holds past the run's initial state.
+
+    A fragment that every record still holds at version 0 under this node's initial hash
+    (no round of it has been applied yet) is the state this node built itself from the
+    run's seed: downloading it would bring the same bytes again, at the run's start several
+    megabytes per joiner from the creator's upload, seconds over a home line while the
+    swarm trains on. A record claiming more (honest or not) keeps the fragment in the
+    download, as before.
+    """
+    return [
+        p
+        for p in fragments
+        if any(version_of(r, p) > 0 or hash_of(r, p) != initial_hashes[p] for r in view.records)
+    ]
+
+
 def heal_plan(
     view: SwarmView, mine: Mine, my_step: int, fragments: Sequence[int]
 ) -> dict[int, list[NodeRecord]]:

@@ -43,6 +43,7 @@ from diloco.node.evidence.witness import Witness
 from diloco.node.swarm.donors import (
     MAX_LAG_STEPS,
     Mine,
+    beyond_initial,
     catch_up_step,
     choose_donors,
     fragments_to_adopt,
@@ -227,7 +228,8 @@ class Healer:
 
     def join(self, deadline: float) -> None:
         """A joiner's first act: download every fragment from a donor whose whole state is
-        vouched, and start at the swarm's robust step (raised to the send step of the
+        vouched (but those no round has changed yet: ``beyond_initial``), and start at the
+        swarm's robust step (raised to the send step of the
         newest round adopted, so that our own record stays plausible). Donors are retried
         until ``deadline``: a fresh daemon's first dials can fail, vouches of the newest
         rounds come a few seconds after them, and a busy donor may refuse.
@@ -242,7 +244,12 @@ class Healer:
                 donors = [r.peer_id for r in join_donors(view, len(fragments))]
                 if not donors:
                     raise ProtocolError("no node publishes a vouched state yet")
-                state = self.fetch_vouched(fragments, donors, view)
+                # None beyond: no round applied yet, the initial state is ours already. The
+                # donor still sends the smallest fragment: a peer that took its state keeps
+                # it from rounds of one (docs/design.md "Algorithm and schedule").
+                smallest = min(fragments, key=lambda p: self.numel[p])
+                wanted = beyond_initial(view, fragments, self.initial_hashes) or [smallest]
+                state = self.fetch_vouched(wanted, donors, view)
                 break
             except ProtocolError as error:
                 if time.monotonic() > deadline:
