@@ -110,7 +110,7 @@ def beyond_initial(
     run's seed: downloading it would bring the same bytes again, at the run's start several
     megabytes per joiner from the creator's upload, seconds over a home line while the
     swarm trains on. A record claiming more (honest or not) keeps the fragment in the
-    download, as before.
+    download, which then brings whatever state is vouched.
     """
     return [
         p

@@ -229,10 +229,10 @@ class Healer:
     def join(self, deadline: float) -> None:
         """A joiner's first act: download every fragment from a donor whose whole state is
         vouched (but those no round has changed yet: ``beyond_initial``), and start at the
-        swarm's robust step (raised to the send step of the
-        newest round adopted, so that our own record stays plausible). Donors are retried
-        until ``deadline``: a fresh daemon's first dials can fail, vouches of the newest
-        rounds come a few seconds after them, and a busy donor may refuse.
+        swarm's robust step (raised to the send step of the newest round adopted, so that
+        our own record stays plausible). Donors are retried until ``deadline``: a fresh
+        daemon's first dials can fail, vouches of the newest rounds come a few seconds after
+        them, and a busy donor may refuse.
 
         Raises:
             DilocoError: no vouched state by ``deadline``.
