@@ -238,16 +238,16 @@ class Healer:
             DilocoError: no vouched state by ``deadline``.
         """
         fragments = list(range(self.schedule.num_fragments))
+        # Asked for when no round has been applied yet (the initial state is ours already):
+        # a peer that took its donor's state keeps that donor from rounds of one
+        # (docs/design.md "Algorithm and schedule").
+        smallest = min(fragments, key=lambda p: self.numel[p])
         while True:
             view = self.read_view()
             try:
                 donors = [r.peer_id for r in join_donors(view, len(fragments))]
                 if not donors:
                     raise ProtocolError("no node publishes a vouched state yet")
-                # None beyond: no round applied yet, the initial state is ours already. The
-                # donor still sends the smallest fragment: a peer that took its state keeps
-                # it from rounds of one (docs/design.md "Algorithm and schedule").
-                smallest = min(fragments, key=lambda p: self.numel[p])
                 wanted = beyond_initial(view, fragments, self.initial_hashes) or [smallest]
                 state = self.fetch_vouched(wanted, donors, view)
                 break
