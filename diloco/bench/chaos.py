@@ -22,7 +22,8 @@ bootstrap from. Then every node trains to the end. Recorded from the nodes' ``--
 lines: rounds attempted / applied / failed, heals, non-finite losses, the outer state hash of
 every (fragment, round) per node, final eval losses; from the processes: incarnations that
 exited unasked (crashed), nodes whose step stood still ``hang_s`` while not frozen (hung),
-helper processes left in a killed node's session (orphans). ``faults=False`` runs the same
+what a killed node left behind: helper processes, p2pd's socket, torch's shared-memory
+files (orphans). ``faults=False`` runs the same
 swarm without the controller: the fault-free reference.
 """
 
@@ -39,7 +40,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from diloco.bench.procs import NodeProcess
+from diloco.bench.procs import Footprint, NodeProcess, footprint, left_behind
+
+LEFTOVER_BOUND_S = 40.0
+"""Seconds after a kill by which its node's helpers, socket and shared-memory files must be
+gone: torch's manager removes its files about 2 s after the node (10 s once on a loaded
+machine); the bound guards against things never removed, it is no speed target."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -86,6 +92,8 @@ class Swarm:
         self.crashed: list[dict[str, Any]] = []
         self.hung: list[str] = []
         self.orphans: list[dict[str, Any]] = []
+        self.killed: list[tuple[str, float, Footprint]] = []
+        """Each kill: the node, when, and what it held then."""
         self.start = time.monotonic()
 
     def args(self, i: int, resume: bool = False) -> list[str]:
@@ -175,11 +183,21 @@ class Swarm:
             while node.step() not in sends and time.monotonic() < deadline and node.alive():
                 time.sleep(0.02)
         step = node.step()
+        held = footprint(node.pid)
         self.asked.add(node.pid)
         node.process.kill()
         node.process.wait(10)
+        self.killed.append((node.name, time.monotonic(), held))
         saved = self.has_checkpoint(node)
-        self.log(action="kill", node=node.name, step=step, mid_round=mid_round, saved=saved)
+        self.log(
+            action="kill",
+            node=node.name,
+            step=step,
+            mid_round=mid_round,
+            saved=saved,
+            helpers=len(held.helpers),
+            daemon_sockets=len(held.daemon_sockets),
+        )
 
     def cycle(self, rng: random.Random, n: int) -> None:
         """One freeze of a random node and, meanwhile, a kill and restart of another."""
@@ -195,11 +213,8 @@ class Swarm:
         frozen_at = time.monotonic()
         self.log(action="freeze", node=frozen.name, step=frozen.step(), seconds=c.freeze_s)
         time.sleep(rng.uniform(0.0, 2.0))
-        session = victim.pid
         self.kill(victim, mid_round=n % 2 == 0)
         time.sleep(rng.uniform(*c.downtime_s))
-        if left := in_session(session):
-            self.orphans.append({"node": victim.name, "pids": left})
         steps_before = self.steps_logged(victim)
         victim.restart(self.args(self.nodes.index(victim), resume=True))
         self.log(action="restart", node=victim.name)
@@ -244,6 +259,11 @@ class Swarm:
             if node.alive():
                 self.hang(node)
         self.check()
+        for name, killed_at, held in self.killed:
+            while (left := left_behind(held)) and time.monotonic() < killed_at + LEFTOVER_BOUND_S:
+                time.sleep(0.2)
+            if left:
+                self.orphans.append({"node": name, "left": left})
 
     def hang(self, node: NodeProcess) -> None:
         self.hung.append(node.name)
@@ -255,21 +275,6 @@ class Swarm:
             if node.alive():
                 self.asked.add(node.pid)
                 node.kill_group()
-
-
-def in_session(session: int) -> list[int]:
-    """Running processes of a session (a killed node's DHT process, p2pd...)."""
-    left = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] not in "ZX" and fields[3] == str(session):
-            left.append(int(entry.name))
-    return left
 
 
 def finite(value: Any) -> bool:

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -196,3 +197,48 @@ def sample(node_pid: int) -> dict[str, dict[str, int]]:
             key = f"{name}#{n}"
         out[key] = used
     return out
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What a running node holds beside its own process, all of which must go when it is
+    killed (SIGKILL, as the OOM killer sends it): nothing in it can clean up."""
+
+    helpers: tuple[int, ...]
+    """Its descendants: the DHT process, p2pd, torch's shared-memory manager."""
+    daemon_sockets: frozenset[str]
+    """p2pd's unix socket paths (``/tmp/hivemind-p2pd-*.sock``)."""
+    shm_files: frozenset[str]
+    """torch's shared-memory files of the node and its helpers (``/dev/shm/torch_PID_*``)."""
+
+
+def footprint(pid: int) -> Footprint:
+    """The footprint of the running node ``pid`` now."""
+    helpers = process_tree(pid)
+    inodes = set()
+    for each in helpers:
+        fds = Path(f"/proc/{each}/fd")
+        try:
+            links = [os.readlink(fd) for fd in fds.iterdir()]
+        except OSError:
+            continue
+        inodes |= {link[len("socket:[") : -1] for link in links if link.startswith("socket:[")}
+    lines = Path("/proc/net/unix").read_text().splitlines()[1:]
+    sockets = {f[7] for f in map(str.split, lines) if len(f) == 8 and f[6] in inodes}
+    prefixes = tuple(f"torch_{p}_" for p in (pid, *helpers))
+    shm = {f.name for f in Path("/dev/shm").glob("torch_*") if f.name.startswith(prefixes)}
+    return Footprint(
+        tuple(helpers),
+        frozenset(path for path in sockets if "/hivemind-p2pd-" in path),
+        frozenset(shm),
+    )
+
+
+def left_behind(print_: Footprint) -> list[str]:
+    """What of a killed node's footprint is still there: running helpers (by PID), socket
+    paths, shared-memory files."""
+    return [
+        *[f"pid {pid}" for pid in print_.helpers if _stat(pid) is not None],
+        *[path for path in print_.daemon_sockets if Path(path).exists()],
+        *[f"/dev/shm/{name}" for name in print_.shm_files if Path("/dev/shm", name).exists()],
+    ]

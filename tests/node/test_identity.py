@@ -17,14 +17,16 @@ from diloco.protocol.trust.identity import load_identity
 def test_joiner_dht_takes_its_peer_id_from_the_identity_file(tmp_path: Path) -> None:
     path = tmp_path / "node.key"
     net = NetworkOptions(identity_path=str(path))
-    ids = []
+    ids, reused = [], []
     for _ in range(2):  # the first run creates the key, the second reuses it
         dht = make_dht(net)
         try:
             ids.append(dht.peer_id)
+            reused.append(dht.reused_identity)
         finally:
             dht.shutdown()
     assert ids[0] == ids[1] == PeerID.from_base58(load_identity(path).peer_id)
+    assert reused == [False, True]  # the second may find its first's declarations
 
 
 @pytest.mark.swarm

@@ -357,37 +357,6 @@ def test_single_node_resume_equals_uninterrupted_run(nodes, tmp_path) -> None:
     assert all(torch.equal(straight_weights[k], resumed_weights[k]) for k in straight_weights)
 
 
-def test_killed_nodes_leave_nothing_running(nodes) -> None:
-    """SIGKILL of the node process alone (as the OOM killer sends it), first of a joiner in
-    the middle of training, then of the starting node: the DHT process, p2pd and torch's
-    manager end too, and the daemon's socket is removed; the survivor trains on."""
-    # rounds wait little for peers and parts: the survivor's round with the killed joiner
-    # fails sooner, and a lone node's rounds take less than the default 2 s
-    quick = ["--matchmaking-window", "0.5", "--round-timeout", "2", *SMALL]
-    a = nodes("a", ["start", "--name", "k", "--steps", "100000", *quick, *listen(2)])
-    b = nodes("b", ["join", "--initial-peers", a.address(), *quick, *listen(3)])
-    b.wait_step(1, timeout=300)  # joined, at the swarm's step
-    b.wait_step(b.step() + 7, timeout=300)  # past its first send step (one every 6)
-    for node in (b, a):
-        session, others = started_by(node.process.pid)
-        assert len(session) == 2, f"expected the DHT process and p2pd, got {session}"
-        everyone = [node.process.pid, *session, *others]
-        daemon = {path for path in unix_sockets(everyone) if "/hivemind-p2pd-" in path}
-        assert daemon, unix_sockets(everyone)
-        node.process.kill()
-        node.process.wait(10)
-        deadline = time.monotonic() + CLEANUP_S + EXIT_BOUND_S
-        while left := [
-            *[pid for pid in [*session, *others] if stat(pid)],
-            *shm_files(everyone),
-            *[path for path in daemon if Path(path).exists()],
-        ]:
-            assert time.monotonic() < deadline, f"{node.name} left behind: {left}"
-            time.sleep(0.2)
-        if node is b:
-            a.wait_step(a.step() + 7, timeout=300)  # past its next send step (one every 6)
-
-
 def test_bf16_nodes_on_prepared_tokens_agree_and_export_for_transformers(
     nodes, tmp_path, monkeypatch
 ) -> None:

@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from hivemind.p2p import PeerID
 from memory_dht import MemoryDHT, Table
 from memory_p2p import MemoryNetwork, make_identity
 
+from diloco.errors import RoundFailed
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
 from diloco.protocol.core.reducer import RoundKey
 from diloco.protocol.matchmaking.lobby import leader_rank, round_key
@@ -313,3 +315,49 @@ def test_a_declaration_that_timed_out_but_landed_is_still_replaced_after_a_heal(
     asyncio.run(main())
     view = asyncio.run(read_round_view(dht, DHT_KEY))
     assert view[healed.p2p.peer_id].prior == prior_tag(new_prior)
+
+
+def test_a_leader_that_has_not_opened_the_round_yet_is_asked_again() -> None:
+    """The leader announced the round and came later than it said: its lobby opened ahead
+    was dropped (lead 0), so the follower's JOIN finds no lobby there (UNKNOWN_ROUND). The
+    leader reaches its send step 0.6 s later, within the follower's matchmaking bound: the
+    follower asked again and both are in one group. Before, the follower failed at the
+    first refusal and the leader led alone (a 6-node run at 300 ms lost a fragment's first
+    round for every node this way)."""
+    timeouts = RoundTimeouts(matchmaking_window=0.3, join_timeout=0.5)
+    leader, follower = _peers(70, 2, timeouts)
+
+    async def main() -> tuple[GroupInfo, GroupInfo]:
+        for peer in (leader, follower):
+            await peer.start()
+        _open(leader, lead=0.0)
+        while KEY in leader._lobbies:  # declared, then dropped unclaimed
+            await asyncio.sleep(0.01)
+        following = asyncio.create_task(follower.form_group(KEY, NUMEL, 0, 0, 1.0, PRIOR))
+        await asyncio.sleep(0.6)
+        assert not following.done()
+        return await leader.form_group(KEY, NUMEL, 0, 0, 1.0, PRIOR), await following
+
+    led, followed = asyncio.run(main())
+    assert led.group_id == followed.group_id
+    assert set(led.members) == {leader.p2p.peer_id, follower.p2p.peer_id}
+
+
+def test_a_join_after_the_leader_failed_the_round_is_told_the_round_ended() -> None:
+    """The leader's round failed (nobody came in its window) and its matchmaking ended; a
+    JOIN after that is told GROUP_CLOSED, so the late follower does not wait out its bound
+    asking again as it would a leader that has not reached the round yet."""
+    short = RoundTimeouts(matchmaking_window=0.1, join_timeout=0.1, connect_timeout=1.0)
+    alone, late = _peers(80, 2, short)
+
+    async def main() -> tuple[Kind, bytes]:
+        await alone.start()
+        await late.start()
+        with pytest.raises(RoundFailed, match="no group: 1 member"):
+            await alone.form_group(KEY, NUMEL, 0, 0, 1.0, PRIOR)
+        request = late.join_request(KEY, NUMEL, 0, 0, 1.0, False)
+        return await late._call_join(alone.p2p.peer_id, request)
+
+    kind, body = asyncio.run(main())
+    assert kind == Kind.REJECT
+    assert Reject.parse(body).code == RejectCode.GROUP_CLOSED, Reject.parse(body)

@@ -14,6 +14,7 @@ from collections.abc import Coroutine, Sequence
 from typing import Any
 
 import torch
+from hivemind.utils import get_dht_time
 
 from diloco.codecs import Codec
 from diloco.errors import PriorDiverged, RoundFailed
@@ -35,6 +36,7 @@ from diloco.protocol.runtime.processes import HelperEnded
 from diloco.protocol.runtime.swarm import Swarm
 from diloco.protocol.staged.groups import grid_for
 from diloco.protocol.staged.runner import StagedRunner
+from diloco.protocol.trust.envelopes import SigningDHT
 from diloco.protocol.wire.frames import Join
 
 logger = logging.getLogger(__name__)
@@ -121,6 +123,9 @@ class SwarmReducer(Reducer):
             max_weight,
             swarm.closed,
         )
+        if isinstance(swarm.dht, SigningDHT) and swarm.dht.reused_identity:
+            # a previous process may have run under this peer id: its declarations live on
+            self.matchmaker.restarted_at = get_dht_time()
         self.router = RoundRouter(
             swarm.streams, swarm.run_id, swarm.digest, self.timeouts, self.bans
         )

@@ -33,9 +33,11 @@ from hivemind.utils import get_dht_time
 
 from diloco.protocol.core.reducer import RoundKey
 from diloco.protocol.matchmaking.follower import Follower
+from diloco.protocol.matchmaking.late import LatePeers
 from diloco.protocol.matchmaking.lobby import Lobby, round_key
-from diloco.protocol.records.declarations import declare_round, prior_tag
+from diloco.protocol.records.declarations import declare_round, prior_tag, read_round_expiring
 from diloco.protocol.runtime import round_trips
+from diloco.protocol.trust.envelopes import MAX_RECORD_TTL
 from diloco.protocol.trust.swarm_key import ClosedSwarm
 from diloco.protocol.wire.frames import Join, Kind, Reject, RejectCode, RoundTag
 
@@ -43,6 +45,7 @@ logger = logging.getLogger(__name__)
 
 AHEAD_POLL_S = 0.25
 """Fewest seconds between two reads of a round before its send step (nobody waits on them)."""
+EARLIER_PROCESS = "this node's previous process was in this round"
 
 
 class Ahead(Follower):
@@ -52,8 +55,54 @@ class Ahead(Follower):
     digest: bytes
     closed: ClosedSwarm | None
     _lobbies: dict[RoundKey, Lobby]
+    late: LatePeers
     _declared_until: dict[RoundKey, float]
     """Round -> the latest expiration this node sent a declaration of it with."""
+    restarted_at: float | None
+    """DHT time this process started at, if its identity was used before (a node killed and
+    restarted with the same identity: ``earlier_process_in``); None: a fresh identity."""
+    _earlier_rounds: set[RoundKey]
+    """Rounds that this node's previous process reached (``earlier_process_in``)."""
+
+    async def earlier_process_in(self, key: RoundKey) -> bool:
+        """Whether this node's previous process reached round ``key``'s send step, read
+        before this process first declares it (its own declaration would replace the old).
+
+        A node killed after it joined a round and restarted from an older checkpoint with
+        the same identity reaches that round again. Its old process may have formed a group
+        for it (that group completed with the parts it sent); joining another group would
+        make two groups of one round from one prior, and the peers would end with two
+        states. So it sits the round out, as a node that failed it, and heals its fragment
+        from the peers (docs/design.md "Healing and joining"). A round the old process only
+        announced ahead, due after this process started (it died first), never had its
+        parts: this process takes it as usual. Declarations live at most
+        ``MAX_RECORD_TTL`` seconds, so after that nothing is read."""
+        if key in self._earlier_rounds:
+            return True
+        started = self.restarted_at
+        if started is None or key in self._declared_until:
+            return False
+        if get_dht_time() > started + MAX_RECORD_TTL:
+            return False
+        try:
+            view = await asyncio.wait_for(
+                read_round_expiring(self.dht, round_key(self.run_id, key), self.closed),
+                self.timeouts.join_timeout,
+            )
+        except (asyncio.TimeoutError, OSError, RuntimeError) as exc:
+            logger.debug("round %s: reading for an earlier process failed: %r", key, exc)
+            return False
+        if (old := view.get(self.p2p.peer_id)) is None:
+            return False
+        t = self.timeouts
+        self._declared_until[key] = old[1]  # ours must replace it (``later_than_before``)
+        due = old[1] - (t.matchmaking + t.allreduce)  # when it would reach its send step
+        if due > started + t.matchmaking_window:
+            return False
+        logger.warning("round %s: this node's previous process was in it: healing instead", key)
+        self._earlier_rounds.add(key)
+        self.late.ended(key)  # JOINs that follow its old declaration are told GROUP_CLOSED
+        return True
 
     def later_than_before(self, key: RoundKey, seconds: float) -> float:
         """The expiration of a new declaration of round ``key``: ``seconds`` from now, or
@@ -108,6 +157,9 @@ class Ahead(Follower):
 
     async def _declare_ahead(self, key: RoundKey, lobby: Lobby, prior: str, lead: float) -> None:
         """Declare, then read the round in another task (``_read_ahead``)."""
+        if await self.earlier_process_in(key):
+            self._drop_unclaimed(key, lobby)  # JOINs waiting here get GROUP_CLOSED
+            return
         t = self.timeouts
         loop = asyncio.get_running_loop()
         expiration = self.later_than_before(key, lead + t.matchmaking + t.allreduce)

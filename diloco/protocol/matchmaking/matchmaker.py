@@ -80,7 +80,7 @@ from diloco.errors import PriorDiverged, ProtocolError, RoundFailed
 from diloco.protocol.core.budget import RoundBudget
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
 from diloco.protocol.core.reducer import RoundKey
-from diloco.protocol.matchmaking.ahead import Ahead
+from diloco.protocol.matchmaking.ahead import EARLIER_PROCESS, Ahead
 from diloco.protocol.matchmaking.late import LatePeers
 from diloco.protocol.matchmaking.lobby import (
     Lobby,
@@ -101,6 +101,8 @@ logger = logging.getLogger(__name__)
 
 _TRANSPORT_RETRIES = 1
 """Extra JOIN attempts to the same leader after a transport failure, before failing over."""
+_NOT_YET_S = 0.1
+"""Seconds before a JOIN goes again to a leader that has not opened the round yet."""
 
 
 class Matchmaker(Ahead):
@@ -135,8 +137,10 @@ class Matchmaker(Ahead):
         self.handler_name = f"/diloco/{run_id}/join/1"
         self._lobbies: dict[RoundKey, Lobby] = {}
         self._formed: dict[RoundKey, tuple[frozenset[PeerID], bytes]] = {}
-        self._declared_until: dict[RoundKey, float] = {}
         """GROUP messages this node sent as leader, kept for members that ask again."""
+        self._declared_until: dict[RoundKey, float] = {}
+        self.restarted_at: float | None = None
+        self._earlier_rounds: set[RoundKey] = set()
         self.late = LatePeers()
         """Peers whose JOINs came after this node's rounds ended (``late``)."""
         self._answer_wait = RoundBudget.of(timeouts).join_answer()
@@ -176,6 +180,8 @@ class Matchmaker(Ahead):
                 may.
         """
         request = self.join_request(key, numel, codec_id, return_codec_id, weight, client)
+        if await self.earlier_process_in(key):
+            raise RoundFailed(key.fragment, key.round, EARLIER_PROCESS)
         lobby = self.claim_ahead(key, request, prior)
         if lobby is None:
             if key in self._lobbies:
@@ -417,6 +423,12 @@ class Matchmaker(Ahead):
             if kind == Kind.GROUP:
                 return self._check_group(key, lobby.request, body, target)
             reject = Reject.parse(body)
+            if reject.code == RejectCode.UNKNOWN_ROUND and deadline - loop.time() > _NOT_YET_S:
+                # It declared the round and has not opened it: still training toward its
+                # send step, or its lobby opened ahead was dropped (it came later than
+                # announced). As with a leader that holds the JOIN, wait to the deadline.
+                await asyncio.sleep(_NOT_YET_S)
+                continue
             if reject.code == RejectCode.NOT_LEADER and reject.redirect:
                 redirect = PeerID(reject.redirect)
                 if redirect in dead:  # it has not noticed yet that its leader died: ask again
@@ -462,12 +474,14 @@ class Matchmaker(Ahead):
                 return reject(RejectCode.MISMATCH, "fragment size or codec differs")
             return Kind.GROUP, formed[1]  # a member asking again: its first reply was lost
         lobby = self._lobbies.get(key)
-        if lobby is None:  # late, if this node ended the round (``late``)
-            self.late.came(peer, key, asyncio.get_running_loop().time())
+        # late, if this node ended the round (``late``): it misses the round
+        ended = lobby is None and self.late.came(peer, key, asyncio.get_running_loop().time())
         if lobby is None and formed is not None:  # led and closed: a late peer misses it
             return reject(RejectCode.GROUP_CLOSED, "group already formed")
-        if lobby is None:
-            return reject(RejectCode.UNKNOWN_ROUND, f"not in round {key}")
+        if ended:
+            return reject(RejectCode.GROUP_CLOSED, "round ended")
+        if lobby is None:  # not reached yet: the follower asks again (``_follow``)
+            return reject(RejectCode.UNKNOWN_ROUND, f"not in round {key} yet")
         mine = lobby.request
         shape = (mine.numel, mine.codec_id, mine.return_codec_id)
         if (request.numel, request.codec_id, request.return_codec_id) != shape:

@@ -110,11 +110,16 @@ class SigningDHT(TiedDHT):
     """
 
     identity: Identity
+    reused_identity: bool
+    """Whether the identity file existed before this start: a previous process of this node
+    may have run under this peer id, and its round declarations may still be live
+    (``Ahead.earlier_process_in``)."""
     membership: Membership | None = None
     """Whose records count and what this node's records carry (``restrict``); None: all."""
 
     def __init__(self, *, identity_path: str | None, **kwargs: Any) -> None:
         private_dir = tempfile.mkdtemp(prefix="diloco-id-") if identity_path is None else None
+        reused = identity_path is not None and os.path.exists(identity_path)
         try:
             if private_dir is None:
                 path, identity = str(identity_path), load_or_create_identity(str(identity_path))
@@ -128,7 +133,7 @@ class SigningDHT(TiedDHT):
         finally:
             if private_dir is not None:  # p2pd has read it, or failed to start
                 shutil.rmtree(private_dir, ignore_errors=True)
-        self.identity = identity
+        self.identity, self.reused_identity = identity, reused
         if self.peer_id.to_base58() != identity.peer_id:
             self.shutdown()
             raise ConfigError(f"p2pd runs as {self.peer_id}, not as the key's {identity.peer_id}")
