@@ -331,8 +331,9 @@ def test_a_leader_that_has_not_opened_the_round_yet_is_asked_again() -> None:
         for peer in (leader, follower):
             await peer.start()
         _open(leader, lead=0.0)
-        while KEY in leader._lobbies:  # declared, then dropped unclaimed
+        while leader._lobbies[KEY].declared_at is None:
             await asyncio.sleep(0.01)
+        leader._drop_unclaimed(KEY, leader._lobbies[KEY])  # as at lead + matchmaking
         following = asyncio.create_task(follower.form_group(KEY, NUMEL, 0, 0, 1.0, PRIOR))
         await asyncio.sleep(0.6)
         assert not following.done()
