@@ -11,16 +11,12 @@ from diloco.protocol.records.run_id import make_run_id
 pytestmark = pytest.mark.swarm
 
 
+# The sizes and codecs that the wire between processes adds something to: an odd size, the
+# return codec apart, a payload of many chunks. Small payloads of each codec go through the
+# same runners in process (test_allreduce_inprocess.py).
 @pytest.mark.parametrize(
     ("codec", "numel"),
-    [
-        ("none", 1_000),
-        ("e3m0", 1_000),
-        ("none", 300_001),
-        ("none/e3m0", 10_000),
-        ("e3m0", 5_000_000),
-        ("none", 5_000_000),
-    ],
+    [("none", 300_001), ("none/e3m0", 10_000), ("e3m0", 5_000_000)],
 )
 def test_reduce_four_peers_identical_to_in_process(
     honest: list[PeerProcess], fragment: int, codec: str, numel: int
