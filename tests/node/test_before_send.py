@@ -144,6 +144,37 @@ def test_a_round_nobody_claims_holds_the_send_for_one_read_only(corpus: Any) -> 
     assert [e["still_missing"] for e in events if e["event"] == "send_held"] == [[0]]
 
 
+def test_a_round_the_last_check_saw_fail_everywhere_holds_nothing(corpus: Any) -> None:
+    """The last check (at step 11) read a record past round 1's latest receive step (its
+    send at 6 plus the longest tau auto may pick, H/2 = 3) still at version 0: the round
+    failed for everyone, so the send goes without a read or a hold. Before, the hold read
+    the records again: at 300 ms that read took the whole hold (1.2 s) at every such send."""
+    trainer = make_trainer(corpus)
+    trainer.step = 11
+    swarm = LateSwarm([record("donor", 10, *initial_entries(trainer))], {}, ())
+    healer, events = make_healer(trainer, swarm, workers=("donor", "x"))
+    healer.read_view()  # what the last check read
+    heal_before_send(healer, WAIT)
+    assert swarm.record_reads == 1 and healer.future is None
+    assert [e for e in events if e["event"] == "send_held"] == []
+
+
+def test_a_last_check_from_before_the_latest_receive_step_still_holds_the_send(
+    corpus: Any,
+) -> None:
+    """The same, but the record the last check read is at step 9, not past round 1's latest
+    receive step: a peer with a long tau may still apply it, so the send is held for a read
+    as before."""
+    trainer = make_trainer(corpus)
+    trainer.step = 11
+    swarm = LateSwarm([record("donor", 9, *initial_entries(trainer))], {}, ())
+    healer, events = make_healer(trainer, swarm, workers=("donor", "x"))
+    healer.read_view()
+    heal_before_send(healer, WAIT)
+    assert swarm.record_reads == 2
+    assert [e["still_missing"] for e in events if e["event"] == "send_held"] == [[0]]
+
+
 def test_a_fragment_in_line_is_sent_without_a_check(corpus: Any) -> None:
     trainer = make_trainer(corpus)
     trainer.step = 11

@@ -142,6 +142,9 @@ class Healer:
         """The fragments of the check in ``future``."""
         self.checked_at = 0.0
         self.future: Future[OuterState | None] | None = None
+        self.last_view: SwarmView | None = None
+        """The view the last check read (a worker thread sets it; the training thread reads
+        it before a send: ``before_send``)."""
         self.healed_fragments = 0
         self.seen_versions = self.versions()
         self.verify_at: dict[int, float] = {}
@@ -178,6 +181,7 @@ class Healer:
         view = assess(records, vouches, self.schedule, self.initial_hashes, self.evidence())
         self.offences.report_all(view.offences)
         self.uncounted.report_all(view.uncounted)
+        self.last_view = view
         return view
 
     def fetch_vouched(
