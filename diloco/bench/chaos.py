@@ -23,8 +23,8 @@ lines: rounds attempted / applied / failed, heals, non-finite losses, the outer 
 every (fragment, round) per node, final eval losses; from the processes: incarnations that
 exited unasked (crashed), nodes whose step stood still ``hang_s`` while not frozen (hung),
 what a killed node left behind: helper processes, p2pd's socket, torch's shared-memory
-files (orphans). ``faults=False`` runs the same
-swarm without the controller: the fault-free reference.
+files (orphans). ``faults=False`` runs the same swarm without the controller: the
+fault-free reference.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Real ``diloco-node`` processes for the long benchmarks (soak, chaos) and their tests.
 
 A ``NodeProcess`` is one ``python -m diloco`` process in a session of its own, with its log
-and its ``--metrics-out`` JSON lines in one folder. ``process_tree`` and ``sample`` read
-``/proc`` (Linux only; no psutil needed): the node's helper processes (the DHT process,
-``p2pd``, torch's shared-memory manager) are found as its descendants by parent PID.
+and its ``--metrics-out`` JSON lines in one folder. ``process_tree``, ``sample`` and
+``footprint`` read ``/proc`` (Linux only; no psutil needed): the node's helper processes (the
+DHT process, ``p2pd``, torch's shared-memory manager) are found as its descendants by parent
+PID; ``left_behind`` says what of a killed node's footprint is still there.
 """
 
 from __future__ import annotations
@@ -234,11 +235,11 @@ def footprint(pid: int) -> Footprint:
     )
 
 
-def left_behind(print_: Footprint) -> list[str]:
+def left_behind(held: Footprint) -> list[str]:
     """What of a killed node's footprint is still there: running helpers (by PID), socket
     paths, shared-memory files."""
     return [
-        *[f"pid {pid}" for pid in print_.helpers if _stat(pid) is not None],
-        *[path for path in print_.daemon_sockets if Path(path).exists()],
-        *[f"/dev/shm/{name}" for name in print_.shm_files if Path("/dev/shm", name).exists()],
+        *[f"pid {pid}" for pid in held.helpers if _stat(pid) is not None],
+        *[path for path in held.daemon_sockets if Path(path).exists()],
+        *[f"/dev/shm/{name}" for name in held.shm_files if Path("/dev/shm", name).exists()],
     ]
