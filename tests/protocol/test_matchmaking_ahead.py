@@ -68,6 +68,17 @@ async def _form(peer: Matchmaker, prior: str = PRIOR) -> tuple[GroupInfo, list[s
     return group, [kind for kind, _ in trips.critical_path()]
 
 
+async def _follow_then_lead(
+    leader: Matchmaker, follower: Matchmaker, later: float
+) -> tuple[GroupInfo, GroupInfo]:
+    """The follower reaches its send step first, the leader ``later`` seconds after it (the
+    follower still waiting then): both groups."""
+    following = asyncio.create_task(follower.form_group(KEY, NUMEL, 0, 0, 1.0, PRIOR))
+    await asyncio.sleep(later)
+    assert not following.done()
+    return await leader.form_group(KEY, NUMEL, 0, 0, 1.0, PRIOR), await following
+
+
 def test_announced_ahead_the_send_step_needs_only_the_join() -> None:
     """Three peers announce the round, declare and read while they 'train'; at the send
     step the leader counts no exchange and each follower one, its JOIN -> GROUP (before:
@@ -203,10 +214,7 @@ def test_a_leader_still_training_toward_its_send_step_is_not_charged_as_silent()
             await peer.start()
             _open(peer, lead=10.0)
         await _until_read([leader, follower], 2)
-        following = asyncio.create_task(follower.form_group(KEY, NUMEL, 0, 0, 1.0, PRIOR))
-        await asyncio.sleep(1.7)
-        assert not following.done()
-        return await leader.form_group(KEY, NUMEL, 0, 0, 1.0, PRIOR), await following
+        return await _follow_then_lead(leader, follower, 1.7)
 
     led, followed = asyncio.run(main())
     assert led.group_id == followed.group_id
@@ -334,10 +342,7 @@ def test_a_leader_that_has_not_opened_the_round_yet_is_asked_again() -> None:
         while leader._lobbies[KEY].declared_at is None:
             await asyncio.sleep(0.01)
         leader._drop_unclaimed(KEY, leader._lobbies[KEY])  # as at lead + matchmaking
-        following = asyncio.create_task(follower.form_group(KEY, NUMEL, 0, 0, 1.0, PRIOR))
-        await asyncio.sleep(0.6)
-        assert not following.done()
-        return await leader.form_group(KEY, NUMEL, 0, 0, 1.0, PRIOR), await following
+        return await _follow_then_lead(leader, follower, 0.6)
 
     led, followed = asyncio.run(main())
     assert led.group_id == followed.group_id

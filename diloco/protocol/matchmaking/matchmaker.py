@@ -80,7 +80,8 @@ from diloco.errors import PriorDiverged, ProtocolError, RoundFailed
 from diloco.protocol.core.budget import RoundBudget
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
 from diloco.protocol.core.reducer import RoundKey
-from diloco.protocol.matchmaking.ahead import EARLIER_PROCESS, Ahead
+from diloco.protocol.matchmaking.ahead import EARLIER_PROCESS
+from diloco.protocol.matchmaking.answers import JoinAnswers
 from diloco.protocol.matchmaking.late import LatePeers
 from diloco.protocol.matchmaking.lobby import (
     Lobby,
@@ -94,7 +95,7 @@ from diloco.protocol.runtime import streams
 from diloco.protocol.trust.bans import BanList
 from diloco.protocol.trust.swarm_key import ClosedSwarm
 from diloco.protocol.wire import frames as wire
-from diloco.protocol.wire.frames import Group, Join, Kind, Reject, RejectCode
+from diloco.protocol.wire.frames import Group, Kind, Reject, RejectCode
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ _NOT_YET_S = 0.1
 """Seconds before a JOIN goes again to a leader that has not opened the round yet."""
 
 
-class Matchmaker(Ahead):
+class Matchmaker(JoinAnswers):
     """Forms one group per fragment round; several rounds may be in matchmaking at once."""
 
     def __init__(
@@ -442,73 +443,3 @@ class Matchmaker(Ahead):
                 key.round,
                 f"leader {target} refused: {reject.code.name} {reject.reason}",
             )
-
-    async def _serve_join(
-        self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        """Answer one JOIN with GROUP or a refusal (``streams.stream_handler`` wraps it)."""
-        reply = await asyncio.wait_for(self._answer_join(peer, reader), self._answer_wait)
-        await asyncio.wait_for(streams.write_frame(writer, *reply), self.timeouts.join_timeout)
-
-    async def _answer_join(self, peer: PeerID, reader: asyncio.StreamReader) -> tuple[Kind, bytes]:
-        _, body = await streams.read_frame(reader, (Kind.JOIN,), wire.MAX_SMALL_BODY)
-        request = Join.parse(body)
-
-        def reject(code: RejectCode, reason: str = "", redirect: bytes = b"") -> tuple[Kind, bytes]:
-            return Kind.REJECT, Reject(code, redirect, reason).serialize()
-
-        if request.tag.digest != self.digest:
-            return reject(RejectCode.WRONG_RUN, "different run configuration")
-        key = RoundKey(request.tag.fragment, request.tag.round)
-        if request.weight > self.max_weight:
-            self.bans.offend(peer, f"round {key}: JOIN weight {request.weight:g} over the cap")
-            return reject(RejectCode.MISMATCH, f"weight over the run's cap {self.max_weight:g}")
-        formed = self._formed.get(key)
-        if formed is not None and peer in formed[0]:
-            group = Group.parse(formed[1])
-            if (request.numel, request.codec_id, request.return_codec_id) != (
-                group.numel,
-                group.codec_id,
-                group.return_codec_id,
-            ):
-                return reject(RejectCode.MISMATCH, "fragment size or codec differs")
-            return Kind.GROUP, formed[1]  # a member asking again: its first reply was lost
-        lobby = self._lobbies.get(key)
-        # late, if this node ended the round (``late``): it misses the round
-        ended = lobby is None and self.late.came(peer, key, asyncio.get_running_loop().time())
-        if lobby is None and formed is not None:  # led and closed: a late peer misses it
-            return reject(RejectCode.GROUP_CLOSED, "group already formed")
-        if ended:
-            return reject(RejectCode.GROUP_CLOSED, "round ended")
-        if lobby is None:  # not reached yet: the follower asks again (``_follow``)
-            return reject(RejectCode.UNKNOWN_ROUND, f"not in round {key} yet")
-        mine = lobby.request
-        shape = (mine.numel, mine.codec_id, mine.return_codec_id)
-        if (request.numel, request.codec_id, request.return_codec_id) != shape:
-            return reject(RejectCode.MISMATCH, "fragment size or codec differs")
-        if lobby.declared.get(peer) != lobby.prior:  # it declared (anew: it healed): read again
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._read_view(lobby), self.timeouts.join_timeout)
-        if (prior := lobby.declared.get(peer)) != lobby.prior:
-            said = "no declaration found" if prior is None else f"declared prior {prior or '-'}"
-            logger.info("round %s: JOIN of %s refused: %s", key, peer, said)
-            return reject(
-                RejectCode.MISMATCH, f"{said}; this group's prior is {lobby.prior or '-'}"
-            )
-        lobby.knockers.setdefault(peer, (request.weight, request.client))
-        lobby.knock.set()
-        await lobby.decided.wait()
-        if lobby.leader is not None:
-            return reject(RejectCode.NOT_LEADER, redirect=lobby.leader.to_bytes())
-        pending = lobby.joiners.get(peer)
-        if pending is not None and not pending.done():
-            return await pending  # asking again while the group is still open
-        if lobby.closed or peer in lobby.joiners or peer == self.p2p.peer_id:
-            return reject(RejectCode.GROUP_CLOSED, "group already formed")
-        reply: asyncio.Future[tuple[Kind, bytes]] = asyncio.get_running_loop().create_future()
-        lobby.joiners[peer] = reply
-        lobby.weights[peer] = request.weight
-        if request.client:
-            lobby.clients.add(peer)
-        lobby.changed.set()
-        return await reply
