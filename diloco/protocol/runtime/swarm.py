@@ -53,6 +53,7 @@ from diloco.protocol.records.nodes import (
 )
 from diloco.protocol.records.run_id import check_run_id, run_digest
 from diloco.protocol.runtime import processes
+from diloco.protocol.runtime.dht_upkeep import start_upkeep
 from diloco.protocol.runtime.event_loop import new_event_loop
 from diloco.protocol.runtime.network import NetworkOptions
 from diloco.protocol.runtime.reachability import DIAL_TIMEOUT, DialBackService, ask_dial_back
@@ -149,6 +150,7 @@ class Swarm:
             self.streams = ClosedTransport(self.streams, closed, AUTH_TIMEOUT)
         try:
             self.call(DialBackService(self.p2p, self.run_id).start())
+            start_upkeep(self.dht, net.initial_peers)
             # p2pd's addresses are fixed once it listens (hivemind reads them once, too):
             # read here, a node stopping with its DHT process gone never waits on it.
             self._maddrs = [str(addr) for addr in self.dht.get_visible_maddrs()]
