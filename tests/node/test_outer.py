@@ -98,6 +98,39 @@ def test_fragment_sync_failed_round_keeps_state_and_carries_weight() -> None:
     assert nxt.weight == 30  # the failed round's tokens are carried into the next one
 
 
+def test_fragment_sync_a_result_withdrawn_when_applied_fails_the_round() -> None:
+    from concurrent.futures import Future
+
+    from diloco.protocol.core.reducer import RoundResult
+
+    layer = nn.Linear(4, 4)
+    sync = FragmentSync(
+        [list(layer.named_parameters())], OuterConfig(sync_every=2, fragment_sync_delay=1), "me", 1
+    )
+    before = sync.states[0].outer.clone()
+    sync.record_tokens(10)
+    with torch.no_grad():
+        layer.weight.add_(1.0)
+    ((key, contribution),) = sync.contributions_due(2)
+    asked: list[int] = []
+    reasons = iter([None, "taken"])  # still holds when decided; withdrawn when applied
+
+    def withdrawn() -> str | None:
+        asked.append(1)
+        return next(reasons)
+
+    done: Future[RoundResult] = Future()
+    one = torch.ones_like(contribution.delta)
+    done.set_result(RoundResult(one, ("me",), 0, 0, 0.0, withdrawn=withdrawn))
+    assert withdrawn() is None
+    sync.submit(key, done, 2, contribution.weight)
+    (applied,) = sync.apply_due(3)
+    assert len(asked) == 2  # asked once more, at the apply
+    assert not applied.ok and applied.error.endswith("failed: taken"), applied.error
+    assert torch.equal(sync.states[0].outer, before) and sync.states[0].version == 0
+    assert sync.carried_weight[0] == 10
+
+
 def _sync_with_rounds_in_flight() -> tuple[nn.Linear, FragmentSync]:
     """Two fragments (weight, bias); H 2, tau 1: both send round 1 at step 2 (offsets 0, 1:
     the bias at step 3). Fragment 0's round succeeded, fragment 1's failed."""

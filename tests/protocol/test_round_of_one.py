@@ -129,3 +129,31 @@ def test_no_round_of_one_after_sending_its_state_to_a_joiner(lone: Swarm) -> Non
     finally:
         reducer.close()
         joiner.shutdown()
+
+
+def test_a_round_of_one_is_withdrawn_once_a_joiner_took_the_state_before_its_apply(
+    lone: Swarm,
+) -> None:
+    """The round of one was decided with nobody around; a joiner then fetched the state,
+    which does not hold it (not applied yet): when the node comes to apply it, the result
+    says it no longer holds, and the joiner and the node stay at one state."""
+    reducer = SwarmReducer(lone, get_codec("e3m0"), timeouts=TIMEOUTS, rounds_of_one=True)
+    state = FragmentState(torch.zeros(100), torch.zeros(100))
+    lone.serve_state(lambda: OuterState(global_step=7, fragments={0: state}))
+    me = lone.peer_id.to_base58()
+    net = NetworkOptions(initial_peers=tuple(lone.maddrs), host_maddrs=("/ip4/127.0.0.2/tcp/0",))
+    joiner: Swarm | None = None
+    try:
+        result = reducer.reduce(RoundKey(0, 1), [Contribution(me, torch.ones(100), 1.0)]).result(60)
+        assert result.members == (me,) and result.withdrawn is not None
+        assert result.withdrawn() is None  # nobody took the state yet: it holds
+        joiner = Swarm(RUN_ID, net)
+        assert joiner.fetch_state([0], {0: 100}, donors=[lone.peer_id]).global_step == 7
+        assert (
+            result.withdrawn()
+            == "a peer took this node's state before its round of one was applied"
+        )
+    finally:
+        reducer.close()
+        if joiner is not None:
+            joiner.shutdown()

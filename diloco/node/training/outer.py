@@ -275,6 +275,8 @@ class FragmentSync:
         start = time.perf_counter()
         try:
             result = self._wait(pending)
+            if result.withdrawn is not None and (reason := result.withdrawn()):
+                raise RoundFailed(p, pending.key.round, reason)
         except RoundFailed as error:
             blocked = time.perf_counter() - start
             self.failed_rounds += 1

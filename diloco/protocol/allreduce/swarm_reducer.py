@@ -265,6 +265,8 @@ class SwarmReducer(Reducer):
             if group is None or len(group.members) == 1:
                 names = group.names if group else (self.swarm.peer_id.to_base58(),)
                 result = await loop.run_in_executor(None, self._alone, delta, names)
+                decided = time.monotonic()
+                result = dataclasses.replace(result, withdrawn=lambda: self._taken(decided))
             else:
                 grid = grid_for(group, self.max_group_size, self.max_weight)
                 net = self.swarm.net
@@ -358,6 +360,13 @@ class SwarmReducer(Reducer):
             identity=self.identity,
             faults=self.faults,
         )
+
+    def _taken(self, decided: float) -> str | None:
+        """Why a round of one decided at ``decided`` (``time.monotonic()``) no longer holds:
+        a peer took this node's state since, without it."""
+        if self.swarm.served_state_since(time.monotonic() - decided):
+            return "a peer took this node's state before its round of one was applied"
+        return None
 
     def _alone(self, delta: torch.Tensor, names: tuple[str, ...]) -> RoundResult:
         """A group of one: the node's own delta through both codecs (docs/design.md "Algorithm and

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -84,6 +84,11 @@ class RoundResult:
     round_trips: tuple[tuple[str, float], ...] = ()
     """The exchanges on this member's critical path, ``(kind, seconds)`` in order
     (``round_trips``; empty where nothing counts them)."""
+    withdrawn: Callable[[], str | None] | None = field(default=None, compare=False)
+    """Asked when the result is applied: why it no longer holds, or None. A round of one
+    is withdrawn once a peer took this node's state after it was decided: that peer starts
+    without it and looks for this node in the same round (docs/design.md "Algorithm and
+    schedule")."""
 
 
 @dataclass(frozen=True, slots=True)
