@@ -9,13 +9,6 @@ process (``diloco-node``, its module, or a peer script of the tests) must be mar
 ``swarm``, so ``pytest -m "not swarm"`` stays the fast, in-process tier. Short helper
 processes (``python -c``, the netns tool) are not peers. The guard below
 fails an unmarked test that does, naming what it started.
-
-The swarm tier's two lanes (``scripts/test.sh`` runs it on two pytest-xdist workers with
-``--dist loadgroup``): the swarms of whole training nodes whose rounds depend on timing run
-one at a time in the lane ``nodes``, in the order of ``NODE_LANE``: those that failed under
-load last, once the other lane is done. Everything else of the tier (protocol-level swarms,
-short node runs, command-line checks) runs meanwhile in the lane ``others``. Run in one
-process (``pytest -m swarm``) the lanes mean nothing.
 """
 
 from __future__ import annotations
@@ -30,29 +23,6 @@ from hivemind import DHT
 from hivemind.p2p import P2P
 
 torch.set_num_threads(1)
-
-NODE_LANE = (
-    "test_healing_attacks.py",
-    "test_pace_attack.py",
-    "test_pinned_run.py",
-    "test_closed_swarm.py",
-    "test_swarm_node.py",
-    "test_chaos.py",
-    "test_pace_swarm.py",
-    "test_wan_tau.py",
-)
-"""The lane ``nodes``, in the order it runs."""
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Put each swarm test in its lane, and the lane ``nodes`` in ``NODE_LANE``'s order."""
-    for item in items:
-        if item.get_closest_marker("swarm") is not None:
-            lane = "nodes" if item.path.name in NODE_LANE else "others"
-            item.add_marker(pytest.mark.xdist_group(lane))
-    rank = {name: i for i, name in enumerate(NODE_LANE)}
-    items.sort(key=lambda item: rank.get(item.path.name, -1))
-
 
 PEER_PROGRAMS = ("diloco-node", "swarm_peers.py", "hostile_peer.py", "hostile_claims.py")
 

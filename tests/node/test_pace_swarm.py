@@ -33,11 +33,6 @@ PACE = ["--pace", os.environ.get("DILOCO_TEST_PACE", "adaptive")]
 makes the rows and weights assertions fail."""
 
 
-def together(records: list[dict], first: int) -> list[dict]:
-    """Step records after ``first`` and before the run's last H steps (nodes end apart)."""
-    return [r for r in records if r["event"] == "step" and first < r["step"] <= STEPS - H]
-
-
 def test_fast_nodes_keep_their_pace_and_the_slow_nodes_tokens_count(nodes, tmp_path) -> None:  # noqa: F811
     run = ["--name", "pace", "--steps", str(STEPS), "--H", str(H)]
     a = nodes("a", ["start", *run, *COMMON, *PACE, *listen(2), "--data-seed", "0"])
@@ -57,15 +52,17 @@ def test_fast_nodes_keep_their_pace_and_the_slow_nodes_tokens_count(nodes, tmp_p
     first = min(r["step"] for r in rounds["c"] if r["members"] == 3)
     late = {name: [r for r in rs if first <= r["step"] <= STEPS - H] for name, rs in rounds.items()}
 
-    # c trained fewer rows than its batch once it knew the pace ...
-    c_rows = [r["rows"] for r in together(c.records(), first + H)]
+    # c trained fewer rows than its batch once it knew the pace (from its next steps on,
+    # at 1-2 rows; the median leaves out the steps it may train alone at the end, when a
+    # loaded machine let it meet the others late) ...
+    c_rows = [r["rows"] for r in c.records() if r["event"] == "step" and r["step"] > first]
     assert c_rows and statistics.median(c_rows) < BATCH, c_rows
     summary = c.summary()
     assert summary["rows_trained"] < BATCH * STEPS
     # ... and its tokens are in the means: its rounds with all three members weigh what it
     # trained, fewer tokens than a full batch's H steps (each fragment's rounds count every
     # token once, so fragment 0's weights add up to at most what it trained).
-    c_weights = [r["weight"] for r in late["c"] if r["members"] == 3]
+    c_weights = [r["weight"] for r in rounds["c"] if r["members"] == 3]
     assert c_weights and min(c_weights) < H * BATCH * SEQ_LEN, c_weights
     fragment_0 = [r["weight"] for r in rounds["c"] if r["fragment"] == 0]
     assert 0 < sum(fragment_0) <= summary["tokens_trained"]
