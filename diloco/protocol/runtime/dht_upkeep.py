@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import random
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,6 +33,9 @@ logger = logging.getLogger(__name__)
 UPKEEP_PERIOD_S = 10.0
 """Seconds between two checks: a node back from a stall reads its peers' records again
 within about this long (records live 30 s)."""
+MAX_PINGS = 16
+"""Peers pinged per check at most (chosen at random): a large swarm's p2pd may hold more
+connections than a routing table keeps, and the table has room for a few anyway."""
 
 
 def start_upkeep(dht: DHT, initial_peers: Sequence[str], period: float = UPKEEP_PERIOD_S) -> None:
@@ -58,14 +62,15 @@ async def _upkeep(node: Any, initial: tuple[str, ...], period: float) -> None:
 
 
 async def ask_back(node: Any, initial: Sequence[str]) -> list[str]:
-    """Ping the known peers missing from ``node``'s routing table or banned; returns those
-    that answered (now in the table, their ban lifted)."""
+    """Ping the known peers missing from ``node``'s routing table or banned (at most
+    ``MAX_PINGS``); returns those that answered (now in the table, their ban lifted)."""
     known = {PeerID.from_base58(p) for p in initial}
     with contextlib.suppress(Exception):  # a daemon that cannot list: initial peers alone
         known.update(info.peer_id for info in await node.p2p.list_peers())
     known.discard(node.peer_id)
     table = node.protocol.routing_table
     missing = [p for p in known if table.get(peer_id=p) is None or p in node.blacklist]
+    missing = random.sample(missing, min(len(missing), MAX_PINGS))
     answers = await asyncio.gather(*(node.protocol.call_ping(p) for p in missing))
     back = [p for p, node_id in zip(missing, answers, strict=True) if node_id is not None]
     for peer in back:
