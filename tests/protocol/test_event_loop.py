@@ -1,15 +1,18 @@
-"""The swarm thread's loop: uvloop where installed, asyncio's own otherwise."""
+"""The swarm thread's loop: uvloop where installed, asyncio's own otherwise; ``wait_set``
+keeps a cancellation that arrives as the event is set (``asyncio.wait_for`` in Python 3.11
+drops it, and a loop around it then waits out its deadline)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import sys
+import time
 
 import pytest
 import uvloop
 
-from diloco.protocol.runtime.event_loop import new_event_loop
+from diloco.protocol.runtime.event_loop import new_event_loop, wait_set
 
 
 def test_uvloop_when_installed() -> None:
@@ -60,3 +63,37 @@ def test_any_other_exception_is_still_an_error_with_its_traceback(
         loop.close()
     assert [r.levelno for r in caplog.records] == [logging.ERROR]
     assert caplog.records[0].exc_info is not None
+
+
+async def waiter(event: asyncio.Event, deadline_s: float) -> None:
+    """What the part server and matchmaking do: wait for a condition that stays false, on
+    an event each change sets, until a deadline."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + deadline_s
+    while (remaining := deadline - loop.time()) > 0:
+        event.clear()
+        await wait_set(event, remaining)
+
+
+def test_a_cancel_that_arrives_as_the_event_is_set_ends_the_wait_at_once() -> None:
+    async def main() -> float:
+        event = asyncio.Event()
+        task = asyncio.create_task(waiter(event, 30.0))
+        await asyncio.sleep(0.01)  # it waits
+        start = time.monotonic()
+        event.set()  # the event's waiter is woken ...
+        task.cancel()  # ... and cancelled in the same turn of the loop
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return time.monotonic() - start
+
+    assert asyncio.run(main()) < 5.0  # not the 30 s deadline
+
+
+def test_waits_until_set_or_the_timeout() -> None:
+    async def main() -> tuple[bool, bool]:
+        event = asyncio.Event()
+        asyncio.get_running_loop().call_later(0.05, event.set)
+        return await wait_set(event, 5.0), await wait_set(asyncio.Event(), 0.05)
+
+    assert asyncio.run(main()) == (True, False)

@@ -38,6 +38,7 @@ from diloco.protocol.core.assembly import Assembly
 from diloco.protocol.core.budget import Deadlines
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
 from diloco.protocol.core.round import Chunk, PartReducer
+from diloco.protocol.runtime.event_loop import wait_set
 from diloco.protocol.runtime.offload import offload
 from diloco.protocol.runtime.streams import (
     TRANSPORT_ERRORS,
@@ -114,8 +115,7 @@ class PartServer:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return False
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), remaining)
+            await wait_set(self._changed, remaining)
         return True
 
     async def reduce(self) -> None:

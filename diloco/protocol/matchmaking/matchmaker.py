@@ -92,6 +92,7 @@ from diloco.protocol.matchmaking.lobby import (
 )
 from diloco.protocol.records.declarations import declare_round, prior_tag
 from diloco.protocol.runtime import streams
+from diloco.protocol.runtime.event_loop import wait_set
 from diloco.protocol.trust.bans import BanList
 from diloco.protocol.trust.swarm_key import ClosedSwarm
 from diloco.protocol.wire import frames as wire
@@ -304,8 +305,7 @@ class Matchmaker(JoinAnswers):
             if remaining <= 0:
                 return view, "the window ended"
             poll = self.poll if target is not None else remaining
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(lobby.knock.wait(), min(poll, remaining))
+            await wait_set(lobby.knock, min(poll, remaining))
 
     async def _lead(self, key: RoundKey, lobby: Lobby, view: set[PeerID], wait: float) -> GroupInfo:
         """Wait up to ``wait`` seconds for the peers of ``view`` to join, then send GROUP."""
@@ -314,8 +314,7 @@ class Matchmaker(JoinAnswers):
         expected = view - {self.p2p.peer_id}
         while not expected <= set(lobby.joiners) and (remaining := deadline - loop.time()) > 0:
             lobby.changed.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(lobby.changed.wait(), remaining)
+            await wait_set(lobby.changed, remaining)
         lobby.closed = True
         banned = Reject(RejectCode.BANNED, reason="banned while the group formed").serialize()
         # Out too: a joiner whose JOIN stream ended (its wait timed out, its reply cancelled).

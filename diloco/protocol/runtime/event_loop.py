@@ -17,6 +17,7 @@ a peer. Anything else goes to asyncio's default handler, loud as before.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -45,3 +46,17 @@ def _quiet_cut_streams(loop: asyncio.AbstractEventLoop, context: dict[str, Any])
         logger.debug("%s: %r", context.get("message", "a stream ended"), exception)
         return
     loop.default_exception_handler(context)
+
+
+async def wait_set(event: asyncio.Event, timeout: float) -> bool:
+    """Wait until ``event`` is set, at most ``timeout`` seconds; whether it is set.
+
+    Not ``asyncio.wait_for(event.wait(), timeout)``: in Python 3.11 that drops a
+    cancellation that arrives as the event is set, and a loop around it then waits out its
+    whole deadline (a staged round's member moving to another view waited 8 s for its
+    cancelled part server, and the view it moved to had ended meanwhile).
+    """
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout):
+            await event.wait()
+    return event.is_set()
