@@ -377,10 +377,11 @@ class AllReduceRunner(Contributor):
         peer = self.group.members[r]
         for attempt in range(1 + STREAM_RETRIES):
             try:
-                part = await asyncio.wait_for(
-                    self._exchange_inner(j, peer, r), deadline - loop.time()
-                )
-            except (ProtocolError, asyncio.TimeoutError) as exc:
+                # not wait_for: a cancel coming as the exchange fails would leave its error
+                # unretrieved, printed with a traceback (``runtime.event_loop.wait_set``)
+                async with asyncio.timeout(deadline - loop.time()):
+                    part = await self._exchange_inner(j, peer, r)
+            except (ProtocolError, TimeoutError) as exc:
                 return exc
             except TRANSPORT_ERRORS as exc:
                 reason: Exception = exc
