@@ -44,6 +44,7 @@ from diloco.protocol.core.verification import (
     wanted_evidence,
 )
 from diloco.protocol.runtime import round_trips
+from diloco.protocol.runtime.event_loop import wait_set
 from diloco.protocol.runtime.offload import offload
 from diloco.protocol.runtime.streams import (
     TRANSPORT_ERRORS,
@@ -320,8 +321,7 @@ async def answer_check(
         event = recorded()
         if loop.time() >= deadline:
             return Reject(RejectCode.MISMATCH, reason=f"member {sender} asked for unsent parts")
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(event.wait(), deadline - loop.time())
+        await wait_set(event, deadline - loop.time())
     size = BLOCK_VALUES * sum(len(blocks) for _, blocks in request.parts)  # at most
     return await offload(size, _answer, request, own, identity)
 

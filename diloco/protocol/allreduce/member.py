@@ -28,7 +28,6 @@ serving streams; small ones, and signatures, run on the loop (``offload``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import math
@@ -66,6 +65,7 @@ from diloco.protocol.core.verification import (
     slices_alone,
 )
 from diloco.protocol.runtime import round_trips
+from diloco.protocol.runtime.event_loop import wait_set
 from diloco.protocol.runtime.offload import offload
 from diloco.protocol.runtime.streams import (
     TRANSPORT_ERRORS,
@@ -257,10 +257,7 @@ class AllReduceRunner(Contributor):
         try:
             await self._exchange_reports(assembled)
             for server in (self.server, *self.substitutes.servers):
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(
-                        server.idle.wait(), max(0.0, self.deadlines.report - loop.time())
-                    )
+                await wait_set(server.idle, max(0.0, self.deadlines.report - loop.time()))
             agreed = loop.time()
             # a silent member never asked for this part: its report that it lacks it is
             # no evidence that this reducer failed (``silence``)

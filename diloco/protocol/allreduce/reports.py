@@ -10,7 +10,6 @@ transport is opened once more; a report not delivered is logged.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping
 
@@ -21,6 +20,7 @@ from diloco.protocol.allreduce.channel import PartChannel
 from diloco.protocol.core.agreement import awaited_reports, check_report
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
 from diloco.protocol.runtime import round_trips
+from diloco.protocol.runtime.event_loop import wait_set
 from diloco.protocol.runtime.streams import (
     TRANSPORT_ERRORS,
     StreamTransport,
@@ -78,8 +78,7 @@ class ReportExchange:
                     logger.warning("round %s: no report from members %s", self.group.key, missing)
                     break
                 self._arrived.clear()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._arrived.wait(), remaining)
+                await wait_set(self._arrived, remaining)
             await asyncio.wait(sends, timeout=max(0.0, deadline - loop.time()))
         finally:
             for task in sends:

@@ -33,7 +33,6 @@ served the average like any late member, uncounted once the gather closed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 from hivemind.p2p import PeerID
 
@@ -41,6 +40,7 @@ from diloco.protocol.allreduce.clock import Clock
 from diloco.protocol.allreduce.part_server import PartServer
 from diloco.protocol.core.adaptive import start_bound
 from diloco.protocol.core.group import RoundTimeouts
+from diloco.protocol.runtime.event_loop import wait_set
 from diloco.protocol.trust.bans import BanList
 
 OPEN_FACTOR = 4.0
@@ -140,8 +140,7 @@ class StartWatch:
                     self._drop(j, why)
             upcoming = [when for when, _ in due.values() if when > now]
             changed = self._changed
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(changed.wait(), min([self.gather, *upcoming]) - now)
+            await wait_set(changed, min([self.gather, *upcoming]) - now)
 
     def _due(self, j: int, majority: float | None) -> tuple[float, str]:
         """When member ``j``, not started, is dropped (loop time; the sender deadline when

@@ -4,7 +4,7 @@ swarm         Swarm: the DHT, p2pd and the protocol's event-loop thread
 network       NetworkOptions: listen / announce addresses, identity, relays, key
 dht_upkeep    peers the DHT dropped (a stall of either side) are pinged back every 10 s
 processes     the DHT process's p2pd held by pidfd, stopped if shutdown stalls
-event_loop    uvloop where installed, else asyncio's; an event wait that keeps a cancel
+event_loop    uvloop where installed, else asyncio's; wait_set, every event wait with a timeout
 streams       frames over p2pd streams, transport errors, the handler wrapper
 reachability  dial-back check: a node nobody can dial becomes a client
 round_trips   the exchanges on a round's critical path, counted per round
