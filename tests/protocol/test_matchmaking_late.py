@@ -262,3 +262,46 @@ def test_a_join_to_a_round_on_the_widest_window_outlasts_a_narrower_next_round()
     followed, led = asyncio.run(main())
     assert isinstance(led, GroupInfo) and isinstance(followed, GroupInfo), (led, followed)
     assert led.group_id == followed.group_id and len(led.members) == 2
+
+
+def test_a_follower_on_the_usual_window_waits_for_a_leader_on_the_widest_one() -> None:
+    """The leader is out of step (a late JOIN: the widest window) and waits it out for a peer
+    it counts (target 3, the third never comes); its follower is in step (the usual window),
+    so its own matchmaking bound ends first. It waits up to the bound the leader declared
+    and is in the group: leaving at its own, it was counted in a group it was not in, and
+    every member's part for it went missing (6 nodes at 200 ms, their first rounds)."""
+    timeouts = RoundTimeouts(matchmaking_window=0.5, join_timeout=0.05)
+    network, table = MemoryNetwork(), Table()
+    ids = [PeerID.from_base58(make_identity(n).peer_id) for n in range(2)]
+    made = {
+        member: Matchmaker(
+            network.join(member), MemoryDHT(make_identity(n), table), RUN_ID, DIGEST,
+            timeouts, BanList(), 2, 3,
+        )
+        for n, member in enumerate(ids)
+    }  # fmt: skip
+    ranks = {leader_rank(round_key(RUN_ID, FIRST), member): member for member in ids}
+    leader = made[ranks[min(ranks)]]
+    follower = made[ranks[max(ranks)]]
+    leader.timeouts = RoundBudget.of(timeouts, out_of_step=True).matching
+    follower.timeouts = RoundBudget.of(timeouts).matching
+    assert follower.timeouts.matchmaking < leader.timeouts.matchmaking_window
+
+    async def main() -> list[GroupInfo | RoundFailed]:
+        for node in made.values():
+            await node.start()
+
+        async def one(node: Matchmaker) -> GroupInfo | RoundFailed:
+            try:
+                return await node.form_group(FIRST, NUMEL, 0, 0, 1.0, PRIOR)
+            except RoundFailed as failed:
+                return failed
+
+        led = asyncio.create_task(one(leader))
+        await asyncio.sleep(0.05)  # the leader declared first: the follower reads it
+        return [await one(follower), await led]
+
+    followed, led = asyncio.run(main())
+    assert isinstance(led, GroupInfo) and len(led.members) == 2, led
+    assert isinstance(followed, GroupInfo), followed
+    assert led.group_id == followed.group_id

@@ -55,7 +55,8 @@ class SwarmReducer(Reducer):
 
     ``reduce`` returns at once; matchmaking and the all-reduce run on the swarm's loop and
     the future resolves by the round's end (``RoundBudget.round_end``: ``timeouts.total``
-    seconds, a staged round a few all-reduces and their checks more per stage). With
+    seconds, or an all-reduce and its checks after a group its leader chose late, a staged
+    round a few all-reduces and their checks more per stage). With
     ``target_group_size`` (e.g. the number of live node records) matchmaking ends as soon as
     that many peers declared, instead of after the whole window. ``max_weight`` caps every
     member's weight (tokens, the run's cap) and ``clip_factor`` is the C of the reducers'
@@ -276,10 +277,11 @@ class SwarmReducer(Reducer):
                     floor=net.min_transfer_timeout,
                 )
                 runners = self._runners(budget)
+                stages = None if grid is None else grid.num_stages
+                deadline.reschedule(budget.round_end(start, stages, matched))
                 if grid is None:
                     runner = runners(group, delta, self.max_weight)
                 else:
-                    deadline.reschedule(budget.round_end(start, grid.num_stages))
                     runner = StagedRunner(
                         group=group,
                         plan=grid,

@@ -105,13 +105,25 @@ class RoundBudget:
         running = adapted_timeouts(self.configured, transfers, factor=factor, floor=floor)
         return dataclasses.replace(self, running=running)
 
-    def round_end(self, start: float, stages: int | None = None) -> float:
+    def round_end(
+        self, start: float, stages: int | None = None, matched: float | None = None
+    ) -> float:
         """Loop time by which a round begun at ``start`` has ended whatever the peers do: its
         matchmaking, one all-reduce with its checks, a second of slack
         (``RoundTimeouts.total``). A round in ``stages`` stages (None: a flat one) may take
         ``STAGE_ATTEMPTS`` stage lengths per stage: a stage may run its group again as a
-        view after a loss (``staged.runner``)."""
-        end = start + self.matching.total
+        view after a loss (``staged.runner``).
+
+        A follower waits for its GROUP as long as its leader declared it may choose, up to
+        ``join_answer`` (``Matchmaker._leader_bound``): until the group is known
+        (``matched``: None) the bound holds that wait; once it is known, the all-reduce
+        keeps its whole length from then."""
+        matchmaking = self.matching.matchmaking
+        if matched is None:
+            known = start + max(matchmaking, self.join_answer())
+        else:
+            known = max(start + matchmaking, matched)
+        end = known + self.matching.total - matchmaking
         if stages is not None:
             end += (STAGE_ATTEMPTS * stages - 1) * self.stage_length
         return end

@@ -175,6 +175,21 @@ class Follower:
         finally:
             call.cancel()
 
+    def _leader_bound(self, lobby: Lobby, leader: PeerID, own: float, widest: float) -> float:
+        """Until when this node waits for ``leader``'s GROUP (loop time): its ``own``
+        matchmaking bound, or the one ``leader`` declared if later, up to the ``widest`` a
+        JOIN waits at a leader. A leader's declaration expires its matchmaking and an
+        all-reduce after its send step; a leader out of step (a late JOIN: the widest
+        window) chooses its group after its in-step followers' own bounds, and a follower
+        that left then was counted in a group it was not in: every member's part for it
+        went missing (docs/design.md "The round"). A leader declaring a bound it does not
+        keep is silent past its due time (``_await_reply``), as before."""
+        expiration = lobby.expirations.get(leader)
+        if expiration is None:
+            return own
+        remaining = expiration - self.timeouts.allreduce - float(get_dht_time())
+        return max(own, min(asyncio.get_running_loop().time() + remaining, widest))
+
     def _send_step_by(self, lobby: Lobby, peer: PeerID) -> float:
         """When ``peer`` said it would have reached its send step (loop time): its
         declaration's expiration less the round's bounds, which a node declaring ahead of

@@ -245,7 +245,8 @@ class Matchmaker(JoinAnswers):
             else:
                 lobby.leader = leader
                 lobby.decided.set()
-                group = await self._follow(key, lobby, view, leaders, start + t.matchmaking)
+                bounds = (start + t.matchmaking, start + self._answer_wait)
+                group = await self._follow(key, lobby, view, leaders, bounds)
             self.late.met(group.members)
             return group
         except RoundFailed as failure:
@@ -362,11 +363,12 @@ class Matchmaker(JoinAnswers):
         lobby: Lobby,
         view: set[PeerID],
         leaders: set[PeerID],
-        deadline: float,
+        bounds: tuple[float, float],
     ) -> GroupInfo:
         """JOIN the leader (following redirects, retrying and failing over to the next of
-        ``leaders``, the peers of ``view`` that may lead; see steps 5 and 6); give up at
-        ``deadline`` (loop time)."""
+        ``leaders``, the peers of ``view`` that may lead; see steps 5 and 6); give up at the
+        bound of the peer it follows (loop time, ``_leader_bound``: between this node's own
+        matchmaking bound and the widest, ``bounds``)."""
         loop = asyncio.get_running_loop()
         decided_at = loop.time()
         successor_due: float | None = None
@@ -378,6 +380,7 @@ class Matchmaker(JoinAnswers):
         target = lobby.leader
         while True:
             visited.add(target)
+            deadline = self._leader_bound(lobby, target, *bounds)
             if deadline - loop.time() <= 0:
                 raise RoundFailed(key.fragment, key.round, "no GROUP from the leader in time")
             try:
