@@ -175,20 +175,30 @@ class Follower:
         finally:
             call.cancel()
 
-    def _leader_bound(self, lobby: Lobby, leader: PeerID, own: float, widest: float) -> float:
-        """Until when this node waits for ``leader``'s GROUP (loop time): its ``own``
-        matchmaking bound, or the one ``leader`` declared if later, up to the ``widest`` a
-        JOIN waits at a leader. A leader's declaration expires its matchmaking and an
-        all-reduce after its send step; a leader out of step (a late JOIN: the widest
-        window) chooses its group after its in-step followers' own bounds, and a follower
-        that left then was counted in a group it was not in: every member's part for it
-        went missing (docs/design.md "The round"). A leader declaring a bound it does not
-        keep is silent past its due time (``_await_reply``), as before."""
+    def _declared_bound(self, lobby: Lobby, leader: PeerID) -> float | None:
+        """When ``leader`` said its matchmaking ends at the latest (loop time; None: no
+        declaration read): its declaration expires a matchmaking and an all-reduce after
+        its send step (or after the send step it announced, ahead). An honest leader has
+        sent its GROUP a join timeout before that: its wait for joiners ends by then."""
         expiration = lobby.expirations.get(leader)
         if expiration is None:
-            return own
+            return None
         remaining = expiration - self.timeouts.allreduce - float(get_dht_time())
-        return max(own, min(asyncio.get_running_loop().time() + remaining, widest))
+        return asyncio.get_running_loop().time() + remaining
+
+    def _leader_bound(self, declared: float | None, own: float, widest: float) -> float:
+        """Until when this node waits for a leader's GROUP (loop time): its ``own``
+        matchmaking bound, or the end of the matchmaking the leader ``declared`` and a join
+        timeout for the last frames if later, up to the ``widest`` a JOIN waits at a leader.
+        A leader out of step (a late JOIN: the widest window) chooses its group after its
+        in-step followers' own bounds, and a follower that left then was counted in a group
+        it was not in: every member's part for it went missing (docs/design.md "The
+        round"). A leader silent past its due time is charged and left before that
+        (``_await_reply``); one that declares a send step far ahead and stays silent keeps
+        its followers up to the widest bound, uncharged."""
+        if declared is None:
+            return own
+        return max(own, min(declared + self.timeouts.join_timeout, widest))
 
     def _send_step_by(self, lobby: Lobby, peer: PeerID) -> float:
         """When ``peer`` said it would have reached its send step (loop time): its

@@ -58,6 +58,10 @@ Protocol, for every node that reaches the send step of round ``(p, k)``:
    the follower fails over as from a dead leader, within the matchmaking bound (which has a
    join timeout for it). An honest leader has answered by then: its last read and its wait
    for joiners take a join timeout each at most (docs/design.md "Liveness").
+7. A follower waits for its GROUP until its own matchmaking bound, or longer, up to the
+   widest a leader holds a JOIN, when its leader's declaration says the leader's
+   matchmaking ends later (a leader on the widest window: ``late``). A leader silent past
+   its due time is charged before that (step 6).
 
 The leader's GROUP message is the agreement step: every member takes the same list from the
 same bytes. Failure modes: a leader that dies after sending GROUP to some followers but not
@@ -380,7 +384,7 @@ class Matchmaker(JoinAnswers):
         target = lobby.leader
         while True:
             visited.add(target)
-            deadline = self._leader_bound(lobby, target, *bounds)
+            deadline = self._leader_bound(self._declared_bound(lobby, target), *bounds)
             if deadline - loop.time() <= 0:
                 raise RoundFailed(key.fragment, key.round, "no GROUP from the leader in time")
             try:
