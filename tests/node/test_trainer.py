@@ -15,6 +15,7 @@ from diloco.node.config import NodeOptions, RunConfig
 from diloco.node.data.corpus import load_corpus
 from diloco.node.data.prepare import PrepareConfig, prepare
 from diloco.node.model.compute import ComputeOptions
+from diloco.node.model.fragments import send_step
 from diloco.node.training.checkpoint import CheckpointManager
 from diloco.node.training.inner import InnerConfig
 from diloco.node.training.outer import OuterConfig
@@ -324,3 +325,36 @@ def test_tau_auto_does_not_learn_from_rounds_of_one(corpus) -> None:
     rounds = [r for _ in range(36) for r in node.train_step()[1]]
     assert len(rounds) >= 8 and all(r.ok and r.members == ("me",) for r in rounds)
     assert node.tau_range == (start, start)
+
+
+class AnnouncedReducer(InProcessReducer):
+    """Remembers the rounds announced to it and those it is told were skipped."""
+
+    def __init__(self) -> None:
+        super().__init__(get_codec("none"))
+        self.prepared: list[RoundKey] = []
+        self.forgone: list[RoundKey] = []
+
+    def prepare(self, key: RoundKey, numel: int, weight: float, prior: str, lead: float) -> None:
+        self.prepared.append(key)
+
+    def forgo(self, key: RoundKey) -> None:
+        self.forgone.append(key)
+
+
+def test_steps_skipped_by_catching_up_forgo_the_rounds_announced_for_them(corpus) -> None:
+    """A node that catches up with the swarm's step skips send steps; the rounds it had
+    announced for them are given up at once (its peers would wait for it), the others not."""
+    reducer = AnnouncedReducer()
+    run = RunConfig(steps=40, seq_len=16, outer=OuterConfig(sync_every=6, fragment_sync_delay=2))
+    node = NodeOptions(batch_size=2, eval_batches=1, data_seed=0)
+    trainer = NodeTrainer(run, node, reducer, "me", corpus)
+    trainer.train_step()
+    h, fragments = run.outer.sync_every, trainer.sync.num_fragments
+    sends = {key: send_step(key.fragment, key.round, h, fragments) for key in reducer.prepared}
+    assert len(set(sends.values())) > 1  # rounds announced for different send steps
+    first = min(sends.values())
+    trainer.adopt_outer_state({}, step=first)  # the first send step is skipped, no other
+    assert reducer.forgone == [key for key, send in sends.items() if send == first]
+    trainer.adopt_outer_state({}, step=first)  # no step skipped: nothing more
+    assert len(reducer.forgone) == len([s for s in sends.values() if s == first])

@@ -367,3 +367,33 @@ def test_a_join_after_the_leader_failed_the_round_is_told_the_round_ended() -> N
     kind, body = asyncio.run(main())
     assert kind == Kind.REJECT
     assert Reject.parse(body).code == RejectCode.GROUP_CLOSED, Reject.parse(body)
+
+
+def test_a_leader_that_skipped_its_send_step_sends_its_followers_to_the_next_in_line() -> None:
+    """The first in line announced the round, then skipped its send step (it caught up with
+    the swarm's step). The two others, already waiting for it, are told LEFT_ROUND and
+    form the round without it; a JOIN that comes later is told so too. Before, they waited
+    until its lobby closed (GROUP_CLOSED) and both failed the round (6 nodes at 200 ms)."""
+    short = RoundTimeouts(matchmaking_window=0.5, join_timeout=0.25, connect_timeout=1.0)
+    skipper, *others = _peers(60, 3, short)
+
+    async def main() -> tuple[list[GroupInfo | BaseException], tuple[Kind, bytes]]:
+        for peer in (skipper, *others):
+            await peer.start()
+            _open(peer, lead=2.0 if peer is skipper else 0.0)
+        await _until_read([skipper, *others], 3)
+        forming = [asyncio.create_task(p.form_group(KEY, NUMEL, 0, 0, 1.0, PRIOR)) for p in others]
+        await asyncio.sleep(0.3)  # both JOINed the skipper and wait there
+        assert not any(task.done() for task in forming)
+        skipper.forgo(KEY)
+        groups = await asyncio.gather(*forming, return_exceptions=True)
+        request = others[0].join_request(KEY, NUMEL, 0, 0, 1.0, False)
+        return groups, await others[0]._call_join(skipper.p2p.peer_id, request)
+
+    groups, (kind, body) = asyncio.run(main())
+    assert all(isinstance(g, GroupInfo) for g in groups), groups
+    members = {p.p2p.peer_id for p in others}
+    assert all(set(g.members) == members for g in groups if isinstance(g, GroupInfo))
+    assert len({g.group_id for g in groups if isinstance(g, GroupInfo)}) == 1
+    assert kind == Kind.REJECT and Reject.parse(body).code == RejectCode.LEFT_ROUND
+    assert KEY not in skipper._lobbies

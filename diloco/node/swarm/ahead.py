@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from diloco.node.model.fragments import next_send_step, send_round
+from diloco.node.model.fragments import next_send_step, send_round, send_step
 from diloco.node.training.outer import FragmentSync
 from diloco.protocol.core.reducer import Reducer, RoundKey
 
@@ -68,4 +68,19 @@ class Announcer:
             numel = sync.states[p].outer.numel()
             self.reducer.prepare(RoundKey(p, k), numel, weight, prior, lead)
             keys.append(RoundKey(p, k))
+        return keys
+
+    def skipped(self, sync: FragmentSync, after: int, upto: int) -> list[RoundKey]:
+        """The node moved from step ``after`` to ``upto`` without training the steps between
+        (it caught up with the swarm): the rounds it announced whose send steps it skipped
+        go on without it, and the reducer tells the peers waiting for it
+        (``Reducer.forgo``). Returns those rounds."""
+        h, fragments = sync.config.sync_every, sync.num_fragments
+        keys = [
+            RoundKey(p, k)
+            for p, (k, _) in sorted(self.announced.items())
+            if after < send_step(p, k, h, fragments) <= upto
+        ]
+        for key in keys:
+            self.reducer.forgo(key)
         return keys

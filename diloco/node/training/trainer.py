@@ -388,4 +388,6 @@ class NodeTrainer:
         this trainer, called between two steps."""
         for p, state in states.items():
             self.sync.adopt(p, state)
+        if step > self.step:  # the rounds announced for the steps skipped go on without us
+            self.announcer.skipped(self.sync, self.step, step)
         self.step = step

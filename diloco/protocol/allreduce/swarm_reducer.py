@@ -193,6 +193,12 @@ class SwarmReducer(Reducer):
     async def _open_ahead(self, key: RoundKey, request: Join, prior: str, lead: float) -> None:
         self.matchmaker.open_ahead(key, request, prior, not self.client, lead)
 
+    def forgo(self, key: RoundKey) -> None:
+        self.swarm.submit(self._forgo(key))
+
+    async def _forgo(self, key: RoundKey) -> None:
+        self.matchmaker.forgo(key)
+
     def reduce(
         self, key: RoundKey, contributions: Sequence[Contribution]
     ) -> concurrent.futures.Future[RoundResult]:

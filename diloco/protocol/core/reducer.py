@@ -119,6 +119,11 @@ class Reducer(ABC):
         transport may start matchmaking now (docs/design.md "Across the internet"). Never
         blocks; the default does nothing."""
 
+    def forgo(self, key: RoundKey) -> None:
+        """Say that this node skipped round ``key``'s send step after ``prepare`` (it caught
+        up with the swarm): a transport tells the peers waiting for it. Never blocks; the
+        default does nothing."""
+
     def close(self) -> None:
         """Release transport resources; the default holds none."""
 

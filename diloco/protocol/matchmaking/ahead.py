@@ -46,6 +46,10 @@ logger = logging.getLogger(__name__)
 AHEAD_POLL_S = 0.25
 """Fewest seconds between two reads of a round before its send step (nobody waits on them)."""
 EARLIER_PROCESS = "this node's previous process was in this round"
+_REASONS = {
+    RejectCode.GROUP_CLOSED: "round ended",
+    RejectCode.LEFT_ROUND: "this node skipped the round's send step",
+}
 
 
 class Ahead(Follower):
@@ -233,9 +237,11 @@ class Ahead(Follower):
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.shield(lobby.ahead), self.timeouts.join_timeout)
 
-    def _drop_unclaimed(self, key: RoundKey, lobby: Lobby) -> None:
+    def _drop_unclaimed(
+        self, key: RoundKey, lobby: Lobby, code: RejectCode = RejectCode.GROUP_CLOSED
+    ) -> None:
         """Close a lobby opened ahead that ``form_group`` did not take: JOINs waiting
-        there get GROUP_CLOSED."""
+        there get ``code`` (GROUP_CLOSED: the round ended here)."""
         if lobby.claimed or self._lobbies.get(key) is not lobby:
             return
         del self._lobbies[key]
@@ -246,5 +252,5 @@ class Ahead(Follower):
         lobby.decided.set()
         for reply in lobby.joiners.values():
             if not reply.done():
-                closed = Reject(RejectCode.GROUP_CLOSED, reason="round ended")
+                closed = Reject(code, reason=_REASONS[code])
                 reply.set_result((Kind.REJECT, closed.serialize()))

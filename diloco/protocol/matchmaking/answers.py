@@ -1,7 +1,8 @@
 """The leader's side of a round's JOINs (docs/design.md "The round"): each JOIN is answered
 from what this node knows of the round. A member asking again gets its GROUP again; a round
 this node ended is GROUP_CLOSED, one it has not reached UNKNOWN_ROUND (its follower asks
-again); otherwise the JOIN waits in the lobby until this node chose its role, and gets the
+again), one whose send step it skipped LEFT_ROUND (its follower turns to the next in line);
+otherwise the JOIN waits in the lobby until this node chose its role, and gets the
 GROUP, a redirect to the leader, or a refusal (wrong run, weight over the cap, another prior
 or shape, the group closed)."""
 
@@ -29,6 +30,22 @@ class JoinAnswers(Ahead):
     """GROUP messages this node sent as leader, kept for members that ask again."""
     _answer_wait: float
     """Seconds a JOIN may wait here for its answer (``RoundBudget.join_answer``)."""
+    _forgone: dict[RoundKey, float]
+    """Rounds whose send step this node skipped (``forgo``) -> when (loop time)."""
+
+    def forgo(self, key: RoundKey) -> None:
+        """This node skipped round ``key``'s send step (it caught up with the swarm's step):
+        it will not be in the round. The lobby it opened ahead is dropped, and every JOIN
+        for the round, waiting or to come, is told LEFT_ROUND, so that its sender turns to
+        the next in line at once. Before, a node that skipped past a round it had announced
+        held its peers' JOINs until that lobby closed, and they failed the round
+        (docs/design.md "Across the internet")."""
+        now = asyncio.get_running_loop().time()
+        for old in [k for k, at in self._forgone.items() if now - at > self._answer_wait]:
+            del self._forgone[old]
+        self._forgone[key] = now
+        if (lobby := self._lobbies.get(key)) is not None:
+            self._drop_unclaimed(key, lobby, RejectCode.LEFT_ROUND)
 
     async def _serve_join(
         self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -50,6 +67,8 @@ class JoinAnswers(Ahead):
         if request.weight > self.max_weight:
             self.bans.offend(peer, f"round {key}: JOIN weight {request.weight:g} over the cap")
             return reject(RejectCode.MISMATCH, f"weight over the run's cap {self.max_weight:g}")
+        if key in self._forgone:
+            return reject(RejectCode.LEFT_ROUND, "this node skipped the round's send step")
         formed = self._formed.get(key)
         if formed is not None and peer in formed[0]:
             group = Group.parse(formed[1])
@@ -85,6 +104,8 @@ class JoinAnswers(Ahead):
         lobby.knockers.setdefault(peer, (request.weight, request.client))
         lobby.knock.set()
         await lobby.decided.wait()
+        if key in self._forgone:  # its lobby opened ahead was dropped meanwhile
+            return reject(RejectCode.LEFT_ROUND, "this node skipped the round's send step")
         if lobby.leader is not None:
             return reject(RejectCode.NOT_LEADER, redirect=lobby.leader.to_bytes())
         pending = lobby.joiners.get(peer)

@@ -43,7 +43,8 @@ Protocol, for every node that reaches the send step of round ``(p, k)``:
    the redirect (each peer at most once), so views that disagree at the edge of the window
    still converge on one leader.
 5. A follower whose JOIN fails in transport (stream refused or cut) tries once more; if
-   that fails too the leader counts as dead and the follower reads the round once more,
+   that fails too the leader counts as dead (as one that answers LEFT_ROUND: it skipped
+   the round's send step, catching up with the swarm) and the follower reads the round once more,
    then turns to the first peer (by ``leader_rank``) of that fresh view that is still
    reachable and not a client (itself included: then it leads, waiting for every peer of
    its prior it knows declared). Its view from before may lack peers the others' hold (it
@@ -150,6 +151,7 @@ class Matchmaker(JoinAnswers):
         self.late = LatePeers()
         """Peers whose JOINs came after this node's rounds ended (``late``)."""
         self._answer_wait = RoundBudget.of(timeouts).join_answer()
+        self._forgone = {}
 
     async def start(self) -> None:
         """Register the JOIN handler on the shared P2P daemon; its bound holds with the
@@ -186,6 +188,7 @@ class Matchmaker(JoinAnswers):
                 may.
         """
         request = self.join_request(key, numel, codec_id, return_codec_id, weight, client)
+        self._forgone.pop(key, None)  # it sends after all
         if await self.earlier_process_in(key):
             raise RoundFailed(key.fragment, key.round, EARLIER_PROCESS)
         lobby = self.claim_ahead(key, request, prior)
@@ -404,7 +407,10 @@ class Matchmaker(JoinAnswers):
                     await asyncio.sleep(min(0.1, max(0.0, deadline - loop.time())))
                     continue
                 reply = None
-            if reply is None:  # dead, or alive and silent past its due time: the next leads
+            if reply is not None and _left(reply):
+                logger.info("round %s: %s skipped the round; the next in line leads", key, target)
+                reply = None
+            if reply is None:  # dead, silent past its due time, or left: the next leads
                 dead.add(target)
                 failures = 0
                 # The view it followed with may predate peers that declared since (it
@@ -449,3 +455,8 @@ class Matchmaker(JoinAnswers):
                 key.round,
                 f"leader {target} refused: {reject.code.name} {reject.reason}",
             )
+
+
+def _left(reply: tuple[Kind, bytes]) -> bool:
+    """Whether a leader's answer says it skipped the round's send step (LEFT_ROUND)."""
+    return reply[0] == Kind.REJECT and Reject.parse(reply[1]).code == RejectCode.LEFT_ROUND

@@ -112,6 +112,9 @@ class RejectCode(IntEnum):
     BANNED = 11
     BUSY = 12
     """Over a server's caps (``limits``): try another peer, or later."""
+    LEFT_ROUND = 13
+    """This node skipped the round's send step (it caught up with the swarm's step): it is
+    not in the round; its followers turn to the next in line."""
 
 
 @dataclass
