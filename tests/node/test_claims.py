@@ -12,6 +12,8 @@ from diloco.node.evidence.claims import (
     Offences,
     Schedule,
     assess,
+    creator_missing,
+    creator_worked,
     group_target,
     schedule_offence,
     vouched,
@@ -358,3 +360,23 @@ def test_paper_keys_do_not_raise_the_group_a_round_waits_for(k: int) -> None:
 
 def papers_only(papers: list[str]) -> list[NodeRecord]:
     return [record(s, 300, (0, 10, Z)) for s in papers]
+
+
+def test_a_round_without_the_creator_is_refused_until_it_has_worked_with_others() -> None:
+    members = ("j1", "j2")
+    why = creator_missing(members, "j1", "boss", live=True, worked=False)
+    assert why is not None and "creator" in why
+    assert creator_missing((*members, "boss"), "j1", "boss", live=True, worked=False) is None
+    assert creator_missing(members, "j1", "boss", live=True, worked=True) is None
+    assert creator_missing(members, "j1", "boss", live=False, worked=False) is None  # it left
+    assert creator_missing(members, "boss", "boss", live=True, worked=False) is None
+    assert creator_missing(members, "j1", None, live=True, worked=False) is None
+
+
+def test_the_creator_has_worked_once_it_vouches_for_a_round_with_others() -> None:
+    alone = vouch("boss", 0, 1, H1, ("boss",))
+    shared = vouch("boss", 0, 2, H1, ("boss", "j1"))
+    named = vouch("j1", 0, 2, H1, ("boss", "j1"))  # another author naming it decides nothing
+    assert not creator_worked([alone, named], "boss")
+    assert creator_worked([alone, shared], "boss")
+    assert not creator_worked([shared], None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -29,9 +30,10 @@ from diloco.node.swarm.healing import Healer
 from diloco.node.training.inner import InnerConfig
 from diloco.node.training.outer import OuterConfig
 from diloco.node.training.trainer import NodeOptions, NodeTrainer, RunConfig
-from diloco.protocol.core.reducer import InProcessReducer, RoundKey
+from diloco.protocol.core.reducer import InProcessReducer, RoundKey, RoundResult
 from diloco.protocol.records.nodes import FragmentVersion, NodeRecord, Vouch
 from diloco.protocol.state.fragment import FragmentState, OuterState
+from diloco.protocol.trust.identity import Identity
 
 A, B, C = "a" * 64, "b" * 64, "c" * 64
 NONE: frozenset[str] = frozenset()
@@ -605,3 +607,27 @@ def test_healer_refuses_a_state_only_paper_keys_vouch_for_and_names_them_once(
         "work"
         for s in ("s0", "s1")
     ]
+
+
+def test_healer_refuses_a_round_without_the_live_creator_until_it_worked_with_others(
+    corpus: Any,
+) -> None:
+    """A joiner applies no round its creator is not in while the creator is live and has
+    vouched for no round with others: it could not heal from joiners it never worked with."""
+    trainer = make_trainer(corpus)
+    boss = Identity.generate().peer_id
+    trainer.run = dataclasses.replace(trainer.run, creator=boss)
+    swarm = FakeSwarm([record(boss, 10, *initial_entries(trainer))], {})
+    healer, _ = make_healer(trainer, swarm, anchors=[boss])
+    assert healer.refusal(RoundResult(torch.zeros(1), ("j1", "me"), 0, 0, 0.0)) is None  # unread
+    healer.read_view()
+    without = RoundResult(torch.zeros(1), ("j1", "me"), 0, 0, 0.0)
+    assert healer.refusal(without) is not None
+    assert healer.refusal(RoundResult(torch.zeros(1), (boss, "me"), 0, 0, 0.0)) is None
+    swarm.vouches = vouches_for(0, 1, A, boss, "j2")  # it worked with another joiner
+    healer.read_view()
+    assert healer.refusal(without) is None
+    swarm.vouches, swarm.records = [], []  # a fresh healer: the creator left
+    healer, _ = make_healer(trainer, swarm, anchors=[boss])
+    healer.read_view()
+    assert healer.refusal(without) is None

@@ -131,6 +131,40 @@ def test_fragment_sync_a_result_withdrawn_when_applied_fails_the_round() -> None
     assert sync.carried_weight[0] == 10
 
 
+def test_fragment_sync_a_result_refused_when_applied_fails_the_round() -> None:
+    from concurrent.futures import Future
+
+    from diloco.protocol.core.reducer import RoundResult
+
+    layer = nn.Linear(4, 4)
+    sync = FragmentSync(
+        [list(layer.named_parameters())], OuterConfig(sync_every=2, fragment_sync_delay=1), "me", 1
+    )
+    before = sync.states[0].outer.clone()
+    asked: list[tuple[str, ...]] = []
+
+    def refuse(result: RoundResult) -> str | None:
+        asked.append(result.members)
+        return "not without the creator" if "boss" not in result.members else None
+
+    sync.refuse = refuse
+    for step, members in ((2, ("me", "j1")), (4, ("boss", "me"))):
+        sync.record_tokens(10)
+        with torch.no_grad():
+            layer.weight.add_(1.0)
+        ((key, contribution),) = sync.contributions_due(step)
+        done: Future[RoundResult] = Future()
+        done.set_result(RoundResult(torch.ones_like(contribution.delta), members, 0, 0, 0.0))
+        sync.submit(key, done, step, contribution.weight)
+        (applied,) = sync.apply_due(step + 1)
+        if step == 2:
+            assert not applied.ok and applied.error.endswith("failed: not without the creator")
+            assert torch.equal(sync.states[0].outer, before) and sync.states[0].version == 0
+            assert sync.carried_weight[0] == 10
+    assert applied.ok and sync.states[0].version == 2 and sync.carried_weight[0] == 0
+    assert asked == [("me", "j1"), ("boss", "me")]
+
+
 def _sync_with_rounds_in_flight() -> tuple[nn.Linear, FragmentSync]:
     """Two fragments (weight, bias); H 2, tau 1: both send round 1 at step 2 (offsets 0, 1:
     the bias at step 3). Fragment 0's round succeeded, fragment 1's failed."""

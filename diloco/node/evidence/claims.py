@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import median_low
 
@@ -301,6 +301,30 @@ def group_target(records: Iterable[NodeRecord], evidence: Evidence, min_group_si
     record's author (``Follower.wait_target``; docs/design.md "Evidence")."""
     authors = {r.peer_id for r in records} & evidence.clock()
     return max(min_group_size, len(authors | {evidence.me}))
+
+
+def creator_worked(vouches: Iterable[Vouch], creator: str | None) -> bool:
+    """Whether the run's creator vouched for a round it shared with other members: from
+    then on it has peers whose word it counts, and can heal from them (``creator_missing``)."""
+    return any(v.author == creator and len(set(v.members) - {creator}) > 0 for v in vouches)
+
+
+def creator_missing(
+    members: Collection[str], me: str, creator: str | None, live: bool, worked: bool
+) -> str | None:
+    """Why this node should not apply a round of ``members`` (None: it may): the run's
+    creator is ``live`` and not among them, and has not ``worked`` with anyone yet.
+
+    The creator counts nobody's vouches until it has been in a round with them (it has no
+    anchors), so a round its joiners apply without it leaves it at a state it can never
+    heal from: at 6 nodes and 200 ms its first rounds failed on timing, the five joiners
+    formed every round among themselves, and it trained alone to the end (docs/design.md
+    "Healing and joining"). Refused by every member that is not the creator, such a round
+    is failed by all of them alike, and their tokens carry over to the next, which may
+    include it. A creator that left (no live record) holds nobody back."""
+    if creator is None or me == creator or worked or not live or creator in members:
+        return None
+    return "the run's creator is not in it, and has not been in a round with others yet"
 
 
 def _median_step(records: Sequence[NodeRecord], clock: frozenset[str]) -> int | None:

@@ -31,6 +31,8 @@ from diloco.node.evidence.claims import (
     Schedule,
     SwarmView,
     assess,
+    creator_missing,
+    creator_worked,
     vouched_claims,
 )
 from diloco.node.evidence.suspects import (
@@ -53,7 +55,7 @@ from diloco.node.swarm.donors import (
 )
 from diloco.node.swarm.fetch_groups import by_donor
 from diloco.node.training.trainer import NodeTrainer
-from diloco.protocol.core.reducer import RoundKey
+from diloco.protocol.core.reducer import RoundKey, RoundResult
 from diloco.protocol.records.nodes import NodeRecord, Vouch
 from diloco.protocol.state.fragment import FragmentState, OuterState
 
@@ -146,6 +148,10 @@ class Healer:
         """The view the last check read (a worker thread sets it; the training thread reads
         it before a send: ``before_send``)."""
         self.healed_fragments = 0
+        self.creator_live = False
+        """Whether the last read found a record of the run's creator (``refusal``)."""
+        self.creator_worked = False
+        """Whether a read found the creator's vouch for a round with others (it stays so)."""
         self.seen_versions = self.versions()
         self.verify_at: dict[int, float] = {}
         """Fragment -> when to check it once: its version moved. A round that succeeds can
@@ -173,11 +179,22 @@ class Healer:
         workers = self.witness.workers()
         return Evidence(self.me, workers, self.anchors, self.trainer.run.creator)
 
+    def refusal(self, result: RoundResult) -> str | None:
+        """Why this node should not apply ``result`` (``FragmentSync.refuse``, the training
+        thread): a round without the run's creator before it has worked with anyone
+        (``claims.creator_missing``; this node's own rounds with it count as its word)."""
+        creator = self.trainer.run.creator
+        worked = self.creator_worked or creator in self.witness.workers()
+        return creator_missing(result.members, self.me, creator, self.creator_live, worked)
+
     def read_view(self) -> SwarmView:
         """The records and vouches of the swarm, judged (``claims.assess``); offenders and
         refused vouchers are logged once each."""
         records = [r for r in self.source.read_records() if r.peer_id != self.me]
         vouches = self.source.read_vouches(range(self.schedule.num_fragments))
+        creator = self.trainer.run.creator
+        self.creator_live = any(r.peer_id == creator for r in records)
+        self.creator_worked = self.creator_worked or creator_worked(vouches, creator)
         view = assess(records, vouches, self.schedule, self.initial_hashes, self.evidence())
         self.offences.report_all(view.offences)
         self.uncounted.report_all(view.uncounted)

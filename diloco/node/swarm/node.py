@@ -159,6 +159,7 @@ class SwarmNode:
                 anchors=[a.rsplit("/p2p/", 1)[1] for a in net.initial_peers if "/p2p/" in a],
                 witness=self.witness,
             )
+            self.trainer.sync.refuse = self.healer.refusal
             self.target = MatchmakingTarget(
                 self.healer.evidence, rounds.min_group_size, self.reducer.set_target_group_size
             )

@@ -123,6 +123,9 @@ class FragmentSync:
     failed_rounds: int = field(init=False, default=0)
     should_abandon: Callable[[], bool] = field(default=lambda: False, repr=False)
     """Asked while blocked on a round; True gives the round up (a node that is stopping)."""
+    refuse: Callable[[RoundResult], str | None] = field(default=lambda _: None, repr=False)
+    """Asked of each result before it is applied: a reason fails the round (the swarm node:
+    a round without the run's creator before it has worked with anyone)."""
     outer_device: OuterDevice = "cpu"
     """Where a CUDA model's outer state lives (``NodeOptions.outer_device``); CPU models
     keep it on the CPU either way."""
@@ -276,6 +279,8 @@ class FragmentSync:
         try:
             result = self._wait(pending)
             if result.withdrawn is not None and (reason := result.withdrawn()):
+                raise RoundFailed(p, pending.key.round, reason)
+            if reason := self.refuse(result):
                 raise RoundFailed(p, pending.key.round, reason)
         except RoundFailed as error:
             blocked = time.perf_counter() - start
