@@ -17,6 +17,7 @@ from diloco.node.data.corpus import load_corpus
 from diloco.node.evidence.claims import Schedule, SwarmView
 from diloco.node.evidence.suspects import failed_everywhere, missed_rounds, open_suspects
 from diloco.node.evidence.witness import Witness, WitnessedRound
+from diloco.node.model.fragments import send_step
 from diloco.node.swarm.donors import (
     catch_up_step,
     choose_donors,
@@ -25,6 +26,7 @@ from diloco.node.swarm.donors import (
     join_donors,
     lagging,
     majority_hash,
+    skip_target,
 )
 from diloco.node.swarm.healing import Healer
 from diloco.node.training.inner import InnerConfig
@@ -440,6 +442,32 @@ def test_healer_lagging_node_skips_to_its_anchors_step_before_any_vouch(corpus: 
     assert {"event": "caught_up", "from_step": 12, "to_step": 30} in events
     # Version 0 after step 30: every fragment missed its rounds, all suspect now.
     assert set(healer.suspects) == set(range(trainer.sync.num_fragments))
+
+
+def test_skip_target_stops_before_a_send_step_the_swarm_just_passed() -> None:
+    # H 100, 5 fragments: fragment p sends at 20 p + 100 k
+    assert skip_target(117, 120, 100, 5) == 119  # the swarm at the send step of 120
+    assert skip_target(137, 141, 100, 5) == 139  # one step past the send step of 140
+    assert skip_target(137, 142, 100, 5) == 139  # two
+    assert skip_target(137, 143, 100, 5) == 143  # three: that round formed without us
+    assert skip_target(103, 115, 100, 5) == 115  # no send step between
+    assert skip_target(119, 121, 100, 5) == 119  # the next step sends: no skip at all
+
+
+def test_healer_lagging_node_trains_the_send_step_the_swarm_just_passed(corpus: Any) -> None:
+    trainer = make_trainer(corpus)
+    h, fragments = trainer.run.outer.sync_every, trainer.sync.num_fragments
+    sends = {send_step(p, k, h, fragments) for p in range(fragments) for k in range(1, 10)}
+    # a step after which one step sends nothing and the next sends: the swarm one past that
+    step = next(s for s in range(1, 30) if s + 1 not in sends and s + 2 in sends)
+    trainer.step = step
+    swarm = FakeSwarm([record("fast", step + 3, *initial_entries(trainer))], {})
+    healer, events = make_healer(trainer, swarm, anchors=["fast"])
+    healer.diverged.add(0)  # a check now (not a periodic step)
+    healer.maybe_heal([])
+    assert finish_check(healer, swarm) == []
+    assert trainer.step == step + 1  # it trains the send step, and sends
+    assert {"event": "caught_up", "from_step": step, "to_step": step + 1} in events
 
 
 def test_healer_lagging_node_takes_the_vouchers_step_not_the_sybils(corpus: Any) -> None:

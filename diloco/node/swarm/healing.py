@@ -52,6 +52,7 @@ from diloco.node.swarm.donors import (
     heal_plan,
     join_donors,
     lagging,
+    skip_target,
 )
 from diloco.node.swarm.fetch_groups import by_donor
 from diloco.node.training.trainer import NodeTrainer
@@ -402,11 +403,13 @@ class Healer:
             return
         if state is None:
             return
-        if state.global_step > t.step + MAX_LAG_STEPS:
+        to = skip_target(t.step, state.global_step, self.sync_every, len(self.numel))
+        if state.global_step > t.step + MAX_LAG_STEPS and to > t.step:
             # A slow node skips ahead to the swarm's robust step rather than miss every
-            # round from now on; never to one donor's claim.
-            self.emit({"event": "caught_up", "from_step": t.step, "to_step": state.global_step})
-            t.adopt_outer_state({}, step=state.global_step)
+            # round from now on (never to one donor's claim), but not past a round still
+            # forming (``skip_target``).
+            self.emit({"event": "caught_up", "from_step": t.step, "to_step": to})
+            t.adopt_outer_state({}, step=to)
             self.suspects.update(missed_rounds(t.step, self.versions(), self.sync_every))
         adopted = self.adopt(state)
         self.diverged |= set(state.fragments) - set(adopted)
