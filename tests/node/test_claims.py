@@ -380,3 +380,14 @@ def test_the_creator_has_worked_once_it_vouches_for_a_round_with_others() -> Non
     assert not creator_worked([alone, named], "boss")
     assert creator_worked([alone, shared], "boss")
     assert not creator_worked([shared], None)
+
+
+def test_the_creator_waits_for_every_live_record_until_it_has_worked_with_others() -> None:
+    """Before its first round with others the creator has nobody to count but newcomers: it
+    waits for every live record's author (paper keys included, which can stretch those
+    rounds to the window); once it has worked with peers, for them alone."""
+    records = [record(p, 10, (0, 0, H1)) for p in ("j1", "j2", "j3", "s1")]
+    assert group_target(records, Evidence("boss", creator="boss"), 2) == 5
+    worked = Evidence("boss", frozenset({"j1", "j2"}), creator="boss")
+    assert group_target(records, worked, 2) == 3
+    assert group_target(records, Evidence("j1", creator="boss"), 2) == 2  # not the creator

@@ -70,6 +70,18 @@ def test_a_round_led_alone_while_counting_more_peers_than_the_minimum_is_out_of_
     assert not late.out_of_step(1.0)
 
 
+def test_a_peer_that_took_the_state_is_out_of_step_until_a_group_with_it() -> None:
+    late = LatePeers()
+    a = peer(1)
+    assert not late.out_of_step(10.0)
+    late.took_state(a, 10.0)
+    assert late.out_of_step(10.0) and late.out_of_step(10.0 + LATE_MEMORY)
+    assert not late.out_of_step(10.1 + LATE_MEMORY)  # forgotten: it may have left
+    late.took_state(a, 20.0)
+    late.met([a])
+    assert not late.out_of_step(20.0)
+
+
 def test_late_peers_kept_are_bounded_and_the_oldest_go_first() -> None:
     late = LatePeers()
     late.ended(FIRST)

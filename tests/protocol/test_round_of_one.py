@@ -126,6 +126,9 @@ def test_no_round_of_one_after_sending_its_state_to_a_joiner(lone: Swarm) -> Non
         assert fetched.global_step == 7
         assert lone.read_records() == []  # no live record but its own (none published)
         fails_alone(reducer, lone)
+        # and the joiner starts behind it: the round was on the widest window
+        assert reducer.matchmaker.timeouts.matchmaking_window == 4 * TIMEOUTS.matchmaking_window
+        assert lone.take_state_takers() == {}  # the reducer read them
     finally:
         reducer.close()
         joiner.shutdown()

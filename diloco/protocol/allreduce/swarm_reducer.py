@@ -231,6 +231,9 @@ class SwarmReducer(Reducer):
 
     async def _reduce(self, key: RoundKey, contribution: Contribution) -> RoundResult:
         start = asyncio.get_running_loop().time()
+        now = time.monotonic()
+        for peer, at in self.swarm.take_state_takers().items():
+            self.matchmaker.late.took_state(peer, start - (now - at))
         out_of_step = self.matchmaker.late.out_of_step(start)
         rtt = round_trip_estimate(self.rtt_samples)
         budget = RoundBudget.of(self.timeouts, rtt, out_of_step=out_of_step)

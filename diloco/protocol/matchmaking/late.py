@@ -9,8 +9,10 @@ while such a peer has not been in a group with this node since, the node waits t
 widest window any round trip may set (``RoundBudget.of``, ``out_of_step``), its peer
 arrives within it, and from that round on both apply at the same step. The early node
 gets no late JOIN when its peers formed the round without it; its evidence is then a round
-it led that found none of the peers it saw work (``alone``). The wider window
-costs nothing in a round whose peers all come: a round ends as soon as they have. Bounded
+it led that found none of the peers it saw work (``alone``). A peer that took this node's
+state (a joiner, a healer) is out of step with it too, until they met (``took_state``).
+The wider window costs nothing in a round whose peers all come: a round ends as soon as
+they have. Bounded
 like any peer's word: the peers kept are at most ``MAX_LATE`` and forgotten after
 ``LATE_MEMORY`` seconds (docs/design.md "The round").
 """
@@ -58,6 +60,18 @@ class LatePeers:
         while len(self._late) > MAX_LATE:
             del self._late[next(iter(self._late))]
         return True
+
+    def took_state(self, peer: PeerID, when: float) -> None:
+        """``peer`` took this node's state at ``when`` (loop time): it starts behind this node
+        (the transfer, and the step of the record it starts at, up to a publishing interval
+        old) and looks for it in its rounds, so it is out of step until a group with it. At
+        6 nodes and 200 ms the creator led its first round alone on its usual window, and
+        the joiners' JOINs came after it had ended: the round failed for every node. A
+        download costs a paper key more than a JOIN, which can do the same."""
+        self._late.pop(peer, None)
+        self._late[peer] = when
+        while len(self._late) > MAX_LATE:
+            del self._late[next(iter(self._late))]
 
     def alone(self, target: int, min_group_size: int, now: float) -> None:
         """A round this node led formed no group. With more than ``min_group_size`` peers

@@ -241,6 +241,11 @@ class Swarm:
         served = self._state_server.last_served if self._state_server is not None else None
         return served is not None and time.monotonic() - served < seconds
 
+    def take_state_takers(self) -> dict[PeerID, float]:
+        """The peers sent this node's state since the last call, and when
+        (``time.monotonic()``); the swarm's loop only (``SwarmReducer``)."""
+        return self._state_server.take_takers() if self._state_server is not None else {}
+
     def fetch_state(
         self,
         fragments: Sequence[int] | None = None,

@@ -50,6 +50,10 @@ StateProvider = Callable[[], OuterState]
 A snapshot's fragments are never changed afterwards (the server caches their hashes)."""
 
 
+MAX_TAKERS = 64
+"""Peers sent a state kept until the reducer reads them (any peer may ask)."""
+
+
 class SnapshotHashes:
     """sha256 of snapshot fragments, once per fragment object.
 
@@ -97,6 +101,9 @@ class StateServer:
         self.last_served: float | None = None
         """``time.monotonic()`` when a peer was last sent a state: it will start from it and
         look for this node in its rounds (``SwarmReducer``: no round of one meanwhile)."""
+        self.takers: dict[PeerID, float] = {}
+        """Peers sent a state since ``take_takers`` last asked -> when (``time.monotonic()``;
+        at most ``MAX_TAKERS``, the oldest go first)."""
         self._hashing = asyncio.Lock()
 
     async def start(self) -> None:
@@ -127,10 +134,19 @@ class StateServer:
             await streams.send_reject(writer, reject, REJECT_TIMEOUT)
             return None
         self.last_served = time.monotonic()  # before the snapshot: a round of one may follow
+        self.takers.pop(peer, None)
+        self.takers[peer] = self.last_served
+        while len(self.takers) > MAX_TAKERS:
+            del self.takers[next(iter(self.takers))]
         try:
             return await self._send_state(request, writer)
         finally:
             self.limiter.release(name)
+
+    def take_takers(self) -> dict[PeerID, float]:
+        """The peers sent a state since the last call, and when; forgets them."""
+        takers, self.takers = self.takers, {}
+        return takers
 
     async def _send_state(
         self, request: StateRequest, writer: asyncio.StreamWriter
