@@ -40,14 +40,14 @@ def test_a_witnessed_round_sets_the_target_before_the_next_records_read() -> Non
     witness = Witness(me)
     set_to: list[tuple[int, int]] = []
     target = MatchmakingTarget(
-        lambda: Evidence(me, witness.workers(), creator=me),
+        lambda: Evidence(me, witness.workers(), creator=b),
         2,
         lambda size, live: set_to.append((size, live)),
     )
     target.witnessed()  # no records read yet: nothing to count against
     assert set_to == []
     target.heard(records(me, b, c))
-    assert set_to == [(2, 3)]  # the creator has seen nobody work: itself and one more
+    assert set_to == [(2, 3)]  # a joiner that has seen nobody work: itself and the creator
     witness.record(WitnessedRound(0, 1, (me, b), "h"))
     target.witnessed()
     assert set_to == [(2, 3)]  # b alone: still two
@@ -83,8 +83,10 @@ def test_a_witnessed_round_never_lowers_the_target_the_next_read_does() -> None:
 
 @pytest.mark.swarm
 def test_a_node_waits_for_its_new_partner_in_the_round_after_their_first() -> None:
-    """The real node: its records read (two live peers, neither seen working), then a round
-    applied with both; its reducer's target is 3 before any further read."""
+    """The real node, the run's creator: its records read (two live peers, neither seen
+    working: before its first round with others it waits for every live record), then a
+    round applied with both, then a read with a third newcomer, whom it no longer waits for:
+    it has peers it saw work now."""
     run = RunConfig(
         steps=1000,
         seq_len=16,
@@ -100,10 +102,12 @@ def test_a_node_waits_for_its_new_partner_in_the_round_after_their_first() -> No
         me = node.swarm.peer_id.to_base58()
         b, c = (Identity.generate().peer_id for _ in range(2))
         node._heard(records(me, b, c))
-        assert wait_for(node, lambda size, live: (size, live) == (2, 3))
+        assert wait_for(node, lambda size, live: (size, live) == (3, 3))
         members: Sequence[str] = tuple(sorted((me, b, c)))
         node._vouch(AppliedRound(RoundKey(0, 1), ok=True, members=members, outer_sha256="h"))
-        assert wait_for(node, lambda size, live: size == 3), (
+        d = Identity.generate().peer_id
+        node._heard(records(me, b, c, d))
+        assert wait_for(node, lambda size, live: (size, live) == (3, 4)), (
             node.reducer.matchmaker.target_group_size
         )
     finally:
