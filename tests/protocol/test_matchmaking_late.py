@@ -232,12 +232,9 @@ def test_a_reducer_out_of_step_waits_the_widest_window_and_tells_tau_the_usual_o
         swarm.shutdown()
 
 
-def test_a_join_to_a_round_on_the_widest_window_outlasts_a_narrower_next_round() -> None:
-    """A leader out of step waits the widest window for a peer it counts (target 3, the
-    third never comes); meanwhile its next round narrows the matchmaker's budget, as the
-    reducer sets it per round. The JOIN that came early still gets the GROUP: cut at the
-    narrower budget, it was counted as a member whose reply could no longer be sent."""
-    timeouts = RoundTimeouts(matchmaking_window=0.5, join_timeout=0.05)
+def _leader_and_follower(timeouts: RoundTimeouts) -> tuple[Matchmaker, Matchmaker]:
+    """Two matchmakers that each wait for 3 declarations (the third never comes): the first
+    in line to lead round ``FIRST``, and the other."""
     network, table = MemoryNetwork(), Table()
     ids = [PeerID.from_base58(make_identity(n).peer_id) for n in range(2)]
     made = {
@@ -248,28 +245,38 @@ def test_a_join_to_a_round_on_the_widest_window_outlasts_a_narrower_next_round()
         for n, member in enumerate(ids)
     }  # fmt: skip
     ranks = {leader_rank(round_key(RUN_ID, FIRST), member): member for member in ids}
-    leader = made[ranks[min(ranks)]]
-    follower = made[ranks[max(ranks)]]
+    return made[ranks[min(ranks)]], made[ranks[max(ranks)]]
+
+
+async def _first(node: Matchmaker) -> GroupInfo | RoundFailed:
+    """``node``'s group of round ``FIRST`` on its own timeouts, or why it has none."""
+    try:
+        return await node.form_group(FIRST, NUMEL, 0, 0, 1.0, PRIOR)
+    except RoundFailed as failed:
+        return failed
+
+
+def test_a_join_to_a_round_on_the_widest_window_outlasts_a_narrower_next_round() -> None:
+    """A leader out of step waits the widest window for a peer it counts (target 3, the
+    third never comes); meanwhile its next round narrows the matchmaker's budget, as the
+    reducer sets it per round. The JOIN that came early still gets the GROUP: cut at the
+    narrower budget, it was counted as a member whose reply could no longer be sent."""
+    timeouts = RoundTimeouts(matchmaking_window=0.5, join_timeout=0.05)
+    leader, follower = _leader_and_follower(timeouts)
     wide = RoundBudget.of(timeouts, out_of_step=True).matching
     narrow = RoundBudget.of(timeouts).matching
     assert narrow.matchmaking < wide.matchmaking_window  # the JOIN outlives the narrow one
 
     async def main() -> list[GroupInfo | RoundFailed]:
-        for node in made.values():
+        for node in (leader, follower):
             await node.start()
             node.timeouts = wide
 
-        async def one(node: Matchmaker) -> GroupInfo | RoundFailed:
-            try:
-                return await node.form_group(FIRST, NUMEL, 0, 0, 1.0, PRIOR)
-            except RoundFailed as failed:
-                return failed
-
-        led = asyncio.create_task(one(leader))
+        led = asyncio.create_task(_first(leader))
         await asyncio.sleep(0.1)  # its window is running, the wide one
         leader.timeouts = narrow  # its next round's budget
         await asyncio.sleep(0.1)
-        return [await one(follower), await led]  # the JOIN comes on the narrow budget
+        return [await _first(follower), await led]  # the JOIN comes on the narrow budget
 
     followed, led = asyncio.run(main())
     assert isinstance(led, GroupInfo) and isinstance(followed, GroupInfo), (led, followed)
@@ -283,35 +290,18 @@ def test_a_follower_on_the_usual_window_waits_for_a_leader_on_the_widest_one() -
     and is in the group: leaving at its own, it was counted in a group it was not in, and
     every member's part for it went missing (6 nodes at 200 ms, their first rounds)."""
     timeouts = RoundTimeouts(matchmaking_window=0.5, join_timeout=0.05)
-    network, table = MemoryNetwork(), Table()
-    ids = [PeerID.from_base58(make_identity(n).peer_id) for n in range(2)]
-    made = {
-        member: Matchmaker(
-            network.join(member), MemoryDHT(make_identity(n), table), RUN_ID, DIGEST,
-            timeouts, BanList(), 2, 3,
-        )
-        for n, member in enumerate(ids)
-    }  # fmt: skip
-    ranks = {leader_rank(round_key(RUN_ID, FIRST), member): member for member in ids}
-    leader = made[ranks[min(ranks)]]
-    follower = made[ranks[max(ranks)]]
+    leader, follower = _leader_and_follower(timeouts)
     leader.timeouts = RoundBudget.of(timeouts, out_of_step=True).matching
     follower.timeouts = RoundBudget.of(timeouts).matching
     assert follower.timeouts.matchmaking < leader.timeouts.matchmaking_window
 
     async def main() -> list[GroupInfo | RoundFailed]:
-        for node in made.values():
+        for node in (leader, follower):
             await node.start()
 
-        async def one(node: Matchmaker) -> GroupInfo | RoundFailed:
-            try:
-                return await node.form_group(FIRST, NUMEL, 0, 0, 1.0, PRIOR)
-            except RoundFailed as failed:
-                return failed
-
-        led = asyncio.create_task(one(leader))
+        led = asyncio.create_task(_first(leader))
         await asyncio.sleep(0.05)  # the leader declared first: the follower reads it
-        return [await one(follower), await led]
+        return [await _first(follower), await led]
 
     followed, led = asyncio.run(main())
     assert isinstance(led, GroupInfo) and len(led.members) == 2, led
