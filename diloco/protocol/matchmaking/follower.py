@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 
 from hivemind import DHT
 from hivemind.p2p import PeerID
@@ -206,12 +207,14 @@ class Follower:
         its send step extends by its lead (``ahead``), plus a window to choose its role. An
         honest leader that announced the round ahead and has not reached the send step yet
         is not silent before then; a leader lying about it costs its followers no more than
-        their matchmaking bound (their deadline ends the wait without failover), as one
-        refusing their JOINs does."""
+        the bound they wait for it (``_leader_bound``: the widest at most; their deadline
+        ends the wait without failover), as one refusing their JOINs does. Without a
+        declaration read, it said nothing: -inf."""
+        declared = self._declared_bound(lobby, peer)
+        if declared is None:
+            return -math.inf
         t = self.timeouts
-        expiration = lobby.expirations.get(peer, 0.0)
-        lead = expiration - (t.matchmaking + t.allreduce) - float(get_dht_time())
-        return asyncio.get_running_loop().time() + lead + t.matchmaking_window
+        return declared - t.matchmaking + t.matchmaking_window
 
     @round_trips.exchange("join")
     async def _call_join(self, leader: PeerID, request: Join) -> tuple[Kind, bytes]:

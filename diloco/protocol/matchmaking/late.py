@@ -55,10 +55,7 @@ class LatePeers:
         if key.round > self._ended.get(key.fragment, -1):
             return False
         logger.info("round %s: JOIN of %s came after the round ended here", key, peer)
-        self._late.pop(peer, None)
-        self._late[peer] = now
-        while len(self._late) > MAX_LATE:
-            del self._late[next(iter(self._late))]
+        self._mark(peer, now)
         return True
 
     def took_state(self, peer: PeerID, when: float) -> None:
@@ -68,6 +65,10 @@ class LatePeers:
         6 nodes and 200 ms the creator led its first round alone on its usual window, and
         the joiners' JOINs came after it had ended: the round failed for every node. A
         download costs a paper key more than a JOIN, which can do the same."""
+        self._mark(peer, when)
+
+    def _mark(self, peer: PeerID, when: float) -> None:
+        """``peer`` is out of step since ``when``; the oldest go first past ``MAX_LATE``."""
         self._late.pop(peer, None)
         self._late[peer] = when
         while len(self._late) > MAX_LATE:
