@@ -8,6 +8,7 @@ timeouts from ``RoundBudget.of``."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 import torch
@@ -304,6 +305,41 @@ def test_a_follower_on_the_usual_window_waits_for_a_leader_on_the_widest_one() -
         return [await _first(follower), await led]
 
     followed, led = asyncio.run(main())
+    assert isinstance(led, GroupInfo) and len(led.members) == 2, led
+    assert isinstance(followed, GroupInfo), followed
+    assert led.group_id == followed.group_id
+
+
+def test_a_leader_that_fell_out_of_step_after_declaring_ahead_is_not_charged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Both declared the round ahead on the usual window; then a late JOIN put the leader out
+    of step, and at its send step it waits the widest window (target 3, the third never
+    comes). Its declaration made ahead said the usual one: its follower, due to hear from it
+    a window and a group timeout after its send step, charged it as silent and left it
+    (2 nodes, the pace attack's swarm). The leader declares again with the bound it waits
+    by, and the follower reads that before charging anyone: both are in one group."""
+    timeouts = RoundTimeouts(matchmaking_window=0.5, join_timeout=0.05)
+    leader, follower = _leader_and_follower(timeouts)
+    narrow = RoundBudget.of(timeouts).matching
+    wide = RoundBudget.of(timeouts, out_of_step=True).matching
+    assert narrow.matchmaking + narrow.group_timeout < wide.matchmaking_window
+
+    async def main() -> list[GroupInfo | RoundFailed]:
+        for node in (leader, follower):
+            await node.start()
+            node.timeouts = narrow
+            node.open_ahead(
+                FIRST, node.join_request(FIRST, NUMEL, 0, 0, 1.0, False), PRIOR, True, 0.2
+            )
+        await asyncio.sleep(0.2)  # both declarations made ahead are stored and read
+        leader.timeouts = wide  # the JOIN came late: its send step begins the widest window
+        led = asyncio.create_task(_first(leader))
+        return [await _first(follower), await led]
+
+    with caplog.at_level(logging.WARNING, logger="diloco.protocol.matchmaking"):
+        followed, led = asyncio.run(main())
+    assert "is silent" not in caplog.text
     assert isinstance(led, GroupInfo) and len(led.members) == 2, led
     assert isinstance(followed, GroupInfo), followed
     assert led.group_id == followed.group_id

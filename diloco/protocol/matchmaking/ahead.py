@@ -188,6 +188,7 @@ class Ahead(Follower):
             logger.debug("round %s: the DHT did not take the declaration ahead", key)
             return
         lobby.expiration, lobby.declared_at = expiration, loop.time()
+        lobby.bound = t.matchmaking
         until = loop.time() + lead + t.matchmaking_window
         lobby.reading = asyncio.ensure_future(self._read_ahead(lobby, until))
 

@@ -128,7 +128,7 @@ class Follower:
         lobby: Lobby,
         decided_at: float,
         successor_due: float | None,
-        deadline: float,
+        bounds: tuple[float, float],
     ) -> tuple[Kind, bytes] | None:
         """``target``'s answer to this node's JOIN, or None when it kept the stream open
         and answered nothing by its due time: then it commits an offence (step 6).
@@ -139,7 +139,10 @@ class Follower:
         this node read it, so its window ends by then); a successor's is ``successor_due``.
 
         Raises:
-            asyncio.TimeoutError: ``deadline`` (loop time) passed first.
+            asyncio.TimeoutError: the bound it waits for ``target`` by passed first
+                (``_leader_bound`` of ``bounds``; it follows every read of the leader's
+                declaration, which it makes again if its window widened at its send
+                step).
             ProtocolError, TRANSPORT_ERRORS: as ``_call_join``.
         """
         loop = asyncio.get_running_loop()
@@ -160,6 +163,7 @@ class Follower:
                 else:
                     chose = decided_at + t.matchmaking_window if ready is None else ready
                     due = max(chose, self._send_step_by(lobby, target)) + t.group_timeout
+                deadline = self._leader_bound(self._declared_bound(lobby, target), *bounds)
                 if now >= deadline:
                     raise asyncio.TimeoutError
                 if now >= due:

@@ -162,6 +162,9 @@ class Lobby:
     """Loop time this node's declaration was stored: its window counts from then."""
     expiration: float = 0.0
     """DHT time this node's declaration of the round expires (0: not stored yet)."""
+    bound: float = 0.0
+    """The matchmaking bound (seconds) that declaration said this node may take: its
+    followers' due time follows it (``Follower._send_step_by``)."""
     ahead: asyncio.Task[None] | None = None
     """The declaration stored before the send step (``ahead``); None: opened at it."""
     reading: asyncio.Task[None] | None = None

@@ -204,7 +204,12 @@ class Matchmaker(JoinAnswers):
             start = loop.time()
             if lobby.ahead is not None and not lobby.ahead.done():
                 await self.await_declared(lobby)
-            if lobby.declared_at is None:  # not declared ahead of the send step
+            if lobby.declared_at is None or lobby.bound + t.join_timeout < t.matchmaking:
+                # Not declared ahead of the send step, or ahead on a narrower window than
+                # this round's (a late JOIN came since: the widest). Its followers' due time
+                # follows the bound they read; a bound that grew by less than a join timeout
+                # (the round trip estimate moving) stays within their group timeout and is
+                # not worth a store on the round's path.
                 expiration = self.later_than_before(key, t.matchmaking + t.allreduce)
                 stored = await asyncio.wait_for(
                     declare_round(
@@ -221,6 +226,7 @@ class Matchmaker(JoinAnswers):
                 if not stored:  # peers may not see it; a JOIN still reaches the leader
                     logger.debug("round %s: the DHT did not take our declaration", key)
                 lobby.expiration, lobby.declared_at = expiration, loop.time()
+                lobby.bound = t.matchmaking
             declared = loop.time()
             # waiting for target_group_size peers, a window from the send step, as when
             # declaring at it: a peer that announced nothing yet may be a step behind
@@ -388,11 +394,11 @@ class Matchmaker(JoinAnswers):
         while True:
             visited.add(target)
             deadline = self._leader_bound(self._declared_bound(lobby, target), *bounds)
-            if deadline - loop.time() <= 0:
+            if deadline <= loop.time():
                 raise RoundFailed(key.fragment, key.round, "no GROUP from the leader in time")
             try:
                 reply = await self._await_reply(
-                    key, target, lobby, decided_at, successor_due, deadline
+                    key, target, lobby, decided_at, successor_due, bounds
                 )
             except asyncio.TimeoutError as exc:
                 raise RoundFailed(
@@ -407,6 +413,8 @@ class Matchmaker(JoinAnswers):
                     await asyncio.sleep(min(0.1, max(0.0, deadline - loop.time())))
                     continue
                 reply = None
+            # the leader may have declared a later bound meanwhile (``_await_reply`` reads it)
+            deadline = self._leader_bound(self._declared_bound(lobby, target), *bounds)
             if reply is not None and _left(reply):
                 logger.info("round %s: %s skipped the round; the next in line leads", key, target)
                 reply = None
