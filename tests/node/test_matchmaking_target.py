@@ -38,26 +38,26 @@ def records(*peers: str) -> list[NodeRecord]:
 def test_a_witnessed_round_sets_the_target_before_the_next_records_read() -> None:
     me, b, c = (Identity.generate().peer_id for _ in range(3))
     witness = Witness(me)
-    set_to: list[tuple[int, int]] = []
+    set_to: list[tuple[int, int, int]] = []
     target = MatchmakingTarget(
         lambda: Evidence(me, witness.workers(), creator=b),
         2,
-        lambda size, live: set_to.append((size, live)),
+        lambda size, live, counted: set_to.append((size, live, counted)),
     )
     target.witnessed()  # no records read yet: nothing to count against
     assert set_to == []
     target.heard(records(me, b, c))
-    assert set_to == [(2, 3)]  # a joiner that has seen nobody work: itself and the creator
+    assert set_to == [(2, 3, 1)]  # a joiner that has seen nobody work: itself and the creator
     witness.record(WitnessedRound(0, 1, (me, b), "h"))
     target.witnessed()
-    assert set_to == [(2, 3)]  # b alone: still two
+    assert set_to == [(2, 3, 1)]  # b alone: still two
     witness.record(WitnessedRound(1, 1, tuple(sorted((me, b, c))), "h"))
     target.witnessed()
-    assert set_to[-1] == (3, 3)
+    assert set_to[-1] == (3, 3, 2)
     target.heard(records(me, b))  # c's record gone (it left): c is not waited for
-    assert set_to[-1] == (2, 2)
+    assert set_to[-1] == (2, 2, 1)
     target.witnessed()  # nothing new: the target stays
-    assert set_to == [(2, 3), (3, 3), (2, 2)]
+    assert set_to == [(2, 3, 1), (3, 3, 2), (2, 2, 1)]
 
 
 def test_a_witnessed_round_never_lowers_the_target_the_next_read_does() -> None:
@@ -66,19 +66,19 @@ def test_a_witnessed_round_never_lowers_the_target_the_next_read_does() -> None:
     records are read again."""
     me, creator, anchor = (Identity.generate().peer_id for _ in range(3))
     witness = Witness(me)
-    set_to: list[tuple[int, int]] = []
+    set_to: list[tuple[int, int, int]] = []
     target = MatchmakingTarget(
         lambda: Evidence(me, witness.workers(), frozenset({anchor}), creator),
         2,
-        lambda size, live: set_to.append((size, live)),
+        lambda size, live, counted: set_to.append((size, live, counted)),
     )
     target.heard(records(me, creator, anchor))
-    assert set_to == [(3, 3)]
+    assert set_to == [(3, 3, 2)]
     witness.record(WitnessedRound(0, 1, tuple(sorted((me, creator))), "h"))
     target.witnessed()
-    assert set_to == [(3, 3)]
+    assert set_to == [(3, 3, 2)]
     target.heard(records(me, creator, anchor))
-    assert set_to[-1] == (2, 3)
+    assert set_to[-1] == (2, 3, 1)
 
 
 @pytest.mark.swarm

@@ -61,11 +61,11 @@ def test_a_join_after_the_round_ended_marks_the_peer_late_until_a_group_with_it(
     assert not late.out_of_step(2.0)
 
 
-def test_a_round_led_alone_while_counting_more_peers_than_the_minimum_is_out_of_step() -> None:
+def test_a_round_led_alone_while_counting_a_peer_is_out_of_step() -> None:
     late = LatePeers()
-    late.alone(target=2, min_group_size=2, now=0.0)  # maybe no peer it saw work: no evidence
+    late.alone(counted=0, now=0.0)  # no peer it saw work, nor the creator: no evidence
     assert not late.out_of_step(0.0)
-    late.alone(target=3, min_group_size=2, now=1.0)  # two peers it saw work are live
+    late.alone(counted=1, now=1.0)  # a joiner's creator is live and was not in the round
     assert late.out_of_step(1.0) and not late.out_of_step(1.1 + LATE_MEMORY)
     late.met([peer(1)])  # any group formed: in step again
     assert not late.out_of_step(1.0)
@@ -343,3 +343,33 @@ def test_a_leader_that_fell_out_of_step_after_declaring_ahead_is_not_charged(
     assert isinstance(led, GroupInfo) and len(led.members) == 2, led
     assert isinstance(followed, GroupInfo), followed
     assert led.group_id == followed.group_id
+
+
+@pytest.mark.parametrize(
+    ("target", "counted", "late"),
+    [(2, 1, True), (2, 0, False), (3, None, True), (2, None, False)],
+)
+def test_a_joiner_that_led_alone_while_counting_the_creator_waits_the_widest_window(
+    target: int, counted: int | None, late: bool
+) -> None:
+    """A joiner counts the creator alone until they worked together: its target is the
+    floor (2), and a round it led alone was no evidence when that asked for more than the
+    floor. At 6 nodes and RTT 0 one such joiner led its first four rounds alone on its
+    usual window. Told how many peers it counts (``counted``), it waits the widest window
+    after leading alone while counting one; counting nobody, it does not. Not told, the
+    target above its floor stands for them, as before."""
+    network, table = MemoryNetwork(), Table()
+    node = Matchmaker(
+        network.join(peer(0)), MemoryDHT(make_identity(0), table), RUN_ID, DIGEST,
+        RoundTimeouts(matchmaking_window=0.1, join_timeout=0.05), BanList(), 2, target,
+    )  # fmt: skip
+    node.counted = counted
+
+    async def main() -> tuple[GroupInfo | RoundFailed, bool]:
+        await node.start()
+        outcome = await _first(node)
+        return outcome, node.late.out_of_step(asyncio.get_running_loop().time())
+
+    outcome, out_of_step = asyncio.run(main())
+    assert isinstance(outcome, RoundFailed) and "no group" in str(outcome), outcome
+    assert out_of_step is late

@@ -303,10 +303,22 @@ def group_target(records: Iterable[NodeRecord], evidence: Evidence, min_group_si
     rounds is open: leading its first round on the minimum, it formed it with the first
     joiner to declare, and the others' JOINs came after it (6 nodes at 200 ms); paper keys
     can stretch those rounds to the window, until its first round with others."""
-    authors = {r.peer_id for r in records}
+    return target_for(counted_peers(records, evidence), min_group_size)
+
+
+def target_for(counted: int, min_group_size: int) -> int:
+    """The target of ``counted`` peers besides this node: all of them and itself, at least
+    ``min_group_size``."""
+    return max(min_group_size, counted + 1)
+
+
+def counted_peers(records: Iterable[NodeRecord], evidence: Evidence) -> int:
+    """The peers ``group_target`` counts besides this node, before its floor: the authors of
+    ``records`` of its clock, or every author for the creator before it worked with anyone."""
+    authors = {r.peer_id for r in records} - {evidence.me}
     if evidence.creator != evidence.me or evidence.workers:
         authors &= evidence.clock()
-    return max(min_group_size, len(authors | {evidence.me}))
+    return len(authors)
 
 
 def creator_worked(vouches: Iterable[Vouch], creator: str | None) -> bool:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 
-from diloco.node.evidence.claims import Evidence, group_target
+from diloco.node.evidence.claims import Evidence, counted_peers, target_for
 from diloco.protocol.records.nodes import NodeRecord
 
 
@@ -34,16 +34,17 @@ class MatchmakingTarget:
         self,
         evidence: Callable[[], Evidence],
         min_group_size: int,
-        set_target: Callable[[int, int], None],
+        set_target: Callable[[int, int, int], None],
     ) -> None:
         self.evidence = evidence
         self.min_group_size = min_group_size
         self.set_target = set_target
-        """``SwarmReducer.set_target_group_size``: target, live record authors."""
+        """``SwarmReducer.set_target_group_size``: target, live record authors, the peers
+        counted before the target's floor."""
         self._lock = threading.Lock()
         self._records: Sequence[NodeRecord] | None = None
-        self._target = 0
-        """The target last set."""
+        self._counted = -1
+        """The peers counted when the target was last set."""
 
     def heard(self, records: Sequence[NodeRecord]) -> None:
         """The run's live records were read."""
@@ -54,13 +55,16 @@ class MatchmakingTarget:
     def witnessed(self) -> None:
         """A round was applied: the peers seen working may have grown."""
         with self._lock:
-            if self._records is not None and (target := self._count(self._records)) > self._target:
-                self._set(target)
+            if (
+                self._records is not None
+                and (counted := self._count(self._records)) > self._counted
+            ):
+                self._set(counted)
 
     def _count(self, records: Sequence[NodeRecord]) -> int:
-        return group_target(records, self.evidence(), self.min_group_size)
+        return counted_peers(records, self.evidence())
 
-    def _set(self, target: int) -> None:
+    def _set(self, counted: int) -> None:
         assert self._records is not None
-        self._target = target
-        self.set_target(target, len(self._records))
+        self._counted = counted
+        self.set_target(target_for(counted, self.min_group_size), len(self._records), counted)

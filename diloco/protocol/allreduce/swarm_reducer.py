@@ -151,22 +151,27 @@ class SwarmReducer(Reducer):
         this node itself waits while a peer is out of step with it (``matchmaking.late``)."""
         return RoundBudget.of(self.timeouts, rtt).matching.matchmaking_window
 
-    def set_target_group_size(self, size: int, live_nodes: int | None = None) -> None:
+    def set_target_group_size(
+        self, size: int, live_nodes: int | None = None, counted: int | None = None
+    ) -> None:
         """From any thread: end matchmaking as soon as ``size`` peers declared a round (the
-        nodes with witnessed work), and tell followers how many nodes are live (every
-        record's author; an open round waits for them). Set on the swarm's loop, which
-        reads both.
+        nodes with witnessed work), tell followers how many nodes are live (every record's
+        author; an open round waits for them), and how many peers ``size`` counts before
+        its floor (``Matchmaker.counted``). Set on the swarm's loop, which reads them.
 
         Raises:
             ValueError: ``size`` below ``min_group_size``.
         """
         if size < self.min_group_size:
             raise ValueError(f"target_group_size {size} is below min_group_size")
-        self.swarm.submit(self._set_target_group_size(size, live_nodes))
+        self.swarm.submit(self._set_target_group_size(size, live_nodes, counted))
 
-    async def _set_target_group_size(self, size: int, live_nodes: int | None) -> None:
+    async def _set_target_group_size(
+        self, size: int, live_nodes: int | None, counted: int | None
+    ) -> None:
         self.matchmaker.target_group_size = size
         self.matchmaker.live_nodes = live_nodes
+        self.matchmaker.counted = counted
 
     def close(self) -> None:
         """Stop answering this reducer's streams; rounds in flight fail or finish by their

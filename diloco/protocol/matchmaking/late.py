@@ -74,12 +74,16 @@ class LatePeers:
         while len(self._late) > MAX_LATE:
             del self._late[next(iter(self._late))]
 
-    def alone(self, target: int, min_group_size: int, now: float) -> None:
-        """A round this node led formed no group. With more than ``min_group_size`` peers
-        counted (``target``: itself and the peers it saw work, which no record or JOIN of a
-        stranger raises), those peers are live and out of step: they reach their send steps
-        after this node's window (an early node gets no late JOIN: it led, alone)."""
-        if target > min_group_size:
+    def alone(self, counted: int, now: float) -> None:
+        """A round this node led formed no group. With one or more ``counted`` peers (the
+        peers it saw work and the run's creator, which no record or JOIN of a stranger
+        raises), those peers are live and out of step: they reach their send steps after
+        this node's window (an early node gets no late JOIN: it led, alone). A joiner counts
+        the creator alone until they have worked together: at 6 nodes and RTT 0 one that
+        reached its send steps more than a window before the others led its first four
+        rounds alone on its usual window while that count stood under the floor
+        (``min_group_size``) the evidence once asked it to pass."""
+        if counted >= 1:
             self._alone = now
 
     def met(self, members: Iterable[PeerID]) -> None:

@@ -136,6 +136,10 @@ class Matchmaker(JoinAnswers):
             raise ValueError("target_group_size must be >= min_group_size")
         self.target_group_size = target_group_size
         self.live_nodes: int | None = None
+        self.counted: int | None = None
+        """The peers this node counts on in a round, besides itself (``target_group_size``
+        before its floor; None: not told, the target above its floor stands for them):
+        evidence that a round it led alone left live peers out (``late.alone``)."""
         self.p2p, self.dht, self.run_id, self.digest = p2p, dht, run_id, digest
         self.timeouts, self.min_group_size = timeouts, min_group_size
         self.bans, self.max_weight = bans, max_weight
@@ -340,7 +344,10 @@ class Matchmaker(JoinAnswers):
         weights = {**lobby.weights, self.p2p.peer_id: lobby.request.weight}
         if len(members) < self.min_group_size:
             reason = f"{len(members)} member(s) < min_group_size {self.min_group_size}"
-            self.late.alone(self.target_group_size or 0, self.min_group_size, loop.time())
+            counted = self.counted
+            if counted is None:
+                counted = (self.target_group_size or 0) - self.min_group_size
+            self.late.alone(counted, loop.time())
             too_small = Reject(RejectCode.GROUP_TOO_SMALL, reason=reason).serialize()
             for future in lobby.joiners.values():
                 future.set_result((Kind.REJECT, too_small))
