@@ -78,11 +78,9 @@ class LatePeers:
         """A round this node led formed no group. With one or more ``counted`` peers (the
         peers it saw work and the run's creator, which no record or JOIN of a stranger
         raises), those peers are live and out of step: they reach their send steps after
-        this node's window (an early node gets no late JOIN: it led, alone). A joiner counts
-        the creator alone until they have worked together: at 6 nodes and RTT 0 one that
-        reached its send steps more than a window before the others led its first four
-        rounds alone on its usual window while that count stood under the floor
-        (``min_group_size``) the evidence once asked it to pass."""
+        this node's window (an early node gets no late JOIN: it led, alone). One is enough: a
+        joiner counts the creator alone until they have worked together (docs/design.md
+        "The round")."""
         if counted >= 1:
             self._alone = now
 
