@@ -304,6 +304,9 @@ def node_figures(records: list[dict[str, Any]], steady_from: int) -> dict[str, A
         "critical_paths": dict(paths.most_common(6)),
         "exchange_seconds_median": {k: statistics.median(v) for k, v in sorted(per_kind.items())},
         "eval_loss": summary.get("eval_loss"),
+        # the whole run's rows (sequences): a joiner that starts later trains fewer, and the
+        # loss at a given step follows the tokens the swarm trained
+        "rows_trained": sum(r["rows"] for r in records if r["event"] == "step"),
         "summary_cu": summary.get("cu"),
         "tau_range": summary.get("tau_range"),
         "tau_median": statistics.median_low(taus) if taus else None,
