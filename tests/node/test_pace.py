@@ -46,6 +46,22 @@ def test_next_rows_keeps_rows_inside_the_tolerance_band() -> None:
     assert next_rows(2, 0.5, 1.0, 8) == 4  # floor(2 / 0.5)
     assert next_rows(6, 0.5, 1.0, 8) == 8  # floor(12) clamped to the batch
     assert next_rows(2, 0.8, 1.0, 8) == 2  # floor(2.5): the floor keeps it early
+    # inside the band, one row more if the step scaled to it stays inside: 0.95 * 8 / 7
+    assert next_rows(7, 0.95, 1.0, 8) == 8
+    assert next_rows(6, 0.95, 1.0, 8) == 6  # 0.95 * 7 / 6 = 1.11: out of the band
+    assert next_rows(8, 1.2, 1.0, 8) == 7  # floor(6.67) = 6, and 1.2 * 7 / 8 = 1.05 fits
+
+
+def test_controller_cut_by_a_few_slow_steps_comes_back_to_its_full_batch() -> None:
+    """A node 5% slower than the pace at its full batch (inside the band: it keeps it), cut
+    by three slow steps (its rounds' work on a shared CPU), comes back to its full batch:
+    at one row less it sat inside the band, early, and stayed there (the run's creator at
+    3 nodes and 200 ms)."""
+    assert next_rows(8, 1.05, 1.0, 8) == 8
+    controller = PaceController(batch_size=8)
+    assert _settle(controller, 1.3, 1.0) == 6  # floor(8 / 1.3); 1.3 * 7 / 8 = 1.14
+    rows = [_settle(controller, 1.05 * controller.rows / 8, 1.0) for _ in range(3)]
+    assert rows == [8, 8, 8]  # floor(6 / 0.7875) = 7, and 0.7875 * 8 / 6 = 1.05 fits
 
 
 def _settle(controller: PaceController, seconds: float, pace: float | None) -> int:
