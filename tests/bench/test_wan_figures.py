@@ -35,7 +35,7 @@ def _round(step: int, members: int, seconds: float, path: list[str]) -> dict[str
 
 def test_steady_state_starts_when_all_met_and_counts_what_follows() -> None:
     wan = _wan()
-    steps = [{"event": "step", "step": s, "step_seconds": 1.0} for s in range(1, 21)]
+    steps = [{"event": "step", "step": s, "step_seconds": 1.0, "rows": 4} for s in range(1, 21)]
     creator = [
         *steps,
         {"event": "round_failed", "step": 4, "blocked_seconds": 2.0, "error": "no group"},
@@ -67,4 +67,6 @@ def test_steady_state_starts_when_all_met_and_counts_what_follows() -> None:
     assert node["round_trips_median"] == 4.5 and node["round_trips_range"] == [4, 5]
     assert (node["heals"], node["heals_whole_run"]) == (0, 1)
     assert node["eval_loss"] == 2.5
+    # every step's rows, the steps before the steady state too (a later joiner trains fewer)
+    assert (node["rows_trained"], out["nodes"][1]["rows_trained"]) == (80, 72)
     assert out["nodes"][1]["rounds_ok"] == 0  # its only round is at the start step
