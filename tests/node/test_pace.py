@@ -130,11 +130,23 @@ def test_controller_grows_back_when_the_pace_slows() -> None:
     assert _settle(controller, 0.75, 3.0) == 8  # floor(2 * 4) = 8
 
 
-def test_controller_moving_average_of_seconds() -> None:
+def test_controller_median_of_recent_seconds() -> None:
     controller = PaceController(batch_size=4)
     controller.observe(1.0, None)
     controller.observe(2.0, None)
-    assert controller.seconds == pytest.approx(1.3)  # 1 + 0.3 * (2 - 1)
+    assert controller.seconds == pytest.approx(1.5)
+    for seconds in (1.0, 1.0, 1.0, 1.0):
+        controller.observe(seconds, None)
+    assert controller.seconds == 1.0  # the last five: 2.0 is one of them, not the median
+
+
+def test_controller_one_slow_step_in_three_cuts_no_rows() -> None:
+    """A node 5% slower than the pace (inside the band) with one step in three at 1.5x (its
+    rounds' work on the cores it shares) keeps its full batch: a moving average weighting
+    the newest step 0.3 went over the band at each slow step and cut a row."""
+    controller = PaceController(batch_size=8)
+    rows = [controller.observe(s, [1.0, 1.0]) for s in [1.05, 1.05, 1.575] * 6]
+    assert rows == [8] * 18
 
 
 def test_controller_warns_only_at_its_fewest_rows_and_far_slower() -> None:

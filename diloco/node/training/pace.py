@@ -31,8 +31,12 @@ PaceMode = Literal["adaptive", "fixed"]
 """``adaptive``: a node slower than the swarm's pace trains fewer rows per inner step;
 ``fixed``: every node trains its full batch (the swarm moves at its slowest node's pace)."""
 
-SMOOTHING = 0.3
-"""Weight of the newest measurement in the moving average of step seconds."""
+RECENT_STEPS = 5
+"""Steps at the current rows whose median step seconds the node goes by. On 2 shared cores a
+step's seconds vary (the 90th percentile 1.4x the median, a fifth of steps over 1.3x: the
+node's own rounds and its peers run on the same cores); a moving average weighting the
+newest step 0.3 moved a third of every spike, and one slow step cut a node's rows. One slow
+step in three moves a median not at all."""
 TOLERANCE = 0.1
 """Relative band around the pace in which the rows are left as they are (hysteresis)."""
 SETTLE_STEPS = 3
@@ -132,7 +136,9 @@ class PaceController:
     min_rows: int = 1
     rows: int = field(init=False)
     seconds: float | None = field(init=False, default=None)
-    """Moving average of the step seconds at the current ``rows``."""
+    """Median step seconds of the last ``RECENT_STEPS`` at the current ``rows``."""
+    recent: list[float] = field(init=False, default_factory=list)
+    """Those steps' seconds, oldest first."""
     measured: int = field(init=False, default=0)
     """Steps measured at the current ``rows``."""
 
@@ -155,10 +161,8 @@ class PaceController:
         own current figure (never a stale published copy: a node that is the median, or
         alone, is the pace and keeps its full batch) they give ``pace``. None (``fixed``
         mode) means the full batch."""
-        if self.seconds is None:
-            self.seconds = seconds
-        else:
-            self.seconds += SMOOTHING * (seconds - self.seconds)
+        self.recent = [*self.recent[-(RECENT_STEPS - 1) :], seconds]
+        self.seconds = statistics.median(self.recent)
         self.measured += 1
         self.full_seconds = self.seconds * self.batch_size / self.rows
         pace = None if peers is None else swarm_pace([*peers, self.full_seconds])
@@ -179,7 +183,7 @@ class PaceController:
 
     def _set(self, rows: int) -> None:
         if rows != self.rows:
-            self.rows, self.seconds, self.measured = rows, None, 0
+            self.rows, self.seconds, self.measured, self.recent = rows, None, 0, []
 
 
 def next_rows(rows: int, seconds: float, pace: float, batch_size: int, min_rows: int = 1) -> int:
