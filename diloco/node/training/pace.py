@@ -135,12 +135,8 @@ class PaceController:
     batch_size: int
     min_rows: int = 1
     rows: int = field(init=False)
-    seconds: float | None = field(init=False, default=None)
-    """Median step seconds of the last ``RECENT_STEPS`` at the current ``rows``."""
     recent: list[float] = field(init=False, default_factory=list)
-    """Those steps' seconds, oldest first."""
-    measured: int = field(init=False, default=0)
-    """Steps measured at the current ``rows``."""
+    """The seconds of the last ``RECENT_STEPS`` steps at the current ``rows``, oldest first."""
 
     pace: float | None = field(init=False, default=None)
     """The swarm's pace at the last step, in seconds (None: ``fixed`` mode)."""
@@ -162,28 +158,33 @@ class PaceController:
         alone, is the pace and keeps its full batch) they give ``pace``. None (``fixed``
         mode) means the full batch."""
         self.recent = [*self.recent[-(RECENT_STEPS - 1) :], seconds]
-        self.seconds = statistics.median(self.recent)
-        self.measured += 1
-        self.full_seconds = self.seconds * self.batch_size / self.rows
+        median = statistics.median(self.recent)
+        self.full_seconds = median * self.batch_size / self.rows
         pace = None if peers is None else swarm_pace([*peers, self.full_seconds])
         self.pace = pace
         if pace is None:
             self._set(self.batch_size)
-        elif self.measured >= SETTLE_STEPS:
-            self._set(next_rows(self.rows, self.seconds, pace, self.batch_size, self.min_rows))
+        elif len(self.recent) >= SETTLE_STEPS:  # RECENT_STEPS keeps at least that many
+            self._set(next_rows(self.rows, median, pace, self.batch_size, self.min_rows))
         return self.rows
 
     def slower_than_pace(self, pace: float | None) -> float | None:
         """How many times slower than ``pace`` the node still is at its fewest rows, when
         that is at least ``WARN_RATIO`` (None otherwise): it holds the swarm back."""
-        if pace is None or self.seconds is None or self.rows > self.min_rows:
+        seconds = self.seconds
+        if pace is None or seconds is None or self.rows > self.min_rows:
             return None
-        ratio = self.seconds / pace
+        ratio = seconds / pace
         return ratio if ratio >= WARN_RATIO else None
+
+    @property
+    def seconds(self) -> float | None:
+        """Median step seconds of ``recent`` (None: no step at the current rows yet)."""
+        return statistics.median(self.recent) if self.recent else None
 
     def _set(self, rows: int) -> None:
         if rows != self.rows:
-            self.rows, self.seconds, self.measured, self.recent = rows, None, 0, []
+            self.rows, self.recent = rows, []
 
 
 def next_rows(rows: int, seconds: float, pace: float, batch_size: int, min_rows: int = 1) -> int:

@@ -187,8 +187,7 @@ class Ahead(Follower):
         if not stored:  # the round declares at its send step
             logger.debug("round %s: the DHT did not take the declaration ahead", key)
             return
-        lobby.expiration, lobby.declared_at = expiration, loop.time()
-        lobby.bound = t.matchmaking
+        lobby.stored(expiration, t.matchmaking, loop.time())
         until = loop.time() + lead + t.matchmaking_window
         lobby.reading = asyncio.ensure_future(self._read_ahead(lobby, until))
 

@@ -163,7 +163,7 @@ class Follower:
                 else:
                     chose = decided_at + t.matchmaking_window if ready is None else ready
                     due = max(chose, self._send_step_by(lobby, target)) + t.group_timeout
-                deadline = self._leader_bound(self._declared_bound(lobby, target), *bounds)
+                deadline = self._leader_bound(lobby, target, bounds)
                 if now >= deadline:
                     raise asyncio.TimeoutError
                 if now >= due:
@@ -191,16 +191,20 @@ class Follower:
         remaining = expiration - self.timeouts.allreduce - float(get_dht_time())
         return asyncio.get_running_loop().time() + remaining
 
-    def _leader_bound(self, declared: float | None, own: float, widest: float) -> float:
-        """Until when this node waits for a leader's GROUP (loop time): its ``own``
-        matchmaking bound, or the end of the matchmaking the leader ``declared`` and a join
-        timeout for the last frames if later, up to the ``widest`` a JOIN waits at a leader.
+    def _leader_bound(self, lobby: Lobby, leader: PeerID, bounds: tuple[float, float]) -> float:
+        """Until when this node waits for ``leader``'s GROUP (loop time): its own matchmaking
+        bound, or the end of the matchmaking the leader declared (as last read into
+        ``lobby``) and a join timeout for the last frames if later, up to the widest a JOIN
+        waits at a leader (``bounds``: own, widest).
+
         A leader out of step (a late JOIN: the widest window) chooses its group after its
         in-step followers' own bounds, and a follower that left then was counted in a group
         it was not in: every member's part for it went missing (docs/design.md "The
         round"). A leader silent past its due time is charged and left before that
         (``_await_reply``); one that declares a send step far ahead and stays silent keeps
         its followers up to the widest bound, uncharged."""
+        own, widest = bounds
+        declared = self._declared_bound(lobby, leader)
         if declared is None:
             return own
         return max(own, min(declared + self.timeouts.join_timeout, widest))

@@ -171,3 +171,8 @@ class Lobby:
     """The reads of the round before its send step (``ahead``)."""
     claimed: bool = False
     """Whether the send step came and ``form_group`` took this lobby over."""
+
+    def stored(self, expiration: float, bound: float, at: float) -> None:
+        """This node's declaration of the round, expiring at ``expiration`` and saying its
+        matchmaking takes up to ``bound`` seconds, was stored at loop time ``at``."""
+        self.expiration, self.bound, self.declared_at = expiration, bound, at

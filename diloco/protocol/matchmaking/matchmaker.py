@@ -229,13 +229,13 @@ class Matchmaker(JoinAnswers):
                 )
                 if not stored:  # peers may not see it; a JOIN still reaches the leader
                     logger.debug("round %s: the DHT did not take our declaration", key)
-                lobby.expiration, lobby.declared_at = expiration, loop.time()
-                lobby.bound = t.matchmaking
-            declared = loop.time()
+                lobby.stored(expiration, t.matchmaking, loop.time())
+            declared, declared_at = loop.time(), lobby.declared_at
+            assert declared_at is not None  # stored ahead or just above
             # waiting for target_group_size peers, a window from the send step, as when
             # declaring at it: a peer that announced nothing yet may be a step behind
             waiting = self.target_group_size is not None
-            since = max(lobby.declared_at, start) if waiting else lobby.declared_at
+            since = max(declared_at, start) if waiting else declared_at
             seen, ended = await self._wait_window(lobby, since)
             view = set(seen) | {self.p2p.peer_id}
             leaders = self._may_lead(seen, lobby)
@@ -400,7 +400,7 @@ class Matchmaker(JoinAnswers):
         target = lobby.leader
         while True:
             visited.add(target)
-            deadline = self._leader_bound(self._declared_bound(lobby, target), *bounds)
+            deadline = self._leader_bound(lobby, target, bounds)
             if deadline <= loop.time():
                 raise RoundFailed(key.fragment, key.round, "no GROUP from the leader in time")
             try:
@@ -421,7 +421,7 @@ class Matchmaker(JoinAnswers):
                     continue
                 reply = None
             # the leader may have declared a later bound meanwhile (``_await_reply`` reads it)
-            deadline = self._leader_bound(self._declared_bound(lobby, target), *bounds)
+            deadline = self._leader_bound(lobby, target, bounds)
             if reply is not None and _left(reply):
                 logger.info("round %s: %s skipped the round; the next in line leads", key, target)
                 reply = None
