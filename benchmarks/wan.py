@@ -28,6 +28,11 @@ seconds of each kind of exchange on it), and the eval loss of the outer weights 
 by the network alone); in the JSON also where the training thread's time went
 (``thread_seconds``: compute, blocked on rounds, held for a heal, the rest of each step,
 between steps) and ``cu_wall``, compute over all of it.
+By default every node waits for all the others before its first step
+(``--start together``, the nodes' ``--wait-for-peers``): the joiners take the state of step 0
+and all nodes train the same steps, so the losses at two RTTs compare at equal steps; with
+``--start staggered`` a joiner starts wherever the creator is when it comes in, which takes
+more round trips at a longer RTT.
 Writes a JSON with the git commit and prints a table. ``docs/design.md "Across the
 internet"`` has the figures.
 
@@ -169,6 +174,8 @@ def run_swarm(
             listen, rtt_ms / 2000, args.jitter_ms / 1000, hosts, namespaces, PROXY_PORT
         )
     common = ["--tau", str(args.tau), "--threads", "1", "--log-every", "50"]
+    if args.start == "together":
+        common += ["--wait-for-peers", str(n - 1)]
     nodes: list[NodeProcess] = []
     bypass_max = [0] * n
     start = time.monotonic()
@@ -443,6 +450,14 @@ def main() -> None:
     )
     parser.add_argument("--tau", default="auto", help="every node's --tau: auto or steps")
     parser.add_argument("--steps", type=int, default=250)
+    parser.add_argument(
+        "--start",
+        choices=("together", "staggered"),
+        default="together",
+        help="together: every node waits for the others before its first step "
+        "(--wait-for-peers), so runs at two RTTs compare at equal steps; staggered: each "
+        "joiner starts at the step the others reached when it came in",
+    )
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--warmup-steps", type=int, default=0, help="after all met in a round")
     parser.add_argument(

@@ -276,8 +276,8 @@ class NodeOptions:
     docs/design.md "Across the internet"); a number of steps; None takes the run's
     ``outer.fragment_sync_delay``."""
     pace: PaceMode = "adaptive"
-    """``adaptive``: when this node is slower per step than the swarm's pace (the lower
-    median of the nodes' full-batch step seconds), it trains fewer sequences per inner step
+    """``adaptive``: when this node is slower per step than the swarm's pace (the upper
+    median of the counted full-batch step seconds), it trains fewer sequences per inner step
     so the others do not wait for it (``diloco.node.training.pace``; docs/design.md "Pace");
     ``fixed``: always the
     full ``batch_size`` (the swarm then moves at its slowest node's pace)."""
@@ -358,6 +358,11 @@ class RoundOptions:
     """Seconds a reducer waits for parts (and a member for averaged parts)."""
     exit_timeout: float = 5.0
     """On Ctrl-C, seconds to let rounds in flight finish before abandoning them."""
+    wait_for_peers: int = 0
+    """Other live nodes this node waits for before its first step (0: none). A run's
+    creator and its first joiners given the same number start together, at step 0,
+    instead of each joiner at the step the others had reached when it came in
+    (docs/design.md "The node and its CLI")."""
 
     def __post_init__(self) -> None:
         _at_least("min_group_size", self.min_group_size, 1, "members")
@@ -366,6 +371,7 @@ class RoundOptions:
                 raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
         if not self.exit_timeout >= 0:
             raise ConfigError(f"exit_timeout must be >= 0 seconds, got {self.exit_timeout}")
+        _at_least("wait_for_peers", self.wait_for_peers, 0, "nodes (0: none)")
 
     def timeouts(self) -> RoundTimeouts:
         from diloco.protocol.core.group import RoundTimeouts  # hivemind: only a swarm node needs it

@@ -184,8 +184,8 @@ NODE_FLAGS = Flags(
         Flag(
             "--pace",
             ("pace",),
-            "adaptive: when slower per step than the swarm's pace (the lower median of the "
-            "nodes' full-batch step times), train fewer sequences per step so the others do "
+            "adaptive: when slower per step than the swarm's pace (the upper median of the "
+            "counted full-batch step times), train fewer sequences per step so the others do "
             "not wait; fixed: always the full --batch-size.",
         ),
         Flag(
@@ -237,6 +237,12 @@ ROUND_FLAGS = Flags(
             "Seconds to wait for peers at a round's send step.",
         ),
         Flag("--round-timeout", ("round_timeout",), "Seconds to wait for parts."),
+        Flag(
+            "--wait-for-peers",
+            ("wait_for_peers",),
+            "Before the first step, wait until this many other nodes are in the run (give "
+            "the creator and the first joiners the same number: they start together).",
+        ),
     ),
 )
 NETWORK_FLAGS = Flags(

@@ -224,6 +224,7 @@ def test_checkpoint_dir_must_not_be_a_file(tmp_path: Path) -> None:
         ({"matchmaking_window": 0.0}, "matchmaking_window must be > 0"),
         ({"round_timeout": -1.0}, "round_timeout must be > 0"),
         ({"exit_timeout": -1.0}, "exit_timeout must be >= 0"),
+        ({"wait_for_peers": -1}, "wait_for_peers must be >= 0 nodes"),
     ],
 )
 def test_bad_round_options_are_config_errors(options: dict[str, object], message: str) -> None:

@@ -1,5 +1,6 @@
 """Three CLI nodes 100 ms apart (a delay proxy in front of each, docs/design.md "Across the
-internet"), with no ``--tau``: the default, auto, raises every node's tau above 1 while the
+internet"), with no ``--tau`` and all three starting together (``--wait-for-peers``): the
+default tau, auto, raises every node's tau above 1 while the
 nodes keep meeting in full rounds and agree on every round they share.
 
 No timing thresholds: the assertions are about who was in which round, the hashes and the
@@ -15,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from test_swarm_node import Node, held, nodes  # noqa: F401  (the fixture)
+from test_swarm_node import Node, nodes  # noqa: F401  (the fixture)
 
 from diloco.bench.wan_proxy import LOOPBACK, DelayProxy
 
@@ -76,25 +77,31 @@ def test_tau_auto_by_default_rises_over_a_slow_network_and_nodes_still_agree(
         own, shown = (f"/ip4/{LOOPBACK}/tcp/{port}" for port in (listen[i], ports[i]))
         return ["--listen", own, "--announce", shown]
 
-    a = nodes(
-        "a", ["start", "--name", "wan", "--steps", str(STEPS), "--H", str(H), *FAST, *addresses(0)]
-    )
+    # Every node waits for the two others before its first step: the joiners' interpreters
+    # and DHTs take seconds to start (many more under load), and a creator that did not wait
+    # trained through its first rounds alone and, once, nearly to the run's end before a
+    # joiner arrived.
+    wait = ["--wait-for-peers", "2"]
+    run = ["--name", "wan", "--steps", str(STEPS), "--H", str(H)]
+    a = nodes("a", ["start", *run, *FAST, *wait, *addresses(0)])
     address = a.address()
     assert f"/tcp/{ports[0]}/" in address  # peers learn the proxied address only
-    # The joiners' interpreters and DHTs start while a is held (seconds, many more under
-    # load): else a trained through its first rounds alone and, once, nearly to the run's end
-    # before a joiner arrived. Their joins (run, state) happen once a trains again.
-    with held(a):
-        joiners = [
-            nodes(name, ["join", "--initial-peers", address, *FAST, *addresses(i)])
-            for i, name in ((1, "b"), (2, "c"))
-        ]
-        for joiner in joiners:
-            joiner.wait_dht(timeout=300)
+    joiners = [
+        nodes(name, ["join", "--initial-peers", address, *FAST, *wait, *addresses(i)])
+        for i, name in ((1, "b"), (2, "c"))
+    ]
     everyone: list[Node] = [a, *joiners]
     for node in everyone:
         assert node.process.wait(300) == 0, node.output()
     records = {node.name: node.records() for node in everyone}
+
+    # All three started at step 0: the joiners took the state of step 0, and each node
+    # waited for the others before its first step.
+    for name, rs in records.items():
+        assert [r["start_step"] for r in rs if r["event"] == "config"] == [0], name
+        assert [r["event"] for r in rs if r["event"] in ("waited", "step")][:1] == ["waited"]
+    for name in ("b", "c"):
+        assert [r["step"] for r in records[name] if r["event"] == "joined"] == [0], name
 
     # From the first round any node had with all three, every node is in most rounds, and
     # those rounds have all three. Rounds are ordered by their send steps (docs/design.md
