@@ -7,7 +7,7 @@ import pytest
 from diloco.node.training.pace import (
     SETTLE_STEPS,
     PaceController,
-    next_rows,
+    next_share,
     swarm_pace,
     target_rows,
 )
@@ -39,29 +39,43 @@ def test_target_rows_scales_and_clamps() -> None:
     assert target_rows(16, 1.0, 3.0) == 5  # floor(5.33)
 
 
-def test_next_rows_keeps_rows_inside_the_tolerance_band() -> None:
-    assert next_rows(4, 1.05, 1.0, 8) == 4
-    assert next_rows(4, 0.95, 1.0, 8) == 4
-    assert next_rows(4, 1.5, 1.0, 8) == 2  # floor(4 / 1.5)
-    assert next_rows(2, 0.5, 1.0, 8) == 4  # floor(2 / 0.5)
-    assert next_rows(6, 0.5, 1.0, 8) == 8  # floor(12) clamped to the batch
-    assert next_rows(2, 0.8, 1.0, 8) == 2  # floor(2.5): the floor keeps it early
-    # inside the band, one row more if the step scaled to it stays inside: 0.95 * 8 / 7
-    assert next_rows(7, 0.95, 1.0, 8) == 8
-    assert next_rows(6, 0.95, 1.0, 8) == 6  # 0.95 * 7 / 6 = 1.11: out of the band
-    assert next_rows(8, 1.2, 1.0, 8) == 7  # floor(6.67) = 6, and 1.2 * 7 / 8 = 1.05 fits
+def test_next_share_keeps_the_share_inside_the_tolerance_band() -> None:
+    assert next_share(4.0, 1.04, 1.0, 8) == 4.0
+    assert next_share(4.0, 0.96, 1.0, 8) == 4.0
+    assert next_share(4.0, 1.6, 1.0, 8) == 2.5  # 4 / 1.6, not rounded
+    assert next_share(2.0, 0.5, 1.0, 8) == 4.0  # 2 / 0.5
+    assert next_share(6.0, 0.5, 1.0, 8) == 8.0  # 12 clamped to the batch
+    assert next_share(2.0, 0.8, 1.0, 8) == 2.5  # 2 / 0.8: whole rows kept 2, early
+    assert next_share(8.0, 1.25, 1.0, 8) == 6.4  # 8 / 1.25; whole rows gave 6, then 7
+    assert next_share(1.5, 4.0, 1.0, 8) == 1.0  # never below min_rows
+    assert next_share(4.0, 4.0, 1.0, 8, min_rows=2) == 2.0
 
 
-def test_controller_cut_by_a_few_slow_steps_comes_back_to_its_full_batch() -> None:
-    """A node 5% slower than the pace at its full batch (inside the band: it keeps it), cut
-    by three slow steps (its rounds' work on a shared CPU), comes back to its full batch:
-    at one row less it sat inside the band, early, and stayed there (the run's creator at
-    3 nodes and 200 ms)."""
-    assert next_rows(8, 1.05, 1.0, 8) == 8
+def test_controller_alternates_whole_rows_to_train_a_fractional_share() -> None:
+    """A node 25% slower than the pace per row trains 6.4 rows a step on average: steps of 6
+    and 7 rows, 64 rows in any 10 steps give or take one, where whole rows gave 6."""
     controller = PaceController(batch_size=8)
-    assert _settle(controller, 1.3, 1.0) == 6  # floor(8 / 1.3); 1.3 * 7 / 8 = 1.14
-    rows = [_settle(controller, 1.05 * controller.rows / 8, 1.0) for _ in range(3)]
-    assert rows == [8, 8, 8]  # floor(6 / 0.7875) = 7, and 0.7875 * 8 / 6 = 1.05 fits
+    rows = [_settle(controller, 1.25, 1.0)]  # 1.25 s at 8 rows
+    assert controller.share == 6.4
+    for _ in range(40):
+        rows.append(controller.observe(1.25 * controller.rows / 8, [1.0, 1.0]))
+    assert controller.share == 6.4  # each step takes rows x 1.25 / 8: on pace at 6.4
+    assert set(rows[1:]) == {6, 7}
+    for k in range(1, 31):
+        assert abs(sum(rows[k : k + 10]) - 64) <= 1, rows
+
+
+def test_controller_cut_by_a_few_slow_steps_comes_back_to_the_pace() -> None:
+    """A node 4% slower than the pace at its full batch (inside the band: it keeps it), cut
+    by three slow steps (its rounds' work on a shared CPU), comes back to the share of the
+    pace, 8 / 1.04 rows: whole rows floored left it a row short, early, at every round (the
+    run's creator at 3 nodes and 200 ms)."""
+    assert next_share(8.0, 1.04, 1.0, 8) == 8.0
+    controller = PaceController(batch_size=8)
+    assert _settle(controller, 1.3, 1.0) == 6  # share 8 / 1.3 = 6.15
+    for _ in range(3 * SETTLE_STEPS):
+        controller.observe(1.04 * controller.rows / 8, [1.0, 1.0])
+    assert controller.share == pytest.approx(8 / 1.04)
 
 
 def _settle(controller: PaceController, seconds: float, pace: float | None) -> int:
@@ -95,15 +109,19 @@ def test_controller_alone_or_at_the_median_keeps_its_batch_through_jitter() -> N
 
 
 def test_controller_converges_with_a_fixed_cost_per_step() -> None:
-    # Step seconds = 0.6 + 0.3 * rows: 3.0 at 8 rows; pace 1.0.
+    # Step seconds = 0.2 + 0.1 * rows: 1.0 at 8 rows; pace 0.5.
     controller = PaceController(batch_size=8)
     rows = []
-    for _ in range(4 * SETTLE_STEPS):
-        rows.append(controller.observe(0.6 + 0.3 * controller.rows, [1.0, 1.0]))
-    # 3.0 s at 8 rows: floor(8 / 3) = 2; 1.2 s at 2 rows: floor(2 / 1.2) = 1; 0.9 s at 1
-    # row is inside the band and stays.
-    assert rows == [8, 8, 2, 2, 2, 1] + [1] * (4 * SETTLE_STEPS - 6)
-    assert controller.full_seconds == pytest.approx(0.9 * 8)  # 0.9 s at 1 row, scaled
+    for _ in range(6 * SETTLE_STEPS):
+        rows.append(controller.rows)
+        controller.observe(0.2 + 0.1 * controller.rows, [0.5, 0.5])
+    # 1.0 s at 8 rows: share 8 x 0.5 / 1.0 = 4; 0.6 s at 4 rows (0.15 a row), 20% over the
+    # pace: share 4 x 0.5 / 0.6 = 3.33, steps of 3, 3, 4 rows (0.5, 0.5, 0.6 s; 0.167, 0.167,
+    # 0.15 a row), the median 0.167 x 3.33 = 0.556 s, 11% over: share 3.33 x 0.5 / 0.556 = 3.
+    # 0.5 s at 3 rows is the pace.
+    assert rows == [8, 8, 8, 4, 4, 4, 3, 3, 4] + [3] * (6 * SETTLE_STEPS - 9)
+    assert controller.share == pytest.approx(3.0)
+    assert controller.full_seconds == pytest.approx(0.5 / 3 * 8)  # 0.5 s at 3 rows, scaled
 
 
 def test_controller_keeps_its_estimate_until_new_rows_are_measured() -> None:
@@ -127,7 +145,9 @@ def test_controller_grows_back_when_the_pace_slows() -> None:
     controller = PaceController(batch_size=8)
     _settle(controller, 3.0, 1.0)
     assert controller.rows == 2
-    assert _settle(controller, 0.75, 3.0) == 8  # floor(2 * 4) = 8
+    # 0.75 s at 2, 3, 3 rows: the median 0.25 s a row, 0.67 s at the share 8 / 3 against the
+    # pace 3.0 (the upper median of 3.0, 3.0 and its own 2.0): 12 rows, clamped to 8.
+    assert _settle(controller, 0.75, 3.0) == 8
 
 
 def test_controller_median_of_recent_seconds() -> None:
@@ -141,11 +161,11 @@ def test_controller_median_of_recent_seconds() -> None:
 
 
 def test_controller_one_slow_step_in_three_cuts_no_rows() -> None:
-    """A node 5% slower than the pace (inside the band) with one step in three at 1.5x (its
+    """A node 4% slower than the pace (inside the band) with one step in three at 1.5x (its
     rounds' work on the cores it shares) keeps its full batch: a moving average weighting
     the newest step 0.3 went over the band at each slow step and cut a row."""
     controller = PaceController(batch_size=8)
-    rows = [controller.observe(s, [1.0, 1.0]) for s in [1.05, 1.05, 1.575] * 6]
+    rows = [controller.observe(s, [1.0, 1.0]) for s in [1.04, 1.04, 1.56] * 6]
     assert rows == [8] * 18
 
 

@@ -42,15 +42,16 @@ def witness(weights: dict[str, list[float]], rounds: int = 3) -> Witness:
     return ledger
 
 
-def rows(own_seconds: float, claims: dict[str, float], ledger: Witness) -> int:
-    """This node's rows after settling at ``own_seconds`` per full-batch step, counting the
-    claims its ledger backs (``NodeTrainer.hear_claims`` then ``_pace``)."""
+def share(own_seconds: float, claims: dict[str, float], ledger: Witness) -> float:
+    """This node's share (rows a step on average) after settling at ``own_seconds`` per
+    full-batch step, counting the claims its ledger backs (``NodeTrainer.hear_claims``,
+    then ``_pace``)."""
     controller = PaceController(BATCH)
     for _ in range(2 * SETTLE_STEPS):
         seconds = own_seconds * controller.rows / BATCH  # step time proportional to rows
         evidence = weigh_claims(claims, ledger.weights(), own_seconds, BATCH, ROW)
         controller.observe(seconds, list(evidence.counted.values()))
-    return controller.rows
+    return controller.share
 
 
 def paper(k: int) -> dict[str, float]:
@@ -65,7 +66,7 @@ def test_paper_keys_change_no_rows(k: int, twin: bool) -> None:
     honest = {"twin": 1.0} if twin else {}
     ledger = witness({"twin": [BATCH * ROW] * 3} if twin else {})
     claims = {**honest, **paper(k)}
-    assert rows(1.0, claims, ledger) == BATCH
+    assert share(1.0, claims, ledger) == BATCH
     evidence = weigh_claims(claims, ledger.weights(), 1.0, BATCH, ROW)
     assert evidence.counted == honest
     assert set(evidence.ignored) == set(paper(k))
@@ -76,7 +77,7 @@ def test_working_peer_whose_claim_contradicts_its_tokens_is_ignored() -> None:
     # It claims 1e-6 s (a full batch of 8 rows at any pace) but its rounds weigh 1 row per
     # step: 8 > 2 x 1 + 1. Former rule: lower median of [1e-6, 1.0] -> 1 row.
     ledger = witness({"liar": [ROW] * 3})
-    assert rows(1.0, {"liar": FAST}, ledger) == BATCH
+    assert share(1.0, {"liar": FAST}, ledger) == BATCH
     evidence = weigh_claims({"liar": FAST}, ledger.weights(), 1.0, BATCH, ROW)
     assert evidence.counted == {}
     assert "1.00 rows per step" in evidence.ignored["liar"]
@@ -86,7 +87,7 @@ def test_two_contradicted_liars_beside_an_honest_twin_change_no_rows() -> None:
     # Former rule: lower median of [1e-6, 1e-6, 1.0, 1.0] -> 1e-6 -> 1 row.
     ledger = witness({"twin": [BATCH * ROW] * 3, "l1": [ROW] * 3, "l2": [2 * ROW] * 3})
     claims = {"twin": 1.0, "l1": FAST, "l2": FAST}
-    assert rows(1.0, claims, ledger) == BATCH
+    assert share(1.0, claims, ledger) == BATCH
 
 
 def test_claiming_slow_with_full_batch_tokens_is_ignored() -> None:
@@ -110,7 +111,7 @@ def test_a_liar_paired_with_one_honest_node_cannot_shrink_its_rows() -> None:
     # upper median of [1e-6, 1.0] is 1.0. Former rule: 1e-6 -> 1 row.
     ledger = witness({"liar": [BATCH * ROW] * 3})
     assert weigh_claims({"liar": FAST}, ledger.weights(), 1.0, BATCH, ROW).counted == {"liar": FAST}
-    assert rows(1.0, {"liar": FAST}, ledger) == BATCH
+    assert share(1.0, {"liar": FAST}, ledger) == BATCH
 
 
 @pytest.mark.parametrize(("liars", "expected"), [(1, 8), (2, 8), (3, 8), (4, 1)])
@@ -123,18 +124,18 @@ def test_working_liars_up_to_half_cannot_shrink_rows_a_majority_can(
     liar_ids = [f"liar{i}" for i in range(liars)]
     ledger = witness({p: [BATCH * ROW] * 3 for p in ["t1", "t2", *liar_ids]})
     claims = {"t1": 1.0, "t2": 1.0, **dict.fromkeys(liar_ids, FAST)}
-    assert rows(1.0, claims, ledger) == expected
+    assert share(1.0, claims, ledger) == expected
 
 
 def test_a_slow_node_still_adapts_to_witnessed_fast_peers() -> None:
     # 3.0 s per full batch against two witnessed peers at 1.0 (full batches): pace 1.0,
-    # floor(8 / 3) = 2 rows, as without the evidence rule.
+    # 8 / 3 rows a step, as without the evidence rule.
     ledger = witness({"a": [BATCH * ROW] * 3, "b": [BATCH * ROW] * 3})
-    assert rows(3.0, {"a": 1.0, "b": 1.0}, ledger) == 2
+    assert share(3.0, {"a": 1.0, "b": 1.0}, ledger) == pytest.approx(8 / 3)
 
 
 def test_a_slow_node_keeps_its_batch_until_it_has_seen_the_fast_ones_work() -> None:
-    assert rows(3.0, {"a": 1.0, "b": 1.0}, witness({})) == BATCH
+    assert share(3.0, {"a": 1.0, "b": 1.0}, witness({})) == BATCH
 
 
 def test_fast_nodes_count_a_slow_peer_whose_tokens_match_its_rows() -> None:
@@ -143,7 +144,7 @@ def test_fast_nodes_count_a_slow_peer_whose_tokens_match_its_rows() -> None:
     ledger = witness({"b": [BATCH * ROW] * 3, "c": [2 * ROW] * 3})
     claims = {"b": 1.0, "c": 4.0}
     assert weigh_claims(claims, ledger.weights(), 1.0, BATCH, ROW).counted == claims
-    assert rows(1.0, claims, ledger) == BATCH
+    assert share(1.0, claims, ledger) == BATCH
 
 
 def test_a_peers_rows_are_read_from_its_newest_rounds() -> None:

@@ -92,7 +92,7 @@ def test_fewer_rows_count_fewer_tokens(corpus, tmp_path) -> None:
     node = NodeOptions(batch_size=4, eval_batches=1, data_seed=0)
     trainer = NodeTrainer(run, node, reducer, "me", corpus)
     # As if the swarm's pace had brought the node down to one sequence per step.
-    trainer.pacer.rows = 1
+    trainer.pacer.share, trainer.pacer.rows = 1.0, 1
     trainer.peer_step_seconds = (1e-9, 1e-9)
     seen: list[int] = []
     original = trainer.model.forward

@@ -461,7 +461,7 @@ class SwarmNode:
                 "mb_sent": t.bytes_sent / 1e6,
                 "mb_received": t.bytes_received / 1e6,
                 "peers_last_round": t.last_round_members,
-                "rows": t.pacer.rows,
+                "rows_share": t.pacer.share,
                 "pace_seconds": t.pacer.pace,
                 "tau": t.sync.tau,
             }

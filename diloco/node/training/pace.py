@@ -9,12 +9,14 @@ inner step with its full batch. A node counts only the claims of peers it has se
 (``weigh_claims``); the pace is the *upper median* of those figures and its own
 (``swarm_pace``), so keys that only write records count for nothing, and fewer than half
 of the figures, however small, cannot set it (docs/design.md "Pace"). A node slower than
-the pace trains fewer rows, about ``batch_size * pace / full_seconds``; its weight in a
-round's mean is the tokens it actually trained, so its data still counts for what it is.
+the pace trains fewer rows, about ``batch_size * pace / full_seconds`` a step on average (a
+``share``, not a whole number: its steps alternate between the rows around it); its weight
+in a round's mean is the tokens it actually trained, so its data still counts for what it is.
 
 Step time is not linear in rows (a fixed cost per step), so a first guess from the linear
 model misses; ``PaceController`` corrects it from the measured step time with a
-multiplicative update, inside a tolerance band (hysteresis) so the rows do not flap.
+multiplicative update, outside a tolerance band (hysteresis) so the share does not chase
+every slow step.
 
 Pure: no clock, no I/O; the trainer feeds it measured seconds and the claims it heard.
 """
@@ -37,13 +39,19 @@ step's seconds vary (the 90th percentile 1.4x the median, a fifth of steps over 
 node's own rounds and its peers run on the same cores); a moving average weighting the
 newest step 0.3 moved a third of every spike, and one slow step cut a node's rows. One slow
 step in three moves a median not at all."""
-TOLERANCE = 0.1
-"""Relative band around the pace in which the rows are left as they are (hysteresis)."""
+TOLERANCE = 0.05
+"""Relative band around the pace in which the share is left as it is (hysteresis). A node
+this much slower than the pace at its full batch keeps it, and its peers wait that much for
+it at every round; a share in fractions of a row can follow the pace this closely, where
+whole rows of a batch of 8 moved a node by 12.5% at a time."""
 SETTLE_STEPS = 3
-"""Steps measured at the current rows before they may change again."""
+"""Steps measured at the current share before it may change again."""
 WARN_RATIO = 1.5
 """A node at its fewest rows and this many times slower than the pace is told so."""
 
+
+ROUNDING = 1e-9
+"""Rows a sum of shares may miss by rounding and still count as whole (3.33 + 0.67 is 4)."""
 
 RECENT_ROUNDS = 3
 """A peer's newest witnessed rounds whose weights (median) give its rows per step."""
@@ -129,26 +137,35 @@ class PaceController:
 
     ``observe`` takes the seconds of each inner step (compute, and any deliberate
     slow-down: it models a slower device) at the current ``rows``; ``full_seconds`` is the
-    node's estimate for its full batch, which it publishes.
+    node's estimate for its full batch, which it publishes. The node aims at ``share`` rows a
+    step, a fraction: each step trains the whole rows that keep the sum of its rows within
+    one of ``share`` times its steps (error diffusion: a share of 7.6 trains 7, 8, 7, 8, 8,
+    ...), so over the ``H`` steps between two rounds it takes the time of the pace.
     """
 
     batch_size: int
     min_rows: int = 1
+    share: float = field(init=False)
+    """Rows a step on average, in ``[min_rows, batch_size]``."""
     rows: int = field(init=False)
+    """Rows of the next step."""
+    carry: float = field(init=False, default=0.0)
+    """The fraction of a row the rows so far fell short of the share, in ``[0, 1)``."""
     recent: list[float] = field(init=False, default_factory=list)
-    """The seconds of the last ``RECENT_STEPS`` steps at the current ``rows``, oldest first."""
+    """Seconds per row of the last ``RECENT_STEPS`` steps at the current share, oldest first."""
 
     pace: float | None = field(init=False, default=None)
     """The swarm's pace at the last step, in seconds (None: ``fixed`` mode)."""
     full_seconds: float | None = field(init=False, default=None)
-    """Estimated seconds of a full-batch step (published): measured at the full batch, else
-    scaled linearly from the current rows (an over-estimate when a step has a fixed cost,
-    which only ever places a reduced node further from the median). It survives a change of
-    rows until the new rows are measured."""
+    """Estimated seconds of a full-batch step (published): the median seconds per row of
+    ``recent`` times the batch (an over-estimate for a reduced node when a step has a fixed
+    cost, which only ever places it further from the median). It survives a change of
+    share until the new share is measured."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_rows <= self.batch_size:
             raise ValueError(f"min_rows {self.min_rows} not in [1, {self.batch_size}]")
+        self.share = float(self.batch_size)
         self.rows = self.batch_size
 
     def observe(self, seconds: float, peers: Sequence[float] | None) -> int:
@@ -157,52 +174,54 @@ class PaceController:
         own current figure (never a stale published copy: a node that is the median, or
         alone, is the pace and keeps its full batch) they give ``pace``. None (``fixed``
         mode) means the full batch."""
-        self.recent = [*self.recent[-(RECENT_STEPS - 1) :], seconds]
-        median = statistics.median(self.recent)
-        self.full_seconds = median * self.batch_size / self.rows
+        self.recent = [*self.recent[-(RECENT_STEPS - 1) :], seconds / self.rows]
+        per_row = statistics.median(self.recent)
+        self.full_seconds = per_row * self.batch_size
         pace = None if peers is None else swarm_pace([*peers, self.full_seconds])
         self.pace = pace
         if pace is None:
-            self._set(self.batch_size)
+            self._set(float(self.batch_size))
         elif len(self.recent) >= SETTLE_STEPS:  # RECENT_STEPS keeps at least that many
-            self._set(next_rows(self.rows, median, pace, self.batch_size, self.min_rows))
+            self._set(
+                next_share(self.share, per_row * self.share, pace, self.batch_size, self.min_rows)
+            )
+        owed = self.share + self.carry
+        self.rows = math.floor(owed + ROUNDING)
+        self.carry = owed - self.rows
         return self.rows
 
     def slower_than_pace(self, pace: float | None) -> float | None:
         """How many times slower than ``pace`` the node still is at its fewest rows, when
         that is at least ``WARN_RATIO`` (None otherwise): it holds the swarm back."""
         seconds = self.seconds
-        if pace is None or seconds is None or self.rows > self.min_rows:
+        if pace is None or seconds is None or self.share > self.min_rows:
             return None
         ratio = seconds / pace
         return ratio if ratio >= WARN_RATIO else None
 
     @property
     def seconds(self) -> float | None:
-        """Median step seconds of ``recent`` (None: no step at the current rows yet)."""
-        return statistics.median(self.recent) if self.recent else None
+        """Median step seconds at the current share, from ``recent`` (None: no step at it
+        yet)."""
+        return statistics.median(self.recent) * self.share if self.recent else None
 
-    def _set(self, rows: int) -> None:
-        if rows != self.rows:
-            self.rows, self.recent = rows, []
+    def _set(self, share: float) -> None:
+        if share != self.share:
+            self.share, self.recent = share, []
 
 
-def next_rows(rows: int, seconds: float, pace: float, batch_size: int, min_rows: int = 1) -> int:
-    """The rows after a step of ``seconds`` at ``rows`` against ``pace``: unchanged within
-    ``TOLERANCE`` of the pace, else scaled by ``pace / seconds`` (floored, so a node errs
-    on the side of being early), within ``[min_rows, batch_size]``; then one row more if
-    the step, scaled linearly to it, would still end within ``TOLERANCE`` of the pace.
+def next_share(
+    share: float, seconds: float, pace: float, batch_size: int, min_rows: int = 1
+) -> float:
+    """The share after steps of ``seconds`` (median) at ``share`` rows against ``pace``:
+    unchanged within ``TOLERANCE`` of the pace, else scaled by ``pace / seconds``, within
+    ``[min_rows, batch_size]``.
 
-    That last row is what a node would have kept had it not been cut: a node within the
-    band at its full batch keeps it, but one cut by a few slow steps (its own rounds' work
-    on a shared CPU) came back to a row less, inside the band and early, and stayed there.
-    Early, it reached every send step first and waited for its peers: at 3 nodes and
-    200 ms the run's creator trained 6.3 rows a step against the others' 7.8 and lost 11
-    points of compute utilisation so (docs/design.md "Pace"). The linear scaling
-    over-estimates a step with a fixed cost, so the row added never leaves the band."""
-    per_row = seconds / rows
-    if abs(seconds - pace) > TOLERANCE * pace:
-        rows = max(min_rows, min(batch_size, math.floor(rows * pace / seconds)))
-    if rows < batch_size and per_row * (rows + 1) <= (1 + TOLERANCE) * pace:
-        rows += 1
-    return rows
+    Not rounded: whole rows floored made a node err early by up to a row, and early, it
+    reached every send step first and waited for its peers. At 3 nodes and 200 ms the run's
+    creator, 4-9% slower per row than the others, was cut from 8 rows to 7 or 6 and lost
+    5-11 points of compute utilisation so (docs/design.md "Pace"). The linear scaling
+    misses a step's fixed cost; the next measurement corrects it."""
+    if abs(seconds - pace) <= TOLERANCE * pace:
+        return share
+    return max(float(min_rows), min(float(batch_size), share * pace / seconds))
