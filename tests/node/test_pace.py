@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from diloco.node.training.pace import (
+    RECENT_STEPS,
     SETTLE_STEPS,
     PaceController,
     next_share,
@@ -109,28 +110,30 @@ def test_controller_alone_or_at_the_median_keeps_its_batch_through_jitter() -> N
 
 
 def test_controller_converges_with_a_fixed_cost_per_step() -> None:
-    # Step seconds = 0.2 + 0.1 * rows: 1.0 at 8 rows; pace 0.5.
+    # Step seconds = 0.2 + 0.1 * rows: 1.0 at 8 rows; pace 0.5, which 3 rows meet.
     controller = PaceController(batch_size=8)
-    rows = []
-    for _ in range(6 * SETTLE_STEPS):
-        rows.append(controller.rows)
-        controller.observe(0.2 + 0.1 * controller.rows, [0.5, 0.5])
-    # 1.0 s at 8 rows: share 8 x 0.5 / 1.0 = 4; 0.6 s at 4 rows (0.15 a row), 20% over the
-    # pace: share 4 x 0.5 / 0.6 = 3.33, steps of 3, 3, 4 rows (0.5, 0.5, 0.6 s; 0.167, 0.167,
-    # 0.15 a row), the median 0.167 x 3.33 = 0.556 s, 11% over: share 3.33 x 0.5 / 0.556 = 3.
-    # 0.5 s at 3 rows is the pace.
-    assert rows == [8, 8, 8, 4, 4, 4, 3, 3, 4] + [3] * (6 * SETTLE_STEPS - 9)
+    seconds = []
+    for step in range(40):
+        seconds.append(0.2 + 0.1 * controller.rows)
+        controller.observe(seconds[-1], [0.5, 0.5])
+        if step == SETTLE_STEPS - 1:
+            assert controller.share == 4.0  # 8 x 0.5 / 1.0, as if the cost were all per row
+    # The fixed cost makes 4 rows 0.6 s, not 0.5: the share moves on down to 3 rows.
     assert controller.share == pytest.approx(3.0)
+    assert seconds[-10:] == pytest.approx([0.5] * 10)
     assert controller.full_seconds == pytest.approx(0.5 / 3 * 8)  # 0.5 s at 3 rows, scaled
 
 
-def test_controller_keeps_its_estimate_until_new_rows_are_measured() -> None:
+def test_controller_goes_by_the_seconds_per_row_of_its_window_across_a_change() -> None:
     controller = PaceController(batch_size=8)
     _settle(controller, 3.0, 1.0)
-    assert controller.rows == 2
+    assert (controller.share, controller.rows) == (pytest.approx(8 / 3), 2)
+    assert controller.full_seconds == 3.0  # 0.375 s a row
+    controller.observe(1.2, [1.0, 1.0])  # 0.6 s a row at 2 rows: one step of four
     assert controller.full_seconds == 3.0
-    controller.observe(1.2, [1.0, 1.0])
-    assert controller.full_seconds == pytest.approx(4.8)  # 1.2 s at 2 rows, times 4
+    for _ in range(3):
+        controller.observe(0.6 * controller.rows, [1.0, 1.0])
+    assert controller.full_seconds == pytest.approx(4.8)  # 0.6 s a row, times 8: a majority
 
 
 def test_controller_waits_for_settle_steps_before_changing() -> None:
@@ -157,7 +160,22 @@ def test_controller_median_of_recent_seconds() -> None:
     assert controller.seconds == pytest.approx(1.5)
     for seconds in (1.0, 1.0, 1.0, 1.0):
         controller.observe(seconds, None)
-    assert controller.seconds == 1.0  # the last five: 2.0 is one of them, not the median
+    assert controller.seconds == 1.0  # 2.0 is one of them, not the median
+    for _ in range(RECENT_STEPS - 1):
+        controller.observe(3.0, None)
+    assert controller.seconds == 3.0  # the window holds one 1.0 step
+    controller.observe(3.0, None)
+    assert controller.recent == [0.75] * RECENT_STEPS  # 3.0 s / 4 rows
+
+
+def test_a_few_quick_steps_leave_the_published_figure_alone() -> None:
+    """Five quick steps (the node had the shared cores to itself while its peers waited in a
+    round) after twenty at 1.0 s: the full-batch figure it publishes stays 1.0 s. Over the
+    last 5 steps it fell to 0.6, and the peers that took it for the pace cut their rows."""
+    controller = PaceController(batch_size=8)
+    for seconds in [1.0] * 20 + [0.6] * 5:
+        controller.observe(seconds, None)
+    assert controller.full_seconds == 1.0
 
 
 def test_controller_one_slow_step_in_three_cuts_no_rows() -> None:
@@ -173,10 +191,11 @@ def test_controller_warns_only_at_its_fewest_rows_and_far_slower() -> None:
     controller = PaceController(batch_size=2)
     _settle(controller, 10.0, 1.0)
     assert controller.rows == 1
-    assert controller.slower_than_pace(1.0) is None  # not measured at 1 row yet
-    _settle(controller, 5.0, 1.0)
-    assert controller.slower_than_pace(1.0) == pytest.approx(5.0)
+    assert controller.slower_than_pace(1.0) == pytest.approx(5.0)  # 5 s a row, 1 row
     assert controller.slower_than_pace(4.0) is None  # 1.25 times: under WARN_RATIO
+    at_two = PaceController(batch_size=2)
+    _settle(at_two, 1.5, 1.0)  # 1.5 times the pace: a share of 1.33, above its fewest
+    assert at_two.share == pytest.approx(4 / 3) and at_two.slower_than_pace(1.0) is None
 
 
 def test_controller_rejects_min_rows_above_the_batch() -> None:

@@ -33,19 +33,21 @@ PaceMode = Literal["adaptive", "fixed"]
 """``adaptive``: a node slower than the swarm's pace trains fewer rows per inner step;
 ``fixed``: every node trains its full batch (the swarm moves at its slowest node's pace)."""
 
-RECENT_STEPS = 5
-"""Steps at the current rows whose median step seconds the node goes by. On 2 shared cores a
-step's seconds vary (the 90th percentile 1.4x the median, a fifth of steps over 1.3x: the
-node's own rounds and its peers run on the same cores); a moving average weighting the
-newest step 0.3 moved a third of every spike, and one slow step cut a node's rows. One slow
-step in three moves a median not at all."""
+RECENT_STEPS = 25
+"""Steps whose median seconds per row a node goes by, for its share and for the full-batch
+figure it publishes. On 2 shared cores a node's steps are quick while its peers wait in a
+round and slow while they compute: over 5 steps the published figures of nodes at 0.13-0.14 s
+a step ranged 0.08-0.19 s, the pace with them, and a node was cut by a quarter of its rows
+at random. 25 steps (a few seconds) span those phases; a real change moves the median
+within 13. Seconds per row stay comparable across a change of share, so the window is not
+emptied by one."""
 TOLERANCE = 0.05
 """Relative band around the pace in which the share is left as it is (hysteresis). A node
 this much slower than the pace at its full batch keeps it, and its peers wait that much for
 it at every round; a share in fractions of a row can follow the pace this closely, where
 whole rows of a batch of 8 moved a node by 12.5% at a time."""
 SETTLE_STEPS = 3
-"""Steps measured at the current share before it may change again."""
+"""Steps measured, and steps since the share last changed, before it may change (again)."""
 WARN_RATIO = 1.5
 """A node at its fewest rows and this many times slower than the pace is told so."""
 
@@ -152,15 +154,16 @@ class PaceController:
     carry: float = field(init=False, default=0.0)
     """The fraction of a row the rows so far fell short of the share, in ``[0, 1)``."""
     recent: list[float] = field(init=False, default_factory=list)
-    """Seconds per row of the last ``RECENT_STEPS`` steps at the current share, oldest first."""
+    """Seconds per row of the last ``RECENT_STEPS`` steps, oldest first."""
+    settled: int = field(init=False, default=0)
+    """Steps since the share last changed."""
 
     pace: float | None = field(init=False, default=None)
     """The swarm's pace at the last step, in seconds (None: ``fixed`` mode)."""
     full_seconds: float | None = field(init=False, default=None)
     """Estimated seconds of a full-batch step (published): the median seconds per row of
     ``recent`` times the batch (an over-estimate for a reduced node when a step has a fixed
-    cost, which only ever places it further from the median). It survives a change of
-    share until the new share is measured."""
+    cost, which only ever places it further from the median)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_rows <= self.batch_size:
@@ -175,16 +178,16 @@ class PaceController:
         alone, is the pace and keeps its full batch) they give ``pace``. None (``fixed``
         mode) means the full batch."""
         self.recent = [*self.recent[-(RECENT_STEPS - 1) :], seconds / self.rows]
+        self.settled += 1
         per_row = statistics.median(self.recent)
         self.full_seconds = per_row * self.batch_size
         pace = None if peers is None else swarm_pace([*peers, self.full_seconds])
         self.pace = pace
         if pace is None:
             self._set(float(self.batch_size))
-        elif len(self.recent) >= SETTLE_STEPS:  # RECENT_STEPS keeps at least that many
-            self._set(
-                next_share(self.share, per_row * self.share, pace, self.batch_size, self.min_rows)
-            )
+        elif min(self.settled, len(self.recent)) >= SETTLE_STEPS:
+            seconds = per_row * self.share
+            self._set(next_share(self.share, seconds, pace, self.batch_size, self.min_rows))
         owed = self.share + self.carry
         self.rows = math.floor(owed + ROUNDING)
         self.carry = owed - self.rows
@@ -201,13 +204,12 @@ class PaceController:
 
     @property
     def seconds(self) -> float | None:
-        """Median step seconds at the current share, from ``recent`` (None: no step at it
-        yet)."""
+        """Median step seconds at the current share, from ``recent`` (None: no step yet)."""
         return statistics.median(self.recent) * self.share if self.recent else None
 
     def _set(self, share: float) -> None:
         if share != self.share:
-            self.share, self.recent = share, []
+            self.share, self.settled = share, 0
 
 
 def next_share(
