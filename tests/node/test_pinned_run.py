@@ -23,9 +23,10 @@ from test_swarm_node import SMALL, Node, listen, nodes  # noqa: F401  (the fixtu
 pytestmark = pytest.mark.swarm
 
 HOSTILE = str(Path(__file__).with_name("hostile_peer.py"))
-STEPS = 200
-"""a trains alone until b joins (its rounds wait 2 s for peers, about 3 steps a second):
-it outlives the hostile peer's start and the short commands, which run first."""
+STEPS = 60
+"""Two rounds of each fragment (H 30): a waits for b before its first step
+(``--wait-for-peers 1``), so the hostile peer and the short commands run first whatever
+their start takes, and the two train every step together."""
 
 
 def diloco(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
@@ -81,7 +82,8 @@ def peer_of(node: Node) -> str:
 def test_joiner_follows_the_peer_it_was_given_not_a_same_name_run(nodes, tmp_path) -> None:  # noqa: F811
     tripwire = tmp_path / "victims-data"
     os.mkfifo(tripwire)  # opening it to read would block the reader for good
-    a = nodes("a", ["start", "--name", "h", "--steps", str(STEPS), *SMALL, *listen(2)])
+    run = ["--name", "h", "--steps", str(STEPS), "--wait-for-peers", "1"]
+    a = nodes("a", ["start", *run, *SMALL, *listen(2)])
     address = a.address()
     log = tmp_path / "hostile.log"
     attacker = hostile(log, "hijack", address, "/ip4/127.0.0.9/tcp/0", str(tripwire))
@@ -91,7 +93,7 @@ def test_joiner_follows_the_peer_it_was_given_not_a_same_name_run(nodes, tmp_pat
         hostile_address = next(x for x in log.read_text().split() if x.startswith("/ip4/127.0.0.9"))
         assert report["own_published"] and own_run.startswith("h-") and own_run != honest_run
 
-        # while a trains alone (rounds fail after their window: it outlives these commands)
+        # while a waits for a peer before its first step
         status, both, pinned, lured = diloco_each(
             ["status", "--initial-peers", address],
             ["join", "--initial-peers", f"{address} {hostile_address}", *listen(5)],
@@ -119,6 +121,7 @@ def test_joiner_follows_the_peer_it_was_given_not_a_same_name_run(nodes, tmp_pat
         stop(attacker)
     assert f"run {honest_run}, peer " in b.output()
     assert b.summary()["run_id"] == a.summary()["run_id"] == honest_run
-    assert b.summary()["step"] == STEPS and next(r for r in b.records() if r["event"] == "joined")
+    assert b.summary()["step"] == STEPS
+    assert [r["step"] for r in b.records() if r["event"] == "joined"] == [0]
     assert a.summary()["outer_sha256"] == b.summary()["outer_sha256"]
     assert str(tripwire) not in b.output()
