@@ -43,7 +43,7 @@ from warm_node import WarmNode
 pytestmark = pytest.mark.swarm
 
 HOSTILE = Path(__file__).with_name("hostile_claims.py")
-STEPS = 180
+STEPS = 150
 TIMEOUT = 900.0
 FAST = [*SMALL, "--matchmaking-window", "1"]
 """The window at 1 s (default 2 s): the Sybil and paper keys count as live nodes, so every
@@ -189,8 +189,10 @@ def assert_no_honest_offender(nodes: list[Node]) -> None:
 
 def test_sybil_records_do_not_crowd_out_a_late_joiners_honest_donors(run: Run) -> None:
     a, b, c = run.a, run.b, run.c
+    # c came in once a had passed STEPS // 3; it starts at the step of the records it read
+    # (stored every few seconds, so a little behind a's), never at the Sybils' last step.
     joined = next(r for r in c.records() if r["event"] == "joined")
-    assert STEPS // 3 <= joined["step"] < STEPS
+    assert 0 < joined["step"] < STEPS // 2, joined
     # The joiner took an honest, vouched state: it trains in line with the others.
     hashes = round_hashes([a, b, c])
     c_rounds = [v for v in hashes.values() if "c" in v and len(v) >= 2]

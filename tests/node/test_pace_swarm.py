@@ -21,7 +21,7 @@ from warm_node import WarmNode
 
 pytestmark = pytest.mark.swarm
 
-STEPS, H, BATCH, SEQ_LEN = 120, 20, 8, 128
+STEPS, H, BATCH, SEQ_LEN = 90, 20, 8, 128
 COMMON = [
     "--seq-len", str(SEQ_LEN), "--batch-size", str(BATCH), "--threads", "1",
     "--log-every", "40", "--tau", "1",
@@ -35,11 +35,13 @@ makes the rows and weights assertions fail."""
 
 def test_fast_nodes_keep_their_pace_and_the_slow_nodes_tokens_count(nodes, tmp_path) -> None:  # noqa: F811
     run = ["--name", "pace", "--steps", str(STEPS), "--H", str(H)]
-    a = nodes("a", ["start", *run, *COMMON, *PACE, *listen(2), "--data-seed", "0"])
-    # The joiners' processes start with a (their nodes once a printed its address).
+    # All three start at step 0 (each waits for the two others), so every step counts; the
+    # joiners' processes start with a (their nodes once a printed its address).
+    wait = ["--wait-for-peers", "2"]
+    a = nodes("a", ["start", *run, *COMMON, *PACE, *wait, *listen(2), "--data-seed", "0"])
     b, c = WarmNode("b", tmp_path), WarmNode("c", tmp_path)
     try:
-        join = ["join", "--initial-peers", a.address(), *COMMON, *PACE]
+        join = ["join", "--initial-peers", a.address(), *COMMON, *PACE, *wait]
         b.go([*join, *listen(3), "--data-seed", "1"])
         c.go([*join, *listen(4), "--data-seed", "2", "--slow-down", "3"])
         for node in (a, b, c):
