@@ -383,7 +383,12 @@ class SwarmNode:
         me = self.swarm.peer_id.to_base58()
         start, told = time.monotonic(), -math.inf
         while not self.stop_event.is_set():
-            records = self.swarm.read_records()
+            try:
+                records = self.swarm.read_records()
+            except Exception as error:  # the DHT may fail a read; the next one retries
+                logger.warning("reading the run's records failed: %r", error)
+                self.stop_event.wait(PEERS_POLL)
+                continue
             self._heard(records)
             others = sum(r.peer_id != me for r in records)
             if others >= wanted:

@@ -152,7 +152,8 @@ class PaceController:
     rows: int = field(init=False)
     """Rows of the next step."""
     carry: float = field(init=False, default=0.0)
-    """The fraction of a row the rows so far fell short of the share, in ``[0, 1)``."""
+    """The fraction of a row the rows so far fell short of the share (0 to 1, give or take
+    ``ROUNDING``)."""
     recent: list[float] = field(init=False, default_factory=list)
     """Seconds per row of the last ``RECENT_STEPS`` steps, oldest first."""
     settled: int = field(init=False, default=0)
@@ -186,8 +187,8 @@ class PaceController:
         if pace is None:
             self._set(float(self.batch_size))
         elif min(self.settled, len(self.recent)) >= SETTLE_STEPS:
-            seconds = per_row * self.share
-            self._set(next_share(self.share, seconds, pace, self.batch_size, self.min_rows))
+            at_share = per_row * self.share
+            self._set(next_share(self.share, at_share, pace, self.batch_size, self.min_rows))
         owed = self.share + self.carry
         self.rows = math.floor(owed + ROUNDING)
         self.carry = owed - self.rows
