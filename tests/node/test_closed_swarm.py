@@ -119,7 +119,7 @@ def assert_unmoved(*honest: Node) -> None:
         assert all(r["to_step"] < 1000 for r in jumps), jumps
         joined = [r for r in records if r["event"] == "joined"]
         assert all(r["step"] < 1000 for r in joined), joined
-        # the pace (lower median of the members' step seconds) is the honest nodes' own:
+        # the pace (upper median of the members' step seconds) is the honest nodes' own:
         # the liars' 1e-6 s would be it (and rows fall to 1); rows themselves move with the
         # honest nodes' load, so they are not compared
         paces = [r["pace_seconds"] for r in records if r["event"] == "progress"]
@@ -137,7 +137,9 @@ def test_outsiders_records_change_nothing_in_a_closed_swarm(nodes, tmp_path) -> 
     keygen("--swarm-key", str(key))
     keygen("--swarm-key", str(other))
     run = ["--steps", STEPS, "--swarm-key", str(key), *SMALL]
-    a = nodes("a", ["start", "--name", "closed", *run, *listen(2)])
+    # a waits for b before its first step: the outsiders' records do not count (they carry
+    # no proof of the key), so it trains UNTIL steps with them present, not alone first
+    a = nodes("a", ["start", "--name", "closed", *run, "--wait-for-peers", "1", *listen(2)])
     address = a.address()
     outsiders = [
         Hostile(tmp_path / "one.log", address, 8, 1),
@@ -183,7 +185,8 @@ def test_a_leaked_key_without_admission_changes_nothing(nodes, tmp_path) -> None
     keygen("--identity", str(tmp_path / "c.id"))
     admit.write_text(f"# the members of run adm\n{member}\n")
     run = ["--steps", STEPS, "--swarm-key", str(key), *SMALL]
-    a = nodes("a", ["start", "--name", "adm", "--admit", str(admit), *run, *listen(2)])
+    admitted = ["--admit", str(admit), "--wait-for-peers", "1"]  # the leak's records do not count
+    a = nodes("a", ["start", "--name", "adm", *admitted, *run, *listen(2)])
     address = a.address()
     leak = Hostile(tmp_path / "leak.log", address, 9, 8, "--swarm-key", str(key))
     try:

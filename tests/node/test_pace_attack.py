@@ -44,7 +44,7 @@ pytestmark = pytest.mark.swarm
 HOSTILE = Path(__file__).with_name("hostile_pace.py")
 K = 4
 """Paper keys: two were enough to cut both nodes to one row under the former rule."""
-STEPS, H, BATCH = 120, 20, 8
+STEPS, H, BATCH = 90, 20, 8
 COMMON = [
     "--seq-len", "32", "--batch-size", str(BATCH), "--threads", "1", "--log-every", "40",
     "--matchmaking-window", "1",

@@ -23,11 +23,10 @@ from diloco.bench.wan_proxy import LOOPBACK, DelayProxy
 pytestmark = pytest.mark.swarm
 
 RTT_S = 0.1
-STEPS = 150
-H = 60
-"""Long enough that the joiners are in before the first round (at step H): a creator alone
-at its first rounds applies rounds of one (docs/design.md "Algorithm and schedule"), which
-is not what this test is about."""
+STEPS = 110
+H = 40
+"""Two to three rounds of each fragment; tau may rise to H / 2, 20 steps, several times what
+a round at 100 ms takes."""
 SLOW_DOWN = "4"
 """Each inner step takes 4x its compute (it sleeps the rest: ~0.1 s, no more CPU). The tiny
 model's 20-30 ms steps are far shorter than any model a volunteer trains: at 100 ms a round
