@@ -2,6 +2,7 @@
 
 - ``node``: ``SwarmNode``, the trainer wired to the swarm (records, rounds, summary).
 - ``publisher``: the node's records kept alive on a thread of their own.
+- ``first_step``: a node's first step held until enough peers are in the run.
 - ``healing``: checking for divergence and adopting a state, on its own executor.
 - ``donors``: whom a heal fetches which fragment from, and what it adopts (pure).
 - ``before_send``: a fragment that lacks its last round is healed before its next send.

@@ -26,7 +26,6 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import logging
-import math
 import threading
 import time
 from collections import deque
@@ -42,6 +41,7 @@ from diloco.node.evidence.witness import Witness, WitnessedRound
 from diloco.node.observe.recent_metrics import RecentMetrics
 from diloco.node.observe.traffic import data_parallel_bytes
 from diloco.node.swarm.before_send import heal_before_send, hold_seconds
+from diloco.node.swarm.first_step import wait_for_peers
 from diloco.node.swarm.healing import SETTLE_TIMEOUT, Healer
 from diloco.node.swarm.matchmaking_target import MatchmakingTarget
 from diloco.node.swarm.publisher import Publisher
@@ -69,11 +69,6 @@ logger = logging.getLogger(__name__)
 JOIN_TIMEOUT = 60.0
 """Seconds a joiner keeps trying donors for the run's state."""
 
-
-PEERS_POLL = 0.25
-"""Seconds between two reads of the run's records while waiting for peers to start."""
-PEERS_TOLD_EVERY = 30.0
-"""Seconds between two log lines while waiting for peers."""
 
 EventCallback = Callable[[dict[str, Any]], None]
 
@@ -302,7 +297,9 @@ class SwarmNode:
         self.swarm.serve_state(self._provide)
         self.publisher.offer(self._record(0.0), self._vouches())
         self.publisher.start()
-        self._wait_for_peers()
+        if wanted := self.rounds.wait_for_peers:  # docs/design.md "The node and its CLI"
+            waited = wait_for_peers(self.swarm, wanted, self.stop_event, self._heard)
+            self._emit({"event": "waited", "seconds": waited})
         self._hear_claims()
         tokens_per_step = self.options.batch_size * self.run.seq_len
         self._emit(
@@ -370,38 +367,6 @@ class SwarmNode:
             self._record_rounds(finished, final=True)
             self._refresh_snapshot([r.key.fragment for r in finished if r.ok])
         return self._finish(time.perf_counter() - start)
-
-    def _wait_for_peers(self) -> None:
-        """Hold the first step until ``wait_for_peers`` other nodes are in the run (their
-        records are live), or ``stop_event``. Read every ``PEERS_POLL`` seconds: the nodes
-        that wait for each other start within a read of one another, a few steps apart at
-        most. Records cost nothing to write, so keys that only write them can start a node
-        early; that is the node's behaviour without the option, nothing worse."""
-        wanted = self.rounds.wait_for_peers
-        if not wanted:
-            return
-        me = self.swarm.peer_id.to_base58()
-        start, told = time.monotonic(), -math.inf
-        while not self.stop_event.is_set():
-            try:
-                records = self.swarm.read_records()
-            except Exception as error:  # the DHT may fail a read; the next one retries
-                logger.warning("reading the run's records failed: %r", error)
-                self.stop_event.wait(PEERS_POLL)
-                continue
-            self._heard(records)
-            others = sum(r.peer_id != me for r in records)
-            if others >= wanted:
-                break
-            if time.monotonic() - told >= PEERS_TOLD_EVERY:
-                told = time.monotonic()
-                logger.info(
-                    "waiting for %d more node(s) before the first step (--wait-for-peers %d)",
-                    wanted - others,
-                    wanted,
-                )
-            self.stop_event.wait(PEERS_POLL)
-        self._emit({"event": "waited", "seconds": time.monotonic() - start})
 
     def _bound_tau(self) -> None:
         """tau auto: the measured round trip (what a round's matchmaking costs the network,
