@@ -50,10 +50,9 @@ SETTLE_STEPS = 3
 """Steps measured, and steps since the share last changed, before it may change (again)."""
 WARN_RATIO = 1.5
 """A node at its fewest rows and this many times slower than the pace is told so."""
-
-
 ROUNDING = 1e-9
 """Rows a sum of shares may miss by rounding and still count as whole (3.33 + 0.67 is 4)."""
+
 
 RECENT_ROUNDS = 3
 """A peer's newest witnessed rounds whose weights (median) give its rows per step."""
@@ -161,10 +160,6 @@ class PaceController:
 
     pace: float | None = field(init=False, default=None)
     """The swarm's pace at the last step, in seconds (None: ``fixed`` mode)."""
-    full_seconds: float | None = field(init=False, default=None)
-    """Estimated seconds of a full-batch step (published): the median seconds per row of
-    ``recent`` times the batch (an over-estimate for a reduced node when a step has a fixed
-    cost, which only ever places it further from the median)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_rows <= self.batch_size:
@@ -179,14 +174,13 @@ class PaceController:
         alone, is the pace and keeps its full batch) they give ``pace``. None (``fixed``
         mode) means the full batch."""
         self.recent = [*self.recent[-(RECENT_STEPS - 1) :], seconds / self.rows]
-        self.settled += 1
+        self.settled += 1  # never more than the steps in ``recent``: it is never emptied
         per_row = statistics.median(self.recent)
-        self.full_seconds = per_row * self.batch_size
-        pace = None if peers is None else swarm_pace([*peers, self.full_seconds])
+        pace = None if peers is None else swarm_pace([*peers, per_row * self.batch_size])
         self.pace = pace
         if pace is None:
             self._set(float(self.batch_size))
-        elif min(self.settled, len(self.recent)) >= SETTLE_STEPS:
+        elif self.settled >= SETTLE_STEPS:
             at_share = per_row * self.share
             self._set(next_share(self.share, at_share, pace, self.batch_size, self.min_rows))
         owed = self.share + self.carry
@@ -202,6 +196,13 @@ class PaceController:
             return None
         ratio = seconds / pace
         return ratio if ratio >= WARN_RATIO else None
+
+    @property
+    def full_seconds(self) -> float | None:
+        """Estimated seconds of a full-batch step (published): the median seconds per row of
+        ``recent`` times the batch (an over-estimate for a reduced node when a step has a
+        fixed cost, which only ever places it further from the median); None: no step yet."""
+        return statistics.median(self.recent) * self.batch_size if self.recent else None
 
     @property
     def seconds(self) -> float | None:
