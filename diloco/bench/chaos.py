@@ -123,14 +123,10 @@ class Swarm:
         return ["join", "--initial-peers", " ".join(peers), *common]
 
     def launch(self) -> None:
-        """The creator first; the joiners at once, all bootstrapping from it. Each waits for
-        all the others before its first step (``--wait-for-peers``): the faults wait for
-        every joiner to have worked with the creator, and a joiner slow to start had its
-        first round with a creator far ahead of it anywhere from step 21 to 69."""
-        together = ["--wait-for-peers", str(self.config.nodes - 1)]
-        self.nodes.append(NodeProcess("a", [*self.args(0), *together], self.folder))
+        """The creator first; the joiners at once, all bootstrapping from it."""
+        self.nodes.append(NodeProcess("a", self.args(0), self.folder))
         self.nodes[0].address()
-        joiners = [[*self.args(i), *together] for i in range(1, self.config.nodes)]
+        joiners = [self.args(i) for i in range(1, self.config.nodes)]
         for i, args in enumerate(joiners, start=1):
             self.nodes.append(NodeProcess(chr(ord("a") + i), args, self.folder))
         for node in self.nodes:
