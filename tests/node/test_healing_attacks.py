@@ -37,8 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_swarm_node import SMALL, Node, listen
-from warm_node import WarmNode
+from test_swarm_node import SMALL, Node, WarmNode, listen
 
 pytestmark = pytest.mark.swarm
 

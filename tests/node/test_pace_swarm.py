@@ -16,8 +16,7 @@ import os
 import statistics
 
 import pytest
-from test_swarm_node import listen, nodes  # noqa: F401  (the fixture)
-from warm_node import WarmNode
+from test_swarm_node import WarmNode, listen, nodes  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.swarm
 

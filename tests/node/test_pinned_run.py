@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_swarm_node import SMALL, Node, listen, nodes  # noqa: F401  (the fixture)
+from test_swarm_node import SMALL, Node, listen, nodes, warm  # noqa: F401  (the fixtures)
 
 pytestmark = pytest.mark.swarm
 
@@ -79,11 +79,12 @@ def peer_of(node: Node) -> str:
     return match.group(1)
 
 
-def test_joiner_follows_the_peer_it_was_given_not_a_same_name_run(nodes, tmp_path) -> None:  # noqa: F811
+def test_joiner_follows_the_peer_it_was_given_not_a_same_name_run(nodes, warm, tmp_path) -> None:  # noqa: F811
     tripwire = tmp_path / "victims-data"
     os.mkfifo(tripwire)  # opening it to read would block the reader for good
     run = ["--name", "h", "--steps", str(STEPS), "--wait-for-peers", "1"]
     a = nodes("a", ["start", *run, *SMALL, *listen(2)])
+    b = warm("b")  # b's process imports the node meanwhile
     address = a.address()
     log = tmp_path / "hostile.log"
     attacker = hostile(log, "hijack", address, "/ip4/127.0.0.9/tcp/0", str(tripwire))
@@ -113,7 +114,7 @@ def test_joiner_follows_the_peer_it_was_given_not_a_same_name_run(nodes, tmp_pat
         assert "the swarm lists these runs named h" in pinned.stderr
         assert lured.returncode == 1 and "unknown keys ['data']" in lured.stderr, lured.stderr
 
-        b = nodes("b", ["join", "--initial-peers", address, *SMALL, *listen(3)])
+        b.go(["join", "--initial-peers", address, *SMALL, *listen(3)])
 
         for node in (a, b):
             assert node.process.wait(300) == 0, node.output()

@@ -165,6 +165,37 @@ class Node:
             self.process.wait(10)
 
 
+WARM = Path(__file__).with_name("warm_node.py")
+
+
+class WarmNode(Node):
+    """A node whose process starts now and whose command line comes later (``go``): it
+    imports the node meanwhile (``warm_node.py``), seconds of a loaded machine that a test
+    would otherwise wait for once it needs the node."""
+
+    def __init__(self, name: str, folder: Path) -> None:
+        self.name = name
+        self.log = folder / f"{name}.log"
+        self.metrics = folder / f"{name}.jsonl"
+        with self.log.open("w") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, str(WARM)],
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                text=True,
+            )
+
+    def go(self, args: list[str]) -> WarmNode:
+        """Run ``diloco-node ARGS --metrics-out FILE`` in the waiting process."""
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps([*args, "--metrics-out", str(self.metrics)]) + "\n")
+        self.process.stdin.close()
+        return self
+
+
 @contextmanager
 def held(*nodes: Node) -> Iterator[None]:
     """The nodes' training processes stopped (SIGSTOP) meanwhile, then continued: they take
@@ -193,14 +224,28 @@ def nodes(tmp_path):
         node.stop()
 
 
-def test_swarm_of_cli_processes_trains_agrees_and_survives(nodes, tmp_path) -> None:
+@pytest.fixture
+def warm(tmp_path):
+    """``warm(name)``: a ``WarmNode`` in the test's folder, stopped after the test."""
+    started: list[WarmNode] = []
+
+    def spawn(name: str) -> WarmNode:
+        started.append(WarmNode(name, tmp_path))
+        return started[-1]
+
+    yield spawn
+    for node in started:
+        node.stop()
+
+
+def test_swarm_of_cli_processes_trains_agrees_and_survives(nodes, warm, tmp_path) -> None:
     run = ["--name", "t", "--steps", str(STEPS), "--H", str(H)]
     a = nodes("a", ["start", *run, *SMALL, *listen(2)])
+    b, c = warm("b"), warm("c")  # their processes import the node while a starts
     address = a.address()
 
     checkpoints = tmp_path / "b_checkpoints"
-    b = nodes(
-        "b",
+    b.go(
         [
             "join",
             "--initial-peers",
@@ -209,7 +254,7 @@ def test_swarm_of_cli_processes_trains_agrees_and_survives(nodes, tmp_path) -> N
             *listen(3),
             "--checkpoint-dir",
             str(checkpoints),
-        ],
+        ]
     )
 
     # the refused joiner runs beside the others: waited for here (an interpreter and a DHT
@@ -224,11 +269,11 @@ def test_swarm_of_cli_processes_trains_agrees_and_survives(nodes, tmp_path) -> N
         )  # fmt: skip
 
     a.wait_step(STEPS // 3, timeout=300)
-    # c's interpreter and DHT start while a and b are held; then c asks a for the run, is
-    # dialled back and asks for the state (a's training process answers those), which
-    # takes the swarm about 70 steps on two cores
+    # c's DHT starts while a and b are held; then c asks a for the run, is dialled back
+    # and asks for the state (a's training process answers those), which takes the swarm
+    # about 70 steps on two cores
     with held(a, b):
-        c = nodes("c", ["join", "--initial-peers", address, *SMALL, *listen(4)])
+        c.go(["join", "--initial-peers", address, *SMALL, *listen(4)])
         c.wait_dht(timeout=300)
     assert wrong.wait(120) != 0
     assert "differs from the swarm" in wrong_err.read_text(), wrong_err.read_text()
