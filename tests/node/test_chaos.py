@@ -49,3 +49,8 @@ def test_chaos_kills_and_freezes_leave_survivors_equal_and_finishing(tmp_path) -
     assert result["shared_rounds"] >= 10, result
     assert result["mismatched_rounds"] == {}, result["mismatched_rounds"]
     assert result["final_split_fragments"] == [], result["nodes"]
+    # Nobody banned an honest node: the frozen one's silences while it stood count once
+    # with each peer, and it charged no one for the answers it could not read meanwhile
+    # (docs/design.md "Liveness").
+    lines = [line for p in tmp_path.glob("*.log") for line in p.read_text().splitlines()]
+    assert not [line for line in lines if "banning" in line], logs

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -82,14 +83,14 @@ def names(n: int, left_out: int | None = None) -> tuple[str, ...]:
 class RecordingBans(BanList):
     """A ``BanList`` that also keeps every (group index, offence) reported to it."""
 
-    def __init__(self, ids: Sequence[PeerID]) -> None:
-        super().__init__()
+    def __init__(self, ids: Sequence[PeerID], clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(clock=clock)
         self.ids = list(ids)
         self.log: list[tuple[int, str]] = []
 
-    def offend(self, peer: PeerID, reason: str) -> bool:
+    def offend(self, peer: PeerID, reason: str, *, silence: bool = False) -> bool:
         self.log.append((self.ids.index(peer), reason))
-        return super().offend(peer, reason)
+        return super().offend(peer, reason, silence=silence)
 
     def ban(self, peer: PeerID, reason: str) -> None:
         self.log.append((self.ids.index(peer), reason))

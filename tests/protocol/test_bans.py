@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import pytest
 from hivemind.p2p import PeerID
 
 from diloco.protocol.trust.bans import BanList
+from diloco.protocol.trust.stalls import MEMORY_S, STALL_S, TICK_S, StallWatch
 from diloco.protocol.wire.frames import RejectCode
 
 LIAR, OTHER = PeerID(b"\x00\x24liar"), PeerID(b"\x00\x24other")
@@ -116,3 +118,79 @@ def test_proven_lie_bans_at_once_for_the_ban_duration(caplog: pytest.LogCaptureF
     clock.now += 600
     assert not bans.banned(LIAR)
     assert not bans.offend(LIAR, "a")  # a clean slate after the ban
+
+
+def test_silences_within_the_span_count_once_and_a_silent_peer_is_still_banned() -> None:
+    clock = Clock()
+    bans = BanList(max_offences=3, window=600.0, duration=600.0, silence_span=60.0, clock=clock)
+    for seconds in (0, 10, 59):  # one stop of the peer: silent in three rounds
+        clock.now = 1000.0 + seconds
+        assert not bans.offend(LIAR, "no PART", silence=True)
+    clock.now = 1060.0  # a span after the first: counts again (2)
+    assert not bans.offend(LIAR, "no PART", silence=True)
+    clock.now = 1119.0
+    assert not bans.offend(LIAR, "no PART", silence=True)
+    clock.now = 1120.0  # the third span: banned
+    assert bans.offend(LIAR, "no PART", silence=True)
+    assert bans.banned(LIAR)
+
+
+def test_offences_other_than_silence_count_each_beside_a_silence() -> None:
+    clock = Clock()
+    bans = BanList(max_offences=3, window=600.0, duration=600.0, silence_span=60.0, clock=clock)
+    assert not bans.offend(LIAR, "no PART", silence=True)
+    assert not bans.offend(LIAR, "invalid PART")
+    assert bans.offend(LIAR, "invalid GROUP")
+
+
+def _ticking(clock: Clock, stalls: StallWatch, seconds: float) -> None:
+    """The loop runs on time for ``seconds``: a tick every ``TICK_S``."""
+    end = clock.now + seconds
+    while clock.now < end:
+        clock.now = min(end, clock.now + TICK_S)
+        stalls.tick()
+
+
+def test_no_silence_is_charged_while_or_soon_after_this_node_stood() -> None:
+    clock = Clock()
+    stalls = StallWatch(clock)
+    bans = BanList(max_offences=1, window=600.0, duration=600.0, clock=clock, stalls=stalls)
+    clock.now += 10  # stopped for 10 s: the loop has not ticked since
+    assert not bans.offend(LIAR, "no PART", silence=True)
+    stalls.tick()  # running again: the stall is recorded
+    _ticking(clock, stalls, MEMORY_S - 1)
+    assert not bans.offend(LIAR, "no answer to a JOIN", silence=True)
+    assert bans.offend(OTHER, "invalid PART")  # a lie is charged all the same
+    assert not bans.banned(LIAR)
+    _ticking(clock, stalls, 2)  # past the stall's memory
+    assert bans.offend(LIAR, "no PART", silence=True)
+
+
+def test_ticks_on_time_are_no_stall_and_a_late_one_is(caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    stalls = StallWatch(clock)
+    for _ in range(20):  # ticks late by up to STALL_S each: a loaded loop, not a stop
+        clock.now += STALL_S
+        stalls.tick()
+        assert not stalls.stalled()
+    clock.now += STALL_S + 0.1
+    assert stalls.stalled()  # not ticked yet: late now
+    with caplog.at_level(logging.WARNING):
+        stalls.tick()
+    assert stalls.stalled()
+    assert f"this node stood for {STALL_S + 0.1:.1f} s" in caplog.text
+
+
+def test_the_watch_ticks_on_its_loop(caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    stalls = StallWatch(clock)
+
+    async def main() -> None:
+        watch = asyncio.create_task(stalls.run())
+        clock.now += 2 * STALL_S  # the clock jumps as a stop would make it
+        await asyncio.sleep(2.5 * TICK_S)  # real time: the watch ticks meanwhile
+        watch.cancel()
+
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(main())
+    assert f"this node stood for {2 * STALL_S:.1f} s" in caplog.text

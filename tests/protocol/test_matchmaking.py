@@ -159,17 +159,19 @@ def test_client_and_demoted_members_reduce_nothing_yet_count(
 
 
 @pytest.mark.swarm
-def test_silent_leader_charged_next_in_line_leads_then_banned(
+def test_silent_leader_next_in_line_leads_and_its_silences_within_a_minute_are_one_offence(
     honest: list[PeerProcess], fragment: int
 ) -> None:
     """Three real peers; the third takes JOINs as leader and sends no GROUP. In four rounds
-    it is first in line to lead, the others take over each time it is silent, and after
-    ``BAN_OFFENCES`` (3) of them they ban it and no longer follow it (docs/design.md
-    "Liveness"). The one real-process check of this; the in-process replay with exact
-    offence counts is in test_matchmaking_liveness.py. A round here lasts the silent
-    leader's matchmaking bound (a window and three join timeouts, which it holds the JOINs
-    for): the three peers run these rounds with a quarter of the usual window and join
-    timeout (loopback JOINs answer in milliseconds; the bound waits out the silence)."""
+    within seconds it is first in line to lead, and the others take over each time it is
+    silent. They charge it once for them all (a node stopped for that long is silent in
+    every round it was due in), so it is not banned (docs/design.md "Liveness"). The one
+    real-process check of this; the in-process replay with exact offence counts, and the
+    ban of a leader silent over several minutes, are in test_matchmaking_liveness.py. A
+    round here lasts the silent leader's matchmaking bound (a window and three join
+    timeouts, which it holds the JOINs for): the three peers run these rounds with a
+    quarter of the usual window and join timeout (loopback JOINs answer in milliseconds;
+    the bound waits out the silence)."""
     peers = honest[:3]
     ids = [p.peer_id for p in peers]
     short = dataclasses.replace(TIMEOUTS, matchmaking_window=0.25 * UNIT, join_timeout=0.5 * UNIT)
@@ -188,4 +190,4 @@ def test_silent_leader_charged_next_in_line_leads_then_banned(
     assert formed >= 3, formed
     for peer in peers[:2]:
         peer.send("banned", ids[2])
-        assert peer.recv(30) == ("banned", True)
+        assert peer.recv(30) == ("banned", False)

@@ -19,7 +19,7 @@ from diloco.protocol.core.reducer import RoundKey
 from diloco.protocol.matchmaking.lobby import Lobby, leader_rank, round_key
 from diloco.protocol.matchmaking.matchmaker import Matchmaker
 from diloco.protocol.records.declarations import declare_round
-from diloco.protocol.trust.bans import BAN_OFFENCES, BanList
+from diloco.protocol.trust.bans import BAN_OFFENCES, SILENCE_SPAN, BanList
 from diloco.protocol.wire.frames import Join, RoundTag
 
 RUN_ID = "liveness-0123456789abcdef"
@@ -28,16 +28,26 @@ TIMEOUTS = RoundTimeouts(matchmaking_window=0.25, join_timeout=0.25)
 ROUNDS = 6
 
 
+class Clock:
+    """The ban lists' clock, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class CountingBans(BanList):
     """A ``BanList`` that also counts the offences reported against each peer."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, clock: Clock) -> None:
+        super().__init__(clock=clock)
         self.offences: dict[PeerID, int] = {}
 
-    def offend(self, peer: PeerID, reason: str) -> bool:
+    def offend(self, peer: PeerID, reason: str, *, silence: bool = False) -> bool:
         self.offences[peer] = self.offences.get(peer, 0) + 1
-        return super().offend(peer, reason)
+        return super().offend(peer, reason, silence=silence)
 
 
 def _rounds_led_by(silent: PeerID, peers: list[PeerID], count: int) -> list[RoundKey]:
@@ -52,13 +62,15 @@ def _rounds_led_by(silent: PeerID, peers: list[PeerID], count: int) -> list[Roun
 
 
 def _run(
-    target_group_size: int | None,
+    target_group_size: int | None, apart: float = SILENCE_SPAN
 ) -> tuple[list[list[GroupInfo | BaseException]], list[CountingBans], list[PeerID]]:
-    """Six rounds that the silent peer (the last) is first in line to lead; per round the
-    honest peers' outcomes, their ban lists, and the three peer ids."""
+    """Six rounds that the silent peer (the last) is first in line to lead, ``apart``
+    seconds apart on the ban lists' clock; per round the honest peers' outcomes, their ban
+    lists, and the three peer ids."""
     network, table = MemoryNetwork(), Table()
     identities = [make_identity(40 + i) for i in range(3)]
-    bans = [CountingBans() for _ in identities]
+    clock = Clock()
+    bans = [CountingBans(clock) for _ in identities]
     peers = [
         cls(
             network.join(PeerID.from_base58(identity.peer_id)),
@@ -81,6 +93,7 @@ def _run(
             await peer.start()
         outcomes = []
         for key in keys:
+            clock.now += apart
             tasks = [asyncio.create_task(p.form_group(key, 1000, 0, 0, 1.0)) for p in peers]
             outcomes.append(await asyncio.gather(*tasks[:2], return_exceptions=True))
             tasks[2].cancel()  # the silent peer waits out its bound; the test need not
@@ -116,6 +129,19 @@ def test_silent_leader_charged_without_a_target_group_size() -> None:
     _check(target_group_size=None)
 
 
+def test_a_leader_silent_in_rounds_within_a_minute_commits_one_offence() -> None:
+    """The same silent leader, its six rounds within seconds (a node stopped for that
+    long is silent in each round it was due in): each follower charges the first silence
+    and counts the others with it, so it is not banned; the next in line leads them all."""
+    outcomes, bans, ids = _run(target_group_size=3, apart=1.0)
+    honest, silent = set(ids[:2]), ids[2]
+    formed = [o for o in outcomes if all(isinstance(r, GroupInfo) for r in o)]
+    assert len(formed) == ROUNDS, outcomes
+    assert all(set(r.members) == honest for o in formed for r in o if isinstance(r, GroupInfo))
+    assert [b.offences.get(silent, 0) for b in bans[:2]] == [ROUNDS] * 2  # reported each time
+    assert not any(b.banned(silent) for b in bans[:2])  # ... counted once
+
+
 def test_a_late_leader_that_counts_more_live_nodes_than_its_follower_is_not_charged() -> None:
     """Each node counts the nodes a round waits for on its own evidence (node/evidence/claims.py
     ``group_target``), so a leader can wait for more than its follower counts. Here both
@@ -131,7 +157,7 @@ def test_a_late_leader_that_counts_more_live_nodes_than_its_follower_is_not_char
     timeouts = RoundTimeouts(matchmaking_window=1.0, join_timeout=0.5)
     network, table = MemoryNetwork(), Table()
     identities = [make_identity(60 + i) for i in range(3)]
-    bans = [CountingBans() for _ in identities[:2]]
+    bans = [CountingBans(Clock()) for _ in identities[:2]]
     leader, follower = (
         Matchmaker(
             network.join(PeerID.from_base58(identity.peer_id)),

@@ -37,7 +37,7 @@ from diloco.protocol.core.group import GroupInfo, RoundTimeouts
 from diloco.protocol.core.partition import butterfly_parts
 from diloco.protocol.core.reducer import RoundKey
 from diloco.protocol.matchmaking.matchmaker import Matchmaker
-from diloco.protocol.trust.bans import BAN_OFFENCES
+from diloco.protocol.trust.bans import BAN_OFFENCES, SILENCE_SPAN
 
 MEMBERS, SILENT = 3, 2
 WEIGHTS = [1.0, 2.0, 1.0]
@@ -101,9 +101,11 @@ def test_silent_member_dropped_and_charged_by_every_reducer_then_refused() -> No
     types: list[type[AllReduceRunner]] = [AllReduceRunner] * MEMBERS
     types[SILENT] = SilentSender
     ids = [member_id(i) for i in range(MEMBERS)]
-    bans = [RecordingBans(ids) for _ in range(MEMBERS)]
+    now = [1000.0]  # the ban lists' clock: the rounds a silence span apart
+    bans = [RecordingBans(ids, clock=lambda: now[0]) for _ in range(MEMBERS)]
     want = _without_silent(inputs)
     for _ in range(BAN_OFFENCES):
+        now[0] += SILENCE_SPAN
         outcomes, round_ = _round(inputs, types, bans)
         for i in range(SILENT):
             assert torch.equal(delta_of(outcomes[i]), want)

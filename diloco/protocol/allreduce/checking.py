@@ -83,8 +83,11 @@ def convict(group: GroupInfo, judgements: Mapping[int, Judgement], bans: BanList
         if judgement.reducer:
             failed.append(f"reducer {group.names[j]} of part {j} lied: {judgement.reducer}")
             logger.warning("round %s: %s", group.key, failed[-1])
-            punish = bans.offend if judgement.silent else bans.ban
-            punish(group.members[j], f"round {group.key} part {j}: {judgement.reducer}")
+            why = f"round {group.key} part {j}: {judgement.reducer}"
+            if judgement.silent:
+                bans.offend(group.members[j], why, silence=True)
+            else:
+                bans.ban(group.members[j], why)
     return "; ".join(failed)
 
 

@@ -174,4 +174,4 @@ class StartWatch:
                 f"round {self.group.key}: no PART for part {index} by the sender deadline "
                 f"({self._why[j]})"
             )
-            self.bans.offend(self.group.members[j], reason)
+            self.bans.offend(self.group.members[j], reason, silence=True)

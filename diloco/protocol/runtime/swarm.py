@@ -64,6 +64,7 @@ from diloco.protocol.state.transfer import StateProvider, StateServer, fetch_sta
 from diloco.protocol.trust.admission import AdmittedTransport, Membership
 from diloco.protocol.trust.bans import BanList
 from diloco.protocol.trust.envelopes import SigningDHT
+from diloco.protocol.trust.stalls import StallWatch
 from diloco.protocol.trust.swarm_key import AUTH_TIMEOUT, ClosedSwarm, ClosedTransport
 
 logger = logging.getLogger(__name__)
@@ -120,7 +121,10 @@ class Swarm:
         self.digest = run_digest(run_id)
         self.closed = closed
         self.request_timeout = request_timeout
-        self.bans = BanList()
+        self.stalls = StallWatch()
+        """This node's own stalls, watched on the swarm's loop: silence judged across one
+        is not charged (``stalls``)."""
+        self.bans = BanList(stalls=self.stalls)
         """Peers this node refuses for a while (``bans``): every part of the protocol, and
         whoever else catches a peer lying, reports offences here."""
         net = net or NetworkOptions()
@@ -134,6 +138,7 @@ class Swarm:
         self._loop = new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name="diloco-swarm", daemon=True)
         self._thread.start()
+        self._watching = asyncio.run_coroutine_threadsafe(self.stalls.run(), self._loop)
         self._state_server: StateServer | None = None
         try:
             self.p2p: P2P = self.call(self.dht.replicate_p2p(), net.startup_timeout)
