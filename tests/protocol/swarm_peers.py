@@ -44,6 +44,7 @@ from diloco.protocol.allreduce.swarm_reducer import SwarmReducer
 from diloco.protocol.core.demotion import Demotion
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
 from diloco.protocol.core.reducer import Contribution, RoundKey
+from diloco.protocol.matchmaking.late import LatePeers
 from diloco.protocol.matchmaking.lobby import leader_rank
 from diloco.protocol.matchmaking.matchmaker import Matchmaker
 from diloco.protocol.records.nodes import FragmentVersion, NodeRecord
@@ -309,6 +310,8 @@ def peer_main(
             elif command == "forgive":  # a fresh start between tests of the shared pool
                 swarm.bans._peers.clear()
                 reducer.demotion = Demotion()  # faults of earlier tests failed its parts
+                # late JOINs of earlier tests would keep it on the widest window for a minute
+                reducer.matchmaker.late = LatePeers()
                 _notify(("ok",))
             elif command == "reduce":
                 futures = [
