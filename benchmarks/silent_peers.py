@@ -81,11 +81,11 @@ def _peer(conn: Connection, index: int, fault: str, peers: int, initial: list[st
     from diloco.codecs import get_codec
     from diloco.errors import RoundFailed
     from diloco.node.config import RoundOptions
-    from diloco.protocol.allreduce.swarm_reducer import SwarmReducer
     from diloco.protocol.core.reducer import Contribution, RoundKey
-    from diloco.protocol.records.run_id import make_run_id
     from diloco.protocol.runtime.network import NetworkOptions
-    from diloco.protocol.runtime.swarm import Swarm
+    from diloco.protocol.swarm import Swarm
+    from diloco.protocol.swarm_reducer import SwarmReducer
+    from diloco.protocol.wire.run_id import make_run_id
 
     torch.set_num_threads(1)
     host = f"/ip4/127.0.{index // 200}.{index % 200 + 1}/tcp/0"

@@ -54,11 +54,11 @@ from diloco.protocol.records.nodes import (
     vouch_key,
     vouch_payload,
 )
-from diloco.protocol.records.run_id import make_run_id, run_digest
 from diloco.protocol.trust.envelopes import open_envelope, pack_payload, seal
 from diloco.protocol.trust.identity import Identity
 from diloco.protocol.trust.swarm_key import ClosedSwarm, SwarmKey
 from diloco.protocol.wire.part import Averaged
+from diloco.protocol.wire.run_id import make_run_id, run_digest
 
 FRAGMENTS, H, STEPS = 5, 30, 3000
 """The run's schedule as ``diloco-node start`` defaults it (F, H) and a long run's T."""

@@ -336,10 +336,10 @@ def _peer_main(
 class _DilocoPeer:
     def __init__(self, index: int, config: BenchConfig, initial: list[str], host: str) -> None:
         from diloco.codecs import get_codec
-        from diloco.protocol.allreduce.swarm_reducer import SwarmReducer
-        from diloco.protocol.records.run_id import make_run_id
         from diloco.protocol.runtime.network import NetworkOptions
-        from diloco.protocol.runtime.swarm import Swarm
+        from diloco.protocol.swarm import Swarm
+        from diloco.protocol.swarm_reducer import SwarmReducer
+        from diloco.protocol.wire.run_id import make_run_id
 
         self.config = config
         run_id = make_run_id("bench", {"numel": config.numel, "codec": config.codec})
@@ -385,7 +385,7 @@ class _HivemindPeer:
         from hivemind.compression import Float16Compression
 
         from diloco.protocol.runtime.network import NetworkOptions
-        from diloco.protocol.runtime.swarm import make_dht
+        from diloco.protocol.swarm import make_dht
 
         self.config = config
         self.dht = make_dht(NetworkOptions(initial_peers=tuple(initial), host_maddrs=(host,)))

@@ -33,11 +33,11 @@ from diloco.node.flags import (
 )
 from diloco.node.model.transformer import preset
 from diloco.node.training.outer import check_tau
-from diloco.protocol.records.run_id import check_run_id
 from diloco.protocol.runtime.network import NetworkOptions
 from diloco.protocol.runtime.processes import quiet_helper_disconnects
 from diloco.protocol.trust.admission import read_admitted
 from diloco.protocol.trust.swarm_key import SwarmKey, load_swarm_key
+from diloco.protocol.wire.run_id import check_run_id
 
 if TYPE_CHECKING:
     from hivemind import DHT

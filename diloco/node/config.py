@@ -41,7 +41,7 @@ from diloco.node.training.inner import InnerConfig
 from diloco.node.training.outer import OuterConfig, OuterDevice, round_token_cap
 from diloco.node.training.pace import PaceMode
 from diloco.protocol.core.aggregation import CLIP_FACTOR, check_clip_factor
-from diloco.protocol.records.run_id import RUN_NAME_PATTERN
+from diloco.protocol.wire.run_id import RUN_NAME_PATTERN
 
 if typing.TYPE_CHECKING:
     from diloco.protocol.core.group import RoundTimeouts

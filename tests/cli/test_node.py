@@ -20,10 +20,10 @@ from diloco.node.config import NodeOptions, RoundOptions, RunConfig
 from diloco.node.flags import NETWORK_FLAGS, NODE_FLAGS, ROUND_FLAGS, RUN_FLAGS
 from diloco.node.model.compute import ComputeOptions
 from diloco.node.training.outer import OuterConfig
-from diloco.protocol.records.run_id import make_run_id
 from diloco.protocol.runtime.network import NetworkOptions
 from diloco.protocol.trust.identity import Identity, load_identity
 from diloco.protocol.trust.swarm_key import load_swarm_key
+from diloco.protocol.wire.run_id import make_run_id
 
 ADDR_A = f"/ip4/127.0.0.1/tcp/1/p2p/{Identity.generate().peer_id}"
 ADDR_B = f"/ip4/127.0.0.2/tcp/1/p2p/{Identity.generate().peer_id}"

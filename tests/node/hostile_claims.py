@@ -51,13 +51,13 @@ from diloco.protocol.records.nodes import (
     vouch_key,
     vouch_payload,
 )
-from diloco.protocol.records.run_id import make_run_id
 from diloco.protocol.runtime.network import NetworkOptions
-from diloco.protocol.runtime.swarm import Swarm
 from diloco.protocol.state.fragment import FragmentState, OuterState
 from diloco.protocol.state.transfer import fetch_state
+from diloco.protocol.swarm import Swarm
 from diloco.protocol.trust.envelopes import pack_payload, seal
 from diloco.protocol.trust.identity import Identity
+from diloco.protocol.wire.run_id import make_run_id
 
 FORGED_VERSION = 1000
 SPAM = 20

@@ -39,18 +39,18 @@ from diloco.protocol.records.nodes import (
     vouch_key,
     vouch_payload,
 )
-from diloco.protocol.records.run_id import make_run_id, run_digest
 from diloco.protocol.records.run_info import peer_id_in
 from diloco.protocol.runtime import streams
 from diloco.protocol.runtime.network import NetworkOptions
-from diloco.protocol.runtime.swarm import Swarm
 from diloco.protocol.state.fragment import FragmentState, OuterState
 from diloco.protocol.state.transfer import fetch_state
+from diloco.protocol.swarm import Swarm
 from diloco.protocol.trust.envelopes import pack_payload, seal, signer
 from diloco.protocol.trust.identity import Identity
 from diloco.protocol.trust.swarm_key import ClosedSwarm, load_swarm_key
 from diloco.protocol.wire.frames import GROUP_ID_BYTES, Join, Kind, Reject, RoundTag
 from diloco.protocol.wire.part import PartHead
+from diloco.protocol.wire.run_id import make_run_id, run_digest
 
 CLAIM = 99_999
 STEP_SECONDS = 1e-6

@@ -31,11 +31,11 @@ from diloco.cli import main as diloco_node
 from diloco.node.swarm.node import SwarmNode
 from diloco.node.swarm.pinned_run import discover_run
 from diloco.protocol.records.nodes import NodeRecord, nodes_key
-from diloco.protocol.records.run_id import make_run_id
 from diloco.protocol.runtime.network import NetworkOptions
-from diloco.protocol.runtime.swarm import Swarm
+from diloco.protocol.swarm import Swarm
 from diloco.protocol.trust.envelopes import pack_payload, seal
 from diloco.protocol.trust.identity import Identity
+from diloco.protocol.wire.run_id import make_run_id
 
 FAST = 1e-6
 """Claimed seconds of one full-batch inner step."""

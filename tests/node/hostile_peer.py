@@ -26,12 +26,12 @@ from diloco.protocol.records.run_configs import (
     find_run_configs,
     publish_run_config,
 )
-from diloco.protocol.records.run_id import make_run_id
 from diloco.protocol.records.run_info import serve_run_info
 from diloco.protocol.runtime.network import NetworkOptions
-from diloco.protocol.runtime.swarm import make_dht
+from diloco.protocol.swarm import make_dht
 from diloco.protocol.trust.envelopes import pack_payload, seal, signer, store_signed
 from diloco.protocol.trust.identity import signing_input
+from diloco.protocol.wire.run_id import make_run_id
 
 
 def _forged_payload(identity: Any, config: dict[str, Any]) -> bytes:

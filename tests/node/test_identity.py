@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from hivemind.p2p import PeerID
 
-from diloco.protocol.records.run_id import make_run_id
 from diloco.protocol.runtime.network import NetworkOptions
-from diloco.protocol.runtime.swarm import Swarm, make_dht
+from diloco.protocol.swarm import Swarm, make_dht
 from diloco.protocol.trust.identity import load_identity
+from diloco.protocol.wire.run_id import make_run_id
 
 
 @pytest.mark.swarm

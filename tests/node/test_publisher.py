@@ -26,8 +26,8 @@ from diloco.node.training.inner import InnerConfig
 from diloco.node.training.outer import OuterConfig
 from diloco.protocol.records.nodes import FragmentVersion, NodeRecord, Vouch, publish_vouches
 from diloco.protocol.runtime.network import NetworkOptions
-from diloco.protocol.runtime.swarm import Swarm, make_dht
 from diloco.protocol.state.fragment import FragmentState, OuterState
+from diloco.protocol.swarm import Swarm, make_dht
 
 pytestmark = pytest.mark.swarm
 

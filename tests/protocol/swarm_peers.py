@@ -40,7 +40,6 @@ from diloco.codecs import get_codec
 from diloco.errors import ProtocolError, RoundFailed
 from diloco.protocol.allreduce.member import AllReduceRunner
 from diloco.protocol.allreduce.part_server import PartServer
-from diloco.protocol.allreduce.swarm_reducer import SwarmReducer
 from diloco.protocol.core.demotion import Demotion
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
 from diloco.protocol.core.reducer import Contribution, RoundKey
@@ -48,12 +47,13 @@ from diloco.protocol.matchmaking.late import LatePeers
 from diloco.protocol.matchmaking.lobby import leader_rank
 from diloco.protocol.matchmaking.matchmaker import Matchmaker
 from diloco.protocol.records.nodes import FragmentVersion, NodeRecord
-from diloco.protocol.records.run_id import make_run_id
 from diloco.protocol.runtime.network import NetworkOptions
 from diloco.protocol.runtime.streams import write_frame
-from diloco.protocol.runtime.swarm import Swarm
 from diloco.protocol.state.fragment import FragmentState, OuterState
+from diloco.protocol.swarm import Swarm
+from diloco.protocol.swarm_reducer import SwarmReducer
 from diloco.protocol.wire.frames import Kind
+from diloco.protocol.wire.run_id import make_run_id
 
 UNIT = float(os.environ.get("DILOCO_TEST_TIME_UNIT", "1.0"))
 """One scaled time unit (seconds); raise it on a slow machine."""
@@ -400,7 +400,7 @@ class PeerProcess:
         self.process.join(10)
 
 
-PRELOAD = ["diloco.protocol.allreduce.swarm_reducer", "diloco.protocol.runtime.swarm"]
+PRELOAD = ["diloco.protocol.swarm_reducer", "diloco.protocol.swarm"]
 """What the peers' fork server imports once (torch and hivemind with them); by module
 name, from the server's own path (Python 3.11's fork server ignores the test's)."""
 

@@ -16,9 +16,9 @@ from diloco.protocol.records.run_configs import (
     encode_config,
     parse_config,
 )
-from diloco.protocol.records.run_id import make_run_id
 from diloco.protocol.trust.envelopes import pack_payload
 from diloco.protocol.trust.identity import Identity, signing_input
+from diloco.protocol.wire.run_id import make_run_id
 
 CREATOR, MALLORY = Identity.generate(), Identity.generate()
 CONFIG = {"model": "tiny", "outer": {"lr": 0.7, "betas": [0.9, 0.95]}, "creator": CREATOR.peer_id}

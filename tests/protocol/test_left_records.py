@@ -25,8 +25,8 @@ from diloco.protocol.records.nodes import (
     read_records,
 )
 from diloco.protocol.records.run_configs import SignedRunConfig
-from diloco.protocol.records.run_id import make_run_id
 from diloco.protocol.trust.envelopes import open_envelope
+from diloco.protocol.wire.run_id import make_run_id
 
 CREATOR = make_identity(0)
 CONFIG = {"name": "leave", "steps": 10, "creator": CREATOR.peer_id}

@@ -18,17 +18,17 @@ from memory_p2p import MemoryNetwork, make_identity
 
 from diloco.codecs import get_codec
 from diloco.errors import RoundFailed
-from diloco.protocol.allreduce.swarm_reducer import SwarmReducer
 from diloco.protocol.core.budget import RoundBudget
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
 from diloco.protocol.core.reducer import Contribution, RoundKey
 from diloco.protocol.matchmaking.late import LATE_MEMORY, MAX_LATE, LatePeers
 from diloco.protocol.matchmaking.lobby import leader_rank, round_key
 from diloco.protocol.matchmaking.matchmaker import Matchmaker
-from diloco.protocol.records.run_id import make_run_id
 from diloco.protocol.runtime.network import NetworkOptions
-from diloco.protocol.runtime.swarm import Swarm
+from diloco.protocol.swarm import Swarm
+from diloco.protocol.swarm_reducer import SwarmReducer
 from diloco.protocol.trust.bans import BanList
+from diloco.protocol.wire.run_id import make_run_id
 
 RUN_ID = "late-0123456789abcdef"
 DIGEST = bytes(range(16))

@@ -27,9 +27,9 @@ from diloco.protocol.records.metrics import (
     read_metrics,
 )
 from diloco.protocol.records.nodes import FragmentVersion, NodeRecord, nodes_key, record_validator
-from diloco.protocol.records.run_id import make_run_id
 from diloco.protocol.trust.envelopes import pack_payload, seal
 from diloco.protocol.trust.identity import Identity
+from diloco.protocol.wire.run_id import make_run_id
 
 RUN = make_run_id("metrics", {"steps": 10})
 ALICE, MALLORY = Identity.generate(), Identity.generate()

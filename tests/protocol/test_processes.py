@@ -275,8 +275,8 @@ def test_whole_messages_waits_for_a_body_written_after_its_length() -> None:
 SWARM_OWNER = """
     import os, threading, time
     from diloco.protocol.runtime.network import NetworkOptions
-    from diloco.protocol.records.run_id import make_run_id
-    from diloco.protocol.runtime.swarm import Swarm
+    from diloco.protocol.wire.run_id import make_run_id
+    from diloco.protocol.swarm import Swarm
 
     def start():
         global swarm

@@ -28,11 +28,11 @@ from diloco.protocol.records.nodes import (
     vouch_key,
     vouch_payload,
 )
-from diloco.protocol.records.run_id import make_run_id, run_digest
 from diloco.protocol.trust.admission import Membership
 from diloco.protocol.trust.envelopes import pack_payload, seal
 from diloco.protocol.trust.identity import Identity
 from diloco.protocol.trust.swarm_key import ClosedSwarm, SwarmKey
+from diloco.protocol.wire.run_id import make_run_id, run_digest
 
 RUN = make_run_id("closed", {"seed": 1})
 DIGEST = run_digest(RUN)

@@ -12,16 +12,16 @@ from hivemind.utils import get_dht_time
 
 from diloco.codecs import get_codec
 from diloco.errors import RoundFailed
-from diloco.protocol.allreduce.swarm_reducer import SwarmReducer
 from diloco.protocol.core.group import RoundTimeouts
 from diloco.protocol.core.reducer import Contribution, RoundKey
 from diloco.protocol.matchmaking.lobby import round_key
 from diloco.protocol.records.declarations import declare_round
 from diloco.protocol.records.nodes import FragmentVersion, NodeRecord
-from diloco.protocol.records.run_id import make_run_id
 from diloco.protocol.runtime.network import NetworkOptions
-from diloco.protocol.runtime.swarm import Swarm
 from diloco.protocol.state.fragment import FragmentState, OuterState
+from diloco.protocol.swarm import Swarm
+from diloco.protocol.swarm_reducer import SwarmReducer
+from diloco.protocol.wire.run_id import make_run_id
 
 pytestmark = pytest.mark.swarm
 

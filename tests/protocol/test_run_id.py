@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from diloco.errors import ConfigError
-from diloco.protocol.records.run_id import check_run_id, make_run_id, run_digest, run_name
+from diloco.protocol.wire.run_id import check_run_id, make_run_id, run_digest, run_name
 
 
 def test_run_id_independent_of_key_order() -> None:

@@ -11,7 +11,6 @@ from memory_p2p import MemoryNetwork, make_peer_id
 
 from diloco.errors import ConfigError
 from diloco.protocol.records.run_configs import SignedRunConfig
-from diloco.protocol.records.run_id import make_run_id
 from diloco.protocol.records.run_info import (
     RUN_INFO_HANDLER,
     ask_peers,
@@ -24,6 +23,7 @@ from diloco.protocol.runtime import streams
 from diloco.protocol.trust.envelopes import pack_payload
 from diloco.protocol.trust.identity import Identity, signing_input
 from diloco.protocol.wire.frames import Kind
+from diloco.protocol.wire.run_id import make_run_id
 
 HONEST, HOSTILE = Identity.generate(), Identity.generate()
 

@@ -43,10 +43,9 @@ from diloco.protocol.records.run_configs import (
     find_run_configs,
     publish_run_config,
 )
-from diloco.protocol.records.run_id import make_run_id
 from diloco.protocol.runtime.network import NetworkOptions
 from diloco.protocol.runtime.processes import TiedDHT
-from diloco.protocol.runtime.swarm import make_dht
+from diloco.protocol.swarm import make_dht
 from diloco.protocol.trust.envelopes import (
     MAX_PAYLOAD_BYTES,
     SignedRecordValidator,
@@ -55,6 +54,7 @@ from diloco.protocol.trust.envelopes import (
     signer,
 )
 from diloco.protocol.trust.identity import Identity, signing_input
+from diloco.protocol.wire.run_id import make_run_id
 
 ALICE, BOB, MALLORY = Identity.generate(), Identity.generate(), Identity.generate()
 CONFIG = {"model": "tiny", "steps": 10, "creator": ALICE.peer_id}

@@ -15,13 +15,13 @@ import pytest
 import torch
 
 from diloco.errors import ProtocolError
-from diloco.protocol.records.run_id import make_run_id, run_digest
 from diloco.protocol.runtime.network import NetworkOptions
-from diloco.protocol.runtime.swarm import Swarm
 from diloco.protocol.state.fragment import FragmentState, OuterState
 from diloco.protocol.state.transfer import SnapshotHashes, StateServer, fetch_state
+from diloco.protocol.swarm import Swarm
 from diloco.protocol.trust.bans import BanList
 from diloco.protocol.trust.limits import StreamLimits
+from diloco.protocol.wire.run_id import make_run_id, run_digest
 
 RUN = make_run_id("limits", {"purpose": "state spam"})
 NUM_FRAGMENTS, NUMEL = 3, 50_000

@@ -6,7 +6,7 @@ import pytest
 from swarm_expected import in_process_sha
 from swarm_peers import TIMEOUTS, PeerProcess, command, run_rounds, start_peer, stop_peers
 
-from diloco.protocol.records.run_id import make_run_id
+from diloco.protocol.wire.run_id import make_run_id
 
 pytestmark = pytest.mark.swarm
 

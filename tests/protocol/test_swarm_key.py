@@ -23,7 +23,6 @@ from diloco.errors import ConfigError
 from diloco.protocol.core.reducer import RoundKey
 from diloco.protocol.matchmaking.lobby import round_key
 from diloco.protocol.records.declarations import read_declarations
-from diloco.protocol.records.run_id import make_run_id, run_digest
 from diloco.protocol.runtime import streams
 from diloco.protocol.trust.envelopes import pack_payload
 from diloco.protocol.trust.identity import Identity
@@ -36,6 +35,7 @@ from diloco.protocol.trust.swarm_key import (
     load_swarm_key,
 )
 from diloco.protocol.wire.frames import Kind, Reject, RejectCode
+from diloco.protocol.wire.run_id import make_run_id, run_digest
 
 RUN = make_run_id("closed", {"seed": 1})
 DIGEST = run_digest(RUN)

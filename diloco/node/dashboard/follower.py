@@ -25,7 +25,7 @@ from diloco.protocol.records.metrics import read_metrics
 from diloco.protocol.records.nodes import read_records
 from diloco.protocol.records.run_configs import find_run_configs
 from diloco.protocol.runtime.network import NetworkOptions
-from diloco.protocol.runtime.swarm import make_dht
+from diloco.protocol.swarm import make_dht
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from diloco.protocol.records.nodes import NodeRecord
-from diloco.protocol.runtime.swarm import Swarm
+from diloco.protocol.swarm import Swarm
 
 logger = logging.getLogger(__name__)
 

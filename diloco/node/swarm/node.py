@@ -50,19 +50,19 @@ from diloco.node.swarm.state_source import SwarmStateSource, publish_last
 from diloco.node.training.pending import AppliedRound
 from diloco.node.training.tau import MAX_AHEAD_SHARE
 from diloco.node.training.trainer import NodeTrainer
-from diloco.protocol.allreduce.swarm_reducer import SwarmReducer
 from diloco.protocol.core.adaptive import round_trip_estimate
 from diloco.protocol.core.reducer import RoundKey
 from diloco.protocol.records.nodes import MAX_VOUCH_ROUNDS, FragmentVersion, NodeRecord, Vouch
 from diloco.protocol.records.run_configs import SignedRunConfig
-from diloco.protocol.records.run_id import make_run_id, run_digest
 from diloco.protocol.records.run_info import serve_run_info
 from diloco.protocol.runtime.network import NetworkOptions
-from diloco.protocol.runtime.swarm import Swarm
 from diloco.protocol.state.fragment import OuterState
+from diloco.protocol.swarm import Swarm
+from diloco.protocol.swarm_reducer import SwarmReducer
 from diloco.protocol.trust.admission import check_admitted
 from diloco.protocol.trust.envelopes import signer
 from diloco.protocol.trust.swarm_key import ClosedSwarm, check_swarm_key, load_swarm_key
+from diloco.protocol.wire.run_id import make_run_id, run_digest
 
 logger = logging.getLogger(__name__)
 

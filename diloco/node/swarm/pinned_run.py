@@ -23,11 +23,11 @@ from hivemind import DHT
 from diloco.errors import ConfigError
 from diloco.node.config import RunConfig
 from diloco.protocol.records.run_configs import SignedRunConfig, find_run_configs
-from diloco.protocol.records.run_id import make_run_id
 from diloco.protocol.records.run_info import ask_peers, choose_run, peer_id_in
 from diloco.protocol.runtime.network import NetworkOptions
-from diloco.protocol.runtime.swarm import make_dht
+from diloco.protocol.swarm import make_dht
 from diloco.protocol.trust.envelopes import signer
+from diloco.protocol.wire.run_id import make_run_id
 
 logger = logging.getLogger(__name__)
 

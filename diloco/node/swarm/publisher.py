@@ -24,7 +24,7 @@ from diloco.node.observe.recent_metrics import RecentMetrics
 from diloco.protocol.records.metrics import publish_metrics
 from diloco.protocol.records.nodes import NodeRecord, Vouch, publish_record, publish_vouches
 from diloco.protocol.records.run_configs import SignedRunConfig, publish_run_config
-from diloco.protocol.runtime.swarm import Swarm
+from diloco.protocol.swarm import Swarm
 from diloco.protocol.trust.envelopes import MAX_RECORD_TTL
 
 logger = logging.getLogger(__name__)

@@ -13,8 +13,8 @@ from hivemind.p2p import PeerID
 
 from diloco.protocol.records.metrics import MetricsRecord, publish_metrics
 from diloco.protocol.records.nodes import NodeRecord, Vouch, read_vouches
-from diloco.protocol.runtime.swarm import Swarm
 from diloco.protocol.state.fragment import OuterState
+from diloco.protocol.swarm import Swarm
 from diloco.protocol.trust.envelopes import MAX_RECORD_TTL
 
 logger = logging.getLogger(__name__)

@@ -14,5 +14,7 @@ transport      RoundTransport: the node's streams and the handler names runners 
 routing        RoundRouter: the rounds in flight, their four handlers, streams routed to
                a round by the Routed interface (flat and staged runners implement it)
 runners        RoundRunners: the runner factory of one round (flat, or each stage)
-swarm_reducer  SwarmReducer: the trainer's Reducer over the swarm, owner of each round
+
+The owner of each round, flat or staged, is ``protocol.swarm_reducer`` (above this and
+``staged``).
 """

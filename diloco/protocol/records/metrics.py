@@ -27,13 +27,13 @@ from hivemind import DHT
 from hivemind.utils import get_dht_time
 
 from diloco.errors import ProtocolError
-from diloco.protocol.records.run_id import RUN_ID_PATTERN, check_run_id
 from diloco.protocol.trust.envelopes import (
     pack_payload,
     read_signed,
     store_signed,
     unpack_payload,
 )
+from diloco.protocol.wire.run_id import RUN_ID_PATTERN, check_run_id
 
 logger = logging.getLogger(__name__)
 

@@ -41,7 +41,6 @@ from diloco.errors import ProtocolError
 from diloco.protocol.records import metrics as metrics_records
 from diloco.protocol.records import run_configs as discovery
 from diloco.protocol.records.declarations import parse_declaration
-from diloco.protocol.records.run_id import RUN_ID_PATTERN, check_run_id
 from diloco.protocol.trust.envelopes import (
     SignedRecordValidator,
     pack_payload,
@@ -50,6 +49,7 @@ from diloco.protocol.trust.envelopes import (
     store_signed,
     unpack_payload,
 )
+from diloco.protocol.wire.run_id import RUN_ID_PATTERN, check_run_id
 
 logger = logging.getLogger(__name__)
 

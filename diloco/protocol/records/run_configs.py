@@ -39,9 +39,9 @@ from hivemind import DHT
 from hivemind.utils import get_dht_time
 
 from diloco.errors import ConfigError, ProtocolError
-from diloco.protocol.records.run_id import check_run_id, config_hash
 from diloco.protocol.trust.envelopes import pack_payload, read_signed, store_signed, unpack_payload
 from diloco.protocol.trust.identity import Identity, signing_input, verify
+from diloco.protocol.wire.run_id import check_run_id, config_hash
 
 logger = logging.getLogger(__name__)
 

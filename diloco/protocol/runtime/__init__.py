@@ -1,6 +1,5 @@
-"""The node's handle on the swarm::
+"""What the node's swarm handle (``protocol.swarm``) runs on::
 
-swarm         Swarm: the DHT, p2pd and the protocol's event-loop thread
 network       NetworkOptions: listen / announce addresses, identity, relays, key
 dht_upkeep    peers the DHT dropped (a stall of either side) are pinged back every 10 s
 processes     the DHT process's p2pd held by pidfd, stopped if shutdown stalls

@@ -34,7 +34,6 @@ import struct
 from dataclasses import dataclass
 
 from diloco.errors import ProtocolError
-from diloco.protocol.records.run_id import DIGEST_BYTES
 from diloco.protocol.wire.frames import (
     GROUP_ID_BYTES,
     MAX_GROUP_SIZE,
@@ -44,6 +43,7 @@ from diloco.protocol.wire.frames import (
     require,
 )
 from diloco.protocol.wire.part import PartHead
+from diloco.protocol.wire.run_id import DIGEST_BYTES
 
 MAX_SAMPLES = 64
 """Blocks a member may ask about in one part: bounds the work one CHECK_REQ causes."""

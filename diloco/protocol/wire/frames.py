@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 from diloco.errors import ProtocolError
-from diloco.protocol.records.run_id import DIGEST_BYTES
+from diloco.protocol.wire.run_id import DIGEST_BYTES
 
 MAGIC = b"DL"
 PROTOCOL_VERSION = 1

@@ -7,7 +7,6 @@ import math
 import struct
 from dataclasses import dataclass
 
-from diloco.protocol.records.run_id import DIGEST_BYTES
 from diloco.protocol.wire.frames import (
     GROUP_ID_BYTES,
     MAX_GROUP_SIZE,
@@ -19,6 +18,7 @@ from diloco.protocol.wire.frames import (
     require,
     unpack_mask,
 )
+from diloco.protocol.wire.run_id import DIGEST_BYTES
 
 _ROUND_GROUP = struct.Struct(f"!{DIGEST_BYTES}sII{GROUP_ID_BYTES}s")
 _U16 = struct.Struct("!H")

@@ -13,8 +13,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
-from diloco.protocol.records.run_id import DIGEST_BYTES
 from diloco.protocol.wire.frames import SHA256_BYTES, Buffer, require
+from diloco.protocol.wire.run_id import DIGEST_BYTES
 
 _U16 = struct.Struct("!H")
 _U32 = struct.Struct("!I")

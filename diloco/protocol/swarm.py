@@ -51,7 +51,6 @@ from diloco.protocol.records.nodes import (
     read_records,
     record_validator,
 )
-from diloco.protocol.records.run_id import check_run_id, run_digest
 from diloco.protocol.runtime import processes
 from diloco.protocol.runtime.dht_upkeep import start_upkeep
 from diloco.protocol.runtime.event_loop import new_event_loop
@@ -66,6 +65,7 @@ from diloco.protocol.trust.bans import BanList
 from diloco.protocol.trust.envelopes import SigningDHT
 from diloco.protocol.trust.stalls import StallWatch
 from diloco.protocol.trust.swarm_key import AUTH_TIMEOUT, ClosedSwarm, ClosedTransport
+from diloco.protocol.wire.run_id import check_run_id, run_digest
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

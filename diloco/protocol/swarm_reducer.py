@@ -33,9 +33,9 @@ from diloco.protocol.matchmaking.matchmaker import Matchmaker
 from diloco.protocol.records.nodes import read_records
 from diloco.protocol.runtime import round_trips
 from diloco.protocol.runtime.processes import HelperEnded
-from diloco.protocol.runtime.swarm import Swarm
 from diloco.protocol.staged.groups import grid_for
 from diloco.protocol.staged.runner import StagedRunner
+from diloco.protocol.swarm import Swarm
 from diloco.protocol.trust.envelopes import SigningDHT
 from diloco.protocol.wire.frames import Join
 
