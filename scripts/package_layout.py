@@ -67,12 +67,12 @@ def main() -> None:
 
     @functools.cache
     def chain(module: str) -> tuple[str, ...]:
-        below = [chain(m) for m in graph[module]]
+        below = [chain(m) for m in sorted(graph[module])]
         return (module, *max(below, key=len, default=()))
 
     lines = {m: len(text.splitlines()) for m, text in modules.items()}
     largest = max(lines, key=lines.__getitem__)
-    deepest = max((chain(m) for m in modules), key=len)
+    deepest = max((chain(m) for m in sorted(modules)), key=len)
     root = args.package.rstrip("/").replace("/", ".")
     folders: dict[str, int] = {}
     for m in modules:
