@@ -8,6 +8,7 @@ import logging
 import pytest
 from hivemind.p2p import PeerID
 
+import diloco.protocol.trust.stalls
 from diloco.protocol.trust.bans import BanList
 from diloco.protocol.trust.stalls import MEMORY_S, STALL_S, TICK_S, StallWatch
 from diloco.protocol.wire.frames import RejectCode
@@ -181,14 +182,17 @@ def test_ticks_on_time_are_no_stall_and_a_late_one_is(caplog: pytest.LogCaptureF
     assert f"this node stood for {STALL_S + 0.1:.1f} s" in caplog.text
 
 
-def test_the_watch_ticks_on_its_loop(caplog: pytest.LogCaptureFixture) -> None:
+def test_the_watch_ticks_on_its_loop(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     clock = Clock()
     stalls = StallWatch(clock)
+    monkeypatch.setattr(diloco.protocol.trust.stalls, "TICK_S", 0.01)
 
     async def main() -> None:
         watch = asyncio.create_task(stalls.run())
         clock.now += 2 * STALL_S  # the clock jumps as a stop would make it
-        await asyncio.sleep(2.5 * TICK_S)  # real time: the watch ticks meanwhile
+        await asyncio.sleep(0.05)  # real time: the watch ticks meanwhile
         watch.cancel()
 
     with caplog.at_level(logging.WARNING):
