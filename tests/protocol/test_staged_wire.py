@@ -200,9 +200,12 @@ def test_member_dying_as_it_delivers_its_stage_1_part_is_stood_in_for() -> None:
     victim's cell value: all 11 survivors hold the staged mean of all 12."""
     victim = 3
     # a tenth of the timeouts: nothing is signed here, and the two failed groups wait
-    # for the dead member's report until the report deadline (the sum of the all-reduce's
-    # timeouts: 2.4 s), while a stage of this round takes about 0.05 s
-    fast = TIMEOUTS.scaled(0.1)
+    # for the dead member's report until the report deadline (the test takes 3.7 s),
+    # while a stage of this round takes about 0.05 s. But 2 s to send
+    # and 0.5 s to connect (0.8 and 0.2 at a tenth): on two busy cores (a CI's two
+    # workers) every exchange of stage 0 ran past its 1.4 s part deadline once, the
+    # process stood, and every member's round failed.
+    fast = dataclasses.replace(TIMEOUTS.scaled(0.1), sender_timeout=2.0, connect_timeout=0.5)
     results = asyncio.run(_round("none", victim, die_in=1, delivering=True, timeouts=fast))
     plan = _plan()
     expected = staged_mean(plan, deltas(), get_codec("none"), lost={victim: 1}).values[0]
