@@ -191,6 +191,7 @@ def test_the_watch_ticks_on_its_loop(
 
     async def main() -> None:
         watch = asyncio.create_task(stalls.run())
+        await asyncio.sleep(0.02)  # the watch runs
         clock.now += 2 * STALL_S  # the clock jumps as a stop would make it
         await asyncio.sleep(0.05)  # real time: the watch ticks meanwhile
         watch.cancel()
@@ -198,3 +199,23 @@ def test_the_watch_ticks_on_its_loop(
     with caplog.at_level(logging.WARNING):
         asyncio.run(main())
     assert f"this node stood for {2 * STALL_S:.1f} s" in caplog.text
+
+
+def test_the_seconds_before_the_watch_runs_are_no_stall(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The swarm makes its watch, then starts its DHT (seconds on a loaded machine), then
+    its loop: the watch counts from its loop's start."""
+    clock = Clock()
+    stalls = StallWatch(clock)
+    monkeypatch.setattr(diloco.protocol.trust.stalls, "TICK_S", 0.01)
+    clock.now += 2 * STALL_S  # the DHT's start
+
+    async def main() -> None:
+        watch = asyncio.create_task(stalls.run())
+        await asyncio.sleep(0.05)
+        watch.cancel()
+
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(main())
+    assert "stood" not in caplog.text and not stalls.stalled()

@@ -59,7 +59,9 @@ class StallWatch:
         return self._stall_ended is not None and now - self._stall_ended <= MEMORY_S
 
     async def run(self) -> None:
-        """Tick every ``TICK_S`` until cancelled (on the loop whose stalls count)."""
+        """Tick every ``TICK_S`` until cancelled (on the loop whose stalls count). The watch
+        starts now: the seconds before (the DHT's start, before the loop runs) are no stall."""
+        self._last_tick = self._clock()
         while True:
             await asyncio.sleep(TICK_S)
             self.tick()
