@@ -105,8 +105,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     folder = tmp_path_factory.mktemp("attacks")
     started: list[Node | Hostile] = []
     try:
-        run = ["--name", "atk", "--steps", str(STEPS), "--wait-for-peers", "1"]
-        a = Node("a", ["start", *run, *FAST, *listen(2)], folder)
+        creator = ["--name", "atk", "--steps", str(STEPS), "--wait-for-peers", "1"]
+        a = Node("a", ["start", *creator, *FAST, *listen(2)], folder)
         started.append(a)
         # b's and c's processes import the node meanwhile; they start it when told (``go``)
         b, c = WarmNode("b", folder), WarmNode("c", folder)
