@@ -138,6 +138,7 @@ class Swarm:
         self._loop = new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name="diloco-swarm", daemon=True)
         self._thread.start()
+        # kept: the loop holds its tasks weakly
         self._watching = asyncio.run_coroutine_threadsafe(self.stalls.run(), self._loop)
         self._state_server: StateServer | None = None
         try:

@@ -106,16 +106,24 @@ def listen(host: int) -> list[str]:
 
 class Node:
     def __init__(self, name: str, args: list[str], folder: Path) -> None:
+        metrics = ["--metrics-out", str(folder / f"{name}.jsonl")]
+        self._spawn(name, folder, ["-m", "diloco", *args, *metrics])
+
+    def _spawn(self, name: str, folder: Path, command: list[str], stdin: int | None = None) -> None:
+        """``python COMMAND`` in a session of its own, its output in ``NAME.log``; the node
+        writes its metrics to ``NAME.jsonl``."""
         self.name = name
         self.log = folder / f"{name}.log"
         self.metrics = folder / f"{name}.jsonl"
         with self.log.open("w") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "diloco", *args, "--metrics-out", str(self.metrics)],
+                [sys.executable, *command],
+                stdin=stdin,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                text=True,
             )
 
     def output(self) -> str:
@@ -174,19 +182,7 @@ class WarmNode(Node):
     would otherwise wait for once it needs the node."""
 
     def __init__(self, name: str, folder: Path) -> None:
-        self.name = name
-        self.log = folder / f"{name}.log"
-        self.metrics = folder / f"{name}.jsonl"
-        with self.log.open("w") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, str(WARM)],
-                stdin=subprocess.PIPE,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                text=True,
-            )
+        self._spawn(name, folder, [str(WARM)], stdin=subprocess.PIPE)
 
     def go(self, args: list[str]) -> WarmNode:
         """Run ``diloco-node ARGS --metrics-out FILE`` in the waiting process."""

@@ -167,8 +167,8 @@ class Follower:
                 if now >= deadline:
                     raise asyncio.TimeoutError
                 if now >= due:
-                    silence = f"round {key}: no answer to a JOIN by its due time"
-                    self.bans.offend(target, silence, silence=True)
+                    why = f"round {key}: no answer to a JOIN by its due time"
+                    self.bans.offend(target, why, silence=True)
                     logger.warning("round %s: %s is silent, the next in line leads", key, target)
                     return None
                 wake = min(due, deadline)
