@@ -10,7 +10,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -172,6 +172,16 @@ class SwarmReducer(Reducer):
         self.matchmaker.target_group_size = size
         self.matchmaker.live_nodes = live_nodes
         self.matchmaker.counted = counted
+
+    def reached_before(self, keys: Iterable[RoundKey]) -> None:
+        """From any thread, before the rounds start: ``keys``, the rounds this node's
+        previous process reached by its notes, are sat out (``Ahead.reached_before``)."""
+        rounds = list(keys)
+
+        async def note() -> None:
+            self.matchmaker.reached_before(rounds)
+
+        self.swarm.call(note())
 
     def close(self) -> None:
         """Stop answering this reducer's streams; rounds in flight fail or finish by their

@@ -74,6 +74,28 @@ def test_resume_equals_uninterrupted_run(corpus, tmp_path) -> None:
         assert a.sha256() == b.sha256() and a.version == b.version >= 5
 
 
+def test_a_resumed_trainer_knows_the_rounds_its_earlier_process_reached(corpus, tmp_path) -> None:
+    """A process killed at step 16 after a checkpoint at 12; the one resumed from it finds
+    the rounds the first sent after 12 in the notes, those to sit out (H 6, 5 fragments:
+    fragment p sends round k at step p + 6k, so 13-16 sent round 2 of fragments 1-4), and
+    keeps them in the file when it notes its own."""
+    first = make(corpus, tmp_path)
+    assert first.sync.num_fragments == 5
+    while first.step < 12:
+        first.train_step()
+    assert first.save_checkpoint() is not None
+    while first.step < 16:
+        first.train_step()
+    expected = {RoundKey(1, 2), RoundKey(2, 2), RoundKey(3, 2), RoundKey(4, 2)}
+    second = make(corpus, tmp_path)
+    assert second.resume_latest() is not None and second.step == 12
+    assert second.reached_before == expected
+    second.train_step()  # sends round 2 of fragment 1 again, a note of its own
+    third = make(corpus, tmp_path)
+    assert third.resume_latest() is not None and third.reached_before == expected
+    assert make(corpus, tmp_path / "fresh").reached_before == set()
+
+
 class WeightsReducer(InProcessReducer):
     """Remembers the weight of every contribution it is handed."""
 

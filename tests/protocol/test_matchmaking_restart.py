@@ -121,3 +121,29 @@ def test_a_round_the_previous_process_only_announced_is_taken_as_usual() -> None
     groups, old, new = asyncio.run(main())
     assert groups[0].group_id == groups[1].group_id
     assert new > old  # its own declaration replaced the old one
+
+
+def test_a_round_its_previous_process_noted_is_sat_out_whatever_its_declaration_says() -> None:
+    """The previous process announced the round ahead with a long lead (its declaration
+    due 10 s after the restart), reached the send step sooner and formed a group, then died;
+    its notes in the checkpoint folder say it reached the round. The restarted node sits
+    it out, and its peer fails the round too; by the declaration alone the two formed the
+    round again (the test above)."""
+    other, node, previous = _restarted(30)
+    node.restarted_at = get_dht_time()
+    node.reached_before([KEY])
+
+    async def main() -> list[GroupInfo | BaseException]:
+        await other.start()
+        await node.start()
+        await _previous_process_declared(previous, due=node.restarted_at + 10.0)
+        return list(
+            await asyncio.gather(
+                *(p.form_group(KEY, NUMEL, 0, 0, 1.0, PRIOR) for p in (node, other)),
+                return_exceptions=True,
+            )
+        )
+
+    mine, theirs = asyncio.run(main())
+    assert isinstance(mine, RoundFailed) and EARLIER_PROCESS in str(mine), mine
+    assert isinstance(theirs, RoundFailed), theirs

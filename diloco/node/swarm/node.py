@@ -39,6 +39,7 @@ from diloco.codecs import get_codec
 from diloco.node.config import NodeOptions, RoundOptions, RunConfig, return_codec_for
 from diloco.node.evidence.witness import Witness, WitnessedRound
 from diloco.node.observe.recent_metrics import RecentMetrics
+from diloco.node.observe.round_events import round_event
 from diloco.node.observe.traffic import data_parallel_bytes
 from diloco.node.swarm.before_send import heal_before_send, hold_seconds
 from diloco.node.swarm.first_step import wait_for_peers
@@ -145,6 +146,7 @@ class SwarmNode:
             self.snapshot = self._snapshot()
             self.metrics: TextIO | None = open(metrics_out, "a") if metrics_out else None  # noqa: SIM115
             self.resumed_from = self.trainer.resume_latest() if resume else None
+            self.reducer.reached_before(self.trainer.reached_before)
             self.witness.restored = frozenset(
                 (r.key.fragment, r.key.round) for r in self.trainer.sync.pending
             )
@@ -265,32 +267,6 @@ class SwarmNode:
             self.metrics.flush()
         self.on_event(record)
 
-    def _round_record(self, applied: AppliedRound, final: bool = False) -> dict[str, Any]:
-        """A round's metrics record; ``final``: applied at the run's end, before its receive
-        step (its wait is the end's, not a step's)."""
-        key = applied.key
-        head = {"step": self.trainer.step, "fragment": key.fragment, "round": key.round}
-        if final:
-            head["final"] = True
-        if not applied.ok:
-            failed = {"blocked_seconds": applied.blocked_seconds, "error": applied.error}
-            return {"event": "round_failed", **head, **failed}
-        return {
-            "event": "round",
-            **head,
-            "members": len(applied.members),
-            "bytes_sent": applied.bytes_sent,
-            "bytes_received": applied.bytes_received,
-            "seconds": applied.seconds,
-            "matchmaking_seconds": applied.matchmaking_seconds,
-            "blocked_seconds": applied.blocked_seconds,
-            "weight": applied.weight,
-            "outer_sha256": applied.outer_sha256,
-            "prior_sha256": applied.prior_sha256,
-            "round_trips": len(applied.round_trips),
-            "critical_path": [[kind, round(s, 4)] for kind, s in applied.round_trips],
-        }
-
     def train(self) -> dict[str, Any]:
         """Train until the run's last step or ``stop_event``; returns the summary."""
         t = self.trainer
@@ -406,7 +382,7 @@ class SwarmNode:
 
     def _record_rounds(self, applied: list[AppliedRound], final: bool = False) -> None:
         for round_ in applied:
-            self._emit(self._round_record(round_, final))
+            self._emit(round_event(round_, self.trainer.step, final))
             self.failed_rounds += not round_.ok
             if round_.ok:
                 self.failures.succeeded(len(round_.members))

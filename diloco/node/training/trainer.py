@@ -17,6 +17,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -43,9 +44,11 @@ from diloco.node.training.inner import build_inner_optimizer, lr_at, sampled_inn
 from diloco.node.training.outer import FragmentSync, check_tau
 from diloco.node.training.pace import PaceController, weigh_claims
 from diloco.node.training.pending import AppliedRound
+from diloco.node.training.sent_rounds import SentRounds
 from diloco.node.training.tau import LATENCY_QUANTILE, TauAuto, nearest_rank, tau_bounds
-from diloco.protocol.core.reducer import Reducer
+from diloco.protocol.core.reducer import Contribution, Reducer, RoundKey, RoundResult
 from diloco.protocol.state.fragment import FragmentState
+from diloco.protocol.wire.run_id import make_run_id
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +115,14 @@ class NodeTrainer:
         self.checkpoints = (
             CheckpointManager(options.checkpoint_dir) if options.checkpoint_dir else None
         )
+        self.sent_rounds = (
+            SentRounds(options.checkpoint_dir, make_run_id(run.name, run.to_dict()))
+            if options.checkpoint_dir
+            else None
+        )
+        """Each round noted before it starts (``diloco.node.training.sent_rounds``)."""
+        self.reached_before: set[RoundKey] = set()
+        """Rounds an earlier process reached past the checkpoint this one resumed from."""
         self.step = 0
         self.compute_seconds = 0.0
         self.blocked_seconds = 0.0
@@ -156,7 +167,7 @@ class NodeTrainer:
         self._pace(time.perf_counter() - start)  # the sleep's overshoot on a busy CPU too
         self.rows_trained += rows
         self.sync.record_tokens(rows * self.run.seq_len)
-        self.sync.send_due(self.step, lambda key, c: self.reducer.reduce(key, [c]))
+        self.sync.send_due(self.step, self._reduce)
         seconds = time.perf_counter() - start
         self.compute_seconds += seconds
         applied = self.sync.apply_due(self.step)
@@ -166,6 +177,11 @@ class NodeTrainer:
         self.announcer.announce(self.sync, self.step, self.run.steps, tokens, wall)
         self._choose_tau(seconds, applied)
         return loss, applied
+
+    def _reduce(self, key: RoundKey, contribution: Contribution) -> Future[RoundResult]:
+        if self.sent_rounds is not None:
+            self.sent_rounds.note(key)
+        return self.reducer.reduce(key, [contribution])
 
     def _choose_tau(self, step_seconds: float, applied: list[AppliedRound]) -> None:
         """``--tau auto``: count this step's compute and its applied rounds' latencies (send
@@ -350,9 +366,13 @@ class NodeTrainer:
             CheckpointError: checkpoints exist and none is usable (each one's reason logged).
             ConfigError: the newest readable one belongs to another run configuration.
         """
-        if self.checkpoints is None:
+        if self.checkpoints is None or self.sent_rounds is None:
             return None
-        return self.checkpoints.load_latest(self._restore)
+        path = self.checkpoints.load_latest(self._restore)
+        if path is not None:
+            h, fragments = self.run.outer.sync_every, self.sync.num_fragments
+            self.reached_before = self.sent_rounds.reached_after(self.step, h, fragments)
+        return path
 
     def _restore(self, path: Path, checkpoint: Checkpoint) -> None:
         state = checkpoint.state

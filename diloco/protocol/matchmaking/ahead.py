@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Iterable
 
 from hivemind.utils import get_dht_time
 
@@ -67,6 +68,16 @@ class Ahead(Follower):
     restarted with the same identity: ``earlier_process_in``); None: a fresh identity."""
     _earlier_rounds: set[RoundKey]
     """Rounds that this node's previous process reached (``earlier_process_in``)."""
+    _noted_before: set[RoundKey]
+    """Rounds that this node's previous process noted it reached (``reached_before``)."""
+
+    def reached_before(self, keys: Iterable[RoundKey]) -> None:
+        """Rounds this node's previous process reached the send step of, by its own notes
+        (the node's ``diloco.node.training.sent_rounds``): ``earlier_process_in`` sits each
+        out, whatever its old declaration says. A declaration announced ahead expires up to
+        twice its lead after the send step, so a round the old process reached just before
+        it died looked like one it only announced (docs/design.md "Healing and joining")."""
+        self._noted_before.update(keys)
 
     async def earlier_process_in(self, key: RoundKey) -> bool:
         """Whether this node's previous process reached round ``key``'s send step, read
@@ -83,6 +94,9 @@ class Ahead(Follower):
         ``MAX_RECORD_TTL`` seconds, so after that nothing is read."""
         if key in self._earlier_rounds:
             return True
+        if key in self._noted_before:
+            self._noted_before.discard(key)
+            return self._sit_out(key, "by its notes")
         started = self.restarted_at
         if started is None or key in self._declared_until:
             return False
@@ -103,7 +117,12 @@ class Ahead(Follower):
         due = old[1] - (t.matchmaking + t.allreduce)  # when it would reach its send step
         if due > started + t.matchmaking_window:
             return False
-        logger.warning("round %s: this node's previous process was in it: healing instead", key)
+        return self._sit_out(key, "by its declaration")
+
+    def _sit_out(self, key: RoundKey, evidence: str) -> bool:
+        logger.warning(
+            "round %s: this node's previous process was in it (%s): healing instead", key, evidence
+        )
         self._earlier_rounds.add(key)
         self.late.ended(key)  # JOINs that follow its old declaration are told GROUP_CLOSED
         return True

@@ -152,6 +152,7 @@ class Matchmaker(JoinAnswers):
         self._declared_until: dict[RoundKey, float] = {}
         self.restarted_at: float | None = None
         self._earlier_rounds: set[RoundKey] = set()
+        self._noted_before: set[RoundKey] = set()
         self.late = LatePeers()
         """Peers whose JOINs came after this node's rounds ended (``late``)."""
         self._answer_wait = RoundBudget.of(timeouts).join_answer()
