@@ -376,8 +376,10 @@ def run_chaos(config: ChaosConfig, folder: Path, timeout: float = 3600.0) -> dic
     rng = random.Random(config.seed)
     try:
         swarm.launch()
-        first = config.checkpoint_every + 1
-        swarm.wait_all(lambda n: n.step() >= first, timeout=timeout / 4)
+        # Every node's first checkpoint: a joiner starts at the swarm's step, and one that
+        # joined after the creator's first checkpoint has none at that step yet (killed
+        # before its own, it started afresh instead of resuming).
+        swarm.wait_all(swarm.has_checkpoint, timeout=timeout / 4)
         if config.faults:
             swarm.wait_all(swarm.worked_with_creator, timeout=timeout / 4)
         n = 0

@@ -96,6 +96,14 @@ def test_a_resumed_trainer_knows_the_rounds_its_earlier_process_reached(corpus, 
     assert make(corpus, tmp_path / "fresh").reached_before == set()
 
 
+def test_slow_down_multiplies_compute_not_a_stop_of_the_process(corpus, tmp_path) -> None:
+    """``--slow-down``: a step's sleep follows its compute; a step a SIGSTOP stretched to 6 s
+    among steps of 0.1 s sleeps as a step of 0.4 s (four times the recent median)."""
+    trainer = make(corpus, tmp_path, slow_down=3.0)
+    seen = [trainer._compute(s) for s in (0.1, 0.12, 0.08, 0.1, 6.0, 0.1)]
+    assert seen == [0.1, 0.12, 0.08, 0.1, pytest.approx(0.4), 0.1]
+
+
 class WeightsReducer(InProcessReducer):
     """Remembers the weight of every contribution it is handed."""
 

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import asdict
@@ -51,6 +52,11 @@ from diloco.protocol.state.fragment import FragmentState
 from diloco.protocol.wire.run_id import make_run_id
 
 logger = logging.getLogger(__name__)
+
+SLOW_DOWN_STALL = 4.0
+"""A step longer than this many times the recent median is slowed down by that bound."""
+SLOW_DOWN_MEMORY = 16
+"""Steps whose compute seconds the bound's median is taken over."""
 
 
 RoundCallback = Callable[[AppliedRound], None]
@@ -122,6 +128,8 @@ class NodeTrainer:
         )
         """Each round noted before it starts (``diloco.node.training.sent_rounds``)."""
         self.reached_before: set[RoundKey] = set()
+        self._recent_compute: deque[float] = deque(maxlen=SLOW_DOWN_MEMORY)
+        """The last steps' compute seconds, for ``--slow-down`` (``_compute``)."""
         """Rounds an earlier process reached past the checkpoint this one resumed from."""
         self.step = 0
         self.compute_seconds = 0.0
@@ -163,7 +171,7 @@ class NodeTrainer:
             self.device,
         )
         if self.options.slow_down > 1:
-            time.sleep((self.options.slow_down - 1) * (time.perf_counter() - start))
+            time.sleep((self.options.slow_down - 1) * self._compute(time.perf_counter() - start))
         self._pace(time.perf_counter() - start)  # the sleep's overshoot on a busy CPU too
         self.rows_trained += rows
         self.sync.record_tokens(rows * self.run.seq_len)
@@ -177,6 +185,17 @@ class NodeTrainer:
         self.announcer.announce(self.sync, self.step, self.run.steps, tokens, wall)
         self._choose_tau(seconds, applied)
         return loss, applied
+
+    def _compute(self, seconds: float) -> float:
+        """What ``--slow-down`` multiplies: this step's ``seconds``, but at most
+        ``SLOW_DOWN_STALL`` times the median of the last steps'. A step that a stop of the
+        process (SIGSTOP, a machine asleep) stretched is no slower device: multiplied, a
+        6 s stop in the chaos run held the node 12 s more."""
+        recent = sorted(self._recent_compute)
+        self._recent_compute.append(seconds)
+        if not recent:
+            return seconds
+        return min(seconds, SLOW_DOWN_STALL * recent[len(recent) // 2])
 
     def _reduce(self, key: RoundKey, contribution: Contribution) -> Future[RoundResult]:
         if self.sent_rounds is not None:
