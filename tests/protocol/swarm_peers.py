@@ -310,8 +310,12 @@ def peer_main(
             elif command == "forgive":  # a fresh start between tests of the shared pool
                 swarm.bans._peers.clear()
                 reducer.demotion = Demotion()  # faults of earlier tests failed its parts
-                # late JOINs of earlier tests would keep it on the widest window for a minute
+                # late JOINs of earlier tests would keep it on the widest window for a minute,
+                # and so would the peers it served state to, taken at its next round
                 reducer.matchmaker.late = LatePeers()
+                swarm.take_state_takers()
+                # a slow test's round trips would stretch the next tests' windows
+                reducer.rtt_samples.clear()
                 _notify(("ok",))
             elif command == "reduce":
                 futures = [

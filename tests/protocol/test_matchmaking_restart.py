@@ -55,18 +55,16 @@ async def _previous_process_declared(previous: MemoryDHT, due: float) -> float:
     return expiration
 
 
-def test_a_restarted_node_sits_out_a_round_its_previous_process_declared() -> None:
-    """The restarted node (its identity reused) finds its own peer id declared in the round
-    before declaring: it fails the round at once (it heals instead), and the peer that
-    would have formed a second group with it fails too. Without the check the two formed
-    a group."""
-    other, node, previous = _restarted(0)
-    node.restarted_at = get_dht_time()
+def _both_form(
+    other: Matchmaker, node: Matchmaker, previous: MemoryDHT, due: float
+) -> list[GroupInfo | BaseException]:
+    """The previous process's declaration due at ``due``, then the restarted node and its
+    peer both form the round: each one's group, or why it failed."""
 
     async def main() -> list[GroupInfo | BaseException]:
         await other.start()
         await node.start()
-        await _previous_process_declared(previous, due=node.restarted_at - 1.0)
+        await _previous_process_declared(previous, due)
         return list(
             await asyncio.gather(
                 *(p.form_group(KEY, NUMEL, 0, 0, 1.0, PRIOR) for p in (node, other)),
@@ -74,7 +72,17 @@ def test_a_restarted_node_sits_out_a_round_its_previous_process_declared() -> No
             )
         )
 
-    mine, theirs = asyncio.run(main())
+    return asyncio.run(main())
+
+
+def test_a_restarted_node_sits_out_a_round_its_previous_process_declared() -> None:
+    """The restarted node (its identity reused) finds its own peer id declared in the round
+    before declaring: it fails the round at once (it heals instead), and the peer that
+    would have formed a second group with it fails too. Without the check the two formed
+    a group."""
+    other, node, previous = _restarted(0)
+    node.restarted_at = get_dht_time()
+    mine, theirs = _both_form(other, node, previous, due=node.restarted_at - 1.0)
     assert isinstance(mine, RoundFailed) and EARLIER_PROCESS in str(mine), mine
     assert isinstance(theirs, RoundFailed), theirs
 
@@ -132,18 +140,6 @@ def test_a_round_its_previous_process_noted_is_sat_out_whatever_its_declaration_
     other, node, previous = _restarted(30)
     node.restarted_at = get_dht_time()
     node.reached_before([KEY])
-
-    async def main() -> list[GroupInfo | BaseException]:
-        await other.start()
-        await node.start()
-        await _previous_process_declared(previous, due=node.restarted_at + 10.0)
-        return list(
-            await asyncio.gather(
-                *(p.form_group(KEY, NUMEL, 0, 0, 1.0, PRIOR) for p in (node, other)),
-                return_exceptions=True,
-            )
-        )
-
-    mine, theirs = asyncio.run(main())
+    mine, theirs = _both_form(other, node, previous, due=node.restarted_at + 10.0)
     assert isinstance(mine, RoundFailed) and EARLIER_PROCESS in str(mine), mine
     assert isinstance(theirs, RoundFailed), theirs
