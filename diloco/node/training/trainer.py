@@ -128,9 +128,9 @@ class NodeTrainer:
         )
         """Each round noted before it starts (``diloco.node.training.sent_rounds``)."""
         self.reached_before: set[RoundKey] = set()
+        """Rounds an earlier process reached past the checkpoint this one resumed from."""
         self._recent_compute: deque[float] = deque(maxlen=SLOW_DOWN_MEMORY)
         """The last steps' compute seconds, for ``--slow-down`` (``_compute``)."""
-        """Rounds an earlier process reached past the checkpoint this one resumed from."""
         self.step = 0
         self.compute_seconds = 0.0
         self.blocked_seconds = 0.0
@@ -198,6 +198,7 @@ class NodeTrainer:
         return min(seconds, SLOW_DOWN_STALL * recent[len(recent) // 2])
 
     def _reduce(self, key: RoundKey, contribution: Contribution) -> Future[RoundResult]:
+        """Start round ``key``, noted first (a process resumed later sits it out)."""
         if self.sent_rounds is not None:
             self.sent_rounds.note(key)
         return self.reducer.reduce(key, [contribution])
