@@ -15,9 +15,10 @@ pytestmark = pytest.mark.swarm
 
 
 def test_chaos_kills_and_freezes_leave_survivors_equal_and_finishing(tmp_path) -> None:
-    # 35-57 s on 2 busy cores. The faults wait for the creator to have worked with each
-    # joiner (by step 21-69 in 6 runs: a slow joiner gets its first round with the creator
-    # late), and a restarted joiner may need 50 steps to be back in line: hence 150 steps.
+    # 35-57 s on 2 busy cores. The faults wait for every node's first checkpoint (the
+    # killed joiner resumes) and for the creator to have worked with each joiner (by step
+    # 21-69 in 6 runs: a slow joiner gets its first round with the creator late), and a
+    # restarted joiner may need 50 steps to be back in line: hence 150 steps.
     config = ChaosConfig(
         nodes=3,
         steps=150,

@@ -190,7 +190,7 @@ class NodeTrainer:
         """What ``--slow-down`` multiplies: this step's ``seconds``, but at most
         ``SLOW_DOWN_STALL`` times the median of the last steps'. A step that a stop of the
         process (SIGSTOP, a machine asleep) stretched is no slower device: multiplied, a
-        6 s stop in the chaos run held the node 12 s more."""
+        6 s stop in a chaos run on slowed steps held the node 12 s more."""
         recent = sorted(self._recent_compute)
         self._recent_compute.append(seconds)
         if not recent:
