@@ -10,10 +10,10 @@ widest window any round trip may set (``RoundBudget.of``, ``out_of_step``), its 
 arrives within it, and from that round on both apply at the same step. The early node
 gets no late JOIN when its peers formed the round without it; its evidence is then a round
 it led that found none of the peers it saw work (``alone``). A peer that took this node's
-state (a joiner, a healer) is out of step with it too, until they met or, if they never
-do, for ``TAKER_ROUNDS`` of this node's rounds (``took_state``). The wider window costs
-nothing in a round whose peers all come: a round ends as soon as they have. Bounded like
-any peer's word: the peers kept are at most ``MAX_LATE`` and forgotten after
+state (a joiner, a healer) is out of step with it too, until they met (``took_state``).
+The wider window costs nothing in a round whose peers all come: a round ends as soon as
+they have. Bounded
+like any peer's word: the peers kept are at most ``MAX_LATE`` and forgotten after
 ``LATE_MEMORY`` seconds (docs/design.md "The round").
 """
 
@@ -32,12 +32,6 @@ LATE_MEMORY = 60.0
 """Seconds a late JOIN keeps this node waiting the widest window (the peer may have left)."""
 MAX_LATE = 64
 """Late peers kept at most (the oldest go first): JOINs cost their sender nothing."""
-TAKER_ROUNDS = 8
-"""Rounds this node ends after a peer first took its state, while that peer, not met since,
-keeps it on the widest window. A joiner's first round is one of this node's next one or
-two; one that misses it sends a late JOIN, evidence of its own. A peer that takes the
-state again and again without ever coming (a hostile one did, every 2 s) kept every round
-on the widest window for the whole run."""
 
 
 class LatePeers:
@@ -48,17 +42,12 @@ class LatePeers:
         """Fragment -> the latest round this node ended (formed or failed)."""
         self._late: dict[PeerID, float] = {}
         """Peer -> when its last late JOIN came (loop time)."""
-        self._taken: dict[PeerID, tuple[float, int]] = {}
-        """Peer not met since it first took the state -> when, and ``_rounds`` then."""
-        self._rounds = 0
-        """Rounds this node ended."""
         self._alone: float | None = None
         """When a round this node led last found too few of the peers it saw work."""
 
     def ended(self, key: RoundKey) -> None:
         """This node's matchmaking of round ``key`` ended."""
         self._ended[key.fragment] = max(key.round, self._ended.get(key.fragment, key.round))
-        self._rounds += 1
 
     def came(self, peer: PeerID, key: RoundKey, now: float) -> bool:
         """A JOIN of ``peer`` for round ``key`` found no open lobby here: whether it came
@@ -75,13 +64,8 @@ class LatePeers:
         old) and looks for it in its rounds, so it is out of step until a group with it. At
         6 nodes and 200 ms the creator led its first round alone on its usual window, and
         the joiners' JOINs came after it had ended: the round failed for every node. A
-        download costs a paper key more than a JOIN, which can do the same. Taken again
-        before they met, the state renews nothing: the first take counts, for
-        ``TAKER_ROUNDS`` rounds."""
-        if peer not in self._taken:
-            self._taken[peer] = (when, self._rounds)
-            while len(self._taken) > MAX_LATE:
-                del self._taken[next(iter(self._taken))]
+        download costs a paper key more than a JOIN, which can do the same."""
+        self._mark(peer, when)
 
     def _mark(self, peer: PeerID, when: float) -> None:
         """``peer`` is out of step since ``when``; the oldest go first past ``MAX_LATE``."""
@@ -105,15 +89,10 @@ class LatePeers:
         self._alone = None
         for peer in members:
             self._late.pop(peer, None)
-            self._taken.pop(peer, None)
 
     def out_of_step(self, now: float) -> bool:
         """Whether, in the last ``LATE_MEMORY`` seconds, a peer JOINed one of this node's
         ended rounds and has not been in a group with it since, or a round it led found
-        none of the peers it counts and no group formed since, or a peer took its state in
-        its last ``TAKER_ROUNDS`` rounds and has not been in a group with it since."""
+        none of the peers it counts and no group formed since."""
         recent = [*self._late.values(), *([self._alone] if self._alone is not None else [])]
-        recent += [
-            when for when, rounds in self._taken.values() if self._rounds - rounds < TAKER_ROUNDS
-        ]
         return any(now - when <= LATE_MEMORY for when in recent)
