@@ -3,7 +3,8 @@
 Runs the command, reads every process's CPU time in /proc every 0.3 s, and prints, once the
 command ends, the wall time and the CPU seconds each kind of process spent meanwhile:
 p2pd, a node's training process (``diloco`` on its command line, or the tests' warm
-``warm_node.py``) and its children (the DHT process), the tests' hostile peers, pytest.
+``warm_node.py``) and its children (the DHT process), the tests' hostile peers, the
+protocol tests' peers (started through a forkserver), pytest.
 A process that lived less than 0.3 s may be missed; its children's time is not folded
 into its own. Exits with the command's status.
 
@@ -42,13 +43,17 @@ def sample(seen: dict[int, tuple[str, int, float]]) -> None:
 
 
 def kind(command: str, parent: str) -> str:
+    """The kind of process ``command`` is, from its command line and its ``parent``'s (a
+    node's DHT process is a fork: the same command line as its parent's)."""
     if "p2pd" in command:
         return "p2pd"
+    if "pytest" in command:  # before "diloco": a checkout's path may hold that name
+        return "pytest"
+    if "multiprocessing.forkserver" in command:  # the protocol tests' peers, and their DHTs
+        return "forkserver peer"
     for mark, name in (("hostile", "hostile peer"), ("warm_node", "node"), ("diloco", "node")):
         if mark in command:
             return name + (" child" if mark in parent else "")
-    if "pytest" in command:
-        return "pytest"
     return "other"
 
 
