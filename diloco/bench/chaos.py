@@ -8,16 +8,14 @@ hit a swarm that has worked together: a node that has seen nobody work cannot te
 joiners from paper keys, so it cannot heal to their state (docs/design.md "Healing and
 joining"), and the run's first node works alone until the joiners are up.
 
-1. *kill*: SIGKILL a random joiner's node process alone (as the OOM killer does), either
-   at a random moment or, every other cycle, right after it logs a send step of the
-   schedule (docs/design.md "Algorithm and schedule": a round of its is then being matched
-   or reduced: mid-round); after a random downtime it is started again with ``--resume``
-   (same checkpoint folder) and the addresses of the nodes then running as initial peers;
-2. at once *freeze*: SIGSTOP a random other node's whole session (node, DHT process, p2pd:
-   a machine that stalls) for ``freeze_s``, longer than a round's deadline (matchmaking
-   window plus round timeout), then SIGCONT: the killed node restarts meanwhile. (With the
-   freeze first, the wait for the victim's send step stretched 6 s freezes to 10-18 s in 7
-   of 44: with the creator frozen, a joiner's steps wait on their rounds.)
+1. *freeze*: SIGSTOP a random node's whole session (node, DHT process, p2pd: a machine
+   that stalls) for ``freeze_s``, longer than a round's deadline (matchmaking window plus
+   round timeout), then SIGCONT;
+2. meanwhile *kill*: SIGKILL a random other joiner's node process alone (as the OOM killer
+   does), either at a random moment or, every other cycle, right after it logs a send step
+   of the schedule (docs/design.md "Algorithm and schedule": a round of its is then being matched or
+   reduced: mid-round); after a random downtime it is started again with ``--resume`` (same
+   checkpoint folder) and the addresses of the nodes then running as initial peers.
 
 The creator ``a`` is frozen but never killed: a restarted ``start`` node has no peers to
 bootstrap from. Then every node trains to the end. Recorded from the nodes' ``--metrics-out``
@@ -202,7 +200,7 @@ class Swarm:
         )
 
     def cycle(self, rng: random.Random, n: int) -> None:
-        """A kill and restart of a random joiner and, meanwhile, a freeze of another node."""
+        """One freeze of a random node and, meanwhile, a kill and restart of another."""
         c = self.config
         running = [x for x in self.nodes if x.alive()]
         frozen = rng.choice(running)
@@ -210,14 +208,12 @@ class Swarm:
         # a node with a checkpoint, when there is one: then --resume has something to resume
         saved = [x for x in joiners if self.has_checkpoint(x)]
         victim = rng.choice(saved or joiners)
-        moment = rng.uniform(0.0, 2.0)
-        if n % 2:
-            time.sleep(moment)  # a random moment; every other cycle, a send step (``kill``)
-        self.kill(victim, mid_round=n % 2 == 0)
         os.killpg(frozen.pid, signal.SIGSTOP)
         self.frozen.add(frozen.name)
         frozen_at = time.monotonic()
         self.log(action="freeze", node=frozen.name, step=frozen.step(), seconds=c.freeze_s)
+        time.sleep(rng.uniform(0.0, 2.0))
+        self.kill(victim, mid_round=n % 2 == 0)
         time.sleep(rng.uniform(*c.downtime_s))
         steps_before = self.steps_logged(victim)
         victim.restart(self.args(self.nodes.index(victim), resume=True))
