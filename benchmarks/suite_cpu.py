@@ -2,8 +2,9 @@
 
 Runs the command, reads every process's CPU time in /proc every 0.3 s, and prints, once the
 command ends, the wall time and the CPU seconds each kind of process spent meanwhile:
-p2pd, a node's training process (``diloco`` on its command line, or the tests' warm
-``warm_node.py``) and its children (the DHT process), the tests' hostile peers, the
+p2pd, the peers forked by ``diloco.bench.launcher`` (the tests' nodes and hostile peers:
+they have the launcher's command line), their children (DHT processes) and the launcher's
+servers, nodes started otherwise (``diloco`` on the command line) and their children, the
 protocol tests' peers (started through a forkserver), pytest.
 A process that lived less than 0.3 s may be missed; its children's time is not folded
 into its own. Exits with the command's status.
@@ -42,16 +43,19 @@ def sample(seen: dict[int, tuple[str, int, float]]) -> None:
         seen[pid] = (command, int(fields[1]), cpu)
 
 
-def kind(command: str, parent: str) -> str:
-    """The kind of process ``command`` is, from its command line and its ``parent``'s (a
-    node's DHT process is a fork: the same command line as its parent's)."""
+def kind(command: str, parent: str, grandparent: str) -> str:
+    """The kind of process ``command`` is, from its command line, its ``parent``'s and its
+    ``grandparent``'s (a fork has the command line of the process it was forked from)."""
     if "p2pd" in command:
         return "p2pd"
     if "pytest" in command:  # before "diloco": a checkout's path may hold that name
         return "pytest"
     if "multiprocessing.forkserver" in command:  # the protocol tests' peers, and their DHTs
         return "forkserver peer"
-    for mark, name in (("hostile", "hostile peer"), ("warm_node", "node"), ("diloco", "node")):
+    if "diloco.bench.launcher" in command:  # the server, a peer it forked, or the peer's fork
+        depth = sum("diloco.bench.launcher" in c for c in (parent, grandparent))
+        return ("launcher server", "forked peer", "forked peer's child")[depth]
+    for mark, name in (("hostile", "hostile peer"), ("diloco", "node")):
         if mark in command:
             return name + (" child" if mark in parent else "")
     return "other"
@@ -77,7 +81,8 @@ def main() -> int:
         used = cpu - before.get(pid, 0.0)
         if pid == mine or used <= 0.0:
             continue
-        name = kind(command, seen.get(parent_pid, ("", 0, 0.0))[0])
+        parent, grandparent_pid, _ = seen.get(parent_pid, ("", 0, 0.0))
+        name = kind(command, parent, seen.get(grandparent_pid, ("", 0, 0.0))[0])
         spent[name] += used
         count[name] += 1
     print(f"wall {wall:.1f} s, CPU {sum(spent.values()):.1f} s")

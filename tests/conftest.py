@@ -5,10 +5,10 @@ two cores, and OpenMP worker threads spinning on oversubscribed cores slow every
 times over.
 
 The tier rule: a test that starts a p2pd daemon, a DHT (its own process), or a peer
-process (``diloco-node``, its module, or a peer script of the tests) must be marked
-``swarm``, so ``pytest -m "not swarm"`` stays the fast, in-process tier. Short helper
-processes (``python -c``, the netns tool) are not peers. The guard below
-fails an unmarked test that does, naming what it started.
+process (``diloco-node``, its module, a peer script of the tests, or anything forked by
+``diloco.bench.launcher``) must be marked ``swarm``, so ``pytest -m "not swarm"`` stays the
+fast, in-process tier. Short helper processes (``python -c``, the netns tool) are not
+peers. The guard below fails an unmarked test that does, naming what it started.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import pytest
 import torch
 from hivemind import DHT
 from hivemind.p2p import P2P
+
+from diloco.bench.launcher import Child, Launcher
 
 torch.set_num_threads(1)
 
@@ -36,6 +38,7 @@ def _tier_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     dht_init = DHT.__init__
     p2p_create = P2P.create.__func__  # type: ignore[attr-defined]
     popen_init = subprocess.Popen.__init__
+    launcher_start = Launcher.start
 
     def dht(self: DHT, *args: Any, **kwargs: Any) -> None:
         if kwargs.get("start", False):
@@ -54,7 +57,13 @@ def _tier_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setattr(DHT, "__init__", dht)
     monkeypatch.setattr(P2P, "create", classmethod(p2p))
+
+    def fork(self: Launcher, argv: list[str], *rest: Any, **kwargs: Any) -> Child:
+        started.append(f"a forked process {' '.join(argv[:3])}")
+        return launcher_start(self, argv, *rest, **kwargs)
+
     monkeypatch.setattr(subprocess.Popen, "__init__", popen)
+    monkeypatch.setattr(Launcher, "start", fork)
     yield
     if started:
         pytest.fail(f"not marked swarm but starts {started[0]} (tier rule: tests/conftest.py)")

@@ -1,7 +1,8 @@
 """Real ``diloco-node`` processes for the long benchmarks (soak, chaos) and their tests.
 
-A ``NodeProcess`` is one ``python -m diloco`` process in a session of its own, with its log
-and its ``--metrics-out`` JSON lines in one folder. ``process_tree``, ``sample`` and
+A ``NodeProcess`` is one ``python -m diloco`` process in a session of its own (forked by
+``launcher``, which spares each node its imports), with its log and its ``--metrics-out``
+JSON lines in one folder. ``process_tree``, ``sample`` and
 ``footprint`` read ``/proc`` (Linux only; no psutil needed): the node's helper processes (the
 DHT process, ``p2pd``, torch's shared-memory manager) are found as its descendants by parent
 PID; ``left_behind`` says what of a killed node's footprint is still there.
@@ -12,12 +13,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from diloco.bench.launcher import Process, spawn
 
 PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 
@@ -36,25 +38,13 @@ class NodeProcess:
         self.metrics = folder / f"{name}.jsonl"
         self.process = self._spawn()
 
-    def _spawn(self) -> subprocess.Popen[bytes]:
+    def _spawn(self) -> Process:
+        """Forked by the shared launcher, or started with ``ip netns exec`` in a namespace."""
         self.log_offset = self.log.stat().st_size if self.log.exists() else 0
         inside = ["ip", "netns", "exec", self.namespace] if self.namespace else []
+        node = [sys.executable, "-m", "diloco", *self.args, "--metrics-out", str(self.metrics)]
         with self.log.open("a") as log:
-            return subprocess.Popen(
-                [
-                    *inside,
-                    sys.executable,
-                    "-m",
-                    "diloco",
-                    *self.args,
-                    "--metrics-out",
-                    str(self.metrics),
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
+            return spawn([*inside, *node], log, {**os.environ, "PYTHONUNBUFFERED": "1"})
 
     def restart(self, args: list[str]) -> None:
         """Start the node again with ``args`` (e.g. with ``--resume``); its log and metrics

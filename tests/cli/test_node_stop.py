@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from diloco.bench.launcher import spawn
+
 EXIT_BOUND_S = 120.0
 """Generous bound for a stopped node to exit (it takes seconds); a hang fails the test."""
 START_BOUND_S = 180.0
@@ -66,9 +68,7 @@ class _Node:
             *("--listen", "/ip4/127.0.0.1/tcp/0"),
         ]
         with open(self.log, "w") as out:
-            self.process = subprocess.Popen(
-                command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
+            self.process = spawn(command, out, dict(os.environ))
         self.helpers: list[int] = []
 
     def output(self) -> str:

@@ -36,6 +36,7 @@ import pytest
 from click.testing import CliRunner
 from test_swarm_node import SMALL, Node, listen, nodes  # noqa: F401  (the fixture)
 
+from diloco.bench import launcher
 from diloco.cli import main
 
 pytestmark = pytest.mark.swarm
@@ -54,13 +55,9 @@ class Hostile:
         self.log = log
         where = ["--initial-peers", address, "--listen", f"/ip4/127.0.0.{host}/tcp/0"]
         with log.open("w") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, HOSTILE, *where, "--keys", str(keys), *extra],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
+            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+            command = [sys.executable, HOSTILE, *where, "--keys", str(keys), *extra]
+            self.process = launcher.spawn(command, out, env)
 
     def report(self, timeout: float = 180.0) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
@@ -80,12 +77,11 @@ class Hostile:
 
 
 def diloco_each(*commands: list[str]) -> list[subprocess.CompletedProcess[str]]:
-    """Short-lived commands (a join that is refused) at once: each starts an interpreter
+    """Short-lived commands (a join that is refused) at once: each starts a DHT process
     and a daemon, which takes seconds."""
 
     def run(args: list[str]) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "diloco", *args]
-        return subprocess.run(command, capture_output=True, text=True, timeout=120)
+        return launcher.run([sys.executable, "-m", "diloco", *args], timeout=120)
 
     with ThreadPoolExecutor(len(commands)) as pool:
         return list(pool.map(run, commands))

@@ -21,6 +21,8 @@ from typing import Any, TypeVar
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from diloco.bench import launcher
+
 pytestmark = pytest.mark.swarm
 T = TypeVar("T")
 
@@ -43,7 +45,7 @@ CHROMIUM_FLAGS = [
 @dataclass
 class Process:
     name: str
-    process: subprocess.Popen[bytes]
+    process: launcher.Process
     log: Path
 
     def output(self) -> str:
@@ -96,13 +98,8 @@ def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Swarm]:
     def spawn(name: str, *args: str) -> Process:
         log = folder / f"{name}.log"
         with log.open("w") as out:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "diloco", *args],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
+            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+            process = launcher.spawn([sys.executable, "-m", "diloco", *args], out, env)
         started.append(Process(name, process, log))
         return started[-1]
 

@@ -27,7 +27,6 @@ import json
 import math
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -37,7 +36,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_swarm_node import SMALL, Node, WarmNode, listen
+from test_swarm_node import SMALL, Node, listen
+
+from diloco.bench.launcher import Process, spawn
 
 pytestmark = pytest.mark.swarm
 
@@ -59,13 +60,9 @@ class Hostile:
         self.log = folder / f"hostile-{mode}{''.join(extra)}.log"
         with self.log.open("w") as log:
             where = ["--initial-peers", address, "--listen", f"/ip4/127.0.0.{host}/tcp/0"]
-            self.process = subprocess.Popen(
-                [sys.executable, str(HOSTILE), mode, *where, *extra],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
+            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+            command = [sys.executable, str(HOSTILE), mode, *where, *extra]
+            self.process: Process = spawn(command, log, env)
 
     def lines(self) -> list[dict[str, Any]]:
         text = self.log.read_text() if self.log.exists() else ""
@@ -108,9 +105,6 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         creator = ["--name", "atk", "--steps", str(STEPS), "--wait-for-peers", "1"]
         a = Node("a", ["start", *creator, *FAST, *listen(2)], folder)
         started.append(a)
-        # b's and c's processes import the node meanwhile; they start it when told (``go``)
-        b, c = WarmNode("b", folder), WarmNode("c", folder)
-        started.extend((b, c))
         address = a.address()
         forge = Hostile("forge", address, folder, host=6)
         started.append(forge)
@@ -123,9 +117,11 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         started.extend(paper.values())
         forger, sybils = forge.ready()["peer_id"], sybil.ready()["sybils"]
         papers = {k: [(r := p.ready())["peer_id"], *r["sybils"]] for k, p in paper.items()}
-        b.go(["join", "--initial-peers", address, *FAST, *listen(3)])
+        b = Node("b", ["join", "--initial-peers", address, *FAST, *listen(3)], folder)
+        started.append(b)
         a.wait_step(STEPS // 3, timeout=TIMEOUT)
-        c.go(["join", "--initial-peers", address, *FAST, *listen(4)])
+        c = Node("c", ["join", "--initial-peers", address, *FAST, *listen(4)], folder)
+        started.append(c)
         for node in (a, b, c):
             assert node.process.wait(TIMEOUT) == 0, node.output()
             summary = node.summary()

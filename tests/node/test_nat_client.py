@@ -28,6 +28,8 @@ from typing import Any
 
 import pytest
 
+from diloco.bench import launcher
+
 pytestmark = pytest.mark.swarm
 
 STEPS = 120
@@ -46,6 +48,7 @@ def _run(*command: str) -> None:
 
 def _down() -> None:
     for name in (ROUTER, CLIENT):
+        launcher.release(name)  # the server that forked the node in it
         subprocess.run(["ip", "netns", "del", name], capture_output=True)
     subprocess.run(["ip", "link", "del", f"dlw{TAG}"], capture_output=True)
 
@@ -106,13 +109,8 @@ class Node:
         prefix = ["ip", "netns", "exec", netns] if netns else []
         command = [*prefix, sys.executable, "-m", "diloco", *args]
         with self.log.open("w") as log:
-            self.process = subprocess.Popen(
-                [*command, "--metrics-out", str(self.metrics)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
+            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+            self.process = launcher.spawn([*command, "--metrics-out", str(self.metrics)], log, env)
 
     def output(self) -> str:
         return self.log.read_text() if self.log.exists() else ""

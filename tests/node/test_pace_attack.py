@@ -27,7 +27,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -36,7 +35,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_swarm_node import Node, WarmNode, listen
+from test_swarm_node import Node, listen
+
+from diloco.bench.launcher import Process, spawn
 
 pytestmark = pytest.mark.swarm
 
@@ -58,13 +59,8 @@ class Hostile:
     def __init__(self, name: str, args: list[str], folder: Path) -> None:
         self.log = folder / f"{name}.log"
         with self.log.open("w") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, str(HOSTILE), *args],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
+            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+            self.process: Process = spawn([sys.executable, str(HOSTILE), *args], log, env)
 
     def lines(self) -> list[dict[str, Any]]:
         text = self.log.read_text() if self.log.exists() else ""
@@ -113,8 +109,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
             "pair", ["-v", "start", *pair_run, *COMMON, *listen(7), "--data-seed", "0"], folder
         )
         started.append(pair)
-        b = WarmNode("b", folder)  # b's process starts now, its node once the lies are stored
-        started.append(b)
         where = ["--initial-peers", a.address(), "--listen", "/ip4/127.0.0.5/tcp/0"]
         hostile = Hostile("hostile-pace", ["paper", str(K), *where], folder)
         started.append(hostile)
@@ -125,7 +119,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
         sybils = hostile.wait("ready")["sybils"]
         hostile.wait("stored")  # the lies are in the DHT before b starts
         join = ["-v", "join", "--initial-peers", a.address(), *COMMON, *listen(3)]
-        b.go([*join, "--data-seed", "1"])
+        b = Node("b", [*join, "--data-seed", "1"], folder)
+        started.append(b)
         for node in (a, b, pair):
             assert node.process.wait(600) == 0, node.output()
         assert liar.process.wait(120) == 0, liar.log.read_text()

@@ -16,7 +16,7 @@ import os
 import statistics
 
 import pytest
-from test_swarm_node import WarmNode, listen, nodes  # noqa: F401  (the fixture)
+from test_swarm_node import listen, nodes  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.swarm
 
@@ -34,20 +34,14 @@ makes the rows and weights assertions fail."""
 
 def test_fast_nodes_keep_their_pace_and_the_slow_nodes_tokens_count(nodes, tmp_path) -> None:  # noqa: F811
     run = ["--name", "pace", "--steps", str(STEPS), "--H", str(H)]
-    # All three start at step 0 (each waits for the two others), so every step counts; the
-    # joiners' processes start with a (their nodes once a printed its address).
+    # All three start at step 0 (each waits for the two others), so every step counts.
     wait = ["--wait-for-peers", "2"]
     a = nodes("a", ["start", *run, *COMMON, *PACE, *wait, *listen(2), "--data-seed", "0"])
-    b, c = WarmNode("b", tmp_path), WarmNode("c", tmp_path)
-    try:
-        join = ["join", "--initial-peers", a.address(), *COMMON, *PACE, *wait]
-        b.go([*join, *listen(3), "--data-seed", "1"])
-        c.go([*join, *listen(4), "--data-seed", "2", "--slow-down", "3"])
-        for node in (a, b, c):
-            assert node.process.wait(600) == 0, node.output()
-    finally:
-        b.stop()
-        c.stop()
+    join = ["join", "--initial-peers", a.address(), *COMMON, *PACE, *wait]
+    b = nodes("b", [*join, *listen(3), "--data-seed", "1"])
+    c = nodes("c", [*join, *listen(4), "--data-seed", "2", "--slow-down", "3"])
+    for node in (a, b, c):
+        assert node.process.wait(600) == 0, node.output()
     rounds = {n.name: [r for r in n.records() if r["event"] == "round"] for n in (a, b, c)}
     # All three present: from c's first round with three members.
     first = min(r["step"] for r in rounds["c"] if r["members"] == 3)

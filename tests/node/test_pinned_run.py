@@ -18,7 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_swarm_node import SMALL, Node, listen, nodes, warm  # noqa: F401  (the fixtures)
+from test_swarm_node import SMALL, Node, listen, nodes  # noqa: F401  (the fixture)
+
+from diloco.bench import launcher
+from diloco.bench.launcher import Process
 
 pytestmark = pytest.mark.swarm
 
@@ -31,30 +34,23 @@ their start takes, and the two train every step together."""
 
 def diloco(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
     """One short-lived command (a join that is refused, status, keygen)."""
-    command = [sys.executable, "-m", "diloco", *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    return launcher.run([sys.executable, "-m", "diloco", *args], timeout=timeout)
 
 
 def diloco_each(*commands: list[str]) -> list[subprocess.CompletedProcess[str]]:
-    """Several short-lived commands at once: each starts an interpreter and a daemon, which
+    """Several short-lived commands at once: each starts a DHT process and a daemon, which
     takes seconds; run one after another, they outlast a short run."""
     with ThreadPoolExecutor(len(commands)) as pool:
         return list(pool.map(lambda args: diloco(*args), commands))
 
 
-def hostile(log: Path, *args: str) -> subprocess.Popen[str]:
+def hostile(log: Path, *args: str) -> Process:
     with log.open("w") as out:
-        return subprocess.Popen(
-            [sys.executable, HOSTILE, *args],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        return launcher.spawn([sys.executable, HOSTILE, *args], out, env)
 
 
-def report_of(process: subprocess.Popen[str], log: Path, timeout: float = 120.0) -> dict[str, Any]:
+def report_of(process: Process, log: Path, timeout: float = 120.0) -> dict[str, Any]:
     """The JSON line a hostile peer prints once it has done its work."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -67,7 +63,7 @@ def report_of(process: subprocess.Popen[str], log: Path, timeout: float = 120.0)
     raise AssertionError(f"no report from the hostile peer:\n{log.read_text()}")
 
 
-def stop(process: subprocess.Popen[str]) -> None:
+def stop(process: Process) -> None:
     if process.poll() is None:
         os.killpg(process.pid, 9)
         process.wait(10)
@@ -79,12 +75,11 @@ def peer_of(node: Node) -> str:
     return match.group(1)
 
 
-def test_joiner_follows_the_peer_it_was_given_not_a_same_name_run(nodes, warm, tmp_path) -> None:  # noqa: F811
+def test_joiner_follows_the_peer_it_was_given_not_a_same_name_run(nodes, tmp_path) -> None:  # noqa: F811
     tripwire = tmp_path / "victims-data"
     os.mkfifo(tripwire)  # opening it to read would block the reader for good
     run = ["--name", "h", "--steps", str(STEPS), "--wait-for-peers", "1"]
     a = nodes("a", ["start", *run, *SMALL, *listen(2)])
-    b = warm("b")  # b's process imports the node meanwhile
     address = a.address()
     log = tmp_path / "hostile.log"
     attacker = hostile(log, "hijack", address, "/ip4/127.0.0.9/tcp/0", str(tripwire))
@@ -114,7 +109,7 @@ def test_joiner_follows_the_peer_it_was_given_not_a_same_name_run(nodes, warm, t
         assert "the swarm lists these runs named h" in pinned.stderr
         assert lured.returncode == 1 and "unknown keys ['data']" in lured.stderr, lured.stderr
 
-        b.go(["join", "--initial-peers", address, *SMALL, *listen(3)])
+        b = nodes("b", ["join", "--initial-peers", address, *SMALL, *listen(3)])
 
         for node in (a, b):
             assert node.process.wait(300) == 0, node.output()

@@ -6,11 +6,14 @@ a third joins after about a third of the run and catches up; SIGINT stops the se
 within the bound, with a checkpoint and nothing left behind, while the others train on;
 every (fragment, round) that several nodes applied has one state hash.
 
-A swarm of these small nodes trains faster than a new node process starts (an interpreter,
-its DHT process and p2pd: seconds on two cores, many more under load), so a joiner started
-at a given step could find the run over, and the test waits for no process while the
-swarm trains towards a step it acts at: the late joiner starts with the swarm held
-(``held``), the refused joiner runs beside the others.
+A swarm of these small nodes trains faster than a new node starts (its DHT process and
+p2pd: seconds on two cores, many more under load), so a joiner started at a given step
+could find the run over, and the test waits for no process while the swarm trains towards
+a step it acts at: the late joiner starts with the swarm held (``held``), the refused
+joiner runs beside the others.
+
+Every node process is forked from one warm interpreter (``diloco.bench.launcher``): a new
+interpreter would first spend about 2 s of CPU importing torch and hivemind.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -31,6 +33,8 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import load_file
+
+from diloco.bench.launcher import Process, spawn
 
 pytestmark = pytest.mark.swarm
 
@@ -105,26 +109,17 @@ def listen(host: int) -> list[str]:
 
 
 class Node:
-    def __init__(self, name: str, args: list[str], folder: Path) -> None:
-        metrics = ["--metrics-out", str(folder / f"{name}.jsonl")]
-        self._spawn(name, folder, ["-m", "diloco", *args, *metrics])
+    """``python -m diloco ARGS`` in a session of its own, its output in ``NAME.log``, its
+    metrics in ``NAME.jsonl``."""
 
-    def _spawn(self, name: str, folder: Path, command: list[str], stdin: int | None = None) -> None:
-        """``python COMMAND`` in a session of its own, its output in ``NAME.log``; the node
-        writes its metrics to ``NAME.jsonl``."""
+    def __init__(self, name: str, args: list[str], folder: Path) -> None:
         self.name = name
         self.log = folder / f"{name}.log"
         self.metrics = folder / f"{name}.jsonl"
+        command = [sys.executable, "-m", "diloco", *args, "--metrics-out", str(self.metrics)]
         with self.log.open("w") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, *command],
-                stdin=stdin,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                text=True,
-            )
+            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+            self.process: Process = spawn(command, log, env)
 
     def output(self) -> str:
         return self.log.read_text() if self.log.exists() else ""
@@ -173,25 +168,6 @@ class Node:
             self.process.wait(10)
 
 
-WARM = Path(__file__).with_name("warm_node.py")
-
-
-class WarmNode(Node):
-    """A node whose process starts now and whose command line comes later (``go``): it
-    imports the node meanwhile (``warm_node.py``), seconds of a loaded machine that a test
-    would otherwise wait for once it needs the node."""
-
-    def __init__(self, name: str, folder: Path) -> None:
-        self._spawn(name, folder, [str(WARM)], stdin=subprocess.PIPE)
-
-    def go(self, args: list[str]) -> WarmNode:
-        """Run ``diloco-node ARGS --metrics-out FILE`` in the waiting process."""
-        assert self.process.stdin is not None
-        self.process.stdin.write(json.dumps([*args, "--metrics-out", str(self.metrics)]) + "\n")
-        self.process.stdin.close()
-        return self
-
-
 @contextmanager
 def held(*nodes: Node) -> Iterator[None]:
     """The nodes' training processes stopped (SIGSTOP) meanwhile, then continued: they take
@@ -220,47 +196,24 @@ def nodes(tmp_path):
         node.stop()
 
 
-@pytest.fixture
-def warm(tmp_path):
-    """``warm(name)``: a ``WarmNode`` in the test's folder, stopped after the test."""
-    started: list[WarmNode] = []
-
-    def spawn(name: str) -> WarmNode:
-        started.append(WarmNode(name, tmp_path))
-        return started[-1]
-
-    yield spawn
-    for node in started:
-        node.stop()
-
-
-def test_swarm_of_cli_processes_trains_agrees_and_survives(nodes, warm, tmp_path) -> None:
+def test_swarm_of_cli_processes_trains_agrees_and_survives(nodes, tmp_path) -> None:
     run = ["--name", "t", "--steps", str(STEPS), "--H", str(H)]
     a = nodes("a", ["start", *run, *SMALL, *listen(2)])
-    b, c = warm("b"), warm("c")  # their processes import the node while a starts
     address = a.address()
 
     checkpoints = tmp_path / "b_checkpoints"
-    b.go(
-        [
-            "join",
-            "--initial-peers",
-            address,
-            *SMALL,
-            *listen(3),
-            "--checkpoint-dir",
-            str(checkpoints),
-        ]
-    )
+    join_b = ["join", "--initial-peers", address, *SMALL, *listen(3)]
+    b = nodes("b", [*join_b, "--checkpoint-dir", str(checkpoints)])
 
-    # the refused joiner runs beside the others: waited for here (an interpreter and a DHT
-    # start, seconds, many more under load), it would let the swarm train past c's turn
+    # the refused joiner runs beside the others: waited for here (a DHT start, seconds,
+    # many more under load), it would let the swarm train past c's turn
     wrong_err = tmp_path / "wrong.err"
-    with wrong_err.open("w") as err:
-        wrong = subprocess.Popen(
+    with wrong_err.open("w") as err, open(os.devnull, "w") as devnull:
+        wrong = spawn(
             [sys.executable, "-m", "diloco", "join", "--initial-peers", address,
              "--H", "7", "--steps", "999", *listen(5)],
-            stdout=subprocess.DEVNULL,
+            devnull,
+            dict(os.environ),
             stderr=err,
         )  # fmt: skip
 
@@ -269,7 +222,7 @@ def test_swarm_of_cli_processes_trains_agrees_and_survives(nodes, warm, tmp_path
     # and asks for the state (a's training process answers those), which takes the swarm
     # about 70 steps on two cores
     with held(a, b):
-        c.go(["join", "--initial-peers", address, *SMALL, *listen(4)])
+        c = nodes("c", ["join", "--initial-peers", address, *SMALL, *listen(4)])
         c.wait_dht(timeout=300)
     assert wrong.wait(120) != 0
     assert "differs from the swarm" in wrong_err.read_text(), wrong_err.read_text()

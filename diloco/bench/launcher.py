@@ -1,0 +1,358 @@
+"""Peer processes forked from one warm interpreter instead of started from scratch.
+
+A ``python -m diloco`` process first imports torch, hivemind and the package: about 2 s of
+CPU, before it does anything. A benchmark or test that starts dozens of peers on two cores
+spends minutes of CPU on those imports, and a peer started while others train takes that
+CPU from them. A ``Launcher`` starts one server process that imports all of it once, then
+forks a child per peer: the child drops the server's state (its socket, signal handlers),
+takes the peer's output file, environment, working directory and session, and runs the
+peer's command as the interpreter would (``-m MODULE``, ``-c CODE`` or ``SCRIPT``), so the
+peer's code cannot tell the difference, but for the command line in ``/proc`` (the
+server's).
+
+The peers are the server's children: it reaps them and reports each exit code, which
+``Child`` (the ``subprocess.Popen`` subset the drivers use) waits on. A peer in a network
+namespace (``ip netns exec NS python ...``) is forked by a server started in that
+namespace, so peers in and out of namespaces start equally fast. Other commands cannot be
+forked: ``spawn`` starts them with ``subprocess.Popen``.
+
+Run as ``python -m diloco.bench.launcher FD``, this module is the server.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import runpy
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+from typing import IO, Any, Protocol
+
+PRELOAD = (
+    "torch",
+    "hivemind",
+    "diloco.cli",
+    "diloco.node.swarm.node",
+    "diloco.node.swarm.pinned_run",
+)
+"""What the server imports before it forks: all a node imports at its start."""
+_MESSAGE = 1 << 20
+
+
+class Process(Protocol):
+    """What the drivers need of a peer process: ``subprocess.Popen`` and ``Child`` both."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | Any: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+    def kill(self) -> None: ...
+
+
+class LauncherError(RuntimeError):
+    """The server is gone, or it could not fork the command."""
+
+
+def forkable(argv: list[str]) -> bool:
+    """Whether ``start`` can run ``argv``: this interpreter with ``-m``, ``-c`` or a script."""
+    if len(argv) < 2 or argv[0] != sys.executable:
+        return False
+    return (argv[1] in ("-m", "-c") and len(argv) > 2) or not argv[1].startswith("-")
+
+
+def _namespace(argv: list[str]) -> tuple[str | None, list[str]]:
+    """The network namespace of an ``ip netns exec NS`` prefix (None: none), and the command
+    after it."""
+    if argv[:3] == ["ip", "netns", "exec"] and len(argv) > 4:
+        return argv[3], argv[4:]
+    return None, argv
+
+
+class Launcher:
+    """The client of one server process (``python -m diloco.bench.launcher``), in network
+    namespace ``namespace`` if given."""
+
+    def __init__(self, namespace: str | None = None) -> None:
+        self._socket, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        inside = ["ip", "netns", "exec", namespace] if namespace else []
+        self._server = subprocess.Popen(
+            [*inside, sys.executable, "-m", __name__, str(theirs.fileno())],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        theirs.close()
+        self._changed = threading.Condition()
+        self._exits: dict[int, int] = {}
+        self._replies: list[dict[str, Any]] = []
+        self._closed = False
+        self._starting = threading.Lock()
+        threading.Thread(target=self._read, name="launcher", daemon=True).start()
+
+    def start(
+        self, argv: list[str], stdout: IO[Any], env: dict[str, str], stderr: IO[Any] | None = None
+    ) -> Child:
+        """Run ``argv`` in a forked child, in a session of its own, with stdin on /dev/null
+        and stderr on ``stdout`` unless given."""
+        if not forkable(argv):
+            raise LauncherError(f"not a command of this interpreter: {argv[:3]}")
+        request = {"argv": argv[1:], "env": env, "cwd": os.getcwd()}
+        with self._starting:
+            try:
+                outputs = [stdout.fileno(), (stderr or stdout).fileno()]
+                socket.send_fds(self._socket, [json.dumps(request).encode()], outputs)
+            except OSError as e:
+                raise LauncherError(f"the launcher's server is gone: {e}") from e
+            with self._changed:
+                self._changed.wait_for(lambda: self._replies or self._closed)
+                if not self._replies:
+                    raise LauncherError("the launcher's server exited")
+                reply = self._replies.pop(0)
+        if "error" in reply:
+            raise LauncherError(reply["error"])
+        return Child(self, int(reply["started"]))
+
+    def exit_code(self, pid: int, timeout: float | None) -> int | None:
+        """The child's exit code once the server reaped it (None: not within ``timeout``)."""
+        with self._changed:
+            self._changed.wait_for(lambda: pid in self._exits or self._closed, timeout)
+            if pid not in self._exits and self._closed:
+                raise LauncherError("the launcher's server exited")
+            return self._exits.get(pid)
+
+    def close(self) -> None:
+        """End the server (its running children go on, now children of init)."""
+        self._socket.shutdown(socket.SHUT_RDWR)  # wakes the reader thread too
+        self._socket.close()
+        self._server.wait(10)
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = self._socket.recv(_MESSAGE)
+            except OSError:
+                data = b""
+            with self._changed:
+                if not data:
+                    self._closed = True
+                    self._changed.notify_all()
+                    return
+                message = json.loads(data)
+                if "exited" in message:
+                    self._exits[int(message["exited"])] = int(message["code"])
+                else:
+                    self._replies.append(message)
+                self._changed.notify_all()
+
+
+@dataclass
+class Child:
+    """A forked peer: the part of ``subprocess.Popen``'s interface the drivers use."""
+
+    launcher: Launcher
+    pid: int
+    returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.launcher.exit_code(self.pid, 0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self.returncode = self.launcher.exit_code(self.pid, timeout)
+        if self.returncode is None:
+            raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:  # as Popen: never signal a PID that may have been reused
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+_shared: dict[str | None, Launcher] = {}
+_shared_lock = threading.Lock()
+
+
+def shared(namespace: str | None = None) -> Launcher:
+    """This process's launcher for ``namespace`` (None: this process's network namespace),
+    its server started at the first call and ended by ``release`` or at exit."""
+    with _shared_lock:
+        if namespace not in _shared:
+            _shared[namespace] = Launcher(namespace)
+            atexit.register(release, namespace)
+        return _shared[namespace]
+
+
+def release(namespace: str | None = None) -> None:
+    """End the shared launcher of ``namespace``, if it runs (before the namespace is
+    deleted: its server would keep it alive). Its children go on, unreported."""
+    with _shared_lock:
+        launcher = _shared.pop(namespace, None)
+    if launcher is not None:
+        launcher.close()
+
+
+def spawn(
+    argv: list[str], stdout: IO[Any], env: dict[str, str], stderr: IO[Any] | None = None
+) -> Process:
+    """``argv`` forked by a shared launcher if it can be (``ip netns exec NS`` first: by the
+    launcher in that namespace), else a plain ``Popen``; either way in a session of its
+    own, stderr on ``stdout`` unless given."""
+    namespace, command = _namespace(argv)
+    if forkable(command):
+        return shared(namespace).start(command, stdout, env, stderr)
+    return subprocess.Popen(
+        argv,
+        stdout=stdout,
+        stderr=stderr or subprocess.STDOUT,
+        start_new_session=True,
+        env=env,
+    )
+
+
+def run(argv: list[str], timeout: float | None = None) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(argv, capture_output=True, text=True, timeout=timeout)``, forked by
+    the shared launcher (the output through temporary files)."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        child = spawn(argv, out, dict(os.environ), err)
+        try:
+            code = child.wait(timeout)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+            raise
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(argv, code, out.read(), err.read())
+
+
+# The server.
+
+
+@dataclass
+class _Request:
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    outputs: list[int]
+    """stdout's file descriptor, then stderr's."""
+
+
+def _serve(channel: socket.socket) -> _Request | None:
+    """Fork a child per request and report each child's exit; returns only in a child (the
+    request it runs), or None once the client is gone."""
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # the wakeup fd is what wakes select
+    while True:
+        readable, _, _ = select.select([channel.fileno(), wake_read], [], [])
+        if wake_read in readable:
+            os.read(wake_read, 4096)
+        if not _reap(channel):
+            return None
+        if channel.fileno() not in readable:
+            continue
+        data, fds, _, _ = socket.recv_fds(channel, _MESSAGE, 2)
+        if not data:
+            return None
+        request = json.loads(data)
+        pid = os.fork()
+        if pid == 0:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            for fd in (wake_read, wake_write):
+                os.close(fd)
+            channel.close()
+            return _Request(request["argv"], request["env"], request["cwd"], fds)
+        for fd in fds:
+            os.close(fd)
+        if not _send(channel, {"started": pid}):
+            return None
+
+
+def _reap(channel: socket.socket) -> bool:
+    """Report every child that ended; False once the client is gone."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return True
+        if pid == 0:
+            return True
+        if not _send(channel, {"exited": pid, "code": os.waitstatus_to_exitcode(status)}):
+            return False
+
+
+def _send(channel: socket.socket, message: dict[str, int]) -> bool:
+    try:
+        channel.send(json.dumps(message).encode())
+    except OSError:
+        return False
+    return True
+
+
+def _become(request: _Request) -> None:
+    """Run the request in this (forked) process as ``python ARGV`` would run it."""
+    os.setsid()
+    os.dup2(request.outputs[0], 1)
+    os.dup2(request.outputs[1], 2)
+    for fd in request.outputs:
+        os.close(fd)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.chdir(request.cwd)
+    os.environ.clear()
+    os.environ.update(request.env)
+    flag, *rest = request.argv
+    if flag == "-m":
+        sys.argv = ["-m", *rest[1:]]
+        sys.path[0] = request.cwd
+        runpy.run_module(rest[0], run_name="__main__", alter_sys=True)
+    elif flag == "-c":
+        sys.argv = ["-c", *rest[1:]]
+        sys.path[0] = ""
+        exec(compile(rest[0], "<string>", "exec"), {"__name__": "__main__"})
+    else:
+        sys.argv = [flag, *rest]
+        sys.path[0] = os.path.dirname(os.path.abspath(flag))
+        runpy.run_path(flag, run_name="__main__")
+
+
+def main() -> None:
+    channel = socket.socket(fileno=int(sys.argv[1]))
+    for module in PRELOAD:
+        __import__(module)
+    request = _serve(channel)
+    if request is not None:
+        _become(request)
+
+
+if __name__ == "__main__":
+    main()

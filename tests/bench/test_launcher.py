@@ -1,0 +1,86 @@
+"""The launcher's children run as ``python ARGV`` would: argv, environment, working
+directory, stdin, session, output and exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from diloco.bench import launcher
+
+pytestmark = pytest.mark.swarm  # a server process: the tier rule
+
+
+def test_children_run_as_the_interpreter_would_and_report_their_exit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "sibling.py").write_text("VALUE = 'from beside the script'\n")
+    script = tmp_path / "peer.py"
+    script.write_text(
+        "import json, os, sys\n"
+        "import sibling\n"
+        "print(json.dumps({'argv': sys.argv, 'name': __name__, 'sibling': sibling.VALUE,\n"
+        "    'env': os.environ.get('LAUNCHED'), 'cwd': os.getcwd(), 'stdin': sys.stdin.read(),\n"
+        "    'session': os.getsid(0) == os.getpid()}))\n"
+        "print('to stderr', file=sys.stderr)\n"
+        "sys.exit(3)\n"
+    )
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    env = {**os.environ, "LAUNCHED": "yes"}
+    out, err = tmp_path / "out", tmp_path / "err"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        child = launcher.spawn([sys.executable, str(script), "x", "y"], stdout, env, stderr)
+    assert isinstance(child, launcher.Child)  # forked, not a Popen
+    assert child.wait(60) == 3 and child.returncode == 3
+    seen = json.loads(out.read_text())
+    assert seen == {
+        "argv": [str(script), "x", "y"],
+        "name": "__main__",
+        "sibling": "from beside the script",
+        "env": "yes",
+        "cwd": str(work),
+        "stdin": "",
+        "session": True,
+    }
+    assert err.read_text() == "to stderr\n"
+
+    # -m and -c, an uncaught exception, a signal
+    done = launcher.run([sys.executable, "-m", "json.tool", "--help"], timeout=60)
+    assert done.returncode == 0 and "usage:" in done.stdout and done.stderr == ""
+    failed = launcher.run([sys.executable, "-c", "import sys; raise ValueError(sys.argv)", "z"])
+    assert failed.returncode == 1 and "ValueError: ['-c', 'z']" in failed.stderr
+    with (tmp_path / "sleep").open("w") as log:
+        sleeper = launcher.spawn([sys.executable, "-c", "import time; time.sleep(60)"], log, env)
+    assert sleeper.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        sleeper.wait(0.2)
+    sleeper.send_signal(signal.SIGKILL)
+    assert sleeper.wait(30) == -signal.SIGKILL
+    sleeper.kill()  # reaped: never signals the PID again
+
+
+def test_other_commands_are_started_as_they_are(tmp_path: Path) -> None:
+    with (tmp_path / "out").open("w") as out:
+        process = launcher.spawn(["sh", "-c", "echo plain"], out, dict(os.environ))
+    assert isinstance(process, subprocess.Popen)
+    assert process.wait(30) == 0 and (tmp_path / "out").read_text() == "plain\n"
+
+
+def test_a_closed_launcher_says_so(tmp_path: Path) -> None:
+    mine = launcher.Launcher()
+    with (tmp_path / "out").open("w") as out:
+        child = mine.start([sys.executable, "-c", "import time; time.sleep(60)"], out, {})
+        mine.close()
+        with pytest.raises(launcher.LauncherError, match="exited"):
+            child.wait(10)
+        with pytest.raises(launcher.LauncherError):
+            mine.start([sys.executable, "-c", "pass"], out, {})
+    os.kill(child.pid, signal.SIGKILL)  # now init's child, which reaps it
