@@ -140,11 +140,15 @@ class Node:
 def test_node_behind_nat_trains_as_a_client_with_two_dialable_nodes(nat, tmp_path) -> None:
     listen = ["--listen", f"/ip4/{WAN_HOST}/tcp/0"]
     started: list[Node] = []
+    # all three start at step 0 (each waits for the two others): the run takes seconds, and
+    # c's start in its namespace must not decide how many rounds it shares
+    wait = ["--wait-for-peers", "2"]
     try:
-        a = Node("a", ["start", "--name", "nat", "--steps", str(STEPS), *SMALL, *listen], tmp_path)
+        run = ["start", "--name", "nat", "--steps", str(STEPS), *SMALL, *wait, *listen]
+        a = Node("a", run, tmp_path)
         started.append(a)
         address = a.address()
-        join = ["join", "--initial-peers", address, *SMALL]
+        join = ["join", "--initial-peers", address, *SMALL, *wait]
         started.append(Node("b", [*join, *listen], tmp_path))
         behind = ["--listen", f"/ip4/{LAN_CLIENT}/tcp/0"]
         started.append(Node("c", [*join, *behind], tmp_path, netns=CLIENT))
