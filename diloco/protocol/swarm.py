@@ -49,6 +49,7 @@ from diloco.protocol.records.nodes import (
     newest_donors,
     publish_record,
     read_records,
+    read_run_records,
     record_validator,
 )
 from diloco.protocol.runtime import processes
@@ -127,6 +128,8 @@ class Swarm:
         self.bans = BanList(stalls=self.stalls)
         """Peers this node refuses for a while (``bans``): every part of the protocol, and
         whoever else catches a peer lying, reports offences here."""
+        self.departed: frozenset[PeerID] = frozenset()
+        """The peers whose record said they left the run, at the last ``read_records``."""
         net = net or NetworkOptions()
         self.net = net
         # A joiner that already read the run configuration through its own DHT hands it
@@ -229,8 +232,11 @@ class Swarm:
         return self.call(publish_record(self.dht, self.run_id, record, ttl))
 
     def read_records(self) -> list[NodeRecord]:
-        """Every valid unexpired node record of the run."""
-        return self.call(read_records(self.dht, self.run_id))
+        """Every valid unexpired node record of the run of a node still in it; who left is
+        kept in ``departed``, for the rounds."""
+        found = self.call(read_run_records(self.dht, self.run_id))
+        self.departed = frozenset(PeerID.from_base58(peer) for peer in found.left)
+        return found.live
 
     def serve_state(self, provider: StateProvider) -> None:
         """Answer state requests from now on with snapshots from ``provider``."""

@@ -123,6 +123,7 @@ class SwarmReducer(Reducer):
             target_group_size,
             max_weight,
             swarm.closed,
+            lambda: swarm.departed,
         )
         if isinstance(swarm.dht, SigningDHT) and swarm.dht.reused_identity:
             # a previous process may have run under this peer id: its declarations live on

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import math
+from collections.abc import Callable
 
 from hivemind import DHT
 from hivemind.p2p import PeerID
@@ -56,6 +57,9 @@ class Follower:
     max_weight: float
     closed: ClosedSwarm | None
     handler_name: str
+    departed: Callable[[], frozenset[PeerID]]
+    """The peers whose record says they left the run, as last read: their declarations
+    for rounds ahead outlive them, and no JOIN follows."""
 
     @property
     def poll(self) -> float:
@@ -65,8 +69,10 @@ class Follower:
     def _known(self, lobby: Lobby) -> dict[PeerID, tuple[float, bool]]:
         """The peers of this node's prior known so far: every read's (``Lobby.seen``) and
         those that sent a JOIN, with weights and client flags, less the banned and those
-        whose weight exceeds the cap."""
-        view = dict(lobby.seen)
+        whose weight exceeds the cap. A peer that left counts only by a JOIN (it may be
+        back, under the same identity)."""
+        gone = self.departed()
+        view = {peer: seen for peer, seen in lobby.seen.items() if peer not in gone}
         for peer, joined in lobby.knockers.items():  # a declaration says more than a JOIN
             view.setdefault(peer, joined)
         return {
@@ -112,12 +118,17 @@ class Follower:
             return max(self.target_group_size, self.live_nodes)
         return self.target_group_size
 
+    def _present(self, lobby: Lobby) -> set[PeerID]:
+        """The peers that declared the round (any prior) or sent a JOIN, less those that
+        left the run and sent no JOIN."""
+        return (lobby.arrived | lobby.declared.keys()) - (self.departed() - lobby.knockers.keys())
+
     def _all_declared(self, lobby: Lobby) -> bool:
         """Whether ``target_group_size`` peers, and ``live_nodes`` if more, declared the
         round (any prior), as far as this node has read: the leader need wait no longer."""
         if self.target_group_size is None:
             return False
-        known = lobby.arrived | lobby.declared.keys() | self._known(lobby).keys()
+        known = self._present(lobby) | self._known(lobby).keys()
         known.add(self.p2p.peer_id)
         return len(known) >= max(self.target_group_size, self.live_nodes or 0)
 

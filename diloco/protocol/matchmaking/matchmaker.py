@@ -77,6 +77,7 @@ import contextlib
 import logging
 import math
 import secrets
+from collections.abc import Callable
 
 from hivemind import DHT
 from hivemind.p2p import PeerID
@@ -127,6 +128,7 @@ class Matchmaker(JoinAnswers):
         target_group_size: int | None = None,
         max_weight: float = math.inf,
         closed: ClosedSwarm | None = None,
+        departed: Callable[[], frozenset[PeerID]] = frozenset,
     ) -> None:
         if not max_weight > 0:
             raise ValueError(f"max_weight must be > 0 tokens, got {max_weight!r}")
@@ -145,6 +147,7 @@ class Matchmaker(JoinAnswers):
         self.bans, self.max_weight = bans, max_weight
         self.closed = closed
         """A closed swarm's proofs: declarations carry ours, views drop outsiders."""
+        self.departed = departed
         self.handler_name = f"/diloco/{run_id}/join/1"
         self._lobbies: dict[RoundKey, Lobby] = {}
         self._formed: dict[RoundKey, tuple[frozenset[PeerID], bytes]] = {}
@@ -314,7 +317,7 @@ class Matchmaker(JoinAnswers):
                 await asyncio.wait_for(self._read_view(lobby), t.join_timeout)
             read = True
             view = self._known(lobby)
-            arrived = len(lobby.arrived | lobby.declared.keys() | view.keys() | {me})
+            arrived = len(self._present(lobby) | view.keys() | {me})
             leaders = self._may_lead(view, lobby)
             if leaders and choose_leader(leaders, lobby.dht_key) != me:
                 return view, "a peer of our prior ranks first to lead"

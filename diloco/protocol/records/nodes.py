@@ -242,10 +242,26 @@ async def publish_record(dht: DHT, run_id: str, record: NodeRecord, ttl: float) 
 
 async def read_records(dht: DHT, run_id: str) -> list[NodeRecord]:
     """Every valid, unexpired, correctly signed record of the run of a node still in it,
-    sorted by peer id; invalid ones are logged with the peer id they claim. A node whose
-    record says it left is skipped: matchmaking targets, healing donors and ``status`` stop
-    counting it at once (docs/design.md "Wire formats")."""
-    records = []
+    sorted by peer id (``read_run_records``, without the nodes that left)."""
+    return (await read_run_records(dht, run_id)).live
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecords:
+    """The run's node records as read: those of the nodes in it, and who left."""
+
+    live: list[NodeRecord]
+    """Sorted by peer id."""
+    left: frozenset[str]
+    """Peer ids whose last record says they left the run."""
+
+
+async def read_run_records(dht: DHT, run_id: str) -> RunRecords:
+    """Every valid, unexpired, correctly signed record of the run; invalid ones are logged
+    with the peer id they claim. A node whose record says it left is not among the live:
+    matchmaking targets, healing donors and ``status`` stop counting it at once, and rounds
+    stop waiting for its declarations (docs/design.md "Wire formats")."""
+    records, left = [], set()
     for peer_id, signed in (await read_signed(dht, nodes_key(run_id))).items():
         try:
             record = NodeRecord.from_payload(peer_id, signed.payload)
@@ -254,9 +270,10 @@ async def read_records(dht: DHT, run_id: str) -> list[NodeRecord]:
             continue
         if record.left:
             logger.debug("%s left the run", peer_id)
+            left.add(peer_id)
         else:
             records.append(record)
-    return sorted(records, key=lambda r: r.peer_id)
+    return RunRecords(sorted(records, key=lambda r: r.peer_id), frozenset(left))
 
 
 @dataclass(frozen=True, slots=True)
