@@ -55,13 +55,12 @@ def _tier_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
             started.append(f"a process {' '.join(argv[:3])}")
         popen_init(self, args, *rest, **kwargs)
 
-    monkeypatch.setattr(DHT, "__init__", dht)
-    monkeypatch.setattr(P2P, "create", classmethod(p2p))
-
     def fork(self: Launcher, argv: list[str], *rest: Any, **kwargs: Any) -> Child:
         started.append(f"a forked process {' '.join(argv[:3])}")
         return launcher_start(self, argv, *rest, **kwargs)
 
+    monkeypatch.setattr(DHT, "__init__", dht)
+    monkeypatch.setattr(P2P, "create", classmethod(p2p))
     monkeypatch.setattr(subprocess.Popen, "__init__", popen)
     monkeypatch.setattr(Launcher, "start", fork)
     yield

@@ -2,10 +2,10 @@
 
 A ``NodeProcess`` is one ``python -m diloco`` process in a session of its own (forked by
 ``launcher``, which spares each node its imports), with its log and its ``--metrics-out``
-JSON lines in one folder. ``process_tree``, ``sample`` and
-``footprint`` read ``/proc`` (Linux only; no psutil needed): the node's helper processes (the
-DHT process, ``p2pd``, torch's shared-memory manager) are found as its descendants by parent
-PID; ``left_behind`` says what of a killed node's footprint is still there.
+JSON lines in one folder. ``process_tree``, ``sample`` and ``footprint`` read ``/proc``
+(Linux only; no psutil needed): the node's helper processes (the DHT process, ``p2pd``,
+torch's shared-memory manager) are found as its descendants by parent PID;
+``left_behind`` says what of a killed node's footprint is still there.
 """
 
 from __future__ import annotations
