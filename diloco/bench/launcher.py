@@ -103,6 +103,8 @@ class Launcher:
         theirs.close()
         self._changed = threading.Condition()
         self._exits: dict[int, int] = {}
+        """Child number (the server's count of its forks) -> exit code: a PID may be reused
+        (this machine's ``pid_max`` is 32768), a number is not."""
         self._replies: list[dict[str, Any]] = []
         self._closed = False
         self._starting = threading.Lock()
@@ -129,15 +131,16 @@ class Launcher:
                 reply = self._replies.pop(0)
         if "error" in reply:
             raise LauncherError(reply["error"])
-        return Child(self, int(reply["started"]))
+        return Child(self, int(reply["started"]), int(reply["number"]))
 
-    def exit_code(self, pid: int, timeout: float | None) -> int | None:
-        """The child's exit code once the server reaped it (None: not within ``timeout``)."""
+    def exit_code(self, number: int, timeout: float | None) -> int | None:
+        """Child ``number``'s exit code once the server reaped it (None: not within
+        ``timeout``)."""
         with self._changed:
-            self._changed.wait_for(lambda: pid in self._exits or self._closed, timeout)
-            if pid not in self._exits and self._closed:
+            self._changed.wait_for(lambda: number in self._exits or self._closed, timeout)
+            if number not in self._exits and self._closed:
                 raise LauncherError("the launcher's server exited")
-            return self._exits.get(pid)
+            return self._exits.get(number)
 
     def close(self) -> None:
         """End the server (its running children go on, now children of init)."""
@@ -157,7 +160,7 @@ class Launcher:
                     self._changed.notify_all()
                     return
                 message = json.loads(data)
-                if "exited" in message:
+                if "exited" in message:  # by number
                     self._exits[int(message["exited"])] = int(message["code"])
                 else:
                     self._replies.append(message)
@@ -170,16 +173,18 @@ class Child:
 
     launcher: Launcher
     pid: int
+    number: int
+    """The server's count of its forks when it forked this child."""
     returncode: int | None = None
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            self.returncode = self.launcher.exit_code(self.pid, 0)
+            self.returncode = self.launcher.exit_code(self.number, 0)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is None:
-            self.returncode = self.launcher.exit_code(self.pid, timeout)
+            self.returncode = self.launcher.exit_code(self.number, timeout)
         if self.returncode is None:
             raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
         return self.returncode
@@ -271,11 +276,14 @@ def _serve(channel: socket.socket) -> _Request | None:
     os.set_blocking(wake_write, False)
     signal.set_wakeup_fd(wake_write)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # the wakeup fd is what wakes select
+    children: dict[int, int] = {}
+    """PID -> number of the running children (``forked`` when each was forked)."""
+    forked = 0
     while True:
         readable, _, _ = select.select([channel.fileno(), wake_read], [], [])
         if wake_read in readable:
             os.read(wake_read, 4096)
-        if not _reap(channel):
+        if not _reap(channel, children):
             return None
         if channel.fileno() not in readable:
             continue
@@ -293,12 +301,14 @@ def _serve(channel: socket.socket) -> _Request | None:
             return _Request(request["argv"], request["env"], request["cwd"], fds)
         for fd in fds:
             os.close(fd)
-        if not _send(channel, {"started": pid}):
+        forked += 1
+        children[pid] = forked
+        if not _send(channel, {"started": pid, "number": forked}):
             return None
 
 
-def _reap(channel: socket.socket) -> bool:
-    """Report every child that ended; False once the client is gone."""
+def _reap(channel: socket.socket, children: dict[int, int]) -> bool:
+    """Report every child that ended, by number; False once the client is gone."""
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -306,7 +316,8 @@ def _reap(channel: socket.socket) -> bool:
             return True
         if pid == 0:
             return True
-        if not _send(channel, {"exited": pid, "code": os.waitstatus_to_exitcode(status)}):
+        code = os.waitstatus_to_exitcode(status)
+        if not _send(channel, {"exited": children.pop(pid), "code": code}):
             return False
 
 
