@@ -76,10 +76,10 @@ def test_tau_auto_by_default_rises_over_a_slow_network_and_nodes_still_agree(
         own, shown = (f"/ip4/{LOOPBACK}/tcp/{port}" for port in (listen[i], ports[i]))
         return ["--listen", own, "--announce", shown]
 
-    # Every node waits for the two others before its first step: the joiners' interpreters
-    # and DHTs take seconds to start (many more under load), and a creator that did not wait
-    # trained through its first rounds alone and, once, nearly to the run's end before a
-    # joiner arrived.
+    # Every node waits for the two others before its first step: the joiners' DHTs take
+    # seconds to start (many more under load), and a creator that did not wait trained
+    # through its first rounds alone and, once, nearly to the run's end before a joiner
+    # arrived.
     wait = ["--wait-for-peers", "2"]
     run = ["--name", "wan", "--steps", str(STEPS), "--H", str(H)]
     a = nodes("a", ["start", *run, *FAST, *wait, *addresses(0)])
