@@ -31,7 +31,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 from dataclasses import dataclass
 from typing import IO, Any, NoReturn, Protocol
@@ -54,7 +53,7 @@ class Process(Protocol):
     def pid(self) -> int: ...
 
     @property
-    def returncode(self) -> int | Any: ...
+    def returncode(self) -> int | None: ...
 
     def poll(self) -> int | None: ...
 
@@ -193,9 +192,6 @@ class Child:
         if self.poll() is None:  # as Popen: never signal a PID that may have been reused
             os.kill(self.pid, sig)
 
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
@@ -239,22 +235,6 @@ def spawn(
         start_new_session=True,
         env=env,
     )
-
-
-def run(argv: list[str], timeout: float | None = None) -> subprocess.CompletedProcess[str]:
-    """``subprocess.run(argv, capture_output=True, text=True, timeout=timeout)``, forked by
-    the shared launcher (the output through temporary files)."""
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        child = spawn(argv, out, dict(os.environ), err)
-        try:
-            code = child.wait(timeout)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
-            raise
-        out.seek(0)
-        err.seek(0)
-        return subprocess.CompletedProcess(argv, code, out.read(), err.read())
 
 
 # The server.

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked_commands
 import pytest
 
 from diloco.bench import launcher
@@ -53,9 +54,11 @@ def test_children_run_as_the_interpreter_would_and_report_their_exit(
     assert err.read_text() == "to stderr\n"
 
     # -m and -c, an uncaught exception, a signal
-    done = launcher.run([sys.executable, "-m", "json.tool", "--help"], timeout=60)
+    done = forked_commands.run([sys.executable, "-m", "json.tool", "--help"], timeout=60)
     assert done.returncode == 0 and "usage:" in done.stdout and done.stderr == ""
-    failed = launcher.run([sys.executable, "-c", "import sys; raise ValueError(sys.argv)", "z"])
+    failed = forked_commands.run(
+        [sys.executable, "-c", "import sys; raise ValueError(sys.argv)", "z"]
+    )
     assert failed.returncode == 1 and "ValueError: ['-c', 'z']" in failed.stderr
     with (tmp_path / "sleep").open("w") as log:
         sleeper = launcher.spawn([sys.executable, "-c", "import time; time.sleep(60)"], log, env)

@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import forked_commands
 import pytest
 from click.testing import CliRunner
 from test_swarm_node import SMALL, Node, listen, nodes  # noqa: F401  (the fixture)
@@ -81,7 +82,7 @@ def diloco_each(*commands: list[str]) -> list[subprocess.CompletedProcess[str]]:
     and a daemon, which takes seconds."""
 
     def run(args: list[str]) -> subprocess.CompletedProcess[str]:
-        return launcher.run([sys.executable, "-m", "diloco", *args], timeout=120)
+        return forked_commands.run([sys.executable, "-m", "diloco", *args], timeout=120)
 
     with ThreadPoolExecutor(len(commands)) as pool:
         return list(pool.map(run, commands))

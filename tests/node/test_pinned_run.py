@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import forked_commands
 import pytest
 from test_swarm_node import SMALL, Node, listen, nodes  # noqa: F401  (the fixture)
 
@@ -34,7 +35,7 @@ their start takes, and the two train every step together."""
 
 def diloco(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
     """One short-lived command (a join that is refused, status, keygen)."""
-    return launcher.run([sys.executable, "-m", "diloco", *args], timeout=timeout)
+    return forked_commands.run([sys.executable, "-m", "diloco", *args], timeout=timeout)
 
 
 def diloco_each(*commands: list[str]) -> list[subprocess.CompletedProcess[str]]:
