@@ -309,9 +309,26 @@ def _send(channel: socket.socket, message: dict[str, int]) -> bool:
     return True
 
 
+def _own_locks() -> None:
+    """Give this (forked) child its own copies of the process-shared locks hivemind creates
+    when it is imported (``MPFuture``'s, ``SharedBytes``', its context executor's). Forked
+    from the server, every peer would hold the same semaphores: a peer SIGKILLed while it
+    held one (a DHT process sends its futures' results under one, many times a second)
+    left it held for every later peer, which hung at its DHT's start. A peer started from
+    scratch creates its own at import; its helper processes inherit them, as they should."""
+    import multiprocessing
+
+    from hivemind.utils import asyncio as hivemind_asyncio
+    from hivemind.utils.mpfuture import MPFuture
+
+    MPFuture.reset_backend()  # new _initialization_lock, _update_lock, SharedBytes._lock
+    hivemind_asyncio._AsyncContextWrapper.EXECUTOR_LOCK = multiprocessing.Lock()
+
+
 def _become(request: _Request) -> None:
     """Run the request in this (forked) process as ``python ARGV`` would run it."""
     os.setsid()
+    _own_locks()
     os.dup2(request.outputs[0], 1)
     os.dup2(request.outputs[1], 2)
     for fd in request.outputs:

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import forked_commands
@@ -87,3 +88,35 @@ def test_a_closed_launcher_says_so(tmp_path: Path) -> None:
         with pytest.raises(launcher.LauncherError):
             mine.start([sys.executable, "-c", "pass"], out, {})
     os.kill(child.pid, signal.SIGKILL)  # now init's child, which reaps it
+
+
+LOCKS = (
+    "from hivemind.utils.mpfuture import MPFuture, SharedBytes\n"
+    "from hivemind.utils.asyncio import _AsyncContextWrapper as Wrapper\n"
+    "locks = [MPFuture._update_lock, MPFuture._initialization_lock, SharedBytes._lock,\n"
+    "    Wrapper.EXECUTOR_LOCK]\n"
+)
+
+
+def test_a_child_killed_holding_hiveminds_locks_blocks_no_later_child(tmp_path: Path) -> None:
+    """hivemind creates process-shared locks at import, which the server did: a DHT process
+    SIGKILLed while it sent a result under one must not hang the next peer's DHT."""
+    mine = launcher.Launcher()
+    try:
+        with (tmp_path / "holder").open("w") as out:
+            hold = LOCKS + "[lock.acquire() for lock in locks]\nprint('held', flush=True)\n"
+            holder = mine.start([sys.executable, "-c", hold + "import time; time.sleep(600)"], out, dict(os.environ))
+        for _ in range(600):
+            if (tmp_path / "holder").read_text() == "held\n" or holder.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert (tmp_path / "holder").read_text() == "held\n"
+        holder.send_signal(signal.SIGKILL)
+        assert holder.wait(30) == -signal.SIGKILL
+        with (tmp_path / "next").open("w") as out:
+            take = LOCKS + "print([lock.acquire(timeout=2) for lock in locks])\n"
+            later = mine.start([sys.executable, "-c", take], out, dict(os.environ))
+        assert later.wait(60) == 0
+        assert (tmp_path / "next").read_text() == "[True, True, True, True]\n"
+    finally:
+        mine.close()
