@@ -105,7 +105,8 @@ def test_a_child_killed_holding_hiveminds_locks_blocks_no_later_child(tmp_path: 
     try:
         with (tmp_path / "holder").open("w") as out:
             hold = LOCKS + "[lock.acquire() for lock in locks]\nprint('held', flush=True)\n"
-            holder = mine.start([sys.executable, "-c", hold + "import time; time.sleep(600)"], out, dict(os.environ))
+            hold += "import time; time.sleep(600)\n"
+            holder = mine.start([sys.executable, "-c", hold], out, dict(os.environ))
         for _ in range(600):
             if (tmp_path / "holder").read_text() == "held\n" or holder.poll() is not None:
                 break
