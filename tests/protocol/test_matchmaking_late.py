@@ -78,9 +78,37 @@ def test_a_peer_that_took_the_state_is_out_of_step_until_a_group_with_it() -> No
     late.took_state(a, 10.0)
     assert late.out_of_step(10.0) and late.out_of_step(10.0 + LATE_MEMORY)
     assert not late.out_of_step(10.1 + LATE_MEMORY)  # forgotten: it may have left
-    late.took_state(a, 20.0)
+    late.took_state(a, 20.0 + LATE_MEMORY)
     late.met([a])
-    assert not late.out_of_step(20.0)
+    assert not late.out_of_step(20.0 + LATE_MEMORY)
+
+
+def test_a_state_taker_that_never_comes_widens_one_cycle_of_rounds_once_a_minute() -> None:
+    """A peer that downloads the state again and again and never works in a round (a forger
+    did, 50 times a minute) keeps this node on the widest window for one cycle of rounds
+    (``TAKER_ROUNDS`` of one fragment), not for the run."""
+    late = LatePeers()
+    forger, joiner = peer(1), peer(2)
+    late.took_state(forger, 0.0)
+    for fragment in range(3):  # one round of each fragment: not a cycle yet
+        late.ended(RoundKey(fragment, 1))
+        assert late.out_of_step(1.0)
+    late.ended(RoundKey(0, 1))  # the same round again is no round more
+    assert late.out_of_step(1.0)
+    late.ended(RoundKey(0, 2))
+    assert not late.out_of_step(1.0)
+    for when in (2.0, 30.0, LATE_MEMORY):  # its next downloads within a minute: nothing
+        late.took_state(forger, when)
+        assert not late.out_of_step(when)
+    late.took_state(joiner, 40.0)  # another peer still counts
+    assert late.out_of_step(40.0)
+    late.met([joiner])
+    assert not late.out_of_step(40.0)
+    late.took_state(forger, 0.1 + LATE_MEMORY)  # a minute later it may be a joiner again
+    assert late.out_of_step(0.1 + LATE_MEMORY)
+    late.met([forger])  # a group with it: its next download counts at once
+    late.took_state(forger, 1.0 + LATE_MEMORY)
+    assert late.out_of_step(1.0 + LATE_MEMORY)
 
 
 def test_late_peers_kept_are_bounded_and_the_oldest_go_first() -> None:

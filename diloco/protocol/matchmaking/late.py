@@ -10,17 +10,18 @@ widest window any round trip may set (``RoundBudget.of``, ``out_of_step``), its 
 arrives within it, and from that round on both apply at the same step. The early node
 gets no late JOIN when its peers formed the round without it; its evidence is then a round
 it led that found none of the peers it saw work (``alone``). A peer that took this node's
-state (a joiner, a healer) is out of step with it too, until they met (``took_state``).
-The wider window costs nothing in a round whose peers all come: a round ends as soon as
-they have. Bounded
-like any peer's word: the peers kept are at most ``MAX_LATE`` and forgotten after
-``LATE_MEMORY`` seconds (docs/design.md "The round").
+state (a joiner, a healer) is out of step with it too, until they met (``took_state``), for
+a cycle of rounds at most, once a minute. The wider window costs nothing in a round whose
+peers all come: a round ends as soon as they have. Bounded like any peer's word: the peers
+kept are at most ``MAX_LATE`` and forgotten after ``LATE_MEMORY`` seconds (docs/design.md
+"The round").
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from hivemind.p2p import PeerID
 
@@ -32,6 +33,24 @@ LATE_MEMORY = 60.0
 """Seconds a late JOIN keeps this node waiting the widest window (the peer may have left)."""
 MAX_LATE = 64
 """Late peers kept at most (the oldest go first): JOINs cost their sender nothing."""
+TAKER_ROUNDS = 2
+"""Rounds of one fragment this node ends after a peer took its state before that peer no
+longer widens its window: by then it has passed a send step of every fragment (a cycle)."""
+
+
+@dataclass
+class _Taken:
+    """A peer that took this node's state and has not been in a group with it since."""
+
+    when: float
+    """When it took the state (loop time)."""
+    rounds: dict[int, int] = field(default_factory=dict)
+    """Fragment -> the rounds of it this node ended since."""
+
+    @property
+    def waited(self) -> bool:
+        """Whether this node has waited a cycle of rounds for it."""
+        return any(n >= TAKER_ROUNDS for n in self.rounds.values())
 
 
 class LatePeers:
@@ -44,9 +63,14 @@ class LatePeers:
         """Peer -> when its last late JOIN came (loop time)."""
         self._alone: float | None = None
         """When a round this node led last found too few of the peers it saw work."""
+        self._takers: dict[PeerID, _Taken] = {}
+        """Peers that took this node's state and have not been in a group with it since."""
 
     def ended(self, key: RoundKey) -> None:
         """This node's matchmaking of round ``key`` ended."""
+        if key.round > self._ended.get(key.fragment, -1):
+            for taken in self._takers.values():
+                taken.rounds[key.fragment] = taken.rounds.get(key.fragment, 0) + 1
         self._ended[key.fragment] = max(key.round, self._ended.get(key.fragment, key.round))
 
     def came(self, peer: PeerID, key: RoundKey, now: float) -> bool:
@@ -63,9 +87,20 @@ class LatePeers:
         (the transfer, and the step of the record it starts at, up to a publishing interval
         old) and looks for it in its rounds, so it is out of step until a group with it. At
         6 nodes and 200 ms the creator led its first round alone on its usual window, and
-        the joiners' JOINs came after it had ended: the round failed for every node. A
-        download costs a paper key more than a JOIN, which can do the same."""
-        self._mark(peer, when)
+        the joiners' JOINs came after it had ended: the round failed for every node.
+
+        For a cycle of rounds at most (``TAKER_ROUNDS``): a joiner JOINs within it, and one
+        that comes late is marked by its late JOIN (``came``). And once per
+        ``LATE_MEMORY`` until it has been in a group with this node: a peer that downloads
+        the state again and again and never works (a forger did, 50 times a minute) would
+        keep every round of this node on the widest window."""
+        taken = self._takers.get(peer)
+        if taken is not None and when - taken.when <= LATE_MEMORY:
+            return
+        self._takers.pop(peer, None)
+        self._takers[peer] = _Taken(when)
+        while len(self._takers) > MAX_LATE:
+            del self._takers[next(iter(self._takers))]
 
     def _mark(self, peer: PeerID, when: float) -> None:
         """``peer`` is out of step since ``when``; the oldest go first past ``MAX_LATE``."""
@@ -89,10 +124,14 @@ class LatePeers:
         self._alone = None
         for peer in members:
             self._late.pop(peer, None)
+            self._takers.pop(peer, None)
 
     def out_of_step(self, now: float) -> bool:
         """Whether, in the last ``LATE_MEMORY`` seconds, a peer JOINed one of this node's
         ended rounds and has not been in a group with it since, or a round it led found
-        none of the peers it counts and no group formed since."""
-        recent = [*self._late.values(), *([self._alone] if self._alone is not None else [])]
+        none of the peers it counts and no group formed since, or a peer took its state
+        and this node has not waited a cycle of rounds for it yet."""
+        taking = [taken.when for taken in self._takers.values() if not taken.waited]
+        alone = [self._alone] if self._alone is not None else []
+        recent = [*self._late.values(), *alone, *taking]
         return any(now - when <= LATE_MEMORY for when in recent)
