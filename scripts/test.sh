@@ -20,7 +20,7 @@ idle="chrt --idle 0"  # SCHED_IDLE (util-linux); where there is no chrt, the low
 command -v chrt >/dev/null || idle="nice -n 19"
 $idle python -m pytest -q -m "not swarm" -n 2 --durations=15 >"$fast_log" 2>&1 &
 fast=$!
-trap 'kill "$fast" 2>/dev/null; rm -f "$fast_log"' EXIT  # Ctrl-C ends both tiers
+trap 'kill "$fast" 2>/dev/null || true; rm -f "$fast_log"' EXIT  # Ctrl-C ends both tiers
 trap 'exit 130' INT TERM
 status=0
 python -m pytest -q -m swarm --durations=30 || status=$?
