@@ -66,6 +66,14 @@ class Follower:
         """Seconds between reads of the round key while waiting for ``target_group_size``."""
         return max(0.02, self.timeouts.matchmaking_window / 40)
 
+    @property
+    def max_poll(self) -> float:
+        """The most seconds between two reads of the round key while waiting for
+        ``target_group_size``: the wait doubles from ``poll`` up to it. Peers in step
+        declare within the first polls; each read costs this node, its DHT process and
+        the peers it asks CPU: half of a lone node's CPU samples were reads as it waited."""
+        return max(self.poll, self.timeouts.matchmaking_window / 4)
+
     def _known(self, lobby: Lobby) -> dict[PeerID, tuple[float, bool]]:
         """The peers of this node's prior known so far: every read's (``Lobby.seen``) and
         those that sent a JOIN, with weights and client flags, less the banned and those

@@ -311,6 +311,7 @@ class Matchmaker(JoinAnswers):
         me = self.p2p.peer_id
         target = self.wait_target(lobby)
         read = lobby.reads == 0
+        delay = self.poll
         while True:
             lobby.knock.clear()
             if read:
@@ -326,8 +327,9 @@ class Matchmaker(JoinAnswers):
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return view, "the window ended"
-            poll = self.poll if target is not None else remaining
+            poll = delay if target is not None else remaining
             await wait_set(lobby.knock, min(poll, remaining))
+            delay = min(2 * delay, self.max_poll)
 
     async def _lead(self, key: RoundKey, lobby: Lobby, view: set[PeerID], wait: float) -> GroupInfo:
         """Wait up to ``wait`` seconds for the peers of ``view`` to join, then send GROUP."""
