@@ -252,10 +252,15 @@ class SwarmReducer(Reducer):
             self.matchmaker.late.took_state(peer, start - (now - at))
         out_of_step = self.matchmaker.late.out_of_step(start)
         rtt = round_trip_estimate(self.rtt_samples)
-        budget = RoundBudget.of(self.timeouts, rtt, out_of_step=out_of_step)
+        # the last round waits for the peers it counts (none: a node alone loses nothing)
+        last = contribution.last and self.matchmaker.peers_counted >= 1
+        wide = out_of_step or last
+        budget = RoundBudget.of(self.timeouts, rtt, out_of_step=wide)
         self.matchmaker.timeouts = budget.matching  # the rounds in matchmaking now follow it too
         if out_of_step:
             logger.info("round %s: a peer came after our rounds ended: the widest window", key)
+        elif last:
+            logger.info("round %s: the run's last of this fragment: the widest window", key)
         try:
             async with asyncio.timeout_at(budget.round_end(start)) as deadline:
                 return await self._reduce_inner(key, contribution, budget, start, deadline)

@@ -5,6 +5,7 @@ import pytest
 from diloco.node.model.fragments import (
     fragment_blocks,
     fragment_offset,
+    last_send,
     last_sent_round,
     max_in_flight,
     model_fragments,
@@ -88,6 +89,12 @@ def test_last_sent_round_and_next_send_step_by_hand() -> None:
     following = {0: 12, 1: 12, 12: 12, 13: 22, 22: 22, 23: 32}
     assert {t: next_send_step(t, 1, 10, 5) for t in following} == following
     assert {t: next_send_step(t, 0, 10, 5) for t in (1, 10, 11)} == {1: 10, 10: 10, 11: 20}
+
+
+def test_last_send_of_each_fragment_by_hand() -> None:
+    # H 30, 5 fragments, 150 steps (the healing-attack swarm): fragment p sends at 6p + 30k.
+    last = {(0, 120): False, (0, 150): True, (1, 96): False, (1, 126): True, (4, 144): True}
+    assert {(p, t): last_send(t, p, 30, 5, 150) for p, t in last} == last
 
 
 @pytest.mark.parametrize("num_fragments,sync_every", [(5, 10), (7, 5), (3, 3)])

@@ -388,3 +388,33 @@ def test_steps_skipped_by_catching_up_forgo_the_rounds_announced_for_them(corpus
     assert reducer.forgone == [key for key, send in sends.items() if send == first]
     trainer.adopt_outer_state({}, step=first)  # no step skipped: nothing more
     assert len(reducer.forgone) == len([s for s in sends.values() if s == first])
+
+
+class LastReducer(InProcessReducer):
+    """Remembers, for every round it is handed, whether it came marked its fragment's last."""
+
+    def __init__(self) -> None:
+        super().__init__(get_codec("none"))
+        self.last: dict[tuple[int, int], bool] = {}
+
+    def reduce(self, key: RoundKey, contributions: Sequence[Contribution]) -> Future[RoundResult]:
+        self.last[(key.fragment, key.round)] = contributions[0].last
+        return super().reduce(key, contributions)
+
+
+def test_the_runs_last_round_of_each_fragment_is_marked_last(corpus) -> None:
+    """No heal follows a fragment's last round: the swarm waits the widest window for it."""
+    reducer = LastReducer()
+    run = RunConfig(steps=20, seq_len=16, outer=OuterConfig(sync_every=6, fragment_sync_delay=0))
+    trainer = NodeTrainer(run, NodeOptions(batch_size=1, eval_batches=1), reducer, "me", corpus)
+    assert trainer.sync.num_fragments == 5  # the tiny model's: offsets 0-4 at H 6
+    for _ in range(20):
+        trainer.train_step()
+    # Fragment p sends at steps p + 6, p + 12 and, while within the 20 steps, p + 18.
+    assert reducer.last == {
+        (0, 1): False, (0, 2): False, (0, 3): True,
+        (1, 1): False, (1, 2): False, (1, 3): True,
+        (2, 1): False, (2, 2): False, (2, 3): True,
+        (3, 1): False, (3, 2): True,
+        (4, 1): False, (4, 2): True,
+    }  # fmt: skip

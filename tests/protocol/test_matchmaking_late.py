@@ -235,17 +235,24 @@ def test_a_late_peer_is_waited_for_after_its_join_came_late(early_leads_meet: bo
 
 @pytest.mark.swarm
 def test_a_reducer_out_of_step_waits_the_widest_window_and_tells_tau_the_usual_one() -> None:
-    """The wiring, on a real swarm: the reducer's round after a late JOIN runs on the widest
-    window, while ``peers_window`` (what tau auto and the hold before a send go by: the
-    window the peers give this node) stays the usual one."""
+    """The wiring, on a real swarm: a fragment's last round of the run, and the reducer's
+    round after a late JOIN, run on the widest window, while ``peers_window`` (what tau auto
+    and the hold before a send go by: the window the peers give this node) stays the usual
+    one."""
     swarm = Swarm(make_run_id("late", {}), NetworkOptions(host_maddrs=("/ip4/127.0.0.1/tcp/0",)))
     reducer = SwarmReducer(swarm, get_codec("none"), timeouts=TIMEOUTS)
     me = swarm.peer_id.to_base58()
     delta = torch.zeros(NUMEL)
     try:
-        with pytest.raises(RoundFailed):  # alone: no group
-            reducer.reduce(FIRST, [Contribution(me, delta, 1.0)]).result(60)
+        with pytest.raises(RoundFailed):  # alone, counting no peer: no group
+            reducer.reduce(FIRST, [Contribution(me, delta, 1.0, last=True)]).result(60)
         assert reducer.matchmaker.timeouts.matchmaking_window == TIMEOUTS.matchmaking_window
+        # the run's last round of a fragment: no heal follows it, so the widest window, once
+        # the node counts a peer (alone, as above, it would wait for nobody)
+        reducer.set_target_group_size(2, 2, 1)
+        with pytest.raises(RoundFailed):
+            reducer.reduce(MEET, [Contribution(me, delta, 1.0, last=True)]).result(60)
+        assert reducer.matchmaker.timeouts.matchmaking_window == 4 * TIMEOUTS.matchmaking_window
 
         async def late_join() -> bool:
             now = asyncio.get_running_loop().time()
@@ -253,7 +260,7 @@ def test_a_reducer_out_of_step_waits_the_widest_window_and_tells_tau_the_usual_o
 
         assert swarm.call(late_join())
         with pytest.raises(RoundFailed):
-            reducer.reduce(MEET, [Contribution(me, delta, 1.0)]).result(60)
+            reducer.reduce(AGAIN, [Contribution(me, delta, 1.0)]).result(60)
         assert reducer.matchmaker.timeouts.matchmaking_window == 4 * TIMEOUTS.matchmaking_window
         assert reducer.peers_window(None) == TIMEOUTS.matchmaking_window
     finally:

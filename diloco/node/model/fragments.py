@@ -127,6 +127,12 @@ def next_send_step(step: int, fragment: int, sync_every: int, num_fragments: int
     return offset + rounds * sync_every
 
 
+def last_send(step: int, fragment: int, sync_every: int, num_fragments: int, steps: int) -> bool:
+    """Whether fragment ``p``'s send at the end of ``step`` is its last in a run of ``steps``
+    steps (its next send step lies beyond the run)."""
+    return next_send_step(step + 1, fragment, sync_every, num_fragments) > steps
+
+
 def next_synced_fragment(step: int, sync_every: int, num_fragments: int) -> int:
     """The fragment that sends first at or after ``step`` (FedPart order); a tie, possible
     only when ``F > H``, goes to the lower index."""

@@ -19,7 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ from diloco.node.data.corpus import (
     load_corpus,
 )
 from diloco.node.model.compute import compile_model, configure_backends
-from diloco.node.model.fragments import model_fragments
+from diloco.node.model.fragments import last_send, model_fragments
 from diloco.node.model.hf_export import export_hf
 from diloco.node.model.transformer import Transformer
 from diloco.node.swarm.ahead import Announcer
@@ -198,9 +198,13 @@ class NodeTrainer:
         return min(seconds, SLOW_DOWN_STALL * recent[len(recent) // 2])
 
     def _reduce(self, key: RoundKey, contribution: Contribution) -> Future[RoundResult]:
-        """Start round ``key``, noted first (a process resumed later sits it out)."""
+        """Start round ``key``, noted first (a process resumed later sits it out), marked
+        ``last`` when it is the run's last of its fragment."""
         if self.sent_rounds is not None:
             self.sent_rounds.note(key)
+        sync_every, fragments = self.run.outer.sync_every, self.sync.num_fragments
+        if last_send(self.step, key.fragment, sync_every, fragments, self.run.steps):
+            contribution = replace(contribution, last=True)
         return self.reducer.reduce(key, [contribution])
 
     def _choose_tau(self, step_seconds: float, applied: list[AppliedRound]) -> None:

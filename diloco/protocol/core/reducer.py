@@ -59,6 +59,10 @@ class Contribution:
     client: bool = False
     """It reduces no part (a swarm client): its part is empty, as on the wire, so the
     chunks, and the norms clipping compares, are the swarm's."""
+    last: bool = False
+    """The run's last round of this fragment: no heal follows it, so a member that misses
+    it ends the run at another state; a swarm node that counts a peer waits the widest
+    window for it."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -284,6 +284,14 @@ class Matchmaker(JoinAnswers):
                     reply.set_result((Kind.REJECT, closed.serialize()))
             del self._lobbies[key]
 
+    @property
+    def peers_counted(self) -> int:
+        """The peers this node counts on in a round besides itself: ``counted``, or when not
+        told, the target above its floor."""
+        if self.counted is not None:
+            return self.counted
+        return (self.target_group_size or 0) - self.min_group_size
+
     def _may_lead(self, view: dict[PeerID, tuple[float, bool]], lobby: Lobby) -> set[PeerID]:
         """The peers of ``view`` (and this node) that did not declare they cannot be dialled:
         those who may lead."""
@@ -350,10 +358,7 @@ class Matchmaker(JoinAnswers):
         weights = {**lobby.weights, self.p2p.peer_id: lobby.request.weight}
         if len(members) < self.min_group_size:
             reason = f"{len(members)} member(s) < min_group_size {self.min_group_size}"
-            counted = self.counted
-            if counted is None:
-                counted = (self.target_group_size or 0) - self.min_group_size
-            self.late.alone(counted, loop.time())
+            self.late.alone(self.peers_counted, loop.time())
             too_small = Reject(RejectCode.GROUP_TOO_SMALL, reason=reason).serialize()
             for future in lobby.joiners.values():
                 future.set_result((Kind.REJECT, too_small))
