@@ -16,9 +16,9 @@ fi
 # printed when both tiers are done. The slowest tests are listed after each: the suite must
 # stay under 8 minutes on 2 cores.
 fast_log="$(mktemp)"
-idle="chrt --idle 0"  # SCHED_IDLE (util-linux); where there is no chrt, the lowest nice
-command -v chrt >/dev/null || idle="nice -n 19"
-$idle python -m pytest -q -m "not swarm" -n 2 --durations=15 >"$fast_log" 2>&1 &
+idle=(chrt --idle 0)  # SCHED_IDLE (util-linux); where there is no chrt, the lowest nice
+command -v chrt >/dev/null || idle=(nice -n 19)
+"${idle[@]}" python -m pytest -q -m "not swarm" -n 2 --durations=15 >"$fast_log" 2>&1 &
 fast=$!
 trap 'kill "$fast" 2>/dev/null || true; rm -f "$fast_log"' EXIT  # Ctrl-C ends both tiers
 trap 'exit 130' INT TERM

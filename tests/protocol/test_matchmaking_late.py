@@ -85,7 +85,7 @@ def test_a_peer_that_took_the_state_is_out_of_step_until_a_group_with_it() -> No
 
 def test_a_state_taker_that_never_comes_widens_one_cycle_of_rounds_once_a_minute() -> None:
     """A peer that downloads the state again and again and never works in a round (a forger
-    did, 50 times a minute) keeps this node on the widest window for one cycle of rounds
+    did, 52 times in one run) keeps this node on the widest window for one cycle of rounds
     (``TAKER_ROUNDS`` of one fragment), not for the run."""
     late = LatePeers()
     forger, joiner = peer(1), peer(2)

@@ -92,7 +92,7 @@ class LatePeers:
         For a cycle of rounds at most (``TAKER_ROUNDS``): a joiner JOINs within it, and one
         that comes late is marked by its late JOIN (``came``). And once per
         ``LATE_MEMORY`` until it has been in a group with this node: a peer that downloads
-        the state again and again and never works (a forger did, 50 times a minute) would
+        the state again and again and never works (a forger did, 52 times in one run) would
         keep every round of this node on the widest window."""
         taken = self._takers.get(peer)
         if taken is not None and when - taken.when <= LATE_MEMORY:
