@@ -134,6 +134,8 @@ class SwarmReducer(Reducer):
         self.timings: collections.OrderedDict[RoundKey, tuple[float, float]] = (
             collections.OrderedDict()
         )
+        self.grouped: set[RoundKey] = set()
+        """The rounds whose group formed and whose all-reduce runs (``in_group``)."""
         """(matchmaking seconds, all-reduce seconds) of the last rounds, oldest first."""
         self.transfers: collections.deque[float] = collections.deque(maxlen=RECENT_ROUNDS)
         """Transfer times of the last rounds with every part on the first try (``adaptive``)."""
@@ -183,6 +185,13 @@ class SwarmReducer(Reducer):
             self.matchmaker.reached_before(rounds)
 
         self.swarm.call(note())
+
+    def in_group(self, key: RoundKey) -> bool:
+        """From any thread: whether round ``key`` is past matchmaking, in its all-reduce.
+        Its group waits for this node's parts and reports, so a stopping node finishes such a
+        round (within its deadline) rather than leaving its group to time out
+        (docs/design.md "The node and its CLI")."""
+        return key in self.grouped
 
     def close(self) -> None:
         """Stop answering this reducer's streams; rounds in flight fail or finish by their
@@ -322,10 +331,12 @@ class SwarmReducer(Reducer):
                         max_weight=self.max_weight,
                     )
                 slot.set_result(runner)
+                self.grouped.add(key)
                 try:
                     result = await runner.run()
                 finally:  # also when the round fails or its deadline cancels it
                     failed = runner.part_missing
+                    self.grouped.discard(key)
                 if runner.transfer_seconds is not None:
                     self.transfers.append(runner.transfer_seconds)
         finally:

@@ -246,12 +246,57 @@ def test_fragment_sync_finish_of_a_stopping_node_gives_its_rounds_up() -> None:
 
     layer = nn.Linear(2, 2)
     sync = FragmentSync([list(layer.named_parameters())], OuterConfig(sync_every=2), "me", 1)
-    sync.should_abandon = lambda: True
+    sync.should_abandon = lambda _: True
     never: Future = Future()
     sync.submit(RoundKey(0, 1), never, 2, 5.0)
     (applied,) = sync.finish()
     assert not applied.ok and "abandoned" in applied.error and never.cancelled()
     assert sync.states[0].version == 0 and sync.carried_weight == [5.0]
+
+
+def test_fragment_sync_a_stopping_node_applies_a_round_its_group_waits_for() -> None:
+    """Stopping, a round in its all-reduce is waited for (its group needs this node), and
+    one still in matchmaking is given up."""
+    import threading
+    from concurrent.futures import Future
+
+    from diloco.protocol.core.reducer import RoundResult
+
+    layer = nn.Linear(2, 2)
+    sync = FragmentSync([list(layer.named_parameters())], OuterConfig(sync_every=2), "me", 1)
+    in_group, matching = RoundKey(0, 1), RoundKey(0, 2)
+    sync.should_abandon = lambda key: key != in_group
+    grouped: Future[RoundResult] = Future()
+    result = RoundResult(torch.zeros(sync.states[0].outer.numel()), ("me", "you"), 0, 0, 0.0)
+    threading.Timer(0.3, grouped.set_result, [result]).start()  # three abandon polls later
+    never: Future[RoundResult] = Future()
+    sync.submit(in_group, grouped, 2, 1.0)
+    sync.submit(matching, never, 4, 1.0)
+    first, second = sync.finish()
+    assert first.ok and first.members == ("me", "you") and sync.states[0].version == 1
+    assert not second.ok and "abandoned" in (second.error or "") and never.cancelled()
+
+
+def test_fragment_sync_wait_kept_waits_for_the_kept_rounds_and_applies_nothing() -> None:
+    import threading
+    from concurrent.futures import Future
+
+    from diloco.protocol.core.reducer import RoundResult
+
+    layer = nn.Linear(2, 2)
+    sync = FragmentSync([list(layer.named_parameters())], OuterConfig(sync_every=2), "me", 1)
+    kept_key, given_up_key = RoundKey(0, 1), RoundKey(0, 2)
+    sync.should_abandon = lambda key: key == given_up_key
+    kept: Future[RoundResult] = Future()
+    result = RoundResult(torch.zeros(sync.states[0].outer.numel()), ("me", "you"), 0, 0, 0.0)
+    threading.Timer(0.3, kept.set_result, [result]).start()
+    never: Future[RoundResult] = Future()
+    sync.submit(kept_key, kept, 2, 1.0)
+    sync.submit(given_up_key, never, 4, 1.0)
+    sync.wait_kept()
+    assert kept.done() and not never.done()
+    # nothing applied: the results stay for their receive steps (or a checkpoint)
+    assert len(sync.pending) == 2 and sync.states[0].version == 0
 
 
 def test_fragment_sync_state_dict_gives_up_on_a_round_still_in_flight() -> None:

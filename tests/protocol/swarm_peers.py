@@ -75,6 +75,10 @@ _notify_lock = threading.Lock()
 _conn: Connection | None = None
 
 
+_reducer: SwarmReducer | None = None
+"""This peer's reducer (one per process), for the faults that report what it holds."""
+
+
 def _notify(message: tuple[Any, ...]) -> None:
     assert _conn is not None
     with _notify_lock:
@@ -86,7 +90,8 @@ class StallMember(AllReduceRunner):
     server still reads what others send it.
 
     It says it is stalled only once every other member has sent it a chunk, so is in the
-    round: as leader it may have handed its GROUP to p2pd but not yet to every follower,
+    round (and says whether its reducer counts the round as in a group, as a stopping node
+    asks it): as leader it may have handed its GROUP to p2pd but not yet to every follower,
     and a kill then would split the group instead (a leader dying during matchmaking is
     another test's case, ``test_dead_leader_followers_take_over_and_complete``).
     """
@@ -94,7 +99,8 @@ class StallMember(AllReduceRunner):
     async def run(self) -> Any:
         while len(self.server.reducer.received) < self.num_members - 1:
             await asyncio.sleep(0.02)
-        _notify(("stalled", "member"))
+        assert _reducer is not None
+        _notify(("stalled", "member", _reducer.in_group(self.group.key)))
         await asyncio.sleep(1e6)
 
 
@@ -244,7 +250,7 @@ def peer_main(
     identity_path: str | None = None,
 ) -> None:
     """Body of one peer process: serve commands from the test until "exit"."""
-    global _conn
+    global _conn, _reducer
     os.setsid()
     mp.set_start_method("fork", force=True)  # the DHT process forks, as in a real node
     # hivemind's MPFuture locks were made when the fork server imported it, so every peer
@@ -268,7 +274,7 @@ def peer_main(
     swarm = Swarm(run_id, net)
     sockets = [str(swarm.p2p._client_listen_maddr), *swarm.dht.run_coroutine(_daemon_sockets)]
     faults = SwitchedFaults()
-    reducer = SwarmReducer(swarm, get_codec(codec), timeouts=TIMEOUTS, faults=faults)
+    reducer = _reducer = SwarmReducer(swarm, get_codec(codec), timeouts=TIMEOUTS, faults=faults)
     _notify(("ready", swarm.peer_id.to_base58(), swarm.maddrs, sockets))
     served: list[OuterState] = []
     try:
@@ -325,11 +331,12 @@ def peer_main(
                     for f, k, n, seed, w, *prior in args
                 ]
                 results = []
-                for future in futures:
+                for (f, k, *_), future in zip(args, futures, strict=True):
                     try:
                         results.append(_summary(future.result()))
                     except RoundFailed as exc:
                         results.append({"ok": False, "reason": exc.reason})
+                    results[-1]["in_group"] = reducer.in_group(RoundKey(f, k))  # ended: False
                 _notify(("done", results))
             elif command == "serve_state":
                 num_fragments, numel, seed, poisoned = args

@@ -22,6 +22,8 @@ from diloco.protocol.trust.admission import (
 from diloco.protocol.trust.identity import Identity
 from diloco.protocol.trust.swarm_key import ClosedSwarm, ClosedTransport, NotMember
 
+pytestmark = pytest.mark.clocked
+
 A, B = sorted(Identity.generate().peer_id for _ in range(2))
 
 

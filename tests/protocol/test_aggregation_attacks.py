@@ -14,6 +14,8 @@ from inprocess import Outcome, Round, delta_of, expected, names, run_round
 
 from diloco.protocol.allreduce.member import AllReduceRunner
 
+pytestmark = pytest.mark.clocked
+
 NUMEL = 4_096
 CAP = 2.0
 

@@ -46,6 +46,8 @@ from diloco.protocol.core.reducer import Contribution, InProcessReducer
 from diloco.protocol.core.round import CHUNK_VALUES, chunk_spans
 from diloco.protocol.trust.bans import BAN_OFFENCES, BanList
 
+pytestmark = pytest.mark.clocked
+
 
 def _without(
     inputs: Sequence[torch.Tensor], weights: Sequence[float], left_out: int

@@ -12,6 +12,7 @@ import dataclasses
 import random
 from collections.abc import Sequence
 
+import pytest
 import torch
 from faults import LYING_REDUCER, Injected, Member, ScalingServer
 from hivemind.p2p import PeerID
@@ -25,6 +26,8 @@ from diloco.protocol.trust.round_signatures import sign_check
 from diloco.protocol.wire.check import CheckRequest, CheckResponse
 from diloco.protocol.wire.frames import Reject, RejectCode
 from diloco.protocol.wire.part import Averaged
+
+pytestmark = pytest.mark.clocked
 
 NUMEL = 4 * 16 * 256  # four parts of 16 blocks
 WEIGHTS = [1.0, 2.0, 3.0, 1.5]

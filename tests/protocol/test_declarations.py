@@ -19,6 +19,8 @@ from diloco.protocol.records.declarations import (
 )
 from diloco.protocol.trust.envelopes import pack_payload
 
+pytestmark = pytest.mark.clocked
+
 PRIOR = "0123456789abcdef"
 
 

@@ -13,6 +13,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any
 
+import pytest
 from memory_dht import MemoryDHT, Table
 from memory_p2p import make_identity
 
@@ -27,6 +28,8 @@ from diloco.protocol.records.nodes import (
 from diloco.protocol.records.run_configs import SignedRunConfig
 from diloco.protocol.trust.envelopes import open_envelope
 from diloco.protocol.wire.run_id import make_run_id
+
+pytestmark = pytest.mark.clocked
 
 CREATOR = make_identity(0)
 CONFIG = {"name": "leave", "steps": 10, "creator": CREATOR.peer_id}

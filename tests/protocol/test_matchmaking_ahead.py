@@ -26,6 +26,8 @@ from diloco.protocol.trust.bans import BanList
 from diloco.protocol.trust.identity import Identity
 from diloco.protocol.wire.frames import Kind, Reject, RejectCode
 
+pytestmark = pytest.mark.clocked
+
 RUN_ID = "ahead-0123456789abcdef"
 DIGEST = bytes(range(16))
 KEY = RoundKey(2, 5)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
 from memory_dht import MemoryDHT, Table
@@ -17,6 +18,8 @@ from diloco.protocol.matchmaking.lobby import leader_rank, round_key
 from diloco.protocol.matchmaking.matchmaker import Matchmaker
 from diloco.protocol.records.declarations import declare_round
 from diloco.protocol.trust.bans import BanList
+
+pytestmark = pytest.mark.clocked
 
 RUN_ID = "left-0123456789abcdef"
 DIGEST = bytes(range(16))

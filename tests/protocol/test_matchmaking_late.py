@@ -30,6 +30,8 @@ from diloco.protocol.swarm_reducer import SwarmReducer
 from diloco.protocol.trust.bans import BanList
 from diloco.protocol.wire.run_id import make_run_id
 
+pytestmark = pytest.mark.clocked
+
 RUN_ID = "late-0123456789abcdef"
 DIGEST = bytes(range(16))
 TIMEOUTS = RoundTimeouts(matchmaking_window=0.5, join_timeout=0.5)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from faults import SilentLeader
 from hivemind.p2p import PeerID
 from memory_dht import MemoryDHT, Table
@@ -21,6 +22,8 @@ from diloco.protocol.matchmaking.matchmaker import Matchmaker
 from diloco.protocol.records.declarations import declare_round
 from diloco.protocol.trust.bans import BAN_OFFENCES, SILENCE_SPAN, BanList
 from diloco.protocol.wire.frames import Join, RoundTag
+
+pytestmark = pytest.mark.clocked
 
 RUN_ID = "liveness-0123456789abcdef"
 DIGEST = bytes(range(16))

@@ -18,6 +18,8 @@ from diloco.protocol.matchmaking.lobby import Lobby
 from diloco.protocol.matchmaking.matchmaker import Matchmaker
 from diloco.protocol.trust.bans import BanList
 
+pytestmark = pytest.mark.clocked
+
 RUN_ID = "poll-0123456789abcdef"
 DIGEST = bytes(range(16))
 

@@ -20,6 +20,8 @@ from diloco.protocol.records.declarations import declare_round
 from diloco.protocol.trust.bans import BanList
 from diloco.protocol.wire.frames import Join, Kind, Reject, RejectCode, RoundTag
 
+pytestmark = pytest.mark.clocked
+
 RUN_ID = "priors-0123456789abcdef"
 DIGEST = bytes(range(16))
 KEY = RoundKey(2, 5)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from hivemind.p2p import PeerID
 from memory_dht import MemoryDHT, Table
 from memory_p2p import MemoryNetwork, MemoryP2P, make_identity
@@ -24,6 +25,8 @@ from diloco.protocol.records.declarations import declare_round
 from diloco.protocol.trust.bans import BanList
 from diloco.protocol.trust.identity import Identity
 from diloco.protocol.wire.frames import Group, Join, Kind, Reject, RejectCode, RoundTag
+
+pytestmark = pytest.mark.clocked
 
 RUN_ID = "reads-0123456789abcdef"
 DIGEST = bytes(range(16))

@@ -25,6 +25,8 @@ from diloco.protocol.matchmaking.matchmaker import Matchmaker
 from diloco.protocol.records.declarations import declare_round, read_round_expiring
 from diloco.protocol.trust.bans import BanList
 
+pytestmark = pytest.mark.clocked
+
 RUN_ID = "restart-0123456789abcdef"
 DIGEST = bytes(range(16))
 KEY = RoundKey(2, 5)

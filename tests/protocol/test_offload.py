@@ -17,6 +17,8 @@ from diloco.protocol.core.reducer import RoundResult
 from diloco.protocol.runtime.offload import INLINE_VALUES, offload
 from diloco.protocol.wire.part import Averaged
 
+pytestmark = pytest.mark.clocked
+
 
 def _thread() -> int:
     return threading.get_ident()

@@ -23,6 +23,8 @@ from diloco.protocol.runtime.streams import read_frame, write_frame
 from diloco.protocol.wire.frames import ByteCounter, Kind, Reject, RejectCode, RoundTag
 from diloco.protocol.wire.part import Report
 
+pytestmark = pytest.mark.clocked
+
 Opens = collections.Counter[str]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from hivemind.p2p import PeerID
 from memory_dht import MemoryDHT, Table
 from memory_p2p import MemoryNetwork, make_identity
@@ -16,6 +17,8 @@ from diloco.protocol.matchmaking.matchmaker import Matchmaker
 from diloco.protocol.runtime import round_trips
 from diloco.protocol.runtime.round_trips import RoundTrips, counting, exchange
 from diloco.protocol.trust.bans import BanList
+
+pytestmark = pytest.mark.clocked
 
 
 def kinds(trips: RoundTrips) -> list[str]:

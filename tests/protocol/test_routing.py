@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from inprocess import KEY, TIMEOUTS, Round, SteppedClock, deltas
 
 from diloco.protocol.allreduce.member import AllReduceRunner
@@ -11,6 +12,8 @@ from diloco.protocol.core.reducer import RoundResult
 from diloco.protocol.runtime.streams import open_stream, read_frame, write_frame
 from diloco.protocol.wire.check import CheckRequest, CheckResponse
 from diloco.protocol.wire.frames import Kind, Reject, RejectCode
+
+pytestmark = pytest.mark.clocked
 
 
 async def _ask(round_: Round, member: int, of: int) -> CheckResponse | Reject:

@@ -25,6 +25,8 @@ from diloco.protocol.trust.identity import Identity, signing_input
 from diloco.protocol.wire.frames import Kind
 from diloco.protocol.wire.run_id import make_run_id
 
+pytestmark = pytest.mark.clocked
+
 HONEST, HOSTILE = Identity.generate(), Identity.generate()
 
 

@@ -39,6 +39,8 @@ from diloco.protocol.core.reducer import RoundKey
 from diloco.protocol.matchmaking.matchmaker import Matchmaker
 from diloco.protocol.trust.bans import BAN_OFFENCES, SILENCE_SPAN
 
+pytestmark = pytest.mark.clocked
+
 MEMBERS, SILENT = 3, 2
 WEIGHTS = [1.0, 2.0, 1.0]
 FAST = dataclasses.replace(TIMEOUTS, sender_timeout=2.0, connect_timeout=1.0)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 import torch
 from faults import SilentSender
 from memory_p2p import MemoryP2P
@@ -21,6 +22,8 @@ from diloco.protocol.staged.grid import plan_grid
 from diloco.protocol.staged.reference import staged_mean
 from diloco.protocol.staged.runner import RunnerFactory
 from diloco.protocol.trust.bans import BanList
+
+pytestmark = pytest.mark.clocked
 
 VICTIM = 3
 

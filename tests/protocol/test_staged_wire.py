@@ -37,6 +37,8 @@ from diloco.protocol.staged.views import stand_in_for, view_group_id
 from diloco.protocol.trust.bans import BanList
 from diloco.protocol.trust.identity import Identity
 
+pytestmark = pytest.mark.clocked
+
 
 async def _round(
     codec: str,

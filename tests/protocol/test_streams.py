@@ -16,6 +16,8 @@ from diloco.errors import ProtocolError
 from diloco.protocol.runtime import streams
 from diloco.protocol.wire.frames import FRAME_HEADER, ByteCounter, Kind, Reject, RejectCode
 
+pytestmark = pytest.mark.clocked
+
 PEER = make_peer_id(7)
 
 

@@ -37,6 +37,8 @@ from diloco.protocol.trust.swarm_key import (
 from diloco.protocol.wire.frames import Kind, Reject, RejectCode
 from diloco.protocol.wire.run_id import make_run_id, run_digest
 
+pytestmark = pytest.mark.clocked
+
 RUN = make_run_id("closed", {"seed": 1})
 DIGEST = run_digest(RUN)
 KEY, OTHER_KEY = SwarmKey(b"k" * 32), SwarmKey(b"o" * 32)

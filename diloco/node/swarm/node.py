@@ -138,7 +138,11 @@ class SwarmNode:
             }
             """Fragment -> this node's last applied rounds of it, as it vouches for them."""
             self.trainer.round_timeout = rounds.exit_timeout
-            self.trainer.sync.should_abandon = self.stop_event.is_set
+            # A stopping node gives up its rounds still in matchmaking, not those its group
+            # waits for (docs/design.md "The node and its CLI").
+            self.trainer.sync.should_abandon = lambda key: (
+                self.stop_event.is_set() and not self.reducer.in_group(key)
+            )
             self.healing = concurrent.futures.ThreadPoolExecutor(1, "diloco-node-heal")
             """Healing's checks and downloads, one at a time (``Healer``)."""
             self.publisher = Publisher(self.swarm, signed, self.recent, self._heard)
@@ -342,6 +346,8 @@ class SwarmNode:
             finished = t.finish_rounds()
             self._record_rounds(finished, final=True)
             self._refresh_snapshot([r.key.fragment for r in finished if r.ok])
+        else:  # a stop: finish the rounds whose groups wait for this node, before leaving
+            t.sync.wait_kept()
         return self._finish(time.perf_counter() - start)
 
     def _bound_tau(self) -> None:

@@ -121,8 +121,9 @@ class FragmentSync:
     tokens_since_send: list[float] = field(init=False)
     carried_weight: list[float] = field(init=False)
     failed_rounds: int = field(init=False, default=0)
-    should_abandon: Callable[[], bool] = field(default=lambda: False, repr=False)
-    """Asked while blocked on a round; True gives the round up (a node that is stopping)."""
+    should_abandon: Callable[[RoundKey], bool] = field(default=lambda _: False, repr=False)
+    """Asked of a round while blocked on it; True gives the round up (a node that is
+    stopping, of a round its group does not wait for yet)."""
     refuse: Callable[[RoundResult], str | None] = field(default=lambda _: None, repr=False)
     """Asked of each result before it is applied: a reason fails the round (the swarm node:
     a round without the run's creator before it has worked with anyone)."""
@@ -259,6 +260,16 @@ class FragmentSync:
             applied.append(self._apply(pending))
         return applied
 
+    def wait_kept(self) -> None:
+        """A stopping node: wait for the rounds in flight that ``should_abandon`` keeps (those
+        whose group waits for this node), each until it ends, which its deadline bounds. Their
+        results stay pending: a checkpoint saves them, to be applied at their receive steps
+        after a resume (``state_dict``)."""
+        while kept := [
+            r.future for r in self.pending if not r.future.done() and not self.should_abandon(r.key)
+        ]:
+            concurrent.futures.wait(kept, ABANDON_POLL_SECONDS, concurrent.futures.FIRST_COMPLETED)
+
     def _wait(self, pending: PendingRound) -> RoundResult:
         """The round's result; polls so that a stopping node can abandon the wait."""
         while True:
@@ -268,7 +279,7 @@ class FragmentSync:
                 key = pending.key
                 raise RoundFailed(key.fragment, key.round, "abandoned when saved") from None
             except concurrent.futures.TimeoutError:
-                if self.should_abandon():
+                if self.should_abandon(pending.key):
                     pending.future.cancel()
                     key = pending.key
                     raise RoundFailed(key.fragment, key.round, "abandoned: stopping") from None
