@@ -186,6 +186,15 @@ class SwarmReducer(Reducer):
 
         self.swarm.call(note())
 
+    def set_behind(self, behind: bool) -> None:
+        """From any thread: whether this node is behind the swarm, so the rounds it leads
+        alone are late ones (``LatePeers.set_behind``)."""
+
+        async def note() -> None:
+            self.matchmaker.late.set_behind(behind)
+
+        self.swarm.submit(note())
+
     def in_group(self, key: RoundKey) -> bool:
         """From any thread: whether round ``key`` is past matchmaking, in its all-reduce.
         Its group waits for this node's parts and reports, so a stopping node finishes such a

@@ -19,6 +19,7 @@ from diloco.node.evidence.suspects import failed_everywhere, missed_rounds, open
 from diloco.node.evidence.witness import Witness, WitnessedRound
 from diloco.node.model.fragments import send_step
 from diloco.node.swarm.donors import (
+    ahead_of,
     catch_up_step,
     choose_donors,
     fragments_to_adopt,
@@ -117,6 +118,13 @@ def test_lagging_against_the_views_robust_step() -> None:
     assert lagging(trusting([], step=53), my_step=50)
     assert not lagging(trusting([], step=52), my_step=50)  # within MAX_LAG_STEPS (2)
     assert not lagging(trusting([], step=None), my_step=0)
+
+
+def test_ahead_of_counts_only_the_clocks_records_past_max_lag_steps() -> None:
+    records = [record("creator", 53), record("stranger", 900)]
+    assert ahead_of(records, {"creator"}, my_step=50)  # 3 past: more than MAX_LAG_STEPS (2)
+    assert not ahead_of(records, {"creator"}, my_step=51)  # 2 past: within it
+    assert not ahead_of(records, set(), my_step=0)  # a stranger's claim moves nothing
 
 
 def test_heal_plan_checks_every_fragment_when_lagging() -> None:
@@ -436,10 +444,13 @@ def test_healer_lagging_node_skips_to_its_anchors_step_before_any_vouch(corpus: 
     mine = initial_entries(trainer)
     swarm = FakeSwarm([record("fast", 30, *mine), record("faster", 36, *mine)], {})
     healer, events = make_healer(trainer, swarm, anchors=["fast"])
+    behind: list[int] = []
+    healer.on_behind = lambda: behind.append(trainer.step)
     healer.maybe_heal([])
     assert finish_check(healer, swarm) == []  # in line on every fragment: nothing to fetch
     assert trainer.step == 30  # the peer it joined through, not the furthest claim
     assert {"event": "caught_up", "from_step": 12, "to_step": 30} in events
+    assert behind == [12]  # told before it moved: its rounds led alone were late ones
     # Version 0 after step 30: every fragment missed its rounds, all suspect now.
     assert set(healer.suspects) == set(range(trainer.sync.num_fragments))
 
@@ -567,9 +578,12 @@ def test_healer_adopting_a_newer_round_moves_on_to_its_send_step(corpus: Any) ->
     # H 6, 5 fragments: round 1 of fragment 1 is sent at step 7, of fragment 0 at step 6.
     newer = donor_state(trainer, 8, 1)
     healer, events = make_healer(trainer, FakeSwarm([], {}))
+    behind: list[int] = []
+    healer.on_behind = lambda: behind.append(trainer.step)
     assert healer.adopt(OuterState(8, {1: newer.fragments[1]})) == [1]
     assert trainer.step == 7 and trainer.sync.states[1].version == 1
     assert events == [{"event": "caught_up", "from_step": 3, "to_step": 7}]
+    assert behind == [3]
     assert healer.suspects == {0: 1}  # round 1 of fragment 0, sent at 6, was skipped
 
 

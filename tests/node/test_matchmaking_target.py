@@ -110,18 +110,29 @@ def test_a_node_waits_for_its_new_partner_in_the_round_after_their_first() -> No
         assert wait_for(node, lambda size, live: (size, live) == (3, 4)), (
             node.reducer.matchmaker.target_group_size
         )
+        # b and c, which it saw work, are at step 10, this node at 0: it is behind them, so
+        # its rounds led alone are no evidence that they come late (matchmaking/late.py)
+        assert node.trainer.step == 0
+        assert wait_until(lambda: node.reducer.matchmaker.late.behind)
+        node._heard([NodeRecord(p, (), 2, (), 0.0, __version__) for p in (me, b, c, d)])
+        assert wait_until(lambda: not node.reducer.matchmaker.late.behind)  # within 2 steps
     finally:
         node.close()
+
+
+def wait_until(holds: Callable[[], bool], timeout: float = 5.0) -> bool:
+    """Whether ``holds`` comes true (a value set on the swarm's loop)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if holds():
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def wait_for(
     node: SwarmNode, holds: Callable[[int | None, int | None], bool], timeout: float = 5.0
 ) -> bool:
     """Whether the reducer's target (set on the swarm's loop) comes to satisfy ``holds``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        matchmaker = node.reducer.matchmaker
-        if holds(matchmaker.target_group_size, matchmaker.live_nodes):
-            return True
-        time.sleep(0.05)
-    return False
+    matchmaker = node.reducer.matchmaker
+    return wait_until(lambda: holds(matchmaker.target_group_size, matchmaker.live_nodes), timeout)

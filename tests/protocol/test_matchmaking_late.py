@@ -73,6 +73,23 @@ def test_a_round_led_alone_while_counting_a_peer_is_out_of_step() -> None:
     assert not late.out_of_step(1.0)
 
 
+def test_rounds_led_alone_by_a_node_behind_the_swarm_are_no_evidence_late_joins_are() -> None:
+    late = LatePeers()
+    late.alone(counted=1, now=1.0)
+    assert late.out_of_step(1.0)
+    late.set_behind(True)  # the peers it counts are past its step: those rounds were late
+    assert not late.out_of_step(1.0)
+    late.alone(counted=1, now=2.0)  # still behind: no evidence either
+    assert not late.out_of_step(2.0)
+    late.set_behind(False)
+    late.alone(counted=1, now=3.0)  # in step again by the records: evidence again
+    assert late.out_of_step(3.0)
+    late.ended(FIRST)
+    assert late.came(peer(3), FIRST, 4.0)
+    late.set_behind(True)  # a JOIN after the round ended is not undone
+    assert late.out_of_step(4.0)
+
+
 def test_a_peer_that_took_the_state_is_out_of_step_until_a_group_with_it() -> None:
     late = LatePeers()
     a = peer(1)

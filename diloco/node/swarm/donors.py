@@ -9,13 +9,14 @@ hand-made inputs; ``healing.Healer`` runs them.
 - ``heal_plan``: which fragments to fetch, and from whom (``fetch_groups``: in as few
   requests as the donors allow);
 - ``fragments_to_adopt``: which fetched fragments replace ours;
-- ``catch_up_step``: the step a node moves to with what it adopted.
+- ``catch_up_step``: the step a node moves to with what it adopted;
+- ``ahead_of``: whether peers whose word counts are past this node's step.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from diloco.node.evidence.claims import SwarmView
 from diloco.node.evidence.suspects import version_of
@@ -54,6 +55,18 @@ def lagging(view: SwarmView, my_step: int, max_lag: int = MAX_LAG_STEPS) -> bool
     before it arrives), so it skips ahead to that step.
     """
     return view.step is not None and view.step > my_step + max_lag
+
+
+def ahead_of(
+    records: Iterable[NodeRecord],
+    clock: Collection[str],
+    my_step: int,
+    max_lag: int = MAX_LAG_STEPS,
+) -> bool:
+    """Whether a record of ``clock`` (the peers whose word sets the pace: no stranger's
+    claim) is more than ``MAX_LAG_STEPS`` past ``my_step``. Records are up to a publishing
+    interval old, so such a peer is further ahead still: this node is behind it."""
+    return any(r.global_step > my_step + MAX_LAG_STEPS for r in records if r.peer_id in clock)
 
 
 def choose_donors(

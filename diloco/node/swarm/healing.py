@@ -121,9 +121,13 @@ class Healer:
         initial_hashes: Sequence[str],
         anchors: Collection[str] = (),
         witness: Witness | None = None,
+        on_behind: Callable[[], None] = lambda: None,
     ) -> None:
         self.trainer, self.source, self.me, self.worker = trainer, source, me, worker
         self.emit, self.on_adopted = emit, on_adopted
+        self.on_behind = on_behind
+        """Called when this node skips ahead to the swarm's step: it was behind, so the
+        rounds it led alone were late ones (``SwarmReducer.set_behind``)."""
         self.initial_hashes = tuple(initial_hashes)
         self.anchors = frozenset(anchors)
         """Peer ids this node joined through (``claims``: whose word counts while it has
@@ -320,6 +324,7 @@ class Healer:
         moved = step > t.step
         if moved:
             self.emit({"event": "caught_up", "from_step": t.step, "to_step": step})
+            self.on_behind()
         t.adopt_outer_state(taken, step=step)
         if moved:  # the rounds of the steps skipped are missed, like a lagging node's
             self.suspects.update(missed_rounds(t.step, self.versions(), self.sync_every))
@@ -409,6 +414,7 @@ class Healer:
             # round from now on (never to one donor's claim), but not past a round still
             # forming (``skip_target``).
             self.emit({"event": "caught_up", "from_step": t.step, "to_step": to})
+            self.on_behind()
             t.adopt_outer_state({}, step=to)
             self.suspects.update(missed_rounds(t.step, self.versions(), self.sync_every))
         adopted = self.adopt(state)

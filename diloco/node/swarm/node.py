@@ -42,6 +42,7 @@ from diloco.node.observe.recent_metrics import RecentMetrics
 from diloco.node.observe.round_events import round_event
 from diloco.node.observe.traffic import data_parallel_bytes
 from diloco.node.swarm.before_send import heal_before_send, hold_seconds
+from diloco.node.swarm.donors import ahead_of
 from diloco.node.swarm.first_step import wait_for_peers
 from diloco.node.swarm.healing import SETTLE_TIMEOUT, Healer
 from diloco.node.swarm.matchmaking_target import MatchmakingTarget
@@ -165,6 +166,7 @@ class SwarmNode:
                 initial_hashes,
                 anchors=[a.rsplit("/p2p/", 1)[1] for a in net.initial_peers if "/p2p/" in a],
                 witness=self.witness,
+                on_behind=lambda: self.reducer.set_behind(True),
             )
             self.trainer.sync.refuse = self.healer.refusal
             self.target = MatchmakingTarget(
@@ -235,8 +237,11 @@ class SwarmNode:
 
     def _heard(self, records: list[NodeRecord]) -> None:
         """Publisher thread: the run's live records were read; they set how many
-        declarations a round waits for (``matchmaking_target``, docs/design.md "Evidence")."""
+        declarations a round waits for (``matchmaking_target``, docs/design.md "Evidence"),
+        and whether this node is behind the peers it counts (docs/design.md "The round")."""
         self.target.heard(records)
+        evidence = self.healer.evidence()
+        self.reducer.set_behind(ahead_of(records, evidence.clock(), self.trainer.step))
 
     def _vouches(self) -> dict[int, tuple[Vouch, ...]]:
         return {p: tuple(v) for p, v in self.vouches.items()}

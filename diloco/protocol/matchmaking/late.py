@@ -9,7 +9,8 @@ while such a peer has not been in a group with this node since, the node waits t
 widest window any round trip may set (``RoundBudget.of``, ``out_of_step``), its peer
 arrives within it, and from that round on both apply at the same step. The early node
 gets no late JOIN when its peers formed the round without it; its evidence is then a round
-it led that found none of the peers it saw work (``alone``). A peer that took this node's
+it led that found none of the peers it saw work (``alone``), unless it finds itself behind
+the swarm (``set_behind``): such rounds were late, not early. A peer that took this node's
 state (a joiner, a healer) is out of step with it too, until they met (``took_state``), for
 a cycle of rounds at most, once a minute. The wider window costs nothing in a round whose
 peers all come: a round ends as soon as they have. Bounded like any peer's word: the peers
@@ -63,6 +64,8 @@ class LatePeers:
         """Peer -> when its last late JOIN came (loop time)."""
         self._alone: float | None = None
         """When a round this node led last found too few of the peers it saw work."""
+        self._behind = False
+        """Whether this node is behind the swarm (``set_behind``)."""
         self._takers: dict[PeerID, _Taken] = {}
         """Peers that took this node's state and have not been in a group with it since."""
 
@@ -116,8 +119,25 @@ class LatePeers:
         this node's window (an early node gets no late JOIN: it led, alone). One is enough: a
         joiner counts the creator alone until they have worked together (docs/design.md
         "The round")."""
-        if counted >= 1:
+        if counted >= 1 and not self._behind:
             self._alone = now
+
+    def set_behind(self, behind: bool) -> None:
+        """Whether this node is behind the swarm: records of peers it counts are past its
+        step, or it has just skipped ahead to the swarm's step. While it is, the rounds it
+        leads alone come after its peers' rounds, not before, so they are no evidence that
+        its peers come late, and waiting the widest window for peers that passed them only
+        puts it further behind: in one chaos run a joiner 1.5-3 s behind its creator (steps
+        of 0.07 s) waited 4 s alone in every other round, skipped ahead and fell behind
+        again, for 70 steps. Late JOINs and state takers stay evidence."""
+        self._behind = behind
+        if behind:
+            self._alone = None
+
+    @property
+    def behind(self) -> bool:
+        """Whether this node is behind the swarm (``set_behind``)."""
+        return self._behind
 
     def met(self, members: Iterable[PeerID]) -> None:
         """A group formed with ``members``: they are in step with this node now."""
