@@ -134,9 +134,9 @@ class SwarmReducer(Reducer):
         self.timings: collections.OrderedDict[RoundKey, tuple[float, float]] = (
             collections.OrderedDict()
         )
+        """(matchmaking seconds, all-reduce seconds) of the last rounds, oldest first."""
         self.grouped: set[RoundKey] = set()
         """The rounds whose group formed and whose all-reduce runs (``in_group``)."""
-        """(matchmaking seconds, all-reduce seconds) of the last rounds, oldest first."""
         self.transfers: collections.deque[float] = collections.deque(maxlen=RECENT_ROUNDS)
         """Transfer times of the last rounds with every part on the first try (``adaptive``)."""
         self.rtt_samples: collections.deque[float] = collections.deque(maxlen=RECENT_ROUNDS)

@@ -57,12 +57,7 @@ def lagging(view: SwarmView, my_step: int, max_lag: int = MAX_LAG_STEPS) -> bool
     return view.step is not None and view.step > my_step + max_lag
 
 
-def ahead_of(
-    records: Iterable[NodeRecord],
-    clock: Collection[str],
-    my_step: int,
-    max_lag: int = MAX_LAG_STEPS,
-) -> bool:
+def ahead_of(records: Iterable[NodeRecord], clock: Collection[str], my_step: int) -> bool:
     """Whether a record of ``clock`` (the peers whose word sets the pace: no stranger's
     claim) is more than ``MAX_LAG_STEPS`` past ``my_step``. Records are up to a publishing
     interval old, so such a peer is further ahead still: this node is behind it."""
