@@ -6,16 +6,18 @@ A node's record, vouches, run configuration and metrics expire unless stored aga
 healing (one heal may try eight donors for half a minute each, far past the TTL), nor the
 training thread (blocked at a round's receive step). The training thread only hands over
 the newest record (``offer``); the thread stores it every ``PUBLISH_EVERY`` seconds, or at
-once when a round was applied, and reads the others' records back: how many nodes are
-alive (``on_records``) and their claimed step times (``take_claims``). A leaving node
-replaces its record with one that says so (``leave``): its peers stop counting it at once,
-not a ``RECORD_TTL`` later.
+once when a round was applied (the run configuration and the metrics, which decide no
+round, at most every ``RECORD_TTL / 3`` and ``PUBLISH_EVERY``), and reads the others'
+records back: how many nodes are alive (``on_records``) and their claimed step times
+(``take_claims``). A leaving node replaces its record with one that says so (``leave``):
+its peers stop counting it at once, not a ``RECORD_TTL`` later.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -83,6 +85,9 @@ class Publisher:
         self._thread = threading.Thread(target=self._run, name="diloco-publisher", daemon=True)
         self.vouches_stored: dict[int, tuple[tuple[Vouch, ...], float]] = {}
         """Fragment -> the vouches last stored and when (publisher thread only)."""
+        self.config_stored_at = -math.inf
+        self.metrics_stored_at = -math.inf
+        """When the run configuration and the metrics were last stored (publisher thread)."""
 
     def offer(self, record: NodeRecord, vouches: Vouches, now: bool = False) -> None:
         """Publish ``record`` and ``vouches`` from the next store on (at once if ``now``)."""
@@ -177,7 +182,12 @@ class Publisher:
             if self._left.is_set():  # the node left: its left record stays the last
                 return
             self.swarm.publish_record(record, ttl=RECORD_TTL)
-        self.swarm.call(publish_run_config(self.swarm.dht, self.signed, RECORD_TTL))
+        # The run configuration never changes: stored again well before it expires, not at
+        # every store of the record (after each round), which made it a fifth of a
+        # three-node swarm's DHT stores.
+        if now - self.config_stored_at > RECORD_TTL / 3:
+            self.swarm.call(publish_run_config(self.swarm.dht, self.signed, RECORD_TTL))
+            self.config_stored_at = now
         records = self.swarm.read_records()
         self.on_records(records)
         # The others' claims; the trainer counts them only as far as their witnessed work
@@ -189,8 +199,10 @@ class Publisher:
         }
         with self._lock:
             self._claims = claims
-        metrics = self.recent.record()  # for dashboards: last, it decides nothing
-        self.swarm.call(publish_metrics(self.swarm.dht, self.swarm.run_id, metrics, RECORD_TTL))
+        if now - self.metrics_stored_at >= PUBLISH_EVERY:  # for dashboards: it decides nothing
+            metrics = self.recent.record()
+            self.swarm.call(publish_metrics(self.swarm.dht, self.swarm.run_id, metrics, RECORD_TTL))
+            self.metrics_stored_at = now
 
     async def _store_vouches(self, due: Sequence[Sequence[Vouch]]) -> None:
         dht, run_id = self.swarm.dht, self.swarm.run_id
