@@ -523,6 +523,35 @@ def test_healer_join_takes_the_robust_step_and_settles_rounds_in_flight(corpus: 
     assert torch.equal(trainer.sync.states[0].outer, landed.fragments[0].outer)
 
 
+class TrainingOnSwarm(FakeSwarm):
+    """A swarm whose records move on to ``later`` while a download runs."""
+
+    def __init__(self, later: list[NodeRecord], *args: Any) -> None:
+        super().__init__(*args)
+        self.later = later
+
+    def fetch_state(
+        self, fragments: Sequence[int], expected_numel: Mapping[int, int], donors: Sequence[str]
+    ) -> OuterState:
+        state = super().fetch_state(fragments, expected_numel, donors)
+        self.records = self.later
+        return state
+
+
+def test_healer_join_starts_at_the_step_the_swarm_reached_during_the_download(
+    corpus: Any,
+) -> None:
+    trainer = make_trainer(corpus)
+    initial = OuterState(5, {p: s.clone() for p, s in enumerate(trainer.sync.states)})
+    entries = initial_entries(trainer)
+    swarm = TrainingOnSwarm(
+        [record("creator", 11, *entries)], [record("creator", 5, *entries)], {"creator": initial}
+    )
+    healer, _ = make_healer(trainer, swarm, anchors=["creator"])
+    healer.join(deadline=time.monotonic() + 30)
+    assert trainer.step == 11  # read after the download, not the 5 read before it
+
+
 def test_healer_join_downloads_one_fragment_before_the_first_round(corpus: Any) -> None:
     """Every record holds every fragment at version 0 under the run's initial hash: the
     joiner built that state itself from the run's seed, so it downloads only the smallest

@@ -255,10 +255,10 @@ class Healer:
     def join(self, deadline: float) -> None:
         """A joiner's first act: download every fragment from a donor whose whole state is
         vouched (but those no round has changed yet: ``beyond_initial``), and start at the
-        swarm's robust step (raised to the send step of the newest round adopted, so that
-        our own record stays plausible). Donors are retried until ``deadline``: a fresh
-        daemon's first dials can fail, vouches of the newest rounds come a few seconds after
-        them, and a busy donor may refuse.
+        swarm's robust step as read after the download (raised to the send step of the
+        newest round adopted, so that our own record stays plausible). Donors are retried
+        until ``deadline``: a fresh daemon's first dials can fail, vouches of the newest
+        rounds come a few seconds after them, and a busy donor may refuse.
 
         Raises:
             DilocoError: no vouched state by ``deadline``.
@@ -282,7 +282,11 @@ class Healer:
                     raise DilocoError(f"could not download the run's state: {error}") from error
                 logger.warning("no state yet (%s); retrying", error)
                 time.sleep(JOIN_RETRY)
-        step = catch_up_step(state.fragments, view.step or 0, self.sync_every, len(self.numel))
+        # The swarm trained on during the download (seconds with a busy donor; a joiner of
+        # the healing-attack swarm once started 7.5 s behind its creator and stayed behind),
+        # so the step is read again after it; rounds the download missed are settled next.
+        robust = max(view.step or 0, self.read_view().step or 0)
+        step = catch_up_step(state.fragments, robust, self.sync_every, len(self.numel))
         self.trainer.adopt_outer_state(dict(state.fragments), step=step)
         self.on_adopted()
 
