@@ -37,7 +37,7 @@ from diloco.node.model.fragments import fragment_blocks
 from diloco.node.model.transformer import preset
 from diloco.node.training.inner import InnerConfig
 from diloco.node.training.local import LocalConfig, LocalTrainer
-from diloco.node.training.outer import OuterConfig
+from diloco.node.training.outer_config import OuterConfig
 from diloco.sim.plots import require_matplotlib
 
 logger = logging.getLogger("ablations")

@@ -42,7 +42,7 @@ from diloco.codecs.e3m0 import E3M0Codec
 from diloco.node.config import NodeOptions, RunConfig
 from diloco.node.data.corpus import load_corpus
 from diloco.node.model.compute import ComputeOptions
-from diloco.node.training.outer import OuterConfig
+from diloco.node.training.outer_config import OuterConfig
 from diloco.node.training.trainer import NodeTrainer
 from diloco.protocol.core.reducer import (
     Contribution,

@@ -22,7 +22,7 @@ from diloco.bench.provenance import provenance
 from diloco.node.data.corpus import load_corpus
 from diloco.node.training.inner import InnerConfig
 from diloco.node.training.local import LocalConfig, LocalTrainer
-from diloco.node.training.outer import OuterConfig
+from diloco.node.training.outer_config import OuterConfig
 
 
 def run(config: LocalConfig, corpus: Any) -> dict[str, Any]:

@@ -44,7 +44,7 @@ from diloco.node.data.corpus import BatchSampler, Corpus, load_corpus
 from diloco.node.model.compute import ComputeOptions, compile_model, configure_backends
 from diloco.node.model.transformer import Transformer
 from diloco.node.training.inner import InnerConfig, lr_at
-from diloco.node.training.outer import OuterConfig
+from diloco.node.training.outer_config import OuterConfig
 from diloco.node.training.trainer import NodeTrainer
 from diloco.protocol.core.reducer import InProcessReducer
 

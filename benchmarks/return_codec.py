@@ -31,7 +31,7 @@ from diloco.node.config import return_codec_for
 from diloco.node.data.corpus import load_corpus
 from diloco.node.training.inner import InnerConfig
 from diloco.node.training.local import LocalConfig, LocalTrainer
-from diloco.node.training.outer import OuterConfig
+from diloco.node.training.outer_config import OuterConfig
 from diloco.protocol.core.reducer import Contribution, InProcessReducer, RoundKey
 
 RETURN_CODECS = ("e3m0", "int8", "bf16", "none")

@@ -14,7 +14,8 @@ from torch import nn
 
 from diloco.codecs import get_codec
 from diloco.node.model.fragments import model_fragments
-from diloco.node.training.outer import FragmentSync, OuterConfig
+from diloco.node.training.outer import FragmentSync
+from diloco.node.training.outer_config import OuterConfig
 from diloco.protocol.core.reducer import InProcessReducer
 
 

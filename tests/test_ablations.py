@@ -23,7 +23,7 @@ from diloco.cli import main
 from diloco.node.data.corpus import load_corpus
 from diloco.node.model.fragments import fragment_blocks, next_synced_fragment, sends_at
 from diloco.node.training.local import LocalConfig, LocalTrainer, mean_pairwise_cosine
-from diloco.node.training.outer import OuterConfig
+from diloco.node.training.outer_config import OuterConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -32,7 +32,7 @@ from diloco.node.flags import (
     run_config,
 )
 from diloco.node.model.transformer import preset
-from diloco.node.training.outer import check_tau
+from diloco.node.training.outer_config import check_tau
 from diloco.protocol.runtime.network import NetworkOptions
 from diloco.protocol.runtime.processes import quiet_helper_disconnects
 from diloco.protocol.trust.admission import read_admitted

@@ -38,7 +38,8 @@ from diloco.node.model.compute import ComputeOptions
 from diloco.node.model.fragments import EmbeddingPlacement, Pattern
 from diloco.node.model.transformer import PRESETS, ModelConfig, preset
 from diloco.node.training.inner import InnerConfig
-from diloco.node.training.outer import OuterConfig, OuterDevice, round_token_cap
+from diloco.node.training.outer import OuterDevice
+from diloco.node.training.outer_config import OuterConfig, round_token_cap
 from diloco.node.training.pace import PaceMode
 from diloco.protocol.core.aggregation import CLIP_FACTOR, check_clip_factor
 from diloco.protocol.wire.run_id import RUN_NAME_PATTERN
@@ -101,8 +102,8 @@ class RunConfig:
     processed since its last sync of the fragment plus those carried from failed rounds,
     docs/design.md "Algorithm and schedule" step 3); a member counts at most this much, so no peer
     owns a mean by claiming a huge weight (``diloco.protocol.core.aggregation``). None:
-    ``outer.CAP_SEQUENCES`` x ``seq_len`` x H, the tokens of four rounds of a node with the default
-    batch of 8 sequences; raise it for runs whose nodes take bigger batches."""
+    ``outer_config.CAP_SEQUENCES`` x ``seq_len`` x H, the tokens of four rounds of a node with
+    the default batch of 8 sequences; raise it for runs whose nodes take bigger batches."""
     clip_factor: float = CLIP_FACTOR
     """C of the reducers' norm clipping: per chunk, a contribution whose norm exceeds C
     times the lower median of the members' norms is scaled down to it, and weights are

@@ -19,7 +19,7 @@ from diloco.cli import node as cli_node
 from diloco.node.config import NodeOptions, RoundOptions, RunConfig
 from diloco.node.flags import NETWORK_FLAGS, NODE_FLAGS, ROUND_FLAGS, RUN_FLAGS
 from diloco.node.model.compute import ComputeOptions
-from diloco.node.training.outer import OuterConfig
+from diloco.node.training.outer_config import OuterConfig
 from diloco.protocol.runtime.network import NetworkOptions
 from diloco.protocol.trust.identity import Identity, load_identity
 from diloco.protocol.trust.swarm_key import load_swarm_key

@@ -19,7 +19,7 @@ from diloco.cli import main
 from diloco.cli import node as cli_node
 from diloco.node.config import RunConfig
 from diloco.node.training.checkpoint import CheckpointManager
-from diloco.node.training.outer import OuterConfig
+from diloco.node.training.outer_config import OuterConfig
 from diloco.protocol.trust.identity import Identity
 
 

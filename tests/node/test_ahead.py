@@ -13,7 +13,8 @@ from torch import nn
 from diloco.errors import PriorDiverged
 from diloco.node.model.fragments import send_step
 from diloco.node.swarm.ahead import Announcer
-from diloco.node.training.outer import FragmentSync, OuterConfig
+from diloco.node.training.outer import FragmentSync
+from diloco.node.training.outer_config import OuterConfig
 from diloco.protocol.core.reducer import Contribution, Reducer, RoundKey, RoundResult
 from diloco.protocol.state.fragment import FragmentState
 

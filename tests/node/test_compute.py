@@ -8,7 +8,7 @@ from diloco.node.data.corpus import load_corpus
 from diloco.node.model.compute import ComputeOptions, autocast, compile_model, configure_backends
 from diloco.node.model.transformer import Transformer, preset
 from diloco.node.training.local import LocalConfig, LocalTrainer
-from diloco.node.training.outer import OuterConfig
+from diloco.node.training.outer_config import OuterConfig
 
 
 class Bf16Trainer(LocalTrainer):

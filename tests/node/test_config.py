@@ -17,7 +17,7 @@ from diloco.node.config import (
 )
 from diloco.node.flags import join_mismatch, run_config
 from diloco.node.training.inner import InnerConfig
-from diloco.node.training.outer import OuterConfig
+from diloco.node.training.outer_config import OuterConfig
 from diloco.protocol.runtime.network import NetworkOptions
 from diloco.protocol.trust.identity import Identity
 from diloco.protocol.wire.run_id import make_run_id

@@ -31,7 +31,7 @@ from diloco.node.swarm.donors import (
 )
 from diloco.node.swarm.healing import Healer
 from diloco.node.training.inner import InnerConfig
-from diloco.node.training.outer import OuterConfig
+from diloco.node.training.outer_config import OuterConfig
 from diloco.node.training.trainer import NodeOptions, NodeTrainer, RunConfig
 from diloco.protocol.core.reducer import InProcessReducer, RoundKey, RoundResult
 from diloco.protocol.records.nodes import FragmentVersion, NodeRecord, Vouch

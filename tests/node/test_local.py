@@ -17,7 +17,7 @@ from diloco.node.model.compute import ComputeOptions
 from diloco.node.model.transformer import Transformer
 from diloco.node.training.inner import InnerConfig, build_inner_optimizer, lr_at, set_lr
 from diloco.node.training.local import LocalConfig, LocalTrainer
-from diloco.node.training.outer import OuterConfig
+from diloco.node.training.outer_config import OuterConfig
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from diloco.node.swarm.matchmaking_target import MatchmakingTarget
 from diloco.node.swarm.node import SwarmNode
 from diloco.node.swarm.pinned_run import start_run
 from diloco.node.training.inner import InnerConfig
-from diloco.node.training.outer import OuterConfig
+from diloco.node.training.outer_config import OuterConfig
 from diloco.node.training.pending import AppliedRound
 from diloco.protocol.core.reducer import RoundKey
 from diloco.protocol.records.nodes import NodeRecord

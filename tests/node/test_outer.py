@@ -3,7 +3,8 @@ import torch
 from torch import nn
 
 from diloco.errors import ConfigError
-from diloco.node.training.outer import FragmentSync, OuterConfig
+from diloco.node.training.outer import FragmentSync
+from diloco.node.training.outer_config import OuterConfig
 from diloco.node.training.outer_step import merge, nesterov_step
 from diloco.protocol.core.reducer import RoundKey
 

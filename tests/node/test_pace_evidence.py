@@ -18,7 +18,7 @@ from diloco.codecs import get_codec
 from diloco.node.config import NodeOptions, RunConfig
 from diloco.node.data.corpus import load_corpus
 from diloco.node.evidence.witness import Witness, WitnessedRound
-from diloco.node.training.outer import OuterConfig
+from diloco.node.training.outer_config import OuterConfig
 from diloco.node.training.pace import SETTLE_STEPS, PaceController, weigh_claims
 from diloco.node.training.trainer import NodeTrainer
 from diloco.protocol.core.reducer import InProcessReducer

@@ -23,7 +23,7 @@ from diloco.node.model.fragments import send_step
 from diloco.node.swarm.node import SwarmNode
 from diloco.node.swarm.pinned_run import start_run
 from diloco.node.training.inner import InnerConfig
-from diloco.node.training.outer import OuterConfig
+from diloco.node.training.outer_config import OuterConfig
 from diloco.protocol.records.nodes import FragmentVersion, NodeRecord, Vouch, publish_vouches
 from diloco.protocol.runtime.network import NetworkOptions
 from diloco.protocol.state.fragment import FragmentState, OuterState

@@ -17,7 +17,8 @@ from diloco.node.config import NodeOptions, RunConfig
 from diloco.node.data.corpus import load_corpus
 from diloco.node.model.fragments import sends_at
 from diloco.node.training.local import LocalConfig, LocalTrainer
-from diloco.node.training.outer import FragmentSync, OuterConfig
+from diloco.node.training.outer import FragmentSync
+from diloco.node.training.outer_config import OuterConfig
 from diloco.node.training.tau import (
     TauAuto,
     nearest_rank,

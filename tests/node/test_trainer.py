@@ -18,7 +18,7 @@ from diloco.node.model.compute import ComputeOptions
 from diloco.node.model.fragments import send_step
 from diloco.node.training.checkpoint import CheckpointManager
 from diloco.node.training.inner import InnerConfig
-from diloco.node.training.outer import OuterConfig
+from diloco.node.training.outer_config import OuterConfig
 from diloco.node.training.trainer import NodeTrainer
 from diloco.protocol.core.reducer import (
     Contribution,

@@ -18,7 +18,7 @@ from diloco.node.config import NodeOptions, ReturnCodec, RunConfig
 from diloco.node.model.compute import ComputeOptions
 from diloco.node.model.fragments import EmbeddingPlacement, Pattern
 from diloco.node.training.inner import InnerConfig
-from diloco.node.training.outer import OuterConfig, check_tau
+from diloco.node.training.outer_config import OuterConfig, check_tau
 from diloco.node.training.pace import swarm_pace, target_rows
 from diloco.protocol.core.aggregation import CLIP_FACTOR
 

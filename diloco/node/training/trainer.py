@@ -42,7 +42,8 @@ from diloco.node.model.transformer import Transformer
 from diloco.node.swarm.ahead import Announcer
 from diloco.node.training.checkpoint import Checkpoint, CheckpointManager, export_weights
 from diloco.node.training.inner import build_inner_optimizer, lr_at, sampled_inner_step
-from diloco.node.training.outer import FragmentSync, check_tau
+from diloco.node.training.outer import FragmentSync
+from diloco.node.training.outer_config import check_tau
 from diloco.node.training.pace import PaceController, weigh_claims
 from diloco.node.training.pending import AppliedRound
 from diloco.node.training.sent_rounds import SentRounds
