@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from hivemind.proto import crypto_pb2
 
 from diloco.errors import ConfigError, ProtocolError
+from diloco.protocol.trust import identity
 from diloco.protocol.trust.identity import (
     Identity,
     load_identity,
@@ -83,6 +84,33 @@ def test_signature_verifies_only_for_its_key_and_message() -> None:
         verify(me.peer_id, message, signature[:-1])
     with pytest.raises(ProtocolError, match="bad signature"):
         verify(me.peer_id, message, bytes(64))
+
+
+def test_a_verified_signature_is_remembered_a_bad_one_never(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    checked: list[str] = []
+
+    def counting(peer_id: str) -> Ed25519PublicKey:
+        checked.append(peer_id)
+        return public_key_of(peer_id)
+
+    monkeypatch.setattr(identity, "public_key_of", counting)
+    monkeypatch.setattr(identity, "VERIFIED_CACHE", 2)
+    me = Identity.generate()
+    messages = [signing_input("test/1", b"cached", i) for i in range(3)]
+    signatures = [me.sign(m) for m in messages]
+    verify(me.peer_id, messages[0], signatures[0])
+    verify(me.peer_id, messages[0], signatures[0])
+    assert len(checked) == 1  # the second check was remembered
+    for _ in range(2):  # a bad signature is checked each time it comes
+        with pytest.raises(ProtocolError, match="bad signature"):
+            verify(me.peer_id, messages[0], signatures[1])
+    assert len(checked) == 3
+    verify(me.peer_id, messages[1], signatures[1])
+    verify(me.peer_id, messages[2], signatures[2])  # the cache holds 2: the first goes
+    verify(me.peer_id, messages[0], signatures[0])
+    assert len(checked) == 6
 
 
 def test_signing_input_is_canonical_msgpack() -> None:
