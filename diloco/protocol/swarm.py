@@ -234,7 +234,11 @@ class Swarm:
     def read_records(self) -> list[NodeRecord]:
         """Every valid unexpired node record of the run of a node still in it; who left is
         kept in ``departed``, for the rounds."""
-        found = self.call(read_run_records(self.dht, self.run_id))
+        return self.call(self.read_records_on_loop())
+
+    async def read_records_on_loop(self) -> list[NodeRecord]:
+        """``read_records`` as a coroutine for the swarm's loop, to await beside other reads."""
+        found = await read_run_records(self.dht, self.run_id)
         self.departed = frozenset(PeerID.from_base58(peer) for peer in found.left)
         return found.live
 

@@ -235,6 +235,9 @@ class FakeSwarm:
         self.records, self.states, self.vouches = records, states, list(vouches)
         self.asked: list[tuple[list[int], list[str]]] = []
 
+    def read_swarm(self, fragments: Sequence[int]) -> tuple[list[NodeRecord], list[Vouch]]:
+        return self.read_records(), self.read_vouches(fragments)
+
     def read_records(self) -> list[NodeRecord]:
         return list(self.records)
 

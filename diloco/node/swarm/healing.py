@@ -84,7 +84,11 @@ the swarm: its members publish their vouches right after applying it."""
 class StateSource(Protocol):
     """The swarm as healing sees it: records and vouches to read, fragments to fetch."""
 
-    def read_records(self) -> list[NodeRecord]: ...
+    def read_swarm(self, fragments: Sequence[int]) -> tuple[list[NodeRecord], list[Vouch]]:
+        """The node records and the vouches for ``fragments``, read at once: a heal that
+        holds a send waits for one DHT lookup, not two in turn (docs/design.md "Healing and
+        joining")."""
+        ...
 
     def read_vouches(self, fragments: Sequence[int]) -> list[Vouch]: ...
 
@@ -195,8 +199,8 @@ class Healer:
     def read_view(self) -> SwarmView:
         """The records and vouches of the swarm, judged (``claims.assess``); offenders and
         refused vouchers are logged once each."""
-        records = [r for r in self.source.read_records() if r.peer_id != self.me]
-        vouches = self.source.read_vouches(range(self.schedule.num_fragments))
+        found, vouches = self.source.read_swarm(range(self.schedule.num_fragments))
+        records = [r for r in found if r.peer_id != self.me]
         creator = self.trainer.run.creator
         self.creator_live = any(r.peer_id == creator for r in records)
         self.creator_worked = self.creator_worked or creator_worked(vouches, creator)

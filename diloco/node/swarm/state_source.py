@@ -45,8 +45,13 @@ class SwarmStateSource:
     def __init__(self, swarm: Swarm) -> None:
         self.swarm = swarm
 
-    def read_records(self) -> list[NodeRecord]:
-        return self.swarm.read_records()
+    def read_swarm(self, fragments: Sequence[int]) -> tuple[list[NodeRecord], list[Vouch]]:
+        return self.swarm.call(self._read_swarm(fragments))
+
+    async def _read_swarm(self, fragments: Sequence[int]) -> tuple[list[NodeRecord], list[Vouch]]:
+        return await asyncio.gather(
+            self.swarm.read_records_on_loop(), self._read_vouches(fragments)
+        )
 
     def read_vouches(self, fragments: Sequence[int]) -> list[Vouch]:
         return self.swarm.call(self._read_vouches(fragments))
