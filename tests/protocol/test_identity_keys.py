@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import stat
 import struct
+from collections import OrderedDict
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,7 @@ def test_a_verified_signature_is_remembered_a_bad_one_never(
 
     monkeypatch.setattr(identity, "public_key_of", counting)
     monkeypatch.setattr(identity, "VERIFIED_CACHE", 2)
+    monkeypatch.setattr(identity, "_verified", OrderedDict())  # none from earlier tests
     me = Identity.generate()
     messages = [signing_input("test/1", b"cached", i) for i in range(3)]
     signatures = [me.sign(m) for m in messages]

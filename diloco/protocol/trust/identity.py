@@ -203,7 +203,7 @@ def verify(peer_id: str, message: bytes, signature: bytes) -> None:
         raise ProtocolError(f"bad signature by {peer_id}") from exc
     with _verified_lock:
         _verified[seen] = None
-        if len(_verified) > VERIFIED_CACHE:
+        while len(_verified) > VERIFIED_CACHE:
             _verified.popitem(last=False)
 
 
