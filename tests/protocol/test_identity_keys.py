@@ -4,6 +4,7 @@ signatures. (Named apart from ``tests/node/test_identity.py``: test basenames mu
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import struct
 from collections import OrderedDict
@@ -113,6 +114,20 @@ def test_a_verified_signature_is_remembered_a_bad_one_never(
     verify(me.peer_id, messages[2], signatures[2])  # the cache holds 2: the first goes
     verify(me.peer_id, messages[0], signatures[0])
     assert len(checked) == 6
+
+
+def test_a_process_forked_while_the_cache_was_locked_verifies() -> None:
+    me = Identity.generate()
+    message = signing_input("test/1", b"forked")
+    signature = me.sign(message)
+    with identity._verified_lock:  # as another thread of a node may hold it when it forks
+        child = os.fork()
+        if child == 0:  # pragma: no cover (the child)
+            signal.alarm(20)  # a lock copied held would block it for good
+            verify(me.peer_id, message, signature)
+            os._exit(0)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def test_signing_input_is_canonical_msgpack() -> None:

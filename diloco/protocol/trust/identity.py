@@ -61,6 +61,16 @@ _verified: OrderedDict[tuple[str, bytes, bytes], None] = OrderedDict()
 _verified_lock = threading.Lock()
 
 
+def _unlock_after_fork() -> None:
+    """A child forked while another thread held the lock (a node forks its DHT process
+    with its threads running) starts with a free one: its copy would stay locked."""
+    global _verified_lock
+    _verified_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_unlock_after_fork)
+
+
 @dataclass(frozen=True, slots=True)
 class Identity:
     """An Ed25519 private key and the libp2p peer id (base58) it stands for."""
