@@ -9,17 +9,17 @@ if [ $# -gt 0 ]; then  # a part of the suite: one process, as asked
   exec python -m pytest -q --durations=30 "$@"
 fi
 # Three lanes at once. The multi-process tests whose processes train a model (the nodes'
-# tests: every swarm test outside tests/protocol and the launcher's) run in one process:
+# tests: every swarm test outside tests/protocol and tests/bench) run in one process:
 # they fill about 1.5 of the 2 cores, and a second worker at their priority slowed them and
 # made timing-sensitive rounds fail (benchmarks/RESULTS.md "The test suite"). Beside them,
 # at normal priority, one process runs the tests that run the protocol on the wall clock
 # and train nothing: the in-process ones (marked clocked; mostly asleep on timeouts, which
-# a starved process would miss), then the protocol's and the launcher's multi-process ones
-# (a third of a core on average). The other in-process tests run on two pytest-xdist
+# a starved process would miss), then the multi-process ones of the protocol and of the
+# benchmark drivers (about one core on average). The other in-process tests run on two pytest-xdist
 # workers at the idle scheduling priority (SCHED_IDLE), which get only CPU time the others
 # leave. The reports of the two beside lanes are printed when all are done, with the
 # slowest tests of each: the suite must stay under 8 minutes on 2 cores.
-light=(tests/protocol tests/bench/test_launcher.py)
+light=(tests/protocol tests/bench)
 light_log="$(mktemp)"
 idle_log="$(mktemp)"
 idle=(chrt --idle 0)  # SCHED_IDLE (util-linux); where there is no chrt, the lowest nice

@@ -6,11 +6,11 @@ import json
 import logging
 import math
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import forked_commands
 import pytest
 import torch
 
@@ -175,9 +175,7 @@ def test_cli_resume_without_a_usable_checkpoint_exits_1_without_traceback(
     manager = saved(tmp_path / "ckpt", 10)
     (manager.checkpoints()[0] / "state.safetensors").write_bytes(b"\x00" * 20)
     command = ["start", "--steps", "20", "--checkpoint-dir", str(manager.folder), "--resume"]
-    done = subprocess.run(
-        [sys.executable, "-m", "diloco", *command], capture_output=True, text=True, timeout=300
-    )
+    done = forked_commands.run([sys.executable, "-m", "diloco", *command], timeout=300)
     output = done.stdout + done.stderr
     assert done.returncode == 1, output
     assert "Traceback" not in output
