@@ -8,23 +8,27 @@ bash scripts/setup.sh
 if [ $# -gt 0 ]; then  # a part of the suite: one process, as asked
   exec python -m pytest -q --durations=30 "$@"
 fi
-# Three lanes at once. The multi-process tests whose processes train a model (the nodes'
-# tests: every swarm test outside tests/protocol and tests/bench) run in one process:
-# they fill about 1.5 of the 2 cores, and a second worker at their priority slowed them and
+# Three lanes at once. The multi-process tests whose processes train a model (the swarm
+# tests of tests/bench, tests/cli and tests/node, the all-reduce bench's included) and the
+# 12-peer staged swarm run in one process: they fill about 1.5 of the 2 cores (the staged
+# swarm failed once beside them), and a second worker at their priority slowed them and
 # made timing-sensitive rounds fail (benchmarks/RESULTS.md "The test suite"). Beside them,
 # at normal priority, one process runs the tests that run the protocol on the wall clock
 # and train nothing: the in-process ones (marked clocked; mostly asleep on timeouts, which
-# a starved process would miss), then the multi-process ones of the protocol and of the
-# benchmark drivers (about one core on average). The other in-process tests run on two pytest-xdist
+# a starved process would miss), then the other multi-process ones of the protocol and the
+# launcher's (half a core on average). The other in-process tests run on two pytest-xdist
 # workers at the idle scheduling priority (SCHED_IDLE), which get only CPU time the others
 # leave. The reports of the two beside lanes are printed when all are done, with the
 # slowest tests of each: the suite must stay under 8 minutes on 2 cores.
-light=(tests/protocol tests/bench)
+heavy=tests/protocol/test_staged_swarm.py  # 12 peers keep both cores busy
+nodes=(tests/bench tests/cli tests/node "$heavy")  # tests/conftest.py: SWARM_FOLDERS
+light=(tests/protocol tests/bench/test_launcher.py)
 light_log="$(mktemp)"
 idle_log="$(mktemp)"
 idle=(chrt --idle 0)  # SCHED_IDLE (util-linux); where there is no chrt, the lowest nice
 command -v chrt >/dev/null || idle=(nice -n 19)
-python -m pytest -q -m "clocked or swarm" --durations=15 "${light[@]}" >"$light_log" 2>&1 &
+python -m pytest -q -m "clocked or swarm" --durations=15 "${light[@]}" --deselect "$heavy" \
+    >"$light_log" 2>&1 &
 light_lane=$!
 "${idle[@]}" python -m pytest -q -m "not swarm and not clocked" -n 2 --durations=15 \
     >"$idle_log" 2>&1 &
@@ -33,7 +37,7 @@ idle_lane=$!
 trap 'kill "$light_lane" "$idle_lane" 2>/dev/null || true; rm -f "$light_log" "$idle_log"' EXIT
 trap 'exit 130' INT TERM
 status=0
-python -m pytest -q -m swarm --durations=30 "${light[@]/#/--ignore=}" || status=$?
+python -m pytest -q -m swarm --durations=30 "${nodes[@]}" --ignore="${light[1]}" || status=$?
 for lane in light_lane idle_lane; do
     lane_status=0
     wait "${!lane}" || lane_status=$?

@@ -9,12 +9,17 @@ process (``diloco-node``, its module, a peer script of the tests, or anything fo
 ``diloco.bench.launcher``) must be marked ``swarm``, so ``pytest -m "not swarm"`` stays the
 fast, in-process tier. Short helper processes (``python -c``, the netns tool) are not
 peers. The guard below fails an unmarked test that does, naming what it started.
+
+``scripts/test.sh`` runs the swarm tests by folder (its lanes: what trains a model, what
+does not); a swarm test outside ``SWARM_FOLDERS`` would run in none of them, so collecting
+one is an error.
 """
 
 from __future__ import annotations
 
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,6 +32,20 @@ from diloco.bench.launcher import Child, Launcher
 torch.set_num_threads(1)
 
 PEER_PROGRAMS = ("diloco-node", "swarm_peers.py", "hostile_peer.py", "hostile_claims.py")
+SWARM_FOLDERS = ("bench", "cli", "node", "protocol")
+"""The folders of ``tests`` whose swarm tests ``scripts/test.sh`` runs."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    strays = [
+        item.nodeid
+        for item in items
+        if item.get_closest_marker("swarm") is not None
+        and item.path.relative_to(here).parts[0] not in SWARM_FOLDERS
+    ]
+    if strays:
+        raise pytest.UsageError(f"swarm tests outside {SWARM_FOLDERS} run in no lane: {strays}")
 
 
 @pytest.fixture(autouse=True)
