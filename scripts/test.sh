@@ -43,7 +43,7 @@ for lane in light_lane idle_lane; do
     wait "${!lane}" || lane_status=$?
     [ "$lane_status" -eq 0 ] || status=$lane_status
 done
-echo "=== beside: the protocol on the wall clock (-m \"clocked or swarm\" ${light[*]}, normal priority)"
+echo "=== beside: the protocol on the wall clock (-m \"clocked or swarm\" ${light[*]} less $heavy)"
 cat "$light_log"
 echo "=== beside: the other in-process tests (-m \"not swarm and not clocked\", idle priority)"
 cat "$idle_log"

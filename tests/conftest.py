@@ -37,12 +37,12 @@ SWARM_FOLDERS = ("bench", "cli", "node", "protocol")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    here = Path(__file__).parent
+    lanes = [Path(__file__).parent / folder for folder in SWARM_FOLDERS]
     strays = [
         item.nodeid
         for item in items
         if item.get_closest_marker("swarm") is not None
-        and item.path.relative_to(here).parts[0] not in SWARM_FOLDERS
+        and not any(item.path.is_relative_to(folder) for folder in lanes)
     ]
     if strays:
         raise pytest.UsageError(f"swarm tests outside {SWARM_FOLDERS} run in no lane: {strays}")
