@@ -1,11 +1,11 @@
 """``diloco-node bench allreduce``: real OS processes averaging random vectors.
 
-The driver spawns ``peers`` processes (``spawn`` context); the first starts the DHT and the
-others bootstrap from its multiaddr only. Every round, every peer reduces its own seeded
-random FP32 vector through ``SwarmReducer`` (or, with ``compare_hivemind``, through
-hivemind's ``DecentralizedAverager`` with FP16 compression) and reports its time, bytes and
-the sha256 of its result. Peer 0 also computes the max absolute error against the exact
-FP32 weighted mean of all inputs.
+The driver starts ``peers`` processes (forked by a fork server that imported torch,
+hivemind and this module once); the first starts the DHT and the others bootstrap from its
+multiaddr only. Every round, every peer reduces its own seeded random FP32 vector through
+``SwarmReducer`` (or, with ``compare_hivemind``, through hivemind's ``DecentralizedAverager``
+with FP16 compression) and reports its time, bytes and the sha256 of its result. Peer 0
+also computes the max absolute error against the exact FP32 weighted mean of all inputs.
 
 With ``bandwidth_mbit`` each peer runs in its own network namespace, joined to a bridge by
 a veth pair throttled with ``tc tbf`` in both directions (root only; ``netns``). Namespaces,
@@ -216,12 +216,25 @@ def _recv(conn: Connection, timeout: float) -> dict[str, Any]:
 STARTING = 8
 """Peers started at once: 48 starting together on 2 cores (each imports torch and starts
 its DHT and p2pd) took over the 120 s a peer has to come up."""
+PRELOAD = ["diloco.bench.allreduce"]
+"""What the peers' fork server imports once (torch, hivemind and the protocol with it), by
+module name."""
+
+
+def _context() -> mp.context.ForkServerContext:
+    """Peers fork from a server process that imported ``PRELOAD`` once: a spawned peer
+    imported torch and hivemind itself, seconds of CPU each on a loaded machine. The server
+    is a single-threaded interpreter that has run nothing else, so forking it is as safe as
+    spawning; it ends with this process."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
 
 
 def _start_peers(
     config: BenchConfig, namespaces: list[str]
 ) -> tuple[list[Connection], list[mp.process.BaseProcess]]:
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     conns: list[Connection] = []
     processes: list[mp.process.BaseProcess] = []
     initial: list[str] = []
@@ -235,7 +248,7 @@ def _start_peers(
         namespace = namespaces[index] if namespaces else None
         host = f"/ip4/{netns.address(index)}/tcp/0" if namespace else "/ip4/127.0.0.1/tcp/0"
         process = ctx.Process(
-            target=_peer_main, args=(child, index, config, initial, host, namespace, os.getpid())
+            target=_peer_main, args=(child, index, config, initial, host, namespace)
         )
         process.start()
         processes.append(process)
@@ -269,7 +282,6 @@ def _peer_main(
     initial: list[str],
     host: str,
     namespace: str | None,
-    driver: int,
 ) -> None:
     """One benchmark peer: one process, its own DHT, rounds on command.
 
@@ -278,7 +290,7 @@ def _peer_main(
     (``end_with_parent``), and its DHT process and p2pd follow it (``TiedDHT``).
     """
     os.setsid()
-    end_with_parent(driver, lambda: None)
+    end_with_parent(os.getppid(), lambda: None)  # the fork server, which ends with the driver
     mp.set_start_method("fork", force=True)  # hivemind's DHT and averager processes fork
     logging.basicConfig(level=config.log_level, format=f"[peer {index}] %(levelname)s %(message)s")
     torch.set_num_threads(1)

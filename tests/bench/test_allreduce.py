@@ -26,7 +26,7 @@ def test_exact_mean_is_the_mean_of_the_inputs() -> None:
 @pytest.mark.swarm
 def test_bench_two_peers_identical_and_e3m0_smaller_than_none() -> None:
     # The two benchmarks at once (each its own processes and DHT): each starts its peers
-    # one after the other, each importing torch on one core, so together they use both.
+    # one after the other and waits on them, so together they use both cores.
     codecs = ("none", "e3m0")
     configs = [
         BenchConfig(peers=2, rounds=1, numel=100_000, codec=codec, matchmaking_window=0.5)
