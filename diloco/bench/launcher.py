@@ -37,6 +37,7 @@ from typing import IO, Any, NoReturn, Protocol
 
 PRELOAD = (
     "torch",
+    "torch._dynamo",  # imported by the first optimizer a node builds: 800 modules, sympy's
     "hivemind",
     "diloco.cli",
     "diloco.node.swarm.node",
