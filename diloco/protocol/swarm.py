@@ -54,7 +54,7 @@ from diloco.protocol.records.nodes import (
 )
 from diloco.protocol.runtime import processes
 from diloco.protocol.runtime.dht_upkeep import start_upkeep
-from diloco.protocol.runtime.event_loop import new_event_loop
+from diloco.protocol.runtime.event_loop import new_event_loop, submit
 from diloco.protocol.runtime.network import NetworkOptions
 from diloco.protocol.runtime.reachability import DIAL_TIMEOUT, DialBackService, ask_dial_back
 from diloco.protocol.runtime.reachability import verdict as reachability_verdict
@@ -215,8 +215,9 @@ class Swarm:
         return not client
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        """Run ``coro`` on the swarm's loop; the future can be awaited from any thread."""
-        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+        """Run ``coro`` on the swarm's loop; the future can be awaited from any thread, and
+        cancelling it gives the result up quietly (``event_loop.submit``)."""
+        return submit(coro, self._loop)
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Run ``coro`` on the loop and wait for it (at most ``timeout`` seconds)."""

@@ -97,16 +97,18 @@ def test_a_missing_tokenizer_with_workers_is_one_line_before_any_worker(
     inputs: tuple[Path, list[str]], tmp_path: Path
 ) -> None:
     """In a child process with a bound: a failing pool initializer restarts workers for
-    ever, which would hang this test instead of failing it."""
+    ever, which would hang this test instead of failing it. The bound is against that, not
+    a speed claim: at the idle lane's priority the child, which imports torch, once had
+    printed its error and not exited after 120 s while the other lanes held the cores."""
     command = [
         *(sys.executable, "-c", "from diloco.cli import main; main()", "prepare-data"),
         *(str(inputs[0] / "docs.jsonl"), "--tokenizer", str(tmp_path / "nope.json")),
         *("-o", str(tmp_path / "out"), "--processes", "2", "--shard-bytes", "2000"),
     ]  # several shards: a pool of 2 workers
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     except subprocess.TimeoutExpired as error:
-        pytest.fail(f"prepare-data still runs after 120 s: {error.stderr!r:.2000}")
+        pytest.fail(f"prepare-data still runs after 600 s: {error.stderr!r:.2000}")
     assert done.returncode == 1
     assert done.stdout == ""
     assert done.stderr.splitlines() == [

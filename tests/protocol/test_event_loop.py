@@ -5,13 +5,17 @@ drops it, and a loop around it then waits out its deadline)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import uvloop
 
-from diloco.protocol.runtime.event_loop import new_event_loop, wait_set
+from diloco.protocol.runtime.event_loop import new_event_loop, submit, wait_set
 
 
 def test_uvloop_when_installed() -> None:
@@ -95,3 +99,54 @@ def test_waits_until_set_or_the_timeout() -> None:
         return await wait_set(event, 5.0), await wait_set(asyncio.Event(), 0.05)
 
     assert asyncio.run(main()) == (True, False)
+
+
+@pytest.fixture
+def running() -> Iterator[tuple[asyncio.AbstractEventLoop, list[dict[str, Any]]]]:
+    """A loop running in a thread, as a swarm's, and what its exception handler was given."""
+    loop = new_event_loop()
+    reported: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _, context: reported.append(context))
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield loop, reported
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+    loop.close()
+
+
+async def _turns_its_cancel_into_an_error(started: threading.Event) -> None:
+    started.set()
+    try:
+        await asyncio.sleep(30)
+    except asyncio.CancelledError:
+        raise RuntimeError("the DHT process ended") from None
+
+
+def test_a_call_given_up_ends_quietly_whatever_it_raises(running: Any) -> None:
+    """Cancelled by its caller, a coroutine that turns the cancel into an error (a Python
+    3.11 ``wait_for`` dropping it, then a helper that ended as the node stopped): nothing
+    reaches the loop's exception handler when its task is collected. With
+    ``asyncio.run_coroutine_threadsafe`` the handler gets "Task exception was never
+    retrieved", which asyncio prints with its traceback."""
+    loop, reported = running
+    started = threading.Event()
+    future = submit(_turns_its_cancel_into_an_error(started), loop)
+    assert started.wait(5)
+    future.cancel()
+    submit(asyncio.sleep(0), loop).result(5)  # queued after the cancel: the task has ended
+    del future  # its callbacks hold the task
+    submit(asyncio.sleep(0), loop).result(5)
+    gc.collect()
+    submit(asyncio.sleep(0), loop).result(5)  # the handler runs on the loop
+    assert reported == []
+
+
+def test_a_call_not_given_up_still_raises_its_error(running: Any) -> None:
+    loop, _ = running
+
+    async def fails() -> None:
+        raise RuntimeError("the DHT process ended")
+
+    with pytest.raises(RuntimeError, match="the DHT process ended"):
+        submit(fails(), loop).result(5)

@@ -17,11 +17,15 @@ a peer. Anything else goes to asyncio's default handler, loud as before.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 CUT = (asyncio.IncompleteReadError, asyncio.CancelledError, ConnectionError, EOFError)
 """What a stream cut by its peer or cancelled at shutdown raises."""
@@ -60,3 +64,27 @@ async def wait_set(event: asyncio.Event, timeout: float) -> bool:
         async with asyncio.timeout(timeout):
             await event.wait()
     return event.is_set()
+
+
+def submit(
+    coro: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop
+) -> concurrent.futures.Future[T]:
+    """``asyncio.run_coroutine_threadsafe``, but a caller that cancels the future gives its
+    result up quietly.
+
+    Cancelling the future cancels the task; a task whose coroutine turns that cancellation
+    into an error (a ``wait_for`` that drops it in Python 3.11, then a DHT process that
+    ended as the node stopped) ends with an error nobody retrieves, and asyncio prints its
+    traceback when the task is collected. Here such a task ends cancelled instead.
+    """
+    return asyncio.run_coroutine_threadsafe(_cancelled_if_given_up(coro), loop)
+
+
+async def _cancelled_if_given_up(coro: Coroutine[Any, Any, T]) -> T:
+    try:
+        return await coro
+    except Exception as error:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise asyncio.CancelledError from error
+        raise
