@@ -16,11 +16,11 @@ fi
 # at normal priority, one process runs the tests that run the protocol on the wall clock
 # and train nothing: the in-process ones (marked clocked; mostly asleep on timeouts, which
 # a starved process would miss), then the other multi-process ones of the protocol, the
-# launcher's and the publisher's (one node mostly waiting on a slow donor; half a core on
-# average). The other in-process tests run on two pytest-xdist
-# workers at the idle scheduling priority (SCHED_IDLE), which get only CPU time the others
-# leave. The reports of the two beside lanes are printed when all are done, with the
-# slowest tests of each: the suite must stay under 8 minutes on 2 cores.
+# launcher's and the publisher's (one node mostly waiting on a slow donor): half a core on
+# average. The other in-process tests run on two pytest-xdist workers at the idle
+# scheduling priority (SCHED_IDLE), which get only CPU time the others leave. The reports
+# of the two beside lanes are printed when all are done, with the slowest tests of each:
+# the suite must stay under 8 minutes on 2 cores.
 heavy=tests/protocol/test_staged_swarm.py  # 12 peers keep both cores busy
 nodes=(tests/bench tests/cli tests/node "$heavy")  # tests/conftest.py: SWARM_FOLDERS
 light=(tests/protocol tests/bench/test_launcher.py tests/node/test_publisher.py)

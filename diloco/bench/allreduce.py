@@ -286,11 +286,12 @@ def _peer_main(
     """One benchmark peer: one process, its own DHT, rounds on command.
 
     It leaves the driver's session (``_stop`` kills its own, DHT and p2pd included), so a
-    terminal's signal does not reach it: it exits once the driver has ended, however
-    (``end_with_parent``), and its DHT process and p2pd follow it (``TiedDHT``).
+    terminal's signal does not reach it: it exits once the driver has ended, however, as
+    its parent, the fork server, ends with the driver (``end_with_parent``), and its DHT
+    process and p2pd follow it (``TiedDHT``).
     """
     os.setsid()
-    end_with_parent(os.getppid(), lambda: None)  # the fork server, which ends with the driver
+    end_with_parent(os.getppid(), lambda: None)
     mp.set_start_method("fork", force=True)  # hivemind's DHT and averager processes fork
     logging.basicConfig(level=config.log_level, format=f"[peer {index}] %(levelname)s %(message)s")
     torch.set_num_threads(1)

@@ -1,6 +1,7 @@
 """The swarm thread's loop: uvloop where installed, asyncio's own otherwise; ``wait_set``
 keeps a cancellation that arrives as the event is set (``asyncio.wait_for`` in Python 3.11
-drops it, and a loop around it then waits out its deadline)."""
+drops it, and a loop around it then waits out its deadline); ``submit`` lets a caller give
+a call up without an unread error left behind."""
 
 from __future__ import annotations
 

@@ -81,6 +81,7 @@ def submit(
 
 
 async def _cancelled_if_given_up(coro: Coroutine[Any, Any, T]) -> T:
+    """``coro``; ends cancelled, not with what it raised, once its task was cancelled."""
     try:
         return await coro
     except Exception as error:
