@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from diloco.bench import netns
+from diloco.bench import launcher, netns
 from diloco.errors import ConfigError, RoundFailed
 from diloco.protocol.core.budget import RoundBudget
 from diloco.protocol.core.group import RoundTimeouts
@@ -217,24 +217,13 @@ STARTING = 8
 """Peers started at once: 48 starting together on 2 cores (each imports torch and starts
 its DHT and p2pd) took over the 120 s a peer has to come up."""
 PRELOAD = ["diloco.bench.allreduce"]
-"""What the peers' fork server imports once (torch, hivemind and the protocol with it), by
-module name."""
-
-
-def _context() -> mp.context.ForkServerContext:
-    """Peers fork from a server process that imported ``PRELOAD`` once: a spawned peer
-    imported torch and hivemind itself, seconds of CPU each on a loaded machine. The server
-    is a single-threaded interpreter that has run nothing else, so forking it is as safe as
-    spawning; it ends with this process."""
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
-    return ctx
+"""What the peers' fork server imports once (torch, hivemind and the protocol with it)."""
 
 
 def _start_peers(
     config: BenchConfig, namespaces: list[str]
 ) -> tuple[list[Connection], list[mp.process.BaseProcess]]:
-    ctx = _context()
+    ctx = launcher.fork_server(PRELOAD)
     conns: list[Connection] = []
     processes: list[mp.process.BaseProcess] = []
     initial: list[str] = []

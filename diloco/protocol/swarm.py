@@ -142,7 +142,7 @@ class Swarm:
         self._thread = threading.Thread(target=self._run_loop, name="diloco-swarm", daemon=True)
         self._thread.start()
         # kept: the loop holds its tasks weakly
-        self._watching = asyncio.run_coroutine_threadsafe(self.stalls.run(), self._loop)
+        self._watching = submit(self.stalls.run(), self._loop)
         self._state_server: StateServer | None = None
         try:
             self.p2p: P2P = self.call(self.dht.replicate_p2p(), net.startup_timeout)

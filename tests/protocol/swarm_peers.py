@@ -36,6 +36,7 @@ from faults import (
 from hivemind.p2p import PeerID
 from hivemind.utils.mpfuture import MPFuture
 
+from diloco.bench import launcher
 from diloco.codecs import get_codec
 from diloco.errors import ProtocolError, RoundFailed
 from diloco.protocol.allreduce.member import AllReduceRunner
@@ -412,19 +413,9 @@ class PeerProcess:
 
 
 PRELOAD = ["diloco.protocol.swarm_reducer", "diloco.protocol.swarm"]
-"""What the peers' fork server imports once (torch and hivemind with them); by module
-name, from the server's own path (Python 3.11's fork server ignores the test's)."""
-
-
-def _context() -> mp.context.ForkServerContext:
-    """Peers fork from a server process that imported torch, hivemind and the protocol
-    once (``PRELOAD``): a spawned peer imported them itself, more than a second of CPU
-    each, and exited through the interpreter's full finalization, seconds for a swarm on
-    two cores. The server is a single-threaded interpreter that has run nothing else, so
-    forking it is as safe as spawning."""
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
-    return ctx
+"""What the peers' fork server (``launcher.fork_server``) imports once, torch and hivemind
+with them: a spawned peer also exited through the interpreter's full finalization, seconds
+for a swarm on two cores."""
 
 
 def start_peer(
@@ -434,7 +425,7 @@ def start_peer(
     run_id: str = RUN_ID,
     identity_path: str | None = None,
 ) -> PeerProcess:
-    ctx = _context()
+    ctx = launcher.fork_server(PRELOAD)
     parent, child = ctx.Pipe()
     process = ctx.Process(
         target=peer_main, args=(child, initial_peers, codec, run_id, identity_path), daemon=False
@@ -452,7 +443,7 @@ def start_swarm(num_peers: int, codec: str = "none") -> list[PeerProcess]:
 
 
 def _start_async(initial_peers: list[str], codec: str) -> Any:
-    ctx = _context()
+    ctx = launcher.fork_server(PRELOAD)
     parent, child = ctx.Pipe()
     process = ctx.Process(target=peer_main, args=(child, initial_peers, codec), daemon=False)
     process.start()
