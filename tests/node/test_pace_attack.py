@@ -46,8 +46,8 @@ K = 4
 """Paper keys: two were enough to cut both nodes to one row under the former rule."""
 STEPS, H, BATCH = 90, 20, 8
 COMMON = [
-    "--seq-len", "32", "--batch-size", str(BATCH), "--threads", "1", "--log-every", "40",
-    "--matchmaking-window", "1",
+    "--preset", "micro", "--seq-len", "32", "--batch-size", str(BATCH), "--threads", "1",
+    "--log-every", "40", "--matchmaking-window", "1",
 ]  # fmt: skip
 """The window at 1 s (default 2 s): the paper keys count as live nodes, so every round
 waits out its whole window."""

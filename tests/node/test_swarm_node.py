@@ -48,7 +48,8 @@ CLEANUP_S = 30.0
 after the node (10.05 s once on the loaded machine: the bound is a guard against files
 never removed, not a speed target)."""
 SMALL = [
-    "--seq-len", "32", "--batch-size", "4", "--log-every", "20", "--threads", "1", "--tau", "1",
+    "--preset", "micro", "--seq-len", "32", "--batch-size", "4", "--log-every", "20",
+    "--threads", "1", "--tau", "1",
 ]  # fmt: skip
 """Small and fast nodes, tau pinned (not auto, which follows the timing): the tests that
 compare final states or a resumed run with an uninterrupted one need the same tau everywhere
@@ -375,7 +376,8 @@ def test_bf16_nodes_on_prepared_tokens_agree_and_export_for_transformers(
     common = ["--data", str(data), "--precision", "bf16", "--batch-size", "4", "--threads", "1"]
     a = nodes(
         "a",
-        ["start", "--name", "bf", "--steps", "40", "--H", "10", "--seq-len", "32", *common,
+        ["start", "--name", "bf", "--preset", "micro", "--steps", "40", "--H", "10",
+         "--seq-len", "32", *common,
          "--micro-batch-size", "2", "--return-codec", "int8", *listen(2),
          "--export", str(tmp_path / "outer.safetensors"),
          "--export-hf", str(tmp_path / "hf")],
