@@ -5,6 +5,10 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate
+# Bytecode caches kept even where the environment turns them off (some images set
+# PYTHONDONTWRITEBYTECODE): else every interpreter of the suite compiles the package again
+# and every pytest process rewrites every test module again, 9 s of CPU for a whole tree.
+unset PYTHONDONTWRITEBYTECODE
 if [ $# -gt 0 ]; then  # a part of the suite: one process, as asked
   exec python -m pytest -q --durations=30 "$@"
 fi

@@ -409,7 +409,7 @@ def test_local_configuration_is_checked_as_a_run_and_a_node_are() -> None:
     and what it shares with a node as a node refuses it."""
     with pytest.raises(ConfigError, match="unknown codec 'nope'; choose one of none, bf16"):
         small(codec="nope")
-    with pytest.raises(ConfigError, match="unknown preset 'huge'; choose one of tiny"):
+    with pytest.raises(ConfigError, match="unknown preset 'huge'; choose one of micro, tiny"):
         small(preset="huge")
     with pytest.raises(ConfigError, match="eval_batches must be >= 1"):
         small(eval_batches=0)
