@@ -79,7 +79,7 @@ def test_other_commands_are_started_as_they_are(tmp_path: Path) -> None:
 
 
 def test_a_closed_launcher_says_so(tmp_path: Path) -> None:
-    mine = launcher.Launcher()
+    mine = launcher.Launcher(preload=())  # imports nothing first: a server is all it needs
     with (tmp_path / "out").open("w") as out:
         child = mine.start([sys.executable, "-c", "import time; time.sleep(60)"], out, {})
         mine.close()
@@ -101,7 +101,7 @@ LOCKS = (
 def test_a_child_killed_holding_hiveminds_locks_blocks_no_later_child(tmp_path: Path) -> None:
     """hivemind creates process-shared locks at import, which the server did: a DHT process
     SIGKILLed while it sent a result under one must not hang the next peer's DHT."""
-    mine = launcher.Launcher()
+    mine = launcher.Launcher(preload=("hivemind",))
     try:
         with (tmp_path / "holder").open("w") as out:
             hold = LOCKS + "[lock.acquire() for lock in locks]\nprint('held', flush=True)\n"
