@@ -33,7 +33,6 @@ def test_chaos_kills_and_freezes_leave_survivors_equal_and_finishing(tmp_path) -
         gap_s=(0.5, 1.0),
         hang_s=60.0,
         faults_until=0.55,
-        extra_args=("--preset", "micro", "--seq-len", "32", "--batch-size", "4", "--threads", "1"),
     )
     result = run_chaos(config, tmp_path, timeout=600)
     logs = {p.name: p.read_text()[-2000:] for p in tmp_path.glob("*.log")}
