@@ -46,9 +46,12 @@ from hivemind.p2p import P2P, PeerID
 from diloco.errors import ProtocolError
 from diloco.protocol.records.nodes import (
     NodeRecord,
+    RunRecords,
+    Vouch,
     newest_donors,
     publish_record,
     read_records,
+    read_records_and_vouches,
     read_run_records,
     record_validator,
 )
@@ -235,11 +238,25 @@ class Swarm:
     def read_records(self) -> list[NodeRecord]:
         """Every valid unexpired node record of the run of a node still in it; who left is
         kept in ``departed``, for the rounds."""
-        return self.call(self.read_records_on_loop())
+        return self.call(self._read_records())
 
-    async def read_records_on_loop(self) -> list[NodeRecord]:
-        """``read_records`` as a coroutine for the swarm's loop, to await beside other reads."""
-        found = await read_run_records(self.dht, self.run_id)
+    async def _read_records(self) -> list[NodeRecord]:
+        return self._note_departed(await read_run_records(self.dht, self.run_id))
+
+    def read_records_and_vouches(
+        self, fragments: Sequence[int]
+    ) -> tuple[list[NodeRecord], list[Vouch]]:
+        """``read_records`` and the vouches of ``fragments``, in one DHT call (a heal's check
+        needs both)."""
+        return self.call(self._read_records_and_vouches(fragments))
+
+    async def _read_records_and_vouches(
+        self, fragments: Sequence[int]
+    ) -> tuple[list[NodeRecord], list[Vouch]]:
+        found, vouches = await read_records_and_vouches(self.dht, self.run_id, fragments)
+        return self._note_departed(found), vouches
+
+    def _note_departed(self, found: RunRecords) -> list[NodeRecord]:
         self.departed = frozenset(PeerID.from_base58(peer) for peer in found.left)
         return found.live
 

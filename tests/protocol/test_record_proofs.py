@@ -125,7 +125,7 @@ def test_every_record_kind_is_filtered_by_the_envelope() -> None:
     entries = {vkey: both(vkey, vouch) | {ALICE.peer_id: _entry(ALICE, vkey, vouch_a, None)}}
     entries |= {mkey: both(mkey, metrics), rkey: both(rkey, declaration)}
     dht: Any = _RestrictedStub(entries, Membership(CLOSED, None))
-    assert [v.author for v in asyncio.run(read_vouches(dht, RUN, 0))] == [BOB.peer_id]
+    assert [v.author for v in asyncio.run(read_vouches(dht, RUN, [0]))] == [BOB.peer_id]
     assert list(asyncio.run(read_metrics(dht, RUN))) == [BOB.peer_id]
     view = asyncio.run(read_round_view(dht, rkey))
     assert [p.to_base58() for p in view] == [BOB.peer_id]

@@ -5,7 +5,6 @@ publishes."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 
@@ -46,20 +45,10 @@ class SwarmStateSource:
         self.swarm = swarm
 
     def read_swarm(self, fragments: Sequence[int]) -> tuple[list[NodeRecord], list[Vouch]]:
-        return self.swarm.call(self._read_swarm(fragments))
-
-    async def _read_swarm(self, fragments: Sequence[int]) -> tuple[list[NodeRecord], list[Vouch]]:
-        return await asyncio.gather(
-            self.swarm.read_records_on_loop(), self._read_vouches(fragments)
-        )
+        return self.swarm.read_records_and_vouches(fragments)
 
     def read_vouches(self, fragments: Sequence[int]) -> list[Vouch]:
-        return self.swarm.call(self._read_vouches(fragments))
-
-    async def _read_vouches(self, fragments: Sequence[int]) -> list[Vouch]:
-        dht, run_id = self.swarm.dht, self.swarm.run_id
-        found = await asyncio.gather(*(read_vouches(dht, run_id, p) for p in fragments))
-        return [v for vouches in found for v in vouches]
+        return self.swarm.call(read_vouches(self.swarm.dht, self.swarm.run_id, fragments))
 
     def fetch_state(
         self, fragments: Sequence[int], expected_numel: Mapping[int, int], donors: Sequence[str]

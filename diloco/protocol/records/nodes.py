@@ -43,8 +43,10 @@ from diloco.protocol.records import run_configs as discovery
 from diloco.protocol.records.declarations import parse_declaration
 from diloco.protocol.trust.envelopes import (
     SignedRecordValidator,
+    SignedValue,
     pack_payload,
     read_signed,
+    read_signed_many,
     signer,
     store_signed,
     unpack_payload,
@@ -261,8 +263,22 @@ async def read_run_records(dht: DHT, run_id: str) -> RunRecords:
     with the peer id they claim. A node whose record says it left is not among the live:
     matchmaking targets, healing donors and ``status`` stop counting it at once, and rounds
     stop waiting for its declarations (docs/design.md "Wire formats")."""
+    return _run_records(await read_signed(dht, nodes_key(run_id)))
+
+
+async def read_records_and_vouches(
+    dht: DHT, run_id: str, fragments: Sequence[int]
+) -> tuple[RunRecords, list[Vouch]]:
+    """``read_run_records`` and ``read_vouches`` of ``fragments``, in one DHT call."""
+    keys = [vouch_key(run_id, p) for p in fragments]
+    found = await read_signed_many(dht, [nodes_key(run_id), *keys])
+    vouches = [v for key in keys for v in _vouches(key, found[key])]
+    return _run_records(found[nodes_key(run_id)]), vouches
+
+
+def _run_records(found: Mapping[str, SignedValue]) -> RunRecords:
     records, left = [], set()
-    for peer_id, signed in (await read_signed(dht, nodes_key(run_id))).items():
+    for peer_id, signed in found.items():
         try:
             record = NodeRecord.from_payload(peer_id, signed.payload)
         except ProtocolError as exc:
@@ -364,12 +380,17 @@ async def publish_vouches(dht: DHT, run_id: str, vouches: Sequence[Vouch], ttl: 
     return await store_signed(dht, key, vouch_payload(vouches), get_dht_time() + ttl)
 
 
-async def read_vouches(dht: DHT, run_id: str, fragment: int) -> list[Vouch]:
-    """Every valid, correctly signed vouch for ``fragment``; invalid records are logged with
-    the peer id they claim and skipped."""
-    key = vouch_key(run_id, fragment)
+async def read_vouches(dht: DHT, run_id: str, fragments: Sequence[int]) -> list[Vouch]:
+    """Every valid, correctly signed vouch for each of ``fragments`` (one DHT call); invalid
+    records are logged with the peer id they claim and skipped."""
+    keys = [vouch_key(run_id, p) for p in fragments]
+    found = await read_signed_many(dht, keys)
+    return [v for key in keys for v in _vouches(key, found[key])]
+
+
+def _vouches(key: str, found: Mapping[str, SignedValue]) -> list[Vouch]:
     vouches = []
-    for peer_id, signed in (await read_signed(dht, key)).items():
+    for peer_id, signed in found.items():
         try:
             vouches.extend(parse_vouches(key, peer_id, signed.payload))
         except ProtocolError as exc:
