@@ -32,7 +32,7 @@ from memory_p2p import MemoryNetwork, make_identity
 
 from diloco.errors import RoundFailed
 from diloco.protocol.allreduce.member import AllReduceRunner
-from diloco.protocol.core.adaptive import START_FLOOR_S, start_bound
+from diloco.protocol.core.adaptive import start_bound
 from diloco.protocol.core.group import GroupInfo, RoundTimeouts
 from diloco.protocol.core.partition import butterfly_parts
 from diloco.protocol.core.reducer import RoundKey
@@ -90,10 +90,12 @@ def _without_silent(inputs: list[torch.Tensor]) -> torch.Tensor:
 
 def test_start_bound_is_a_multiple_of_the_majority_between_floor_and_sender_timeout() -> None:
     t = RoundTimeouts(sender_timeout=2.0, connect_timeout=1.0)
-    assert start_bound(0.0, t) == START_FLOOR_S
+    assert start_bound(0.0, t) == 1.0  # the default floor
     assert start_bound(0.1, t) == 1.0  # the floor, by hand
     assert start_bound(0.4, t) == pytest.approx(1.6)  # START_FACTOR 4, by hand
     assert start_bound(5.0, t) == 2.0
+    wider = RoundTimeouts(sender_timeout=8.0, start_floor=3.0).scaled(0.5)  # 4 s, 1.5 s
+    assert start_bound(0.1, wider) == 1.5 and start_bound(0.5, wider) == 2.0
     with pytest.raises(ValueError):
         start_bound(float("nan"), t)
 

@@ -38,12 +38,6 @@ MARGIN_S = 0.5
 """Added to ``factor`` times the percentile: scheduling jitter of a busy host."""
 START_FACTOR = 4.0
 """A contributor may start this many times later than a part's majority did."""
-START_FLOOR_S = 1.0
-"""Seconds from the all-reduce's start that every contributor has to start, however fast
-the majority was: members get their GROUP a stream's delivery apart, and a loaded machine
-deschedules a process for hundreds of milliseconds (with 0.1 s, honest members of 4-peer
-rounds of 5M values were dropped on two busy cores, and the round's bytes changed)."""
-
 
 RTT_FACTOR = 8.0
 """Round trips the matchmaking window and the join timeout last at least: declaring on the
@@ -113,7 +107,7 @@ def adapted_timeouts(
 def start_bound(majority_seconds: float, timeouts: RoundTimeouts) -> float:
     """Seconds from the all-reduce's start by which every contributor to a part must have
     started sending it, once a majority of them started within ``majority_seconds``:
-    ``START_FACTOR`` times that, at least ``START_FLOOR_S``, at most the sender timeout."""
+    ``START_FACTOR`` times that, at least ``timeouts.start_floor``, at most the sender timeout."""
     if not majority_seconds >= 0:
         raise ValueError(f"need majority_seconds >= 0, got {majority_seconds}")
-    return min(timeouts.sender_timeout, max(START_FLOOR_S, START_FACTOR * majority_seconds))
+    return min(timeouts.sender_timeout, max(timeouts.start_floor, START_FACTOR * majority_seconds))

@@ -38,6 +38,12 @@ class RoundTimeouts:
     as long again for a reducer's evidence in a dispute (``verification``)."""
     connect_timeout: float = 5.0
     """Opening one stream to a peer."""
+    start_floor: float = 1.0
+    """Seconds from the all-reduce's start that every contributor has to start sending its
+    part, however fast the majority was (``adaptive.start_bound``): members get their GROUP a
+    stream's delivery apart, and a loaded machine deschedules a process for hundreds of
+    milliseconds (with 0.1 s, honest members of 4-peer rounds of 5M values were dropped on
+    two busy cores, and the round's bytes changed)."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -48,6 +54,7 @@ class RoundTimeouts:
             "report_timeout",
             "verify_timeout",
             "connect_timeout",
+            "start_floor",
         ):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)!r}")
@@ -110,6 +117,7 @@ class RoundTimeouts:
             report_timeout=self.report_timeout * factor,
             verify_timeout=self.verify_timeout * factor,
             connect_timeout=self.connect_timeout * factor,
+            start_floor=self.start_floor * factor,
         )
 
 
