@@ -6,9 +6,8 @@ their weight in the rounds' means, and the three keep meeting in full rounds.
 
 The batch (8 x 128 tokens) is big enough that a step's compute scales with its rows on one
 CPU thread (the micro preset: about 0.017 s at 1 row, 0.064 s at 8 here), else fewer rows
-would not help. How
-much of the fast nodes' time that saves (their blocked share, about 2/3 in lock-step) is a
-speed figure, measured by ``benchmarks/pace.py``, not asserted here.
+would not help. How much of the fast nodes' time that saves (their blocked share, about 2/3
+in lock-step) is a speed figure, measured by ``benchmarks/pace.py``, not asserted here.
 """
 
 from __future__ import annotations
