@@ -22,7 +22,7 @@ def _text_tokens() -> np.ndarray:
 
 def _model(seed: int = 0) -> Transformer:
     torch.manual_seed(seed)
-    return Transformer(preset("tiny"))
+    return Transformer(preset("micro"))
 
 
 def _flat(tensors) -> torch.Tensor:

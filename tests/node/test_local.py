@@ -27,7 +27,7 @@ def corpus():
 
 def small(**overrides) -> LocalConfig:
     base = dict(
-        preset="tiny",
+        preset="micro",
         replicas=2,
         steps=12,
         batch_size=2,

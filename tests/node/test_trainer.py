@@ -232,7 +232,9 @@ class PairReducer(Reducer):
 
 
 def test_bf16_micro_batched_nodes_learn_and_keep_bit_identical_fp32_outer_states(corpus) -> None:
-    run = RunConfig(steps=30, seq_len=32, outer=OuterConfig(sync_every=6, fragment_sync_delay=2))
+    run = RunConfig(
+        preset="micro", steps=30, seq_len=32, outer=OuterConfig(sync_every=6, fragment_sync_delay=2)
+    )
     compute = ComputeOptions(precision="bf16", micro_batch_size=2)
     pair = PairReducer()
     nodes = [
