@@ -266,8 +266,9 @@ def test_a_reducer_out_of_step_waits_the_widest_window_and_tells_tau_the_usual_o
         with pytest.raises(RoundFailed):  # alone, counting no peer: no group
             reducer.reduce(FIRST, [Contribution(me, delta, 1.0, last=True)]).result(60)
         assert reducer.matchmaker.timeouts.matchmaking_window == TIMEOUTS.matchmaking_window
-        # the run's last round of a fragment: no heal follows it, so the widest window, once
-        # the node counts a peer (alone, as above, it would wait for nobody)
+        # the run's last round of a fragment: a member that misses it heals at the run's end
+        # only, so the widest window, once the node counts a peer (alone, as above, it would
+        # wait for nobody)
         reducer.set_target_group_size(2, 2, 1)
         with pytest.raises(RoundFailed):
             reducer.reduce(MEET, [Contribution(me, delta, 1.0, last=True)]).result(60)

@@ -30,16 +30,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Collection, Mapping, Sequence
-from concurrent.futures import wait
 
 from diloco.errors import ProtocolError
 from diloco.node.evidence.suspects import failed_everywhere, missed_rounds, version_of
 from diloco.node.model.fragments import sends_at
-from diloco.node.swarm.donors import Mine, heal_plan
-from diloco.node.swarm.fetch_groups import by_donor
+from diloco.node.swarm.donors import Mine
 from diloco.node.swarm.healing import VOUCH_POLL, Healer
 from diloco.node.training.tau import tau_bounds
-from diloco.protocol.state.fragment import FragmentState, OuterState
+from diloco.protocol.state.fragment import OuterState
 
 logger = logging.getLogger(__name__)
 
@@ -82,11 +80,8 @@ def fetch_missed(
     """
     while True:
         view = healer.read_view()
-        plan = heal_plan(view, mine, step, sorted(missed))
         try:
-            fetched: dict[int, FragmentState] = {}
-            for group, donors in by_donor(plan):
-                fetched.update(healer.fetch_vouched(group, donors, view).fragments)
+            fetched = healer.fetch_out_of_line(view, mine, step, sorted(missed))
             if fetched:
                 return OuterState(view.step or 0, fetched)
         except ProtocolError:
@@ -118,12 +113,12 @@ def heal_before_send(healer: Healer, wait_s: float) -> None:
         return  # what the last check read shows these rounds failed for everyone
     start = time.monotonic()
     deadline = start + wait_s
-    if await_check(healer, deadline):
+    if healer.await_check(deadline):
         missed = missed_before_send(t.step, healer.versions(), busy, healer.sync_every)
         if missed:
             mine = healer.mine()
             healer.start_check(sorted(missed), fetch_missed, healer, missed, mine, t.step, deadline)
-            await_check(healer, deadline)
+            healer.await_check(deadline)
     left = missed_before_send(t.step, healer.versions(), busy, healer.sync_every)
     seconds = time.monotonic() - start
     t.blocked_seconds += seconds  # waiting on the network: not compute (its CU says so)
@@ -131,17 +126,3 @@ def heal_before_send(healer: Healer, wait_s: float) -> None:
         {"event": "send_held", "step": t.step, "fragments": sorted(held), "seconds": seconds}
         | {"still_missing": sorted(left)}
     )
-
-
-def await_check(healer: Healer, deadline: float) -> bool:
-    """Wait until ``deadline`` (monotonic) for the healer's check in flight and apply it;
-    whether it was done."""
-    future = healer.future
-    if future is None:
-        return True
-    wait([future], timeout=max(0.0, deadline - time.monotonic()))
-    if not future.done():
-        return False
-    healer.future = None
-    healer.apply_check(future)
-    return True

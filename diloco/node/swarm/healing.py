@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor, Future, wait
 from typing import Any, Protocol
 
 from diloco.errors import DilocoError, ProtocolError
@@ -345,12 +345,24 @@ class Healer:
         it differs"), from vouched donors only. The global step returned is the swarm's robust
         step (None when there is nothing to do)."""
         view = self.read_view()
-        fetched: dict[int, FragmentState] = {}
-        for group, donors in by_donor(heal_plan(view, mine, my_step, fragments)):
-            fetched.update(self.fetch_vouched(group, donors, view).fragments)
+        fetched = self.fetch_out_of_line(view, mine, my_step, fragments)
         if not fetched and not lagging(view, my_step):
             return None
         return OuterState(view.step or 0, fetched)
+
+    def fetch_out_of_line(
+        self, view: SwarmView, mine: Mine, my_step: int, fragments: Sequence[int]
+    ) -> dict[int, FragmentState]:
+        """Worker thread: those of ``fragments`` that ``heal_plan`` finds out of line in
+        ``view``, each from the first of its donors that delivers a vouched state.
+
+        Raises:
+            ProtocolError: a fragment's donors all failed.
+        """
+        fetched: dict[int, FragmentState] = {}
+        for group, donors in by_donor(heal_plan(view, mine, my_step, fragments)):
+            fetched.update(self.fetch_vouched(group, donors, view).fragments)
+        return fetched
 
     def maybe_heal(self, failed: Sequence[RoundKey]) -> None:
         """Between steps: apply a finished check, or start one when there is reason to.
@@ -402,6 +414,23 @@ class Healer:
         self.checked_at = time.monotonic()
         self.checking = list(fragments)
         self.future = self.worker.submit(work, *args)
+
+    def await_check(self, deadline: float, stopped: Callable[[], bool] = lambda: False) -> bool:
+        """Between steps: wait until ``deadline`` (monotonic) for the check in flight and
+        apply it; whether it was done (none in flight: done). ``stopped`` (asked every
+        ``VOUCH_POLL``) ends the wait early: a node told to stop does not wait for peers."""
+        future = self.future
+        if future is None:
+            return True
+        while not future.done() and not stopped():
+            wait([future], timeout=max(0.0, min(VOUCH_POLL, deadline - time.monotonic())))
+            if time.monotonic() >= deadline:
+                break
+        if not future.done():
+            return False
+        self.future = None
+        self.apply_check(future)
+        return True
 
     def apply_check(self, future: Future[OuterState | None]) -> None:
         """Between steps: adopt what a finished check fetched; the fragments of a check

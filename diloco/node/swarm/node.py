@@ -48,6 +48,7 @@ from diloco.node.swarm.healing import SETTLE_TIMEOUT, Healer
 from diloco.node.swarm.matchmaking_target import MatchmakingTarget
 from diloco.node.swarm.publisher import Publisher
 from diloco.node.swarm.round_failures import FailureLog
+from diloco.node.swarm.run_end import end_in_line, end_wait_seconds
 from diloco.node.swarm.state_source import SwarmStateSource, publish_last
 from diloco.node.training.pending import AppliedRound
 from diloco.node.training.tau import MAX_AHEAD_SHARE
@@ -305,6 +306,7 @@ class SwarmNode:
         )
         start, start_rows, start_step = time.perf_counter(), t.rows_trained, t.step
         losses: list[float] = []
+        tokens_per_s = 0.0
         step_end = time.perf_counter()
         while t.step < self.run.steps and not self.stop_event.is_set():
             step_start = time.perf_counter()
@@ -351,9 +353,20 @@ class SwarmNode:
             finished = t.finish_rounds()
             self._record_rounds(finished, final=True)
             self._refresh_snapshot([r.key.fragment for r in finished if r.ok])
+            self._end_in_line(tokens_per_s)
         else:  # a stop: finish the rounds whose groups wait for this node, before leaving
             t.sync.wait_kept()
         return self._finish(time.perf_counter() - start)
+
+    def _end_in_line(self, tokens_per_s: float) -> None:
+        """The run's end: every fragment in line with the swarm, and this node's state
+        served while a peer lacks it (``run_end``, docs/design.md "The run's end")."""
+
+        def publish() -> None:
+            self.publisher.offer(self._record(tokens_per_s), self._vouches(), now=True)
+
+        wait_s = end_wait_seconds(self.rounds.matchmaking_window, self.rounds.round_timeout)
+        end_in_line(self.healer, publish, self.swarm.read_records, wait_s, self.stop_event.is_set)
 
     def _bound_tau(self) -> None:
         """tau auto: the measured round trip (what a round's matchmaking costs the network,

@@ -60,9 +60,9 @@ class Contribution:
     """It reduces no part (a swarm client): its part is empty, as on the wire, so the
     chunks, and the norms clipping compares, are the swarm's."""
     last: bool = False
-    """The run's last round of this fragment: no heal follows it, so a member that misses
-    it ends the run at another state; a swarm node that counts a peer waits the widest
-    window for it."""
+    """The run's last round of this fragment: a member that misses it can heal only at
+    the run's end, from the peers still there; a swarm node that counts a peer waits the
+    widest window for it."""
 
 
 @dataclass(frozen=True, slots=True)
