@@ -359,14 +359,14 @@ class SwarmNode:
         return self._finish(time.perf_counter() - start)
 
     def _end_in_line(self, tokens_per_s: float) -> None:
-        """The run's end: every fragment in line with the swarm, and this node's state
-        served while a peer lacks it (``run_end``, docs/design.md "The run's end")."""
+        """The run's end in line with the swarm (``run_end``, docs/design.md "The run's end")."""
 
         def publish() -> None:
             self.publisher.offer(self._record(tokens_per_s), self._vouches(), now=True)
 
         wait_s = end_wait_seconds(self.rounds.matchmaking_window, self.rounds.round_timeout)
-        end_in_line(self.healer, publish, self.swarm.read_records, wait_s, self.stop_event.is_set)
+        read, stopped = self.swarm.read_records, self.stop_event.is_set
+        end_in_line(self.healer, publish, read, wait_s, stopped, serves=not self.reducer.client)
 
     def _bound_tau(self) -> None:
         """tau auto: the measured round trip (what a round's matchmaking costs the network,

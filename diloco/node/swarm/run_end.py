@@ -156,13 +156,17 @@ def end_in_line(
     read_records: Callable[[], list[NodeRecord]],
     wait_s: float,
     stopped: Callable[[], bool],
+    serves: bool = True,
 ) -> None:
     """The training thread, after the last rounds were applied (module docstring):
     ``publish`` the final record and vouches now, heal, publish what that changed, and
-    linger for the peers behind; each wait at most ``wait_s`` seconds."""
+    linger for the peers behind, unless this node ``serves`` no state (a client behind
+    NAT: nobody can dial it); each wait at most ``wait_s`` seconds."""
     publish()
     heal_at_end(healer, wait_s, stopped)
     publish()
+    if not serves:
+        return
     seconds, peers, behind = linger(healer, read_records, wait_s, stopped)
     if peers:
         event = {"event": "lingered", "step": healer.trainer.step, "seconds": seconds}
