@@ -42,8 +42,10 @@ logger = logging.getLogger(__name__)
 END_WAIT_MARGIN = 2 * VOUCH_WAIT
 """Seconds the run's end waits for peers beyond their last round's deadline: a laggard's
 read, its download, and the vouches it may wait for (``VOUCH_WAIT`` each, read twice)."""
-LINGER_POLL = 0.5
-"""Seconds between two reads of the records while lingering."""
+LINGER_POLL = 0.25
+"""Seconds between two reads of the records while lingering: a peer that is only a moment
+behind (its final record not out yet, a few tenths of a second) costs one poll, which at
+0.5-1 s made every multi-node test end that much later."""
 
 
 def end_wait_seconds(matchmaking_window: float, round_timeout: float) -> float:
