@@ -1,8 +1,8 @@
 """The run's end in a real swarm (docs/design.md "The run's end"): three CLI nodes that start
 together; node c's training process is stopped (SIGSTOP; its DHT process and p2pd go on)
-before the run's last sends, and continued 3 s after the two others trained their last
-step. They formed the last rounds without it; they stay for it, it heals, and all three end
-the run at one outer state.
+before the run's last sends, and continued 1 s after the two others were done with the
+run's last round. They formed the last rounds without it; they stay for it, it heals, and
+all three end the run at one outer state.
 
 Before, a and b left at once and c ended the run with its own state of the fragments whose
 last rounds it missed (its exported model another model): a CI run of the chaos test ended
@@ -29,6 +29,7 @@ STOP_FROM = 52
 fragment 1's at 70 unless it got there first. Mostly between two rounds (fragment 1's
 round of step 50 is applied at 51, with tau 1): stopped in the middle of one, c would cost
 a and b that round's timeouts too (9 s in a run stopped at 50)."""
+LAST_ROUND = (0, 4)
 COMMON = [
     "--preset", "micro", "--fragment-size", "2", "--embedding-fragment", "first",
     "--seq-len", "32", "--batch-size", "4", "--threads", "1", "--tau", "1",
@@ -48,6 +49,14 @@ def wait(holds: object, timeout: float, what: str, poll: float = 0.01) -> None:
         time.sleep(poll)
 
 
+def ended(node: NodeProcess) -> bool:
+    """Whether ``node`` is done with the run's last round (fragment 0's at step 80)."""
+    return any(
+        r["event"] in ("round", "round_failed") and (r["fragment"], r["round"]) == LAST_ROUND
+        for r in node.records()
+    )
+
+
 def test_peers_stay_for_a_node_that_missed_the_last_rounds_and_all_end_at_one_state(
     tmp_path: Path,
 ) -> None:
@@ -64,8 +73,8 @@ def test_peers_stay_for_a_node_that_missed_the_last_rounds_and_all_end_at_one_st
         try:
             stopped_at = c.step()
             assert stopped_at < STEPS, "c ran to the end before it could be stopped"
-            wait(lambda: min(a.step(), b.step()) == STEPS, 120, "a and b at the end", 0.1)
-            time.sleep(3.0)
+            wait(lambda: ended(a) and ended(b), 120, "a's and b's last rounds", 0.1)
+            time.sleep(1.0)
         finally:
             os.kill(c.pid, signal.SIGCONT)
         for node in nodes:
@@ -81,7 +90,7 @@ def test_peers_stay_for_a_node_that_missed_the_last_rounds_and_all_end_at_one_st
     c_id = next(r["peer_id"] for r in events["c"] if r["event"] == "config")
     # a and b formed a last round without c (the premise) ...
     last = {(r["fragment"], r["round"]) for r in events["a"] if r["event"] == "round"}
-    assert (0, 4) in last and summaries["a"]["versions"] == [4, 3]
+    assert LAST_ROUND in last and summaries["a"]["versions"] == [4, 3]
     # ... and waited for it, which then took their state
     for name in "ab":
         lingered = [r for r in events[name] if r["event"] == "lingered"]

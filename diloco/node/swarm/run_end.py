@@ -19,9 +19,10 @@ So at the end each node publishes its final record and vouches at once, then
   version of a fragment than this node (the laggard heals from it), at most
   ``end_wait_seconds``.
 
-Both end as soon as there is nothing to wait for, so a run whose nodes agree pays one
-records read at its end. A key that worked in a round can hold an honest node back at most
-that bound, once, after its training is done.
+Both end as soon as there is nothing to wait for, so a run whose nodes agree pays two
+reads of the records at its end, and a poll or two for a peer a moment behind. A key that
+worked in a round can hold an honest node back at most that bound, once, after its
+training is done.
 """
 
 from __future__ import annotations
