@@ -12,9 +12,11 @@ server's).
 
 The peers are the server's children: it reaps them and reports each exit code, which
 ``Child`` (the ``subprocess.Popen`` subset the drivers use) waits on. A peer in a network
-namespace (``ip netns exec NS python ...``) is forked by a server started in that
-namespace, so peers in and out of namespaces start equally fast. Other commands cannot be
-forked: ``spawn`` starts them with ``subprocess.Popen``.
+namespace (``ip netns exec NS python ...``) is forked by the same server and moves itself
+into the namespace (``netns.enter``) before it runs: a server of its own in each namespace
+imported everything again, 5-8 s of CPU and as many seconds before the peer's start, while
+the others waited for it. Other commands cannot be forked: ``spawn`` starts them with
+``subprocess.Popen``.
 
 Run as ``python -m diloco.bench.launcher FD [MODULE ...]``, this module is the server; it
 imports the modules, then serves the socket ``FD``.
@@ -37,6 +39,8 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import IO, Any, NoReturn, Protocol
+
+from diloco.bench import netns
 
 PRELOAD = (
     "torch",
@@ -100,15 +104,14 @@ def _namespace(argv: list[str]) -> tuple[str | None, list[str]]:
 
 
 class Launcher:
-    """The client of one server process (``python -m diloco.bench.launcher``), in network
-    namespace ``namespace`` if given, that imported ``preload`` (module names) before it
-    forks: 5-8 s of CPU for the default, what a node imports."""
+    """The client of one server process (``python -m diloco.bench.launcher``) that imported
+    ``preload`` (module names) before it forks: 5-8 s of CPU for the default, what a node
+    imports."""
 
-    def __init__(self, namespace: str | None = None, preload: Sequence[str] = PRELOAD) -> None:
+    def __init__(self, preload: Sequence[str] = PRELOAD) -> None:
         self._socket, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        inside = ["ip", "netns", "exec", namespace] if namespace else []
         self._server = subprocess.Popen(
-            [*inside, sys.executable, "-m", __name__, str(theirs.fileno()), *preload],
+            [sys.executable, "-m", __name__, str(theirs.fileno()), *preload],
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -127,13 +130,19 @@ class Launcher:
         threading.Thread(target=self._read, name="launcher", daemon=True).start()
 
     def start(
-        self, argv: list[str], stdout: IO[Any], env: dict[str, str], stderr: IO[Any] | None = None
+        self,
+        argv: list[str],
+        stdout: IO[Any],
+        env: dict[str, str],
+        stderr: IO[Any] | None = None,
+        namespace: str | None = None,
     ) -> Child:
         """Run ``argv`` in a forked child, in a session of its own, with stdin on /dev/null
-        and stderr on ``stdout`` unless given."""
+        and stderr on ``stdout`` unless given, in network namespace ``namespace`` if given
+        (root)."""
         if not forkable(argv):
             raise LauncherError(f"not a command of this interpreter: {argv[:3]}")
-        request = {"argv": argv[1:], "env": env, "cwd": os.getcwd()}
+        request = {"argv": argv[1:], "env": env, "cwd": os.getcwd(), "namespace": namespace}
         with self._starting:
             try:
                 outputs = [stdout.fileno(), (stderr or stdout).fileno()]
@@ -213,38 +222,29 @@ class Child:
         self.send_signal(signal.SIGKILL)
 
 
-_shared: dict[str | None, Launcher] = {}
+_shared: list[Launcher] = []
 _shared_lock = threading.Lock()
 
 
-def shared(namespace: str | None = None) -> Launcher:
-    """This process's launcher for ``namespace`` (None: this process's network namespace),
-    its server started at the first call and ended by ``release`` or at exit."""
+def shared() -> Launcher:
+    """This process's launcher, its server started at the first call and ended at exit
+    (its children go on, unreported)."""
     with _shared_lock:
-        if namespace not in _shared:
-            _shared[namespace] = Launcher(namespace)
-            atexit.register(release, namespace)
-        return _shared[namespace]
-
-
-def release(namespace: str | None = None) -> None:
-    """End the shared launcher of ``namespace``, if it runs (before the namespace is
-    deleted: its server would keep it alive). Its children go on, unreported."""
-    with _shared_lock:
-        launcher = _shared.pop(namespace, None)
-    if launcher is not None:
-        launcher.close()
+        if not _shared:
+            _shared.append(Launcher())
+            atexit.register(_shared[0].close)
+        return _shared[0]
 
 
 def spawn(
     argv: list[str], stdout: IO[Any], env: dict[str, str], stderr: IO[Any] | None = None
 ) -> Process:
-    """``argv`` forked by a shared launcher if it can be (``ip netns exec NS`` first: by the
-    launcher in that namespace), else a plain ``Popen``; either way in a session of its
-    own, stderr on ``stdout`` unless given."""
+    """``argv`` forked by the shared launcher if it can be (after ``ip netns exec NS``: into
+    that namespace), else a plain ``Popen``; either way in a session of its own, stderr on
+    ``stdout`` unless given."""
     namespace, command = _namespace(argv)
     if forkable(command):
-        return shared(namespace).start(command, stdout, env, stderr)
+        return shared().start(command, stdout, env, stderr, namespace)
     return subprocess.Popen(
         argv,
         stdout=stdout,
@@ -264,6 +264,8 @@ class _Request:
     cwd: str
     outputs: list[int]
     """stdout's file descriptor, then stderr's."""
+    namespace: str | None
+    """The network namespace to run in (None: the server's)."""
 
 
 def _serve(channel: socket.socket) -> _Request | None:
@@ -295,7 +297,8 @@ def _serve(channel: socket.socket) -> _Request | None:
             for fd in (wake_read, wake_write):
                 os.close(fd)
             channel.close()
-            return _Request(request["argv"], request["env"], request["cwd"], fds)
+            argv, env, cwd, namespace = (request[k] for k in ("argv", "env", "cwd", "namespace"))
+            return _Request(argv, env, cwd, fds, namespace)
         for fd in fds:
             os.close(fd)
         forked += 1
@@ -343,7 +346,11 @@ def _own_locks() -> None:
 
 
 def _become(request: _Request) -> None:
-    """Run the request in this (forked) process as ``python ARGV`` would run it."""
+    """Run the request in this (forked) process as ``python ARGV`` would run it (in its
+    network namespace: this process has one thread yet, and its later threads and
+    children inherit it)."""
+    if request.namespace is not None:
+        netns.enter(request.namespace)
     os.setsid()
     _own_locks()
     os.dup2(request.outputs[0], 1)

@@ -28,7 +28,6 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from diloco.bench import launcher
 from diloco.errors import ConfigError
 
 SUBNET = "10.77.0"
@@ -115,11 +114,10 @@ def down(tag: str, count: int) -> None:
     """Remove the hosts, links and bridge of a set; parts that do not exist are skipped.
 
     Deleting a namespace deletes the veth end inside it, and with it the pair, once no
-    process runs in it: the launcher that forked its peers ends first.
+    process runs in it.
     """
     _check(tag, count)
     for index in range(count):
-        launcher.release(namespace(tag, index))
         subprocess.run(["ip", "netns", "del", namespace(tag, index)], capture_output=True)
         subprocess.run(["ip", "link", "del", f"dlh{tag}-{index}"], capture_output=True)
     subprocess.run(["ip", "link", "del", f"dlbr{tag}"], capture_output=True)

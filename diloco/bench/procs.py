@@ -39,7 +39,7 @@ class NodeProcess:
         self.process = self._spawn()
 
     def _spawn(self) -> Process:
-        """Forked by the shared launcher, or started with ``ip netns exec`` in a namespace."""
+        """Forked by the shared launcher, into its namespace if it has one."""
         self.log_offset = self.log.stat().st_size if self.log.exists() else 0
         inside = ["ip", "netns", "exec", self.namespace] if self.namespace else []
         node = [sys.executable, "-m", "diloco", *self.args, "--metrics-out", str(self.metrics)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -88,6 +89,31 @@ def test_a_closed_launcher_says_so(tmp_path: Path) -> None:
         with pytest.raises(launcher.LauncherError):
             mine.start([sys.executable, "-c", "pass"], out, {})
     os.kill(child.pid, signal.SIGKILL)  # now init's child, which reaps it
+
+
+def test_a_child_asked_for_a_network_namespace_runs_in_it(tmp_path: Path) -> None:
+    """A peer of ``ip netns exec NS python ...`` is forked by the same server, then moves
+    itself into NS; the others stay in the server's namespace."""
+    if sys.platform != "linux" or os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("needs root on Linux and iproute2 (network namespaces)")
+    name = f"dllt{os.getpid()}"
+    added = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
+    if added.returncode != 0:
+        pytest.skip(f"cannot add a network namespace here: {added.stderr.strip()}")
+    mine = launcher.Launcher(preload=())
+    try:
+        code = "import os; print(os.stat('/proc/self/ns/net').st_ino)"
+        found = {}
+        for where in (name, None):
+            with (tmp_path / f"{where}").open("w") as out:
+                child = mine.start([sys.executable, "-c", code], out, dict(os.environ), None, where)
+            assert child.wait(60) == 0, (tmp_path / f"{where}").read_text()
+            found[where] = int((tmp_path / f"{where}").read_text())
+        assert found[name] == os.stat(f"/run/netns/{name}").st_ino
+        assert found[None] == os.stat("/proc/self/ns/net").st_ino != found[name]
+    finally:
+        mine.close()
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
 
 
 LOCKS = (

@@ -48,7 +48,6 @@ def _run(*command: str) -> None:
 
 def _down() -> None:
     for name in (ROUTER, CLIENT):
-        launcher.release(name)  # the server that forked the node in it
         subprocess.run(["ip", "netns", "del", name], capture_output=True)
     subprocess.run(["ip", "link", "del", f"dlw{TAG}"], capture_output=True)
 
