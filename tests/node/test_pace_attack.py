@@ -159,8 +159,17 @@ def test_paper_keys_claiming_to_be_fast_change_no_honest_rows(runs: Runs) -> Non
 def test_a_working_liar_cannot_shrink_its_honest_partners_rows(runs: Runs) -> None:
     a, metrics = runs.pair, runs.liar_metrics
     steps = [r for r in a.records() if r["event"] == "step"]
-    assert len(steps) == STEPS
-    assert [r["rows"] for r in steps] == [BATCH] * STEPS  # the liar's 1e-6 s set no pace
+    assert steps and steps[-1]["step"] == STEPS
+    assert [r["rows"] for r in steps] == [BATCH] * len(steps)  # the liar's 1e-6 s set no pace
+    # Every step trained but those a skipped: more than 2 steps behind its one partner on a
+    # loaded machine, a node catches up to it (once in CI: from step 41 to 43).
+    skipped = {
+        s
+        for r in a.records()
+        if r["event"] == "caught_up"
+        for s in range(r["from_step"] + 1, r["to_step"] + 1)
+    }
+    assert {r["step"] for r in steps} | skipped == set(range(1, STEPS + 1))
     # The liar worked: rounds with both, its tokens those of its full batch (H steps of 8
     # rows of 32 tokens, once past its first rounds), so its claim passed the token check.
     assert sum(r["members"] == 2 for r in a.records() if r["event"] == "round") >= 3
