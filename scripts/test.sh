@@ -20,9 +20,8 @@ fi
 # at normal priority, one process runs the tests that run the protocol on the wall clock
 # and train nothing: the in-process ones (marked clocked; mostly asleep on timeouts, which
 # a starved process would miss), then the other multi-process ones of the protocol, the
-# launcher's, the publisher's (one node mostly waiting on a slow donor), the run's end's
-# (three micro nodes that train 80 steps and mostly wait for one stopped) and the WAN
-# test's (three nodes whose steps sleep three quarters of their time): half a core on
+# launcher's, the publisher's (one node mostly waiting on a slow donor) and the run's end's
+# (three micro nodes that train 80 steps and mostly wait for one stopped): half a core on
 # average. The other in-process tests run on two pytest-xdist workers at the idle
 # scheduling priority (SCHED_IDLE), which get only CPU time the others leave. The reports
 # of the two beside lanes are printed when all are done, with the slowest tests of each:
@@ -30,7 +29,7 @@ fi
 heavy=tests/protocol/test_staged_swarm.py  # 12 peers keep both cores busy
 nodes=(tests/bench tests/cli tests/node "$heavy")  # tests/conftest.py: SWARM_FOLDERS
 light=(tests/protocol tests/bench/test_launcher.py tests/node/test_publisher.py
-    tests/node/test_run_end_swarm.py tests/node/test_wan_tau.py)
+    tests/node/test_run_end_swarm.py)
 light_log="$(mktemp)"
 idle_log="$(mktemp)"
 idle=(chrt --idle 0)  # SCHED_IDLE (util-linux); where there is no chrt, the lowest nice
@@ -46,7 +45,7 @@ trap 'kill "$light_lane" "$idle_lane" 2>/dev/null || true; rm -f "$light_log" "$
 trap 'exit 130' INT TERM
 status=0
 python -m pytest -q -m swarm --durations=30 "${nodes[@]}" --ignore="${light[1]}" \
-    --ignore="${light[2]}" --ignore="${light[3]}" --ignore="${light[4]}" || status=$?
+    --ignore="${light[2]}" --ignore="${light[3]}" || status=$?
 for lane in light_lane idle_lane; do
     lane_status=0
     wait "${!lane}" || lane_status=$?

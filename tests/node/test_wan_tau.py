@@ -4,8 +4,7 @@ default tau, auto, raises every node's tau above 1 while the
 nodes keep meeting in full rounds and agree on every round they share.
 
 No timing thresholds: the assertions are about who was in which round, the hashes and the
-taus the nodes chose. Runs beside the nodes' lane (scripts/test.sh): its nodes' steps sleep
-three quarters of their time (``SLOW_DOWN``)."""
+taus the nodes chose."""
 
 from __future__ import annotations
 
