@@ -141,24 +141,37 @@ def test_a_node_that_missed_the_last_round_heals_it_when_the_peers_records_come(
     assert end[0]["healed"] == 1 and trainer.blocked_seconds == end[0]["seconds"]
 
 
-def test_a_last_round_that_failed_for_everyone_is_waited_for_until_the_peers_leave(
+def test_a_last_round_that_failed_for_everyone_is_waited_for_until_the_peers_are_done(
     corpus: Any,
 ) -> None:
     """Everyone's last round of fragment 0 failed: the peers' records stay at its version
     before. The node cannot tell that from results not out yet, so it reads again while
-    they are in the run, and stops at the read that finds them gone, keeping its state."""
+    they are still busy, and stops at the read that finds them done (their final records),
+    keeping its state. Before, it waited for them to leave, and they for it, to the bound."""
     trainer = make_trainer(corpus)
     others = at_the_end(trainer, LAST - 1)
     before = trainer.sync.state_hash(0)
-    records = [record(p, 40, (0, LAST - 1, before), *others) for p in ("donor", "x")]
-    swarm = ChangingSwarm(Reads(records, records, records, []), {}, ())
+    busy = [record(p, 40, (0, LAST - 1, before), *others) for p in ("donor", "x")]
+    done = [r.as_done() for r in busy]
+    swarm = ChangingSwarm(Reads(busy, busy, done), {}, ())
     healer, events = make_healer(trainer, swarm, workers=("donor", "x"))
     heal_at_end(healer, WAIT, lambda: False)
-    assert swarm.record_reads == 4 and swarm.asked == []
+    assert swarm.record_reads == 3 and swarm.asked == []
     assert trainer.sync.state_hash(0) == before
     assert [(e["healed"], e["still_missing"]) for e in events if e["event"] == "end_heal"] == [
         (0, [0])
     ]
+
+
+def test_the_end_stops_waiting_when_the_peers_left(corpus: Any) -> None:
+    trainer = make_trainer(corpus)
+    others = at_the_end(trainer, LAST - 1)
+    before = trainer.sync.state_hash(0)
+    busy = [record(p, 40, (0, LAST - 1, before), *others) for p in ("donor", "x")]
+    swarm = ChangingSwarm(Reads(busy, []), {}, ())
+    healer, _ = make_healer(trainer, swarm, workers=("donor", "x"))
+    heal_at_end(healer, WAIT, lambda: False)
+    assert swarm.record_reads == 2 and trainer.sync.state_hash(0) == before
 
 
 def test_a_node_in_line_at_the_end_reads_once_and_logs_nothing(corpus: Any) -> None:

@@ -64,6 +64,8 @@ def test_record_round_trip() -> None:
         ({"left": 1}, "left flag"),
         ({"left": "yes"}, "left flag"),
         ({"left": None}, "left flag"),
+        ({"done": 1}, "done flag"),
+        ({"done": "yes"}, "done flag"),
     ],
 )
 def test_record_invalid_field_rejected(change: dict[str, object], match: str) -> None:
@@ -86,6 +88,15 @@ def test_left_record_round_trip_and_regular_wire_form_unchanged() -> None:
     assert NodeRecord.from_wire(PEER, left.to_wire()) == left
     assert set(_record().to_wire()) == {"v", "addrs", "step", "frags", "tps", "sw"}
     assert NodeRecord.from_wire(PEER, _record().to_wire()).left is False
+
+
+def test_done_record_round_trip_and_left_after_done_keeps_both() -> None:
+    done = _record().as_done()
+    assert done.to_wire() == {**_record().to_wire(), "done": True}
+    assert NodeRecord.from_wire(PEER, done.to_wire()) == done
+    assert NodeRecord.from_wire(PEER, _record().to_wire()).done is False
+    both = NodeRecord.from_wire(PEER, done.as_left().to_wire())
+    assert both.done and both.left
 
 
 def test_record_non_mapping_and_bad_peer_rejected() -> None:

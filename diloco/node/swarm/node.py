@@ -362,7 +362,7 @@ class SwarmNode:
         """The run's end in line with the swarm (``run_end``, docs/design.md "The run's end")."""
 
         def publish() -> None:
-            self.publisher.offer(self._record(tokens_per_s), self._vouches(), now=True)
+            self.publisher.offer(self._record(tokens_per_s).as_done(), self._vouches(), now=True)
 
         wait_s = end_wait_seconds(self.rounds.matchmaking_window, self.rounds.round_timeout)
         read, stopped = self.swarm.read_records, self.stop_event.is_set

@@ -9,12 +9,12 @@ the run at another state than its peers, and its exported model was another mode
 peers' results of the rounds applied at the end (``FragmentSync.finish``) were not even
 vouched for: their nodes left without publishing them.
 
-So at the end each node publishes its final record and vouches at once, then
+So at the end each node publishes its final record (marked done) and vouches at once, then
 
 - ``heal_at_end``: checks every fragment against the swarm, as the periodic check does,
   and fetches what is out of line from vouched donors; while it lacks a last round it
-  reads again, as long as a peer whose word counts is still in the run (its result of
-  that round may not be out yet), until ``end_wait_seconds``;
+  reads again, as long as a peer whose word counts is in the run and not done (its result
+  of that round may not be out yet), until ``end_wait_seconds``;
 - ``linger``: keeps serving its state while a peer whose word counts holds an older
   version of a fragment than this node (the laggard heals from it), at most
   ``end_wait_seconds``.
@@ -77,8 +77,11 @@ def settle(
 ) -> OuterState | None:
     """Worker thread: every fragment out of line with the swarm, from vouched donors. While
     ``missed`` (fragment -> last round, not applied here) is not empty and a peer whose word
-    counts is still in the run, the records are read again every ``VOUCH_POLL`` seconds
-    until ``deadline`` (monotonic): its result of that round may not be published yet.
+    counts is in the run and not done (``NodeRecord.done``), the records are read again
+    every ``VOUCH_POLL`` seconds until ``deadline`` (monotonic): its result of that round
+    may not be published yet. A round that failed for everyone ends the wait as soon as
+    the others are done: in a run where it did, every node waited for the others to leave
+    while they waited for it, to the bound (18 s).
 
     Raises:
         ProtocolError: donors were found but none delivered a vouched state by ``deadline``.
@@ -93,8 +96,8 @@ def settle(
             if time.monotonic() + VOUCH_POLL > deadline:
                 raise
         voters = healer.evidence().voters()
-        live = any(r.peer_id in voters for r in view.records)
-        if not missed or not live or time.monotonic() + VOUCH_POLL > deadline:
+        busy = any(r.peer_id in voters and not r.done for r in view.records)
+        if not missed or not busy or time.monotonic() + VOUCH_POLL > deadline:
             return None
         time.sleep(VOUCH_POLL)
 

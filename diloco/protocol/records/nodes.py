@@ -99,7 +99,10 @@ class NodeRecord:
     measured yet), from which the nodes agree on a pace (``diloco.node.training.pace``: counted only
     from peers seen working, docs/design.md "Pace"). ``left``: the node left the run (its last
     record, replacing its regular one: readers stop counting it at once instead of when its
-    regular record expires, docs/design.md "Wire formats").
+    regular record expires, docs/design.md "Wire formats"). ``done``: the node trained the
+    run's last step and applied its last rounds: the versions it publishes are final, so a
+    node that lacks a last round stops waiting for it to vouch (docs/design.md "The run's
+    end").
     """
 
     peer_id: str
@@ -110,6 +113,7 @@ class NodeRecord:
     software_version: str
     step_seconds: float | None = None
     left: bool = False
+    done: bool = False
 
     def check(self) -> None:
         """Raise ProtocolError unless every field is in range.
@@ -156,14 +160,20 @@ class NodeRecord:
             f"step seconds {seconds!r}",
         )
         _require(isinstance(self.left, bool), f"left flag {self.left!r}")
+        _require(isinstance(self.done, bool), f"done flag {self.done!r}")
 
     def as_left(self) -> NodeRecord:
         """This record marked as its node's last: the node left the run."""
         return replace(self, left=True)
 
+    def as_done(self) -> NodeRecord:
+        """This record marked final: its node is done with the run's steps and rounds."""
+        return replace(self, done=True)
+
     def to_wire(self) -> dict[str, Any]:
         """The msgpack-able value stored under the node's subkey (``sps`` only when the
-        step seconds are known, ``left`` only when the node left)."""
+        step seconds are known, ``left`` only when the node left, ``done`` only when it is
+        done)."""
         self.check()
         wire = {
             "v": RECORD_SCHEMA,
@@ -177,6 +187,8 @@ class NodeRecord:
             wire["sps"] = self.step_seconds
         if self.left:
             wire["left"] = True
+        if self.done:
+            wire["done"] = True
         return wire
 
     @classmethod
@@ -188,7 +200,7 @@ class NodeRecord:
         """
         _require(isinstance(value, Mapping), f"record of type {type(value).__name__}")
         assert isinstance(value, Mapping)
-        _require(set(value) - {"sps", "left"} == _RECORD_KEYS, "record keys")
+        _require(set(value) - {"sps", "left", "done"} == _RECORD_KEYS, "record keys")
         _require(value["v"] == RECORD_SCHEMA, f"record schema {value['v']!r}")
         addrs, frags = value["addrs"], value["frags"]
         _require(isinstance(addrs, list | tuple), "addrs type")
@@ -206,6 +218,7 @@ class NodeRecord:
             software_version=value["sw"],
             step_seconds=value.get("sps"),
             left=value.get("left", False),
+            done=value.get("done", False),
         )
         record.check()
         return record
