@@ -102,22 +102,21 @@ def settle(
         time.sleep(VOUCH_POLL)
 
 
-def heal_at_end(healer: Healer, wait_s: float, stopped: Callable[[], bool]) -> None:
+def heal_at_end(healer: Healer, wait_s: float, stopped: Callable[[], bool]) -> int:
     """The training thread, after the last rounds were applied: bring every fragment in
     line with the swarm before the final evaluation and export, waiting at most ``wait_s``
     seconds (``stopped`` ends the wait: a node told to stop leaves). Logged when it found
-    a round missing or adopted a state."""
+    a round missing or adopted a state; returns the fragments adopted."""
     t = healer.trainer
     start = time.monotonic()
     deadline = start + wait_s
     healed_before = healer.healed_fragments
-    if healer.await_check(deadline, stopped):
-        missed = missed_rounds(t.step, healer.versions(), healer.sync_every)
+    checked = healer.await_check(deadline, stopped)  # the check in flight may adopt
+    missed = missed_rounds(t.step, healer.versions(), healer.sync_every)
+    if checked:
         fragments = range(len(healer.versions()))
         healer.start_check(fragments, settle, healer, missed, healer.mine(), t.step, deadline)
         healer.await_check(deadline, stopped)
-    else:
-        missed = missed_rounds(t.step, healer.versions(), healer.sync_every)
     left = missed_rounds(t.step, healer.versions(), healer.sync_every)
     healed = healer.healed_fragments - healed_before
     if missed or healed:
@@ -127,6 +126,7 @@ def heal_at_end(healer: Healer, wait_s: float, stopped: Callable[[], bool]) -> N
             {"event": "end_heal", "step": t.step, "missed": sorted(missed), "healed": healed}
             | {"seconds": seconds, "still_missing": sorted(left)}
         )
+    return healed
 
 
 def linger(
@@ -165,12 +165,12 @@ def end_in_line(
     serves: bool = True,
 ) -> None:
     """The training thread, after the last rounds were applied (module docstring):
-    ``publish`` the final record and vouches now, heal, publish what that changed, and
+    ``publish`` the final record and vouches now, heal, publish what a heal changed, and
     linger for the peers behind, unless this node ``serves`` no state (a client behind
     NAT: nobody can dial it); each wait at most ``wait_s`` seconds."""
     publish()
-    heal_at_end(healer, wait_s, stopped)
-    publish()
+    if heal_at_end(healer, wait_s, stopped):
+        publish()
     if not serves:
         return
     seconds, peers, behind = linger(healer, read_records, wait_s, stopped)
