@@ -37,7 +37,7 @@ from diloco.bench import launcher, netns
 from diloco.errors import ConfigError, RoundFailed
 from diloco.protocol.core.budget import RoundBudget
 from diloco.protocol.core.group import RoundTimeouts
-from diloco.protocol.runtime.processes import end_with_parent
+from diloco.protocol.runtime.parent_end import end_with_parent
 from diloco.protocol.staged.grid import num_stages
 
 logger = logging.getLogger(__name__)

@@ -55,7 +55,7 @@ from diloco.protocol.records.nodes import (
     read_run_records,
     record_validator,
 )
-from diloco.protocol.runtime import processes
+from diloco.protocol.runtime import parent_end
 from diloco.protocol.runtime.dht_upkeep import start_upkeep
 from diloco.protocol.runtime.event_loop import new_event_loop, submit
 from diloco.protocol.runtime.network import NetworkOptions
@@ -367,7 +367,7 @@ class Swarm:
             if p2p is not None:
                 await p2p.shutdown()  # no child to wait for: closes our client and its socket
 
-        daemons = processes.child_pidfds(self.dht.pid) if self.dht.is_alive() else []
+        daemons = parent_end.child_pidfds(self.dht.pid) if self.dht.is_alive() else []
         if self._loop.is_running():
             try:
                 self.call(leave(), remaining() + 0.5)
@@ -387,7 +387,7 @@ class Swarm:
                 self.dht.kill()
                 self.dht.join(0.5)
         # A DHT process that exited by itself has stopped p2pd; nothing else will.
-        if processes.stop(daemons) and p2p is not None:
+        if parent_end.stop(daemons) and p2p is not None:
             with contextlib.suppress(OSError):
                 os.remove(p2p.daemon_listen_maddr["unix"])
 

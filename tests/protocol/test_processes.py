@@ -137,10 +137,10 @@ def test_end_with_parent_runs_cleanup_and_exits_when_parent_is_killed(
         owners,
         f"""
         import os, time
-        from diloco.protocol.runtime import processes
+        from diloco.protocol.runtime import parent_end
         parent = os.getpid()
         if (child := os.fork()) == 0:
-            processes.end_with_parent(parent, lambda: open({str(marker)!r}, "w").close())
+            parent_end.end_with_parent(parent, lambda: open({str(marker)!r}, "w").close())
             time.sleep(600)
             os._exit(1)
         print(child, flush=True)
@@ -162,12 +162,12 @@ def test_end_with_parent_counts_a_parent_gone_before_the_watch(
         owners,
         f"""
         import os, time
-        from diloco.protocol.runtime import processes
+        from diloco.protocol.runtime import parent_end
         parent = os.getpid()
         if (child := os.fork()) == 0:
             while os.getppid() == parent:
                 time.sleep(0.05)
-            processes.end_with_parent(parent, lambda: open({str(marker)!r}, "w").close())
+            parent_end.end_with_parent(parent, lambda: open({str(marker)!r}, "w").close())
             time.sleep(600)
             os._exit(1)
         print(child, flush=True)
@@ -182,14 +182,14 @@ def test_end_with_parent_counts_a_parent_gone_before_the_watch(
 
 SPAWN_SLEEP = """
     import asyncio, os, threading, time, uvloop
-    from diloco.protocol.runtime import processes
+    from diloco.protocol.runtime import parent_end
 
     async def spawn():  # as hivemind starts p2pd
         process = await asyncio.subprocess.create_subprocess_exec("sleep", "600")
         print(process.pid, flush=True)
 
     def run():
-        with processes.children_end_with_this_process():
+        with parent_end.children_end_with_this_process():
             {run}
 
     {main}
@@ -235,10 +235,10 @@ def test_children_end_with_this_process_leaves_children_of_other_threads_alone(
 def test_children_end_with_this_process_restores_the_spawn_function() -> None:
     import asyncio
 
-    from diloco.protocol.runtime import processes
+    from diloco.protocol.runtime import parent_end
 
     original = asyncio.subprocess.create_subprocess_exec
-    with processes.children_end_with_this_process():
+    with parent_end.children_end_with_this_process():
         assert asyncio.subprocess.create_subprocess_exec is not original
     assert asyncio.subprocess.create_subprocess_exec is original
 

@@ -3,6 +3,7 @@
 network       NetworkOptions: listen / announce addresses, identity, relays, key
 dht_upkeep    peers the DHT dropped (a stall of either side) are pinged back every 10 s
 processes     the DHT process's p2pd held by pidfd, stopped if shutdown stalls
+parent_end    a child ends with its parent: the parent watch, the death signal
 event_loop    uvloop where installed, else asyncio's; wait_set, every event wait with a timeout
 streams       frames over p2pd streams, transport errors, the handler wrapper
 reachability  dial-back check: a node nobody can dial becomes a client
