@@ -3,9 +3,8 @@ parent (a pidfd, or polls of the parent's PID) and the kernel's death signal for
 started from asyncio (``PR_SET_PDEATHSIG``), and stopping processes held by pidfd.
 
 Apart from ``processes`` (the DHT process built on these), so that it imports neither
-hivemind nor torch: a process that only needs to end with its parent (a benchmark's peer,
-the tests' owners of children) starts in a fraction of a second, not after seconds of
-imports.
+hivemind nor torch: a process that needs no more than this (the tests' owners of
+children) starts in a fraction of a second, not after seconds of imports.
 """
 
 from __future__ import annotations
