@@ -297,8 +297,9 @@ def _serve(channel: socket.socket) -> _Request | None:
             for fd in (wake_read, wake_write):
                 os.close(fd)
             channel.close()
-            argv, env, cwd, namespace = (request[k] for k in ("argv", "env", "cwd", "namespace"))
-            return _Request(argv, env, cwd, fds, namespace)
+            return _Request(
+                request["argv"], request["env"], request["cwd"], fds, request["namespace"]
+            )
         for fd in fds:
             os.close(fd)
         forked += 1
