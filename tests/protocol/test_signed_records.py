@@ -9,6 +9,7 @@ import glob
 import logging
 import os
 import pickle
+import re
 import tempfile
 import time
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from hivemind.dht.validation import DHTRecord
 from hivemind.utils import MSGPackSerializer, ValueWithExpiration, get_dht_time
 from test_identity_keys import SEED_KEY_FILE, SEED_PEER_ID
 
+from diloco.errors import ProtocolError
 from diloco.protocol.core.reducer import RoundKey
 from diloco.protocol.matchmaking.lobby import round_key
 from diloco.protocol.records.declarations import read_declarations
@@ -298,6 +300,40 @@ def test_validator_survives_pickling() -> None:
     assert isinstance(validator, SignedRecordValidator)
     assert validator.validate(_sealed(nodes_key(RUN), NODE)[0])
     assert not validator.validate(_case_subkey_of_another_peer())
+
+
+def test_validator_remembers_only_what_it_accepted_and_exactly_that() -> None:
+    """A DHT node meets the same records in answer after answer: an accepted record is not
+    checked again, while a refused one, one changed in any field or one checked against other
+    schemas is."""
+    checked: list[bytes] = []
+
+    def schema(key: str, author: str, payload: bytes) -> None:
+        checked.append(payload)
+        if payload == pack_payload("bad"):
+            raise ProtocolError("a bad payload")
+
+    def refuse_all(key: str, author: str, payload: bytes) -> None:
+        raise ProtocolError("refused")
+
+    key = f"remembered/{os.urandom(8).hex()}"  # unseen by the other tests of this process
+    counting = SignedRecordValidator([(re.compile(r"remembered/.+"), schema)])
+    record, expiration = _sealed(key, pack_payload("good"))
+    assert counting.validate(record) and counting.validate(record)
+    assert checked == [pack_payload("good")]
+    resealed = _record(
+        key, ALICE.peer_id, seal(ALICE, key, pack_payload("good"), expiration + 1), expiration + 1
+    )
+    assert counting.validate(resealed)
+    assert len(checked) == 2
+    envelope_key, _, signature = msgpack.unpackb(record.value)
+    tampered = [envelope_key, pack_payload("other"), signature]
+    assert not counting.validate(_record(key, ALICE.peer_id, tampered, expiration))
+    bad, _ = _sealed(key, pack_payload("bad"))
+    assert not counting.validate(bad) and not counting.validate(bad)
+    assert checked == [pack_payload("good")] * 2 + [pack_payload("bad")] * 2
+    refusing = SignedRecordValidator([(re.compile(r"remembered/.+"), refuse_all)])
+    assert not refusing.validate(record)
 
 
 class _StubDHT:
