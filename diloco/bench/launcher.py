@@ -317,8 +317,6 @@ def _reap(channel: socket.socket, children: dict[int, int]) -> bool:
             return True
         if pid == 0:
             return True
-        if pid not in children:  # torch's shared memory manager (``_start_shm_manager``)
-            continue
         code = os.waitstatus_to_exitcode(status)
         if not _send(channel, {"exited": children.pop(pid), "code": code}):
             return False
@@ -403,25 +401,10 @@ def _exit(code: object) -> NoReturn:
     os._exit(status)
 
 
-def _start_shm_manager() -> None:
-    """Start torch's shared memory manager here, before any fork, when hivemind made the
-    sharing strategy ``file_system``: every peer then registers its shared memory with
-    this one. Each peer's process that shares a tensor (a node's first DHT call: hivemind's
-    futures carry a byte of shared memory) otherwise starts a ``torch_shm_manager`` of its
-    own, which loads libtorch: 0.4-0.5 s of CPU per peer, 37 s in the nodes' swarm tests.
-    A peer killed with its session took its manager along, and the manager's files stayed
-    in /dev/shm; this one outlives the peers and removes what they left when the server
-    ends."""
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.multiprocessing.get_sharing_strategy() == "file_system":
-        torch.empty(1, dtype=torch.uint8).share_memory_()  # freed; the manager stays
-
-
 def main() -> None:
     channel = socket.socket(fileno=int(sys.argv[1]))
     for module in sys.argv[2:]:
         __import__(module)
-    _start_shm_manager()
     request = _serve(channel)
     if request is None:
         return

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import forked_commands
@@ -125,60 +124,26 @@ LOCKS = (
 )
 
 
-@pytest.fixture(scope="module")
-def warm() -> Iterator[launcher.Launcher]:
-    """A server that imported hivemind, as the tests' peers' does (one start: 3-5 s of CPU)."""
-    mine = launcher.Launcher(preload=("hivemind",))
-    yield mine
-    mine.close()
-
-
-def test_a_child_killed_holding_hiveminds_locks_blocks_no_later_child(
-    warm: launcher.Launcher, tmp_path: Path
-) -> None:
+def test_a_child_killed_holding_hiveminds_locks_blocks_no_later_child(tmp_path: Path) -> None:
     """hivemind creates process-shared locks at import, which the server did: a DHT process
     SIGKILLed while it sent a result under one must not hang the next peer's DHT."""
-    with (tmp_path / "holder").open("w") as out:
-        hold = LOCKS + "[lock.acquire() for lock in locks]\nprint('held', flush=True)\n"
-        hold += "import time; time.sleep(600)\n"
-        holder = warm.start([sys.executable, "-c", hold], out, dict(os.environ))
-    for _ in range(600):
-        if (tmp_path / "holder").read_text() == "held\n" or holder.poll() is not None:
-            break
-        time.sleep(0.1)
-    assert (tmp_path / "holder").read_text() == "held\n"
-    holder.send_signal(signal.SIGKILL)
-    assert holder.wait(30) == -signal.SIGKILL
-    with (tmp_path / "next").open("w") as out:
-        take = LOCKS + "print([lock.acquire(timeout=2) for lock in locks])\n"
-        later = warm.start([sys.executable, "-c", take], out, dict(os.environ))
-    assert later.wait(60) == 0
-    assert (tmp_path / "next").read_text() == "[True, True, True, True]\n"
-
-
-SHARE = (
-    "import json, os, torch\n"
-    "from hivemind.utils.mpfuture import SharedBytes\n"
-    "byte = SharedBytes.next()  # what each hivemind future holds\n"
-    "byte.fill_(7)\n"
-    "def name(pid): return open(f'/proc/{pid}/comm').read().strip()\n"
-    "def parent(pid): return int(open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[1])\n"
-    "pids = [int(p) for p in os.listdir('/proc') if p.isdigit()]\n"
-    "mine = [name(p) for p in pids if os.path.exists(f'/proc/{p}') and parent(p) == os.getpid()]\n"
-    "print(json.dumps({'strategy': torch.multiprocessing.get_sharing_strategy(),\n"
-    "    'shared': byte.is_shared(), 'value': int(byte), 'children': mine}))\n"
-)
-
-
-def test_children_share_the_servers_shared_memory_manager(
-    warm: launcher.Launcher, tmp_path: Path
-) -> None:
-    """hivemind's futures hold shared memory (its ``file_system`` strategy): a peer forked by
-    the server registers it with the server's ``torch_shm_manager`` and starts none of its
-    own, each of which loads libtorch (0.4-0.5 s of CPU)."""
-    for peer in ("first", "second"):
-        with (tmp_path / peer).open("w") as out:
-            child = warm.start([sys.executable, "-c", SHARE], out, dict(os.environ))
-        assert child.wait(60) == 0, (tmp_path / peer).read_text()
-        seen = json.loads((tmp_path / peer).read_text())
-        assert seen == {"strategy": "file_system", "shared": True, "value": 7, "children": []}
+    mine = launcher.Launcher(preload=("hivemind",))
+    try:
+        with (tmp_path / "holder").open("w") as out:
+            hold = LOCKS + "[lock.acquire() for lock in locks]\nprint('held', flush=True)\n"
+            hold += "import time; time.sleep(600)\n"
+            holder = mine.start([sys.executable, "-c", hold], out, dict(os.environ))
+        for _ in range(600):
+            if (tmp_path / "holder").read_text() == "held\n" or holder.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert (tmp_path / "holder").read_text() == "held\n"
+        holder.send_signal(signal.SIGKILL)
+        assert holder.wait(30) == -signal.SIGKILL
+        with (tmp_path / "next").open("w") as out:
+            take = LOCKS + "print([lock.acquire(timeout=2) for lock in locks])\n"
+            later = mine.start([sys.executable, "-c", take], out, dict(os.environ))
+        assert later.wait(60) == 0
+        assert (tmp_path / "next").read_text() == "[True, True, True, True]\n"
+    finally:
+        mine.close()
