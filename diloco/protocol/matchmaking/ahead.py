@@ -45,7 +45,8 @@ from diloco.protocol.wire.frames import Join, Kind, Reject, RejectCode, RoundTag
 logger = logging.getLogger(__name__)
 
 AHEAD_POLL_S = 0.25
-"""Fewest seconds between two reads of a round before its send step (nobody waits on them)."""
+"""Fewest seconds between two reads of a round before its send step (nobody waits on them);
+the wait doubles up to a matchmaking window (``_read_ahead``)."""
 EARLIER_PROCESS = "this node's previous process was in this round"
 _REASONS = {
     RejectCode.GROUP_CLOSED: "round ended",
@@ -213,14 +214,25 @@ class Ahead(Follower):
     async def _read_ahead(self, lobby: Lobby, until: float) -> None:
         """Read the round until it is claimed or dropped, ``target_group_size`` peers
         declared this node's prior, or ``until`` (loop time): a peer of another prior may
-        heal and declare again."""
+        heal and declare again.
+
+        The wait between two reads doubles from ``AHEAD_POLL_S`` up to a matchmaking window.
+        Peers in step declare at about the same time, caught by the first reads; one that
+        never declares (gone, or a key that never works) was read for every quarter second
+        of the lead, up to ``H - tau`` steps, by every node, and each read is answered by
+        every peer. A view up to a window old at the send step costs at most the window's
+        first poll: what lets a node decide at once (a peer ranked first is known, or all
+        declared) stays true, and otherwise it reads again after ``poll``."""
         loop = asyncio.get_running_loop()
+        delay = max(self.poll, AHEAD_POLL_S)
+        longest = max(delay, self.timeouts.matchmaking_window)
         try:
             while not (lobby.claimed or lobby.closed) and loop.time() < until:
                 await asyncio.wait_for(self._read_view(lobby), self.timeouts.join_timeout)
                 if self._all_declared(lobby) and set(lobby.declared.values()) <= {lobby.prior}:
                     return  # all here, and none that may yet heal into this prior
-                await asyncio.sleep(max(self.poll, AHEAD_POLL_S))
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, longest)
         except (asyncio.TimeoutError, OSError, RuntimeError) as exc:
             # the round reads again at its send step
             logger.debug("round %s: reading ahead failed: %r", lobby.dht_key, exc)

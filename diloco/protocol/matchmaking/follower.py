@@ -153,8 +153,9 @@ class Follower:
         and answered nothing by its due time: then it commits an offence (step 6).
 
         Its due time is ``group_timeout`` after it must have chosen its role: once
-        ``target_group_size`` peers declared (the round is read again every ``poll`` until
-        they have), else a window after this node chose its own (the leader declared before
+        ``target_group_size`` peers declared (the round is read again until they have, the
+        wait between reads doubling from ``poll`` to ``max_poll``, as in the window), else a
+        window after this node chose its own (the leader declared before
         this node read it, so its window ends by then); a successor's is ``successor_due``.
 
         Raises:
@@ -168,6 +169,7 @@ class Follower:
         t = self.timeouts
         ready: float | None = None
         """When this node saw ``target_group_size`` peers declared."""
+        delay = self.poll
         call = asyncio.ensure_future(self._call_join(target, lobby.request))
         try:
             while True:
@@ -192,9 +194,10 @@ class Follower:
                     return None
                 wake = min(due, deadline)
                 if polling and self.target_group_size is not None:
-                    wake = min(wake, now + self.poll)
+                    wake = min(wake, now + delay)
                 await asyncio.wait({call}, timeout=wake - now)
                 if polling and not call.done() and self.target_group_size is not None:
+                    delay = min(2 * delay, self.max_poll)
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(self._read_view(lobby), t.join_timeout)
         finally:
