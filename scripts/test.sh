@@ -22,10 +22,16 @@ fi
 # a starved process would miss), then the other multi-process ones of the protocol, the
 # launcher's, the publisher's (one node mostly waiting on a slow donor) and the run's end's
 # (three micro nodes that train 80 steps and mostly wait for one stopped): half a core on
-# average. The other in-process tests run on two pytest-xdist workers at the idle
-# scheduling priority (SCHED_IDLE), which get only CPU time the others leave. The reports
-# of the two beside lanes are printed when all are done, with the slowest tests of each:
-# the suite must stay under 8 minutes on 2 cores.
+# average. The other in-process tests run on two pytest-xdist workers that get only CPU
+# time the others leave: in a session of their own whose autogroup has nice 19, and at the
+# idle scheduling priority (SCHED_IDLE). Where the kernel groups tasks by session
+# (sched_autogroup, on by default), SCHED_IDLE alone is no lower than any other session:
+# each node and each p2pd is a session, and a session that holds only idle tasks still
+# gets its full share beside them (benchmarks/RESULTS.md "The test suite"). The beside
+# lane's own session gets autogroup nice -5 where that is allowed (root): its in-process
+# tests sleep on timeouts and must get the CPU at once when they wake, beside a dozen node
+# sessions. The reports of the two beside lanes are printed when all are done, with the
+# slowest tests of each: the suite must stay under 8 minutes on 2 cores.
 heavy=tests/protocol/test_staged_swarm.py  # 12 peers keep both cores busy
 nodes=(tests/bench tests/cli tests/node "$heavy")  # tests/conftest.py: SWARM_FOLDERS
 light=(tests/protocol tests/bench/test_launcher.py tests/node/test_publisher.py
@@ -34,14 +40,21 @@ light_log="$(mktemp)"
 idle_log="$(mktemp)"
 idle=(chrt --idle 0)  # SCHED_IDLE (util-linux); where there is no chrt, the lowest nice
 command -v chrt >/dev/null || idle=(nice -n 19)
-python -m pytest -q -m "clocked or swarm" --durations=15 "${light[@]}" --deselect "$heavy" \
-    >"$light_log" 2>&1 &
+# A background job of this (non-interactive) shell leads no process group, so setsid makes
+# it a session leader in place: $! is the session, and its process group holds its tests.
+beside_session=(setsid --wait bash -c 'echo -5 >/proc/self/autogroup 2>/dev/null; exec "$@"' lane)
+idle_session=(setsid --wait bash -c 'echo 19 >/proc/self/autogroup 2>/dev/null; exec "$@"' lane)
+command -v setsid >/dev/null || { beside_session=(); idle_session=(); }
+"${beside_session[@]}" python -m pytest -q -m "clocked or swarm" --durations=15 \
+    "${light[@]}" --deselect "$heavy" >"$light_log" 2>&1 &
 light_lane=$!
-"${idle[@]}" python -m pytest -q -m "not swarm and not clocked" -n 2 --durations=15 \
-    >"$idle_log" 2>&1 &
+"${idle_session[@]}" "${idle[@]}" python -m pytest -q -m "not swarm and not clocked" -n 2 \
+    --durations=15 >"$idle_log" 2>&1 &
 idle_lane=$!
 # Ctrl-C ends every lane
-trap 'kill "$light_lane" "$idle_lane" 2>/dev/null || true; rm -f "$light_log" "$idle_log"' EXIT
+trap 'kill "$light_lane" "$idle_lane" 2>/dev/null || true
+    kill -- -"$light_lane" -"$idle_lane" 2>/dev/null || true
+    rm -f "$light_log" "$idle_log"' EXIT
 trap 'exit 130' INT TERM
 status=0
 python -m pytest -q -m swarm --durations=30 "${nodes[@]}" --ignore="${light[1]}" \
