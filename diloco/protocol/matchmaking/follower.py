@@ -155,8 +155,8 @@ class Follower:
         Its due time is ``group_timeout`` after it must have chosen its role: once
         ``target_group_size`` peers declared (the round is read again until they have, the
         wait between reads doubling from ``poll`` to ``max_poll``, as in the window), else a
-        window after this node chose its own (the leader declared before
-        this node read it, so its window ends by then); a successor's is ``successor_due``.
+        window after this node chose its own (the leader declared before this node read it,
+        so its window ends by then); a successor's is ``successor_due``.
 
         Raises:
             asyncio.TimeoutError: the bound it waits for ``target`` by passed first

@@ -2,6 +2,7 @@
 
 identity          the node's Ed25519 key (libp2p file), peer id <-> public key
 envelopes         signed DHT records under the author's peer id, their validator
+remembered        a process's bounded memory of checks that passed (signatures, records)
 round_signatures  what members sign in a round (seals, check answers), and checks
 swarm_key         closed swarms: the key, AUTH on every stream, record and declaration proofs
 admission         who may influence a node: key holders, the creator's admitted peer ids

@@ -54,8 +54,6 @@ import os
 import re
 import shutil
 import tempfile
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -72,6 +70,7 @@ from diloco.errors import ConfigError, ProtocolError
 from diloco.protocol.runtime.processes import TiedDHT
 from diloco.protocol.trust.admission import Membership
 from diloco.protocol.trust.identity import Identity, load_or_create_identity, signing_input, verify
+from diloco.protocol.trust.remembered import Remembered
 from diloco.protocol.trust.swarm_key import PROOF_BYTES
 
 logger = logging.getLogger(__name__)
@@ -156,18 +155,7 @@ return the same records again and again: a check (about 0.13 ms, the signature's
 verification already remembered) ran some 20,000 times per DHT process in the attacks'
 swarm test, 14% of the CPU of all its processes, p2pd's included."""
 
-_accepted: OrderedDict[tuple[object, ...], None] = OrderedDict()
-_accepted_lock = threading.Lock()
-
-
-def _unlock_after_fork() -> None:
-    """A child forked while another thread held the lock (a node forks its DHT process
-    with its threads running) starts with a free one: its copy would stay locked."""
-    global _accepted_lock
-    _accepted_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_unlock_after_fork)
+_accepted = Remembered(ACCEPTED_CACHE)
 
 
 class SignedRecordValidator(RecordValidatorBase):  # type: ignore[misc]
@@ -194,16 +182,11 @@ class SignedRecordValidator(RecordValidatorBase):  # type: ignore[misc]
             hashlib.sha256(record.value).digest(),
             record.expiration_time,
         )
-        with _accepted_lock:
-            if seen in _accepted:
-                _accepted.move_to_end(seen)
-                return True
+        if seen in _accepted:
+            return True
         if not self._check(record):
             return False
-        with _accepted_lock:
-            _accepted[seen] = None
-            while len(_accepted) > ACCEPTED_CACHE:
-                _accepted.popitem(last=False)
+        _accepted.add(seen)
         return True
 
     def _check(self, record: DHTRecord) -> bool:

@@ -25,8 +25,6 @@ import hashlib
 import logging
 import os
 import stat
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +36,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from hivemind.proto import crypto_pb2
 
 from diloco.errors import ConfigError, ProtocolError
+from diloco.protocol.trust.remembered import Remembered
 
 logger = logging.getLogger(__name__)
 
@@ -57,18 +56,7 @@ again (docs/design.md "Wire formats"): checking each anew was a third of the CPU
 process holding a few dozen records."""
 
 _RAW = serialization.Encoding.Raw
-_verified: OrderedDict[tuple[str, bytes, bytes], None] = OrderedDict()
-_verified_lock = threading.Lock()
-
-
-def _unlock_after_fork() -> None:
-    """A child forked while another thread held the lock (a node forks its DHT process
-    with its threads running) starts with a free one: its copy would stay locked."""
-    global _verified_lock
-    _verified_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_unlock_after_fork)
+_verified = Remembered(VERIFIED_CACHE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,18 +191,13 @@ def verify(peer_id: str, message: bytes, signature: bytes) -> None:
     if not isinstance(peer_id, str):
         raise ProtocolError(f"peer id {peer_id!r:.80} is not a string")
     seen = (peer_id, hashlib.sha256(message).digest(), signature)
-    with _verified_lock:
-        if seen in _verified:
-            _verified.move_to_end(seen)
-            return
+    if seen in _verified:
+        return
     try:
         public_key_of(peer_id).verify(signature, message)
     except InvalidSignature as exc:
         raise ProtocolError(f"bad signature by {peer_id}") from exc
-    with _verified_lock:
-        _verified[seen] = None
-        while len(_verified) > VERIFIED_CACHE:
-            _verified.popitem(last=False)
+    _verified.add(seen)
 
 
 def signing_input(domain: str, *fields: bytes | str | int | float) -> bytes:
