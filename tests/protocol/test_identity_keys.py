@@ -7,7 +7,6 @@ import os
 import signal
 import stat
 import struct
-from collections import OrderedDict
 from pathlib import Path
 
 import pytest
@@ -26,6 +25,7 @@ from diloco.protocol.trust.identity import (
     signing_input,
     verify,
 )
+from diloco.protocol.trust.remembered import Remembered
 
 SEED = bytes(range(32))
 SEED_PEER_ID = "12D3KooWA4Xop1JaT3MHxwYMkCepYsv4iPVopMXwCz5iHYdBfeSB"
@@ -98,8 +98,7 @@ def test_a_verified_signature_is_remembered_a_bad_one_never(
         return public_key_of(peer_id)
 
     monkeypatch.setattr(identity, "public_key_of", counting)
-    monkeypatch.setattr(identity, "VERIFIED_CACHE", 2)
-    monkeypatch.setattr(identity, "_verified", OrderedDict())  # none from earlier tests
+    monkeypatch.setattr(identity, "_verified", Remembered(2))  # none from earlier tests
     me = Identity.generate()
     messages = [signing_input("test/1", b"cached", i) for i in range(3)]
     signatures = [me.sign(m) for m in messages]
@@ -120,9 +119,10 @@ def test_a_process_forked_while_the_cache_was_locked_verifies() -> None:
     me = Identity.generate()
     message = signing_input("test/1", b"forked")
     signature = me.sign(message)
-    with identity._verified_lock:  # as another thread of a node may hold it when it forks
+    with identity._verified._lock:  # as another thread of a node may hold it when it forks
         child = os.fork()
         if child == 0:  # pragma: no cover (the child)
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)  # not pytest-timeout's handler
             signal.alarm(20)  # a lock copied held would block it for good
             verify(me.peer_id, message, signature)
             os._exit(0)
