@@ -2,10 +2,10 @@
 
 Runs the command, reads every process's CPU time in /proc every 0.3 s, and prints, once the
 command ends, the wall time and the CPU seconds each kind of process spent meanwhile:
-p2pd, the peers forked by ``diloco.bench.launcher`` (the tests' nodes and hostile peers:
-they have the launcher's command line), their children (DHT processes) and the launcher's
-servers, nodes started otherwise (``diloco`` on the command line) and their children, the
-protocol tests' peers (started through a forkserver), pytest.
+p2pd, torch's shared-memory managers, the peers forked by ``diloco.bench.launcher`` (the
+tests' nodes and hostile peers: they have the launcher's command line), their children (DHT
+processes) and the launcher's servers, nodes started otherwise (``diloco`` on the command
+line) and their children, the protocol tests' peers (started through a forkserver), pytest.
 A process that lived less than 0.3 s may be missed; its children's time is not folded
 into its own. Exits with the command's status.
 
@@ -48,6 +48,8 @@ def kind(command: str, parent: str, grandparent: str) -> str:
     ``grandparent``'s (a fork has the command line of the process it was forked from)."""
     if "p2pd" in command:
         return "p2pd"
+    if "torch_shm_manager" in command:  # one per node: hivemind's futures share memory
+        return "torch_shm_manager"
     if "pytest" in command:  # before "diloco": a checkout's path may hold that name
         return "pytest"
     if "multiprocessing.forkserver" in command:  # the protocol tests' peers, and their DHTs

@@ -42,13 +42,13 @@ idle=(chrt --idle 0)  # SCHED_IDLE (util-linux); where there is no chrt, the low
 command -v chrt >/dev/null || idle=(nice -n 19)
 # A background job of this (non-interactive) shell leads no process group, so setsid makes
 # it a session leader in place: $! is the session, and its process group holds its tests.
-beside_session=(setsid --wait bash -c 'echo -5 >/proc/self/autogroup 2>/dev/null; exec "$@"' lane)
-idle_session=(setsid --wait bash -c 'echo 19 >/proc/self/autogroup 2>/dev/null; exec "$@"' lane)
-command -v setsid >/dev/null || { beside_session=(); idle_session=(); }
-"${beside_session[@]}" python -m pytest -q -m "clocked or swarm" --durations=15 \
-    "${light[@]}" --deselect "$heavy" >"$light_log" 2>&1 &
+# `"${session[@]}" NICE COMMAND...` runs COMMAND there at autogroup NICE.
+session=(setsid --wait bash -c 'echo "$0" >/proc/self/autogroup 2>/dev/null; exec "$@"')
+command -v setsid >/dev/null || session=(bash -c 'exec "$@"')
+"${session[@]}" -5 python -m pytest -q -m "clocked or swarm" --durations=15 "${light[@]}" \
+    --deselect "$heavy" >"$light_log" 2>&1 &
 light_lane=$!
-"${idle_session[@]}" "${idle[@]}" python -m pytest -q -m "not swarm and not clocked" -n 2 \
+"${session[@]}" 19 "${idle[@]}" python -m pytest -q -m "not swarm and not clocked" -n 2 \
     --durations=15 >"$idle_log" 2>&1 &
 idle_lane=$!
 # Ctrl-C ends every lane
